@@ -1,0 +1,103 @@
+"""Find a diffusers-format SDXL checkpoint (local directory or Hub repo) and load its parts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+
+from .clip import CLIPTextConfig, CLIPTextModel
+from .layers import Precision
+from .unet import UNet2DConditionModel, UNetConfig
+from .vae import AutoencoderKL, VAEConfig
+from .weights import (CheckpointError, TensorSource, load_into, normalize_clip_name, normalize_vae_name, read_json,
+                      weight_files)
+
+COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
+_SMALL_FILES = ["model_index.json", "*/config.json", "scheduler/scheduler_config.json", "tokenizer/*",
+                "tokenizer_2/*"]
+
+
+def resolve(model: str | os.PathLike, *, variant: str | None = "fp16") -> Path:
+    """A local directory as is; otherwise a Hub repo id, downloaded (or taken from the HF cache).
+
+    Only the files SDXL needs are fetched, and each component's `variant` weights (fp16) when the
+    repo has them. HF_HUB_OFFLINE=1 makes this use the cache only.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "model_index.json").is_file() and not (path / "unet").is_dir():
+            raise CheckpointError(f"{path} is not a diffusers-format SDXL directory (no model_index.json)")
+        return path
+    if str(model).startswith((".", "/", "~")) or str(model).count("/") != 1:
+        raise CheckpointError(f"model {str(model)!r} is neither an existing directory nor a Hub repo id (owner/name)")
+    from huggingface_hub import snapshot_download  # only needed for Hub ids
+
+    repo = str(model)
+    patterns = list(_SMALL_FILES)
+    if variant:
+        patterns += [f"{c}/*.{variant}.safetensors" for c in COMPONENTS]
+        patterns += [f"{c}/*.{variant}-*.safetensors" for c in COMPONENTS]
+        patterns += [f"{c}/*.safetensors.index.{variant}.json" for c in COMPONENTS]
+    local = Path(snapshot_download(repo, allow_patterns=patterns))
+    missing = [c for c in COMPONENTS if not any((local / c).glob("*.safetensors"))]
+    if missing:  # no variant for these: take the plain weights
+        local = Path(snapshot_download(repo, allow_patterns=list(_SMALL_FILES) + [f"{c}/*.safetensors*" for c in missing],
+                                       ignore_patterns=[f"*.{variant}.*", f"*.{variant}-*"] if variant else None))
+    return local
+
+
+def _config(path: Path) -> dict[str, Any]:
+    f = path / "config.json"
+    if not f.is_file():
+        raise CheckpointError(f"missing {f}")
+    return dict(read_json(f))
+
+
+@dataclass
+class Models:
+    text_encoder: CLIPTextModel
+    text_encoder_2: CLIPTextModel
+    unet: UNet2DConditionModel
+    vae: AutoencoderKL
+
+
+def load_text_encoder(path: Path, precision: Precision, *, with_projection: bool) -> CLIPTextModel:
+    config = CLIPTextConfig.from_dict(_config(path), with_projection=with_projection)
+    if with_projection and not config.projection_dim:
+        raise CheckpointError(f"{path}/config.json: projection_dim is required for text_encoder_2")
+    model = nnx.eval_shape(lambda: CLIPTextModel(config, precision))
+    return load_into(model, TensorSource(weight_files(path)), rename=normalize_clip_name, component=path.name)
+
+
+def load_unet(path: Path, precision: Precision) -> UNet2DConditionModel:
+    config = UNetConfig.from_dict(_config(path))
+    model = nnx.eval_shape(lambda: UNet2DConditionModel(config, precision))
+    return load_into(model, TensorSource(weight_files(path)), component="unet")
+
+
+def load_vae(path: Path, precision: Precision) -> AutoencoderKL:
+    config = VAEConfig.from_dict(_config(path))
+    model = nnx.eval_shape(lambda: AutoencoderKL(config, precision))
+    return load_into(model, TensorSource(weight_files(path)), rename=normalize_vae_name, component="vae")
+
+
+def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtype: str | None = None) -> Models:
+    """All four networks of an SDXL checkpoint, weights cast to `param_dtype` (default: `dtype`)."""
+    root = resolve(model)
+    p = Precision.of(dtype, param_dtype)
+    return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False),
+                  text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True),
+                  unet=load_unet(root / "unet", p), vae=load_vae(root / "vae", p))
+
+
+def load_tokenizers(model: str | os.PathLike):
+    """transformers CLIPTokenizers from tokenizer/ and tokenizer_2/."""
+    from transformers import CLIPTokenizer
+
+    root = resolve(model)
+    return (CLIPTokenizer.from_pretrained(str(root / "tokenizer")),
+            CLIPTokenizer.from_pretrained(str(root / "tokenizer_2")))

@@ -1,0 +1,213 @@
+"""Layers shared by the text encoders, the UNet and the VAE.
+
+Everything is channels-last (NHWC). Parameter names follow flax (`kernel`, `scale`,
+`embedding`, `bias`); `weights.py` maps them onto the PyTorch names mechanically.
+Attention goes through `attention()` only, so a kernel can be swapped in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Parameter and activation dtypes of one model."""
+
+    param_dtype: jnp.dtype = jnp.float32
+    dtype: jnp.dtype = jnp.float32
+
+    @staticmethod
+    def of(dtype: str | jnp.dtype = "float32", param_dtype: str | jnp.dtype | None = None) -> "Precision":
+        return Precision(param_dtype=_as_dtype(param_dtype or dtype), dtype=_as_dtype(dtype))
+
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _as_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+        return _DTYPES[dtype]
+    return jnp.dtype(dtype).type
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False) -> jax.Array:
+    """Scaled dot-product attention on (batch, length, heads, head_dim) arrays.
+
+    The single place where attention is computed: swap kernels here.
+    """
+    return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+def linear(in_features: int, out_features: int, p: Precision, *, bias: bool = True) -> nnx.Linear:
+    return nnx.Linear(in_features, out_features, use_bias=bias, dtype=p.dtype, param_dtype=p.param_dtype,
+                      rngs=nnx.Rngs(0))
+
+
+def conv(in_ch: int, out_ch: int, p: Precision, *, kernel: int = 3, stride: int = 1,
+         padding: int | tuple = 1) -> nnx.Conv:
+    if isinstance(padding, int):
+        padding = ((padding, padding), (padding, padding))
+    return nnx.Conv(in_ch, out_ch, kernel_size=(kernel, kernel), strides=(stride, stride), padding=padding,
+                    dtype=p.dtype, param_dtype=p.param_dtype, rngs=nnx.Rngs(0))
+
+
+class GroupNorm(nnx.Module):
+    """torch.nn.GroupNorm on NHWC input; statistics in float32 (two-pass, as torch)."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float, p: Precision):
+        if num_channels % num_groups:
+            raise ValueError(f"GroupNorm: {num_channels} channels do not split into {num_groups} groups")
+        self.num_groups, self.eps, self.dtype = num_groups, eps, p.dtype
+        self.scale = nnx.Param(jnp.ones((num_channels,), p.param_dtype))
+        self.bias = nnx.Param(jnp.zeros((num_channels,), p.param_dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        shape = x.shape
+        xg = x.astype(jnp.float32).reshape(shape[0], -1, self.num_groups, shape[-1] // self.num_groups)
+        mean = xg.mean(axis=(1, 3), keepdims=True)
+        var = jnp.square(xg - mean).mean(axis=(1, 3), keepdims=True)
+        xg = (xg - mean) * jax.lax.rsqrt(var + self.eps)
+        y = xg.reshape(shape) * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+        return y.astype(self.dtype)
+
+
+class LayerNorm(nnx.Module):
+    """torch.nn.LayerNorm over the last axis; statistics in float32."""
+
+    def __init__(self, dim: int, eps: float, p: Precision):
+        self.eps, self.dtype = eps, p.dtype
+        self.scale = nnx.Param(jnp.ones((dim,), p.param_dtype))
+        self.bias = nnx.Param(jnp.zeros((dim,), p.param_dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(axis=-1, keepdims=True)
+        var = jnp.square(x32 - mean).mean(axis=-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+        return y.astype(self.dtype)
+
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+}
+
+
+def timestep_embedding(t: jax.Array, dim: int, *, flip_sin_to_cos: bool, freq_shift: float,
+                       max_period: float = 10000.0) -> jax.Array:
+    """Sinusoidal embedding of (fractional) timesteps, as diffusers' get_timestep_embedding."""
+    half = dim // 2
+    exponent = -math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / (half - freq_shift)
+    args = t.astype(jnp.float32)[:, None] * jnp.exp(exponent)[None, :]
+    sin, cos = jnp.sin(args), jnp.cos(args)
+    emb = jnp.concatenate([cos, sin] if flip_sin_to_cos else [sin, cos], axis=-1)
+    if dim % 2:
+        emb = jnp.pad(emb, ((0, 0), (0, 1)))
+    return emb
+
+
+class TimestepEmbedding(nnx.Module):
+    """diffusers TimestepEmbedding: linear_1 -> act -> linear_2."""
+
+    def __init__(self, in_dim: int, dim: int, p: Precision, act: str = "silu"):
+        self.linear_1 = linear(in_dim, dim, p)
+        self.linear_2 = linear(dim, dim, p)
+        self.act = ACTIVATIONS[act]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+class ResnetBlock2D(nnx.Module):
+    """diffusers ResnetBlock2D (time_scale_shift 'default', output scale 1)."""
+
+    def __init__(self, in_ch: int, out_ch: int, temb_ch: int | None, groups: int, eps: float, p: Precision):
+        self.norm1 = GroupNorm(groups, in_ch, eps, p)
+        self.conv1 = conv(in_ch, out_ch, p)
+        self.time_emb_proj = linear(temb_ch, out_ch, p) if temb_ch else None
+        self.norm2 = GroupNorm(groups, out_ch, eps, p)
+        self.conv2 = conv(out_ch, out_ch, p)
+        self.conv_shortcut = conv(in_ch, out_ch, p, kernel=1, padding=0) if in_ch != out_ch else None
+
+    def __call__(self, x: jax.Array, temb: jax.Array | None = None) -> jax.Array:
+        h = self.conv1(jax.nn.silu(self.norm1(x)))
+        if self.time_emb_proj is not None:
+            h = h + self.time_emb_proj(jax.nn.silu(temb))[:, None, None, :]
+        h = self.conv2(jax.nn.silu(self.norm2(h)))
+        if self.conv_shortcut is not None:
+            x = self.conv_shortcut(x)
+        return x + h
+
+
+class Downsample2D(nnx.Module):
+    """Strided 3x3 conv. `padding=0` is the VAE encoder's asymmetric (0, 1) padding."""
+
+    def __init__(self, ch: int, p: Precision, padding: int = 1):
+        pad = ((0, 1), (0, 1)) if padding == 0 else padding
+        self.conv = conv(ch, ch, p, stride=2, padding=pad)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.conv(x)
+
+
+def upsample_nearest(x: jax.Array, size: tuple[int, int] | None = None) -> jax.Array:
+    """Nearest-neighbour upsampling as torch's F.interpolate(mode='nearest')."""
+    h, w = x.shape[1:3]
+    if size is None or size == (2 * h, 2 * w):
+        return jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+    rows = (jnp.arange(size[0]) * h) // size[0]
+    cols = (jnp.arange(size[1]) * w) // size[1]
+    return x[:, rows][:, :, cols]
+
+
+class Upsample2D(nnx.Module):
+    def __init__(self, ch: int, p: Precision):
+        self.conv = conv(ch, ch, p)
+
+    def __call__(self, x: jax.Array, size: tuple[int, int] | None = None) -> jax.Array:
+        return self.conv(upsample_nearest(x, size))
+
+
+class Attention(nnx.Module):
+    """diffusers Attention: to_q / to_k / to_v / to_out.0, optional group_norm and residual (VAE)."""
+
+    def __init__(self, query_dim: int, heads: int, head_dim: int, p: Precision, *,
+                 context_dim: int | None = None, qkv_bias: bool = False,
+                 group_norm: tuple[int, float] | None = None, residual: bool = False,
+                 upcast: bool = False):
+        inner = heads * head_dim
+        self.heads, self.head_dim, self.residual, self.upcast = heads, head_dim, residual, upcast
+        self.group_norm = GroupNorm(group_norm[0], query_dim, group_norm[1], p) if group_norm else None
+        self.to_q = linear(query_dim, inner, p, bias=qkv_bias)
+        self.to_k = linear(context_dim or query_dim, inner, p, bias=qkv_bias)
+        self.to_v = linear(context_dim or query_dim, inner, p, bias=qkv_bias)
+        self.to_out = nnx.List([linear(inner, query_dim, p)])
+
+    def __call__(self, x: jax.Array, context: jax.Array | None = None) -> jax.Array:
+        """x: (B, L, C) tokens, or (B, H, W, C) when the block owns a group norm (VAE)."""
+        spatial_shape = x.shape if x.ndim == 4 else None
+        h = self.group_norm(x) if self.group_norm is not None else x
+        if spatial_shape is not None:
+            h = h.reshape(x.shape[0], -1, x.shape[-1])
+        context = h if context is None else context
+        split = lambda t: t.reshape(t.shape[0], t.shape[1], self.heads, self.head_dim)
+        q, k, v = split(self.to_q(h)), split(self.to_k(context)), split(self.to_v(context))
+        if self.upcast:
+            dtype = q.dtype
+            out = attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)).astype(dtype)
+        else:
+            out = attention(q, k, v)
+        out = self.to_out[0](out.reshape(out.shape[0], out.shape[1], -1))
+        if spatial_shape is not None:
+            out = out.reshape(spatial_shape)
+        return x + out if self.residual else out

@@ -1,0 +1,334 @@
+"""The SDXL UNet (diffusers UNet2DConditionModel with text_time conditioning), channels-last.
+
+Module and attribute names mirror diffusers' module tree, so weight names map mechanically.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .layers import (GroupNorm, LayerNorm, Attention, Downsample2D, Precision, ResnetBlock2D, TimestepEmbedding,
+                     Upsample2D, conv, linear, timestep_embedding)
+
+DOWN_BLOCKS = ("DownBlock2D", "CrossAttnDownBlock2D")
+UP_BLOCKS = ("UpBlock2D", "CrossAttnUpBlock2D")
+
+# Config keys whose value must be one of these (diffusers' defaults among them).
+_REQUIRED_VALUES: dict[str, tuple] = {
+    "act_fn": ("silu",),
+    "addition_embed_type": ("text_time",),
+    "mid_block_type": ("UNetMidBlock2DCrossAttn",),
+    "center_input_sample": (False,),
+    "class_embed_type": (None,),
+    "num_class_embeds": (None,),
+    "class_embeddings_concat": (False,),
+    "encoder_hid_dim": (None,),
+    "encoder_hid_dim_type": (None,),
+    "time_embedding_type": ("positional",),
+    "time_embedding_act_fn": (None,),
+    "timestep_post_act": (None,),
+    "time_cond_proj_dim": (None,),
+    "resnet_time_scale_shift": ("default",),
+    "resnet_skip_time_act": (False,),
+    "resnet_out_scale_factor": (1, 1.0),
+    "only_cross_attention": (False,),
+    "mid_block_only_cross_attention": (None, False),
+    "dual_cross_attention": (False,),
+    "attention_type": ("default",),
+    "cross_attention_norm": (None,),
+    "conv_in_kernel": (3,),
+    "conv_out_kernel": (3,),
+    "downsample_padding": (1,),
+    "mid_block_scale_factor": (1, 1.0),
+}
+# Keys that only matter for training or are derived/irrelevant at inference.
+_IGNORED = {"sample_size", "dropout", "addition_embed_type_num_heads"}
+_USED = {"in_channels", "out_channels", "down_block_types", "up_block_types", "block_out_channels",
+         "layers_per_block", "norm_num_groups", "norm_eps", "cross_attention_dim", "transformer_layers_per_block",
+         "reverse_transformer_layers_per_block", "attention_head_dim", "num_attention_heads",
+         "use_linear_projection", "upcast_attention", "addition_time_embed_dim", "flip_sin_to_cos", "freq_shift",
+         "time_embedding_dim", "projection_class_embeddings_input_dim"}
+
+
+def _per_block(value: Any, n: int, key: str) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"unet config: {key}={value!r} must have one entry per block ({n})")
+        return list(value)
+    return [value] * n
+
+
+def _per_layer(value: int | list[int], n: int) -> list[int]:
+    return list(value) if isinstance(value, (list, tuple)) else [value] * n
+
+
+@dataclass(frozen=True)
+class UNetConfig:
+    in_channels: int
+    out_channels: int
+    down_block_types: tuple[str, ...]
+    up_block_types: tuple[str, ...]
+    block_out_channels: tuple[int, ...]
+    layers_per_block: tuple[int, ...]
+    norm_num_groups: int
+    norm_eps: float
+    cross_attention_dim: tuple[int, ...]
+    transformer_layers: tuple            # per down block: per-resnet counts
+    up_transformer_layers: tuple         # per up block: per-resnet counts
+    mid_transformer_layers: tuple[int, ...]
+    num_attention_heads: tuple[int, ...]
+    use_linear_projection: bool
+    upcast_attention: bool
+    addition_time_embed_dim: int
+    flip_sin_to_cos: bool
+    freq_shift: float
+    time_embed_dim: int
+    projection_class_embeddings_input_dim: int
+
+    @staticmethod
+    def from_dict(cfg: dict[str, Any]) -> "UNetConfig":
+        for key, allowed in _REQUIRED_VALUES.items():
+            if key in cfg and cfg[key] not in allowed:
+                raise ValueError(f"unet config: unsupported {key}={cfg[key]!r} (supported: {allowed})")
+        if cfg.get("addition_embed_type") != "text_time":
+            raise ValueError(f"unet config: unsupported addition_embed_type={cfg.get('addition_embed_type')!r} "
+                             "(SDXL needs 'text_time')")
+        unknown = sorted(k for k in cfg if not k.startswith("_") and k not in _USED | _IGNORED | set(_REQUIRED_VALUES))
+        if unknown:
+            warnings.warn(f"unet config: ignoring unknown keys {unknown}")
+        down, up = tuple(cfg["down_block_types"]), tuple(cfg["up_block_types"])
+        for key, types, allowed in (("down_block_types", down, DOWN_BLOCKS), ("up_block_types", up, UP_BLOCKS)):
+            bad = [t for t in types if t not in allowed]
+            if bad:
+                raise ValueError(f"unet config: unsupported {key} entry {bad[0]!r} (supported: {allowed})")
+        channels = tuple(cfg["block_out_channels"])
+        n = len(channels)
+        if len(down) != n or len(up) != n:
+            raise ValueError(f"unet config: down_block_types, up_block_types and block_out_channels "
+                             f"must have the same length (got {len(down)}, {len(up)}, {n})")
+        if cfg.get("norm_num_groups", 32) is None:
+            raise ValueError("unet config: unsupported norm_num_groups=None")
+        layers = _per_block(cfg.get("layers_per_block", 2), n, "layers_per_block")
+        tlpb = _per_block(cfg.get("transformer_layers_per_block", 1), n, "transformer_layers_per_block")
+        reverse = cfg.get("reverse_transformer_layers_per_block") or list(reversed(tlpb))
+        heads = cfg.get("num_attention_heads") or cfg.get("attention_head_dim", 8)
+        heads = _per_block(heads, n, "num_attention_heads")
+        if cfg.get("addition_time_embed_dim") is None:
+            raise ValueError("unet config: addition_time_embed_dim is required for text_time conditioning")
+        if cfg.get("projection_class_embeddings_input_dim") is None:
+            raise ValueError("unet config: projection_class_embeddings_input_dim is required for text_time conditioning")
+        upcast = cfg.get("upcast_attention") or False
+        return UNetConfig(
+            in_channels=cfg.get("in_channels", 4), out_channels=cfg.get("out_channels", 4),
+            down_block_types=down, up_block_types=up, block_out_channels=channels,
+            layers_per_block=tuple(layers), norm_num_groups=cfg.get("norm_num_groups", 32),
+            norm_eps=cfg.get("norm_eps", 1e-5),
+            cross_attention_dim=tuple(_per_block(cfg.get("cross_attention_dim", 1280), n, "cross_attention_dim")),
+            transformer_layers=tuple(tuple(_per_layer(t, layers[i])) for i, t in enumerate(tlpb)),
+            up_transformer_layers=tuple(tuple(_per_layer(t, list(reversed(layers))[i] + 1))
+                                        for i, t in enumerate(reverse)),
+            mid_transformer_layers=tuple(_per_layer(tlpb[-1], 1)),
+            num_attention_heads=tuple(heads), use_linear_projection=bool(cfg.get("use_linear_projection", False)),
+            upcast_attention=bool(upcast), addition_time_embed_dim=cfg["addition_time_embed_dim"],
+            flip_sin_to_cos=cfg.get("flip_sin_to_cos", True), freq_shift=cfg.get("freq_shift", 0),
+            time_embed_dim=cfg.get("time_embedding_dim") or channels[0] * 4,
+            projection_class_embeddings_input_dim=cfg["projection_class_embeddings_input_dim"])
+
+
+class FeedForwardGEGLU(nnx.Module):
+    """diffusers GEGLU: proj -> split into (hidden, gate) -> hidden * gelu(gate)."""
+
+    def __init__(self, dim: int, inner: int, p: Precision):
+        self.proj = linear(dim, inner * 2, p)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        hidden, gate = jnp.split(self.proj(x), 2, axis=-1)
+        return hidden * jax.nn.gelu(gate, approximate=False)
+
+
+class FeedForward(nnx.Module):
+    def __init__(self, dim: int, p: Precision):
+        # diffusers' net = [GEGLU, Dropout, Linear]: keep the indices so names map 1:1.
+        self.net = nnx.Dict({"0": FeedForwardGEGLU(dim, dim * 4, p), "2": linear(dim * 4, dim, p)})
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.net["2"](self.net["0"](x))
+
+
+class BasicTransformerBlock(nnx.Module):
+    def __init__(self, dim: int, heads: int, context_dim: int, upcast: bool, p: Precision):
+        self.norm1 = LayerNorm(dim, 1e-5, p)
+        self.attn1 = Attention(dim, heads, dim // heads, p, upcast=upcast)
+        self.norm2 = LayerNorm(dim, 1e-5, p)
+        self.attn2 = Attention(dim, heads, dim // heads, p, context_dim=context_dim, upcast=upcast)
+        self.norm3 = LayerNorm(dim, 1e-5, p)
+        self.ff = FeedForward(dim, p)
+
+    def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
+        x = x + self.attn1(self.norm1(x))
+        x = x + self.attn2(self.norm2(x), context)
+        return x + self.ff(self.norm3(x))
+
+
+class Transformer2DModel(nnx.Module):
+    def __init__(self, ch: int, heads: int, depth: int, context_dim: int, c: UNetConfig, p: Precision):
+        self.norm = GroupNorm(c.norm_num_groups, ch, 1e-6, p)
+        self.linear = c.use_linear_projection
+        # Older checkpoints (SD 1.x style) project with 1x1 convs instead of linears.
+        self.proj_in = linear(ch, ch, p) if self.linear else conv(ch, ch, p, kernel=1, padding=0)
+        self.transformer_blocks = nnx.List(
+            [BasicTransformerBlock(ch, heads, context_dim, c.upcast_attention, p) for _ in range(depth)])
+        self.proj_out = linear(ch, ch, p) if self.linear else conv(ch, ch, p, kernel=1, padding=0)
+
+    def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
+        b, h, w, ch = x.shape
+        y = self.norm(x)
+        if not self.linear:
+            y = self.proj_in(y)
+        y = y.reshape(b, h * w, ch)
+        if self.linear:
+            y = self.proj_in(y)
+        for block in self.transformer_blocks:
+            y = block(y, context)
+        if self.linear:
+            y = self.proj_out(y)
+        y = y.reshape(b, h, w, ch)
+        if not self.linear:
+            y = self.proj_out(y)
+        return x + y
+
+
+class DownBlock(nnx.Module):
+    """DownBlock2D, or CrossAttnDownBlock2D when `transformer_layers` is given."""
+
+    def __init__(self, in_ch: int, out_ch: int, i: int, c: UNetConfig, p: Precision, add_downsample: bool):
+        n = c.layers_per_block[i]
+        self.resnets = nnx.List([ResnetBlock2D(in_ch if j == 0 else out_ch, out_ch, c.time_embed_dim,
+                                               c.norm_num_groups, c.norm_eps, p) for j in range(n)])
+        has_attention = c.down_block_types[i] == "CrossAttnDownBlock2D"
+        self.attentions = nnx.List([Transformer2DModel(out_ch, c.num_attention_heads[i], c.transformer_layers[i][j],
+                                                       c.cross_attention_dim[i], c, p)
+                                    for j in range(n)]) if has_attention else None
+        self.downsamplers = nnx.List([Downsample2D(out_ch, p)]) if add_downsample else None
+
+    def __call__(self, x, temb, context):
+        skips = []
+        for j, resnet in enumerate(self.resnets):
+            x = resnet(x, temb)
+            if self.attentions is not None:
+                x = self.attentions[j](x, context)
+            skips.append(x)
+        if self.downsamplers is not None:
+            x = self.downsamplers[0](x)
+            skips.append(x)
+        return x, skips
+
+
+class UpBlock(nnx.Module):
+    """UpBlock2D, or CrossAttnUpBlock2D."""
+
+    def __init__(self, in_ch: int, prev_ch: int, out_ch: int, i: int, c: UNetConfig, p: Precision,
+                 add_upsample: bool):
+        n = list(reversed(c.layers_per_block))[i] + 1
+        resnets = []
+        for j in range(n):
+            skip_ch = in_ch if j == n - 1 else out_ch
+            res_in = prev_ch if j == 0 else out_ch
+            resnets.append(ResnetBlock2D(res_in + skip_ch, out_ch, c.time_embed_dim, c.norm_num_groups, c.norm_eps, p))
+        self.resnets = nnx.List(resnets)
+        heads = list(reversed(c.num_attention_heads))[i]
+        context_dim = list(reversed(c.cross_attention_dim))[i]
+        has_attention = c.up_block_types[i] == "CrossAttnUpBlock2D"
+        self.attentions = nnx.List([Transformer2DModel(out_ch, heads, c.up_transformer_layers[i][j], context_dim, c, p)
+                                    for j in range(n)]) if has_attention else None
+        self.upsamplers = nnx.List([Upsample2D(out_ch, p)]) if add_upsample else None
+
+    def __call__(self, x, skips, temb, context, upsample_size):
+        for j, resnet in enumerate(self.resnets):
+            x = resnet(jnp.concatenate([x, skips.pop()], axis=-1), temb)
+            if self.attentions is not None:
+                x = self.attentions[j](x, context)
+        if self.upsamplers is not None:
+            x = self.upsamplers[0](x, upsample_size)
+        return x
+
+
+class MidBlock(nnx.Module):
+    """UNetMidBlock2DCrossAttn: resnet, then (attention, resnet) pairs."""
+
+    def __init__(self, ch: int, c: UNetConfig, p: Precision):
+        make_resnet = lambda: ResnetBlock2D(ch, ch, c.time_embed_dim, c.norm_num_groups, c.norm_eps, p)
+        self.resnets = nnx.List([make_resnet() for _ in range(2)])
+        self.attentions = nnx.List([Transformer2DModel(ch, c.num_attention_heads[-1], c.mid_transformer_layers[0],
+                                                       c.cross_attention_dim[-1], c, p)])
+
+    def __call__(self, x, temb, context):
+        x = self.resnets[0](x, temb)
+        return self.resnets[1](self.attentions[0](x, context), temb)
+
+
+class UNet2DConditionModel(nnx.Module):
+    def __init__(self, config: UNetConfig, precision: Precision = Precision()):
+        c, p = config, precision
+        self.config = c
+        ch = c.block_out_channels
+        self.conv_in = conv(c.in_channels, ch[0], p)
+        self.time_embedding = TimestepEmbedding(ch[0], c.time_embed_dim, p)
+        self.add_embedding = TimestepEmbedding(c.projection_class_embeddings_input_dim, c.time_embed_dim, p)
+        down = []
+        out_ch = ch[0]
+        for i in range(len(ch)):
+            in_ch, out_ch = out_ch, ch[i]
+            down.append(DownBlock(in_ch, out_ch, i, c, p, add_downsample=i < len(ch) - 1))
+        self.down_blocks = nnx.List(down)
+        self.mid_block = MidBlock(ch[-1], c, p)
+        rev = list(reversed(ch))
+        up = []
+        out_ch = rev[0]
+        for i in range(len(ch)):
+            prev_ch, out_ch = out_ch, rev[i]
+            in_ch = rev[min(i + 1, len(ch) - 1)]
+            up.append(UpBlock(in_ch, prev_ch, out_ch, i, c, p, add_upsample=i < len(ch) - 1))
+        self.up_blocks = nnx.List(up)
+        self.conv_norm_out = GroupNorm(c.norm_num_groups, ch[0], c.norm_eps, p)
+        self.conv_out = conv(ch[0], c.out_channels, p)
+
+    def __call__(self, sample: jax.Array, timesteps: jax.Array, encoder_hidden_states: jax.Array,
+                 text_embeds: jax.Array, time_ids: jax.Array) -> jax.Array:
+        """One UNet evaluation.
+
+        sample: (B, H, W, C) latents; timesteps: (B,) or scalar; encoder_hidden_states: (B, L, D);
+        text_embeds: (B, pooled_dim) pooled text embedding; time_ids: (B, 6) SDXL micro-conditioning.
+        """
+        c = self.config
+        b = sample.shape[0]
+        timesteps = jnp.broadcast_to(jnp.asarray(timesteps, jnp.float32), (b,))
+        dtype = self.conv_in.dtype or sample.dtype
+        t_emb = timestep_embedding(timesteps, c.block_out_channels[0], flip_sin_to_cos=c.flip_sin_to_cos,
+                                   freq_shift=c.freq_shift)
+        emb = self.time_embedding(t_emb.astype(dtype))
+        time_emb = timestep_embedding(time_ids.reshape(-1), c.addition_time_embed_dim,
+                                      flip_sin_to_cos=c.flip_sin_to_cos, freq_shift=c.freq_shift).reshape(b, -1)
+        add_emb = jnp.concatenate([text_embeds.astype(jnp.float32), time_emb], axis=-1)
+        emb = emb + self.add_embedding(add_emb.astype(dtype))
+
+        x = self.conv_in(sample.astype(dtype))
+        context = encoder_hidden_states.astype(dtype)
+        skips = [x]
+        for block in self.down_blocks:
+            x, block_skips = block(x, emb, context)
+            skips.extend(block_skips)
+        x = self.mid_block(x, emb, context)
+        for block in self.up_blocks:
+            n = len(block.resnets)
+            block_skips, skips = skips[-n:], skips[:-n]
+            upsample_size = tuple(skips[-1].shape[1:3]) if skips else None
+            x = block(x, block_skips, emb, context, upsample_size)
+        x = self.conv_out(jax.nn.silu(self.conv_norm_out(x)))
+        return x

@@ -1,0 +1,174 @@
+"""Safetensors checkpoints <-> Flax modules.
+
+The Flax modules mirror the PyTorch module trees, so a parameter's PyTorch name is its
+Flax path joined with dots, with `kernel`/`scale`/`embedding` renamed to `weight`.
+Linear kernels are transposed, conv kernels go from (out, in, kh, kw) to (kh, kw, in, out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+
+M = TypeVar("M", bound=nnx.Module)
+
+_RENAMED_LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight"}
+
+# Buffers some checkpoints carry that are not parameters.
+_IGNORED_TENSORS = re.compile(r"(^|\.)position_ids$")
+
+# Pre-0.14 diffusers VAE attention names -> current names.
+_LEGACY_RENAMES = ((".query.", ".to_q."), (".key.", ".to_k."), (".value.", ".to_v."),
+                   (".proj_attn.", ".to_out.0."))
+
+
+class CheckpointError(ValueError):
+    """A checkpoint does not match the model it is loaded into."""
+
+
+def torch_name(path: tuple) -> str:
+    """Flax state path -> PyTorch parameter name."""
+    parts = [str(p) for p in path]
+    parts[-1] = _RENAMED_LEAVES.get(parts[-1], parts[-1])
+    return ".".join(parts)
+
+
+def torch_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
+    """The PyTorch name and shape of every parameter of `model` (abstract or concrete)."""
+    shapes = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        shape = tuple(var.get_value().shape)
+        if path[-1] == "kernel":
+            shape = shape[::-1] if len(shape) == 2 else (shape[3], shape[2], shape[0], shape[1])
+        shapes[torch_name(path)] = shape
+    return shapes
+
+
+def _safetensors_dtype(name: str) -> np.dtype:
+    return {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}.get(name)
+
+
+class TensorSource:
+    """Lazily reads named tensors from one or more .safetensors files, without torch."""
+
+    def __init__(self, files: Iterable[str | os.PathLike]):
+        self.files = [str(f) for f in files]
+        self._where: dict[str, str] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        for f in self.files:
+            with safe_open(f, framework="numpy") as st:
+                for key in st.keys():
+                    self._where[key] = f
+                    self._shapes[key] = tuple(st.get_slice(key).get_shape())
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self._shapes[key]
+
+    def get(self, key: str) -> np.ndarray:
+        f = self._where[key]
+        with safe_open(f, framework="numpy") as st:
+            sl = st.get_slice(key)
+            dtype = sl.get_dtype()
+            if dtype != "BF16":
+                return st.get_tensor(key)
+        return _read_raw(f, key)
+
+
+def _read_raw(path: str, key: str) -> np.ndarray:
+    # safetensors' numpy backend has no bfloat16: read the bytes and view them with ml_dtypes.
+    with open(path, "rb") as fh:
+        header_len = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(header_len))
+        info = header[key]
+        start, end = info["data_offsets"]
+        fh.seek(8 + header_len + start)
+        data = fh.read(end - start)
+    return np.frombuffer(data, dtype=_safetensors_dtype(info["dtype"])).reshape(info["shape"])
+
+
+def weight_files(component_dir: str | os.PathLike, prefer_variant: str | None = "fp16") -> list[Path]:
+    """The safetensors files of one component; the `prefer_variant` set when present."""
+    d = Path(component_dir)
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no .safetensors weights in {d} (only safetensors checkpoints are supported)")
+    variant = [f for f in files if prefer_variant and f".{prefer_variant}." in f.name or
+               (prefer_variant and f.name.endswith(f".{prefer_variant}.safetensors"))]
+    plain = [f for f in files if f.name.count(".") == 1 or re.search(r"-\d+-of-\d+\.safetensors$", f.name)]
+    return variant or plain or files
+
+
+def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = lambda k: k,
+              component: str = "model") -> M:
+    """Fill every parameter of `model` (abstract, e.g. from nnx.eval_shape) from `source`.
+
+    Fails, naming the tensors, if any is missing, unexpected or of the wrong shape. Weights are
+    cast to each parameter's dtype on the host, then placed on the default device.
+    """
+    by_name = {torch_name(path): (path, var) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    ckpt = {}
+    for key in source.keys():
+        if _IGNORED_TENSORS.search(key):
+            continue
+        ckpt[rename(key)] = key
+    expected = torch_shapes(model)
+    missing = sorted(set(expected) - set(ckpt))
+    unexpected = sorted(set(ckpt) - set(expected))
+    wrong = sorted(f"{name} (checkpoint {source.shape(ckpt[name])}, model {expected[name]})"
+                   for name in set(expected) & set(ckpt) if source.shape(ckpt[name]) != expected[name])
+    problems = []
+    for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
+        if names:
+            shown = ", ".join(names[:10]) + (f", ... ({len(names)} in all)" if len(names) > 10 else "")
+            problems.append(f"{label}: {shown}")
+    if problems:
+        raise CheckpointError(f"{component} checkpoint does not match the model: " + "; ".join(problems))
+    for name, (path, var) in by_name.items():
+        array = source.get(ckpt[name])
+        if path[-1] == "kernel":
+            array = array.T if array.ndim == 2 else array.transpose(2, 3, 1, 0)
+        var.set_value(jax.device_put(np.asarray(array, dtype=var.get_value().dtype)))
+    return model
+
+
+def normalize_clip_name(key: str) -> str:
+    """transformers 5 saves CLIPTextModel without the `text_model.` prefix the hub checkpoints have."""
+    if key.startswith("text_model.") or key.startswith("text_projection."):
+        return key
+    return "text_model." + key
+
+
+def normalize_vae_name(key: str) -> str:
+    for old, new in _LEGACY_RENAMES:
+        if ".mid_block.attentions." in key and old in key:
+            return key.replace(old, new)
+    return key
+
+
+def flax_params_as_torch(model: nnx.Module) -> dict[str, np.ndarray]:
+    """Every parameter of a concrete model under its PyTorch name and layout (for writing checkpoints)."""
+    out = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        array = np.asarray(var.get_value())
+        if path[-1] == "kernel":
+            array = array.T if array.ndim == 2 else array.transpose(3, 2, 0, 1)
+        out[torch_name(path)] = np.ascontiguousarray(array)
+    return out
+
+
+def read_json(path: str | os.PathLike) -> Mapping:
+    with open(path) as f:
+        return json.load(f)
