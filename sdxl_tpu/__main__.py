@@ -1,29 +1,99 @@
-"""Command line: `python -m sdxl_tpu make-tiny DIR`."""
+"""Command line.
+
+    python -m sdxl_tpu generate "a photo of a cat" --negative "blurry" --seed 7 --steps 20 \\
+        --guidance 5 --size 1024x1024 --model stabilityai/stable-diffusion-xl-base-1.0 --out DIR
+    python -m sdxl_tpu make-tiny DIR
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sdxl_tpu", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage block
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m sdxl_tpu", description="Stable Diffusion XL in JAX.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
     tiny = commands.add_parser("make-tiny", help="write a tiny random SDXL checkpoint in diffusers format")
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
 
+    gen = commands.add_parser("generate", help="generate images and write them as PNGs")
+    gen.add_argument("prompt")
+    gen.add_argument("--negative", default="", help="negative prompt")
+    gen.add_argument("--seed", type=int, default=None, help="base seed; image i gets seed + i (default: random)")
+    gen.add_argument("--steps", type=int, default=20)
+    gen.add_argument("--guidance", type=float, default=5.0)
+    gen.add_argument("--size", default="1024x1024", help="WIDTHxHEIGHT")
+    gen.add_argument("--images", type=int, default=4, help="images per call (rounded up to the device count)")
+    gen.add_argument("--model", default="stabilityai/stable-diffusion-xl-base-1.0",
+                     help="Hub repo id, local diffusers directory, or 'tiny'")
+    gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    gen.add_argument("--compile-cache", default=None, help="JAX compilation cache directory")
+    gen.add_argument("--out", default="outputs", help="output directory")
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .checkpoint import CheckpointError
+    from .compilation import DEFAULT_COMPILE_CACHE
+    from .pipeline import GenerationError, _parse_size, load_pipeline, save_png
+    from .scheduler import MAX_STEPS
+
+    try:
+        size = _parse_size(args.size)
+    except ValueError as e:
+        return _fail(str(e))
+    if not 1 <= args.steps <= MAX_STEPS:
+        return _fail(f"--steps must be between 1 and {MAX_STEPS}")
+    if args.images < 1:
+        return _fail("--images must be at least 1")
+    if not args.prompt.strip():
+        return _fail("the prompt is empty")
+    try:
+        pipe = load_pipeline(args.model, dtype=args.dtype, sizes=[size], images_per_call=args.images,
+                             compile_cache=args.compile_cache or DEFAULT_COMPILE_CACHE)
+        result = pipe.generate(args.prompt, args.negative, seed=args.seed, guidance_scale=args.guidance,
+                               steps=args.steps, size=size)
+    except (CheckpointError, ValueError, GenerationError, OSError) as e:
+        return _fail(str(e))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for image, info in zip(result.images, result.infos):
+        path = out / f"{info.seed}.png"
+        save_png(image, info, path, model=args.model)
+        print(path)
+    t = result.timings
+    print(f"text encoding {t['text_encoding']:.3f} s, denoising {t['denoising']:.3f} s, "
+          f"decoding {t['decoding']:.3f} s, total {t['total']:.3f} s")
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
     if args.command == "make-tiny":
         from .tiny import write_tiny_checkpoint
 
         try:
             path = write_tiny_checkpoint(args.directory, seed=args.seed)
         except OSError as e:
-            print(f"error: cannot write {args.directory}: {e.strerror or e}", file=sys.stderr)
-            return 1
+            return _fail(f"cannot write {args.directory}: {e.strerror or e}")
         print(f"wrote tiny SDXL checkpoint to {path}")
-    return 0
+        return 0
+    return _generate(args)
 
 
 if __name__ == "__main__":

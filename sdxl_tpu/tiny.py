@@ -22,6 +22,7 @@ from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
 from .weights import torch_shapes
 
+TINY_VERSION = 1  # bump when the checkpoint written here changes
 DIFFUSERS_VERSION = "0.42.1"
 TRANSFORMERS_VERSION = "5.24.0"
 

@@ -1,0 +1,55 @@
+"""JAX compilation: the persistent cache, and a counter that proves nothing recompiles."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+import jax.monitoring
+
+DEFAULT_COMPILE_CACHE = Path(os.environ.get("SDXL_TPU_COMPILE_CACHE", Path.home() / ".cache" / "sdxl_tpu" / "jax"))
+
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_TRACE = "/jax/core/compile/jaxpr_trace_duration"
+
+
+def enable_compile_cache(directory: str | os.PathLike | None) -> None:
+    """JAX's persistent compilation cache: a restarted server reuses compiled programs."""
+    if directory is None:
+        return
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class CompileCounter:
+    """Counts traces and backend compilations (cache hits included) while active.
+
+        with CompileCounter() as c:
+            ...
+        assert c.compiles == 0
+    """
+
+    def __init__(self) -> None:
+        self.compiles = 0
+        self.traces = 0
+        self._active = False
+
+    def _listener(self, event: str, duration: float, **kwargs) -> None:
+        if not self._active:
+            return
+        if event == _BACKEND_COMPILE:
+            self.compiles += 1
+        elif event == _TRACE:
+            self.traces += 1
+
+    def __enter__(self) -> "CompileCounter":
+        self._active = True
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._active = False
+        jax.monitoring.unregister_event_duration_listener(self._listener)
