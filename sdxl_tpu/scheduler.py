@@ -54,11 +54,12 @@ class EulerDiscrete:
 
     def _train_sigmas(self) -> np.ndarray:
         n = self.num_train_timesteps
+        # As diffusers: betas in float32, the cumulative product accumulated in float64.
         if self.beta_schedule == "scaled_linear":
-            betas = np.linspace(self.beta_start ** 0.5, self.beta_end ** 0.5, n, dtype=np.float32) ** 2
+            betas = np.linspace(self.beta_start ** 0.5, self.beta_end ** 0.5, n).astype(np.float32) ** 2
         else:
-            betas = np.linspace(self.beta_start, self.beta_end, n, dtype=np.float32)
-        alphas_cumprod = np.cumprod(1.0 - betas, dtype=np.float32)
+            betas = np.linspace(self.beta_start, self.beta_end, n).astype(np.float32)
+        alphas_cumprod = np.cumprod((1.0 - betas).astype(np.float64)).astype(np.float32)
         return ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5
 
     def timesteps(self, steps: int) -> np.ndarray:

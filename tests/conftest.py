@@ -12,3 +12,20 @@ def tiny_checkpoint(tmp_path_factory):
     from sdxl_tpu.tiny import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "sdxl-tiny")
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+    """One JAX compilation cache for the session, shared with subprocesses."""
+    return tmp_path_factory.mktemp("jax-compile-cache")
+
+
+TINY_SIZES = ((64, 64), (96, 64))
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tiny_checkpoint, compile_cache):
+    """The tiny checkpoint compiled in float32 for two sizes, four images per call, one device."""
+    from sdxl_tpu import load_pipeline
+
+    return load_pipeline(tiny_checkpoint, dtype="float32", sizes=TINY_SIZES, compile_cache=compile_cache)

@@ -1,0 +1,143 @@
+"""The compiled pipeline: parity with diffusers end to end, no recompiles, seeds, errors."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+from sdxl_tpu import CompileCounter, GenerationError
+from sdxl_tpu.scheduler import MAX_STEPS
+
+
+def _images(result) -> np.ndarray:
+    return np.stack([np.asarray(im) for im in result.images])
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.fixture(scope="module")
+def reference_pipeline(tiny_checkpoint):
+    from diffusers import StableDiffusionXLPipeline
+
+    return StableDiffusionXLPipeline.from_pretrained(tiny_checkpoint)
+
+
+@pytest.mark.parametrize("steps, negative, guidance", [(1, "blurry, low quality", 5.0), (4, "ugly", 7.5),
+                                                      (3, "", 5.0), (2, "text", 1.0)])
+def test_images_equal_diffusers(tiny_pipeline, reference_pipeline, steps, negative, guidance):
+    latents = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(steps))
+    prompt = "a photo of an astronaut riding a horse on the moon"
+    ours = _images(tiny_pipeline.generate(prompt, negative, guidance_scale=guidance, steps=steps, size=(64, 64),
+                                          latents=latents.numpy()))
+    # diffusers zeroes the negative embeddings only for negative_prompt=None (our empty prompt).
+    ref = reference_pipeline(prompt, negative_prompt=negative or None, num_inference_steps=steps,
+                             guidance_scale=guidance, height=64, width=64, latents=latents,
+                             num_images_per_prompt=4, output_type="np").images
+    ref = np.round(ref * 255).astype(np.uint8)
+    value = psnr(ours, ref)
+    print(f"steps={steps} negative={negative!r} guidance={guidance}: PSNR {value:.1f} dB")
+    assert value >= 40
+
+
+def test_nothing_recompiles_after_warmup(tiny_pipeline):
+    long_prompt = "a very detailed painting of a castle " * 20  # truncated at 77 tokens
+    with CompileCounter() as counter:
+        for i, (prompt, negative, steps) in enumerate([
+            ("a cat", "", 1), ("a dog on a beach", "blurry", 2), (long_prompt, long_prompt, 7),
+            (["a", "b", "c", "d"], ["", "x", "", "y"], MAX_STEPS), ("neon city", "rain", 13),
+        ]):
+            tiny_pipeline.generate(prompt, negative, seed=[i, 2**32 - 1, 0, 12345] if i % 2 else i * 1000,
+                                   guidance_scale=[1.0, 3.5, 7.0, 12.0] if i % 2 else 5.0 + i, steps=steps,
+                                   size=(64, 64) if i % 2 else "96x64")
+    print(f"after warm-up: {counter.compiles} compilations, {counter.traces} traces")
+    assert counter.compiles == 0 and counter.traces == 0
+
+
+def test_size_not_compiled_is_refused_not_compiled(tiny_pipeline):
+    with CompileCounter() as counter, pytest.raises(ValueError, match="size 128x128 is not compiled; available: "
+                                                                      "64x64, 96x64"):
+        tiny_pipeline.generate("a cat", size=(128, 128), steps=1)
+    assert counter.compiles == 0
+
+
+def test_each_image_depends_only_on_its_own_seed(tiny_pipeline):
+    a = tiny_pipeline.generate("a red chair", "blurry", seed=100, steps=2, size=(64, 64))
+    assert a.seeds == [100, 101, 102, 103]
+    b = tiny_pipeline.generate("a red chair", "blurry", seed=[102, 7, 100, 8], steps=2, size=(64, 64))
+    ia, ib = _images(a), _images(b)
+    np.testing.assert_allclose(ib[0], ia[2], atol=1)
+    np.testing.assert_allclose(ib[2], ia[0], atol=1)
+    assert np.abs(ia[0].astype(int) - ia[1].astype(int)).mean() > 1  # different seeds, different images
+
+
+def test_result_carries_images_seeds_parameters_and_timings(tiny_pipeline):
+    steps_seen = []
+    result = tiny_pipeline.generate(["a", "b", "c", "d"], "blurry", seed=2**32 - 2, guidance_scale=[1, 2, 3, 4],
+                                    steps=3, size="96x64", progress=lambda i, n: steps_seen.append((i, n)))
+    assert [im.size for im in result.images] == [(96, 64)] * 4
+    assert result.seeds == [2**32 - 2, 2**32 - 1, 0, 1]
+    assert [i.prompt for i in result.infos] == ["a", "b", "c", "d"]
+    assert [i.guidance_scale for i in result.infos] == [1.0, 2.0, 3.0, 4.0]
+    assert steps_seen == [(1, 3), (2, 3), (3, 3)]
+    assert set(result.timings) == {"text_encoding", "denoising", "decoding", "total"}
+    assert all(v > 0 for v in result.timings.values())
+    text = result.infos[1].parameters_text("tiny")
+    assert text == ("b\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, CFG scale: 2, Seed: 4294967295, "
+                    "Size: 96x64, Model: tiny")
+    seeds = tiny_pipeline.generate("x", steps=1, size=(64, 64)).seeds  # random base seed
+    assert all(0 <= s < 2**32 for s in seeds)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps=0), "steps must be an integer between 1 and 50"),
+    (dict(steps=51), "steps must be an integer between 1 and 50"),
+    (dict(steps=2.5), "steps must be an integer between 1 and 50"),
+    (dict(seed=-1), "seed must be an integer between 0 and 4294967295"),
+    (dict(seed=2**32), "seed must be an integer between 0 and 4294967295"),
+    (dict(seed="7"), "seed must be an integer"),
+    (dict(seed=[1, 2]), "seed: got 2 values for 4 images"),
+    (dict(guidance_scale=float("nan")), "guidance_scale must be a finite number"),
+    (dict(prompt=["a", "b"]), "prompt: got 2 values for 4 images"),
+    (dict(size="64"), "size must look like WIDTHxHEIGHT"),
+    (dict(latents=np.zeros((4, 4, 4, 4))), r"latents must have shape \(4, 4, 8, 8\)"),
+])
+def test_bad_requests_are_clear_errors(tiny_pipeline, kwargs, message):
+    kwargs = {"prompt": "a cat", "size": (64, 64), "steps": 1, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        tiny_pipeline.generate(kwargs.pop("prompt"), **kwargs)
+
+
+def test_non_finite_output_is_an_error_not_an_image(tiny_pipeline):
+    params = tiny_pipeline._params["vae"]
+    poisoned = jax.tree.map(lambda x: x, params)
+    bias = poisoned["decoder"]["conv_out"]["bias"]
+    bias.set_value(jax.device_put(np.full(bias.get_value().shape, np.nan, np.float32), bias.get_value().sharding))
+    tiny_pipeline._params["vae"] = poisoned
+    try:
+        with pytest.raises(GenerationError, match="non-finite"):
+            tiny_pipeline.generate("a cat", seed=1, steps=1, size=(64, 64))
+    finally:
+        tiny_pipeline._params["vae"] = params
+    assert np.isfinite(_images(tiny_pipeline.generate("a cat", seed=1, steps=1, size=(64, 64)))).all()
+
+
+def test_bfloat16_is_the_default_and_gives_finite_images(tiny_checkpoint, compile_cache):
+    import jax.numpy as jnp
+
+    from sdxl_tpu import load_pipeline
+
+    pipe = load_pipeline(tiny_checkpoint, sizes=[(64, 64)], compile_cache=compile_cache)
+    assert pipe._params["unet"]["conv_in"]["kernel"].get_value().dtype == jnp.bfloat16
+    images = _images(pipe.generate("a cat", "blurry", seed=3, steps=2, size=(64, 64)))
+    assert images.std() > 1
+
+
+def test_compile_counter_counts():
+    with CompileCounter() as counter:
+        jax.jit(lambda x: x * 3 + 1)(np.arange(7.0))
+    assert counter.compiles >= 1 and counter.traces >= 1
