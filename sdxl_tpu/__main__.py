@@ -45,7 +45,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def _generate(args: argparse.Namespace) -> int:
     from .checkpoint import CheckpointError
     from .compilation import DEFAULT_COMPILE_CACHE
-    from .pipeline import GenerationError, _parse_size, load_pipeline, save_png
+    from .pipeline import MAX_SEED, GenerationError, _parse_size, load_pipeline, save_png
     from .scheduler import MAX_STEPS
 
     try:
@@ -54,6 +54,8 @@ def _generate(args: argparse.Namespace) -> int:
         return _fail(str(e))
     if not 1 <= args.steps <= MAX_STEPS:
         return _fail(f"--steps must be between 1 and {MAX_STEPS}")
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        return _fail(f"seed must be an integer between 0 and {MAX_SEED}")
     if args.images < 1:
         return _fail("--images must be at least 1")
     if not args.prompt.strip():

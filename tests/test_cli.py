@@ -1,0 +1,54 @@
+"""`python -m sdxl_tpu generate`: PNGs with A1111 parameters, timings, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+
+def _run(args, env_extra, timeout=600):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **env_extra)
+    return subprocess.run([sys.executable, "-m", "sdxl_tpu", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, compile_cache):
+    return {"SDXL_TPU_TINY_DIR": str(tmp_path_factory.mktemp("tiny-cache") / "tiny"),
+            "SDXL_TPU_COMPILE_CACHE": str(compile_cache)}
+
+
+def test_generate_writes_pngs_with_parameters(env, tmp_path):
+    result = _run(["generate", "a photo of a cat", "--negative", "blurry", "--seed", "7", "--steps", "2",
+                   "--guidance", "5", "--size", "64x64", "--model", "tiny", "--dtype", "float32",
+                   "--out", str(tmp_path)], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = sorted(tmp_path.glob("*.png"))
+    assert [f.name for f in files] == ["10.png", "7.png", "8.png", "9.png"]
+    image = Image.open(tmp_path / "8.png")
+    assert image.size == (64, 64)
+    assert image.info["parameters"] == ("a photo of a cat\nNegative prompt: blurry\nSteps: 2, Sampler: Euler, "
+                                        "CFG scale: 5, Seed: 8, Size: 64x64, Model: tiny")
+    assert "denoising" in result.stdout and "total" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "x", "--size", "64y64"], "size must look like WIDTHxHEIGHT"),
+    (["generate", "x", "--steps", "abc"], "argument --steps: invalid int value"),
+    (["generate", "x", "--steps", "0"], "--steps must be between 1 and 50"),
+    (["generate", "   "], "the prompt is empty"),
+    (["generate", "x", "--model", "/nonexistent/model"], "neither an existing directory nor a Hub repo id"),
+    (["generate", "x", "--model", "tiny", "--size", "64x64", "--seed", "-3", "--steps", "1"],
+     "seed must be an integer between 0 and 4294967295"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_are_one_line_errors(env, args, message):
+    result = _run(args, env)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
