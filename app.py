@@ -1,0 +1,126 @@
+"""SDXL playground: a Gradio page that fills a four-image gallery from one compiled JAX pipeline.
+
+    python app.py                      # SDXL base 1.0 (downloaded on first run)
+    python app.py --model tiny         # offline, the built-in tiny checkpoint
+
+UI and wiring only; everything testable lives in sdxl_tpu/playground.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import gradio as gr
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from sdxl_tpu.pipeline import MAX_SEED
+from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, GUIDANCE_RANGE, MAX_PROMPT_CHARS, STYLES,
+                                 Server, UserInputError, format_size, parse_settings, validate)
+from sdxl_tpu.scheduler import MAX_STEPS
+
+CSS = "#gallery {min-height: 420px} #status p {margin: 0}"
+
+
+def style_text(style: str) -> str:
+    template, negative = STYLES.get(style, STYLES[DEFAULT_STYLE])
+    return f"**Prompt template:** `{template}`" + (f"  \n**Adds to the negative prompt:** `{negative}`" if negative else "")
+
+
+def build_demo(server: Server) -> gr.Blocks:
+    sizes = [format_size(s) for s in server.sizes]
+    with gr.Blocks(title="SDXL on JAX", analytics_enabled=False) as demo:
+        gr.Markdown("# Stable Diffusion XL, served from JAX\nFour images per run, one compiled pipeline on every chip.")
+        status = gr.Markdown(server.message, elem_id="status")
+        with gr.Row(equal_height=True):
+            prompt = gr.Textbox(label="Prompt", placeholder="Describe the image", max_lines=3, scale=5,
+                                max_length=MAX_PROMPT_CHARS, elem_id="prompt")
+            run = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
+        tokens = gr.Markdown(elem_id="token-count")
+        negative = gr.Textbox(label="Negative prompt", placeholder="What to leave out", max_lines=2,
+                              max_length=MAX_PROMPT_CHARS, elem_id="negative")
+        gallery = gr.Gallery(label="Images", columns=2, preview=False,
+                             buttons=["download", "fullscreen"], format="png", elem_id="gallery")
+        info = gr.Markdown("Click an image to reuse its seed.", elem_id="info")
+        last_seeds = gr.State([])
+        with gr.Accordion("Advanced", open=False):
+            style = gr.Dropdown(list(STYLES), value=DEFAULT_STYLE, label="Style")
+            style_info = gr.Markdown(style_text(DEFAULT_STYLE))
+            with gr.Row():
+                seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
+                randomize = gr.Checkbox(label="Randomize seed", value=True)
+            guidance = gr.Slider(*GUIDANCE_RANGE, value=5.0, step=0.1, label="Guidance scale")
+            steps = gr.Slider(1, MAX_STEPS, value=20, step=1, label="Steps")
+            size = gr.Dropdown(sizes, value=sizes[0], label="Size (width x height)")
+        gr.Examples(EXAMPLES, inputs=[prompt], cache_examples=False)
+
+        def generate(prompt, negative, style, seed, randomize, guidance, steps, size, progress=gr.Progress()):
+            try:
+                request = validate(prompt, negative, style, seed, randomize, guidance, steps, size, server.sizes)
+                progress(0, desc="Encoding prompts")
+                return server.generate(request, progress=lambda i, n: progress((i, n), desc="Denoising"))
+            except UserInputError as e:
+                raise gr.Error(str(e), print_exception=False) from None
+
+        gr.on([prompt.submit, negative.submit, run.click], generate,
+              inputs=[prompt, negative, style, seed, randomize, guidance, steps, size],
+              outputs=[gallery, last_seeds, info], api_name="generate", concurrency_limit=1)
+
+        def reuse_seed(seeds: list[int], evt: gr.SelectData):
+            return (seeds[evt.index], False) if 0 <= evt.index < len(seeds) else (gr.skip(), gr.skip())
+
+        light = dict(api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        gallery.select(reuse_seed, inputs=[last_seeds], outputs=[seed, randomize], **light)
+        prompt.change(server.token_count, inputs=[prompt], outputs=[tokens], **light)
+        style.change(style_text, inputs=[style], outputs=[style_info], **light)
+
+        # While warming up the page says so, and refreshes until the model is ready.
+        timer = gr.Timer(2.0, active=not server.done_event.is_set())
+        timer.tick(lambda: (server.message, gr.Timer(active=not server.done_event.is_set())),
+                   outputs=[status, timer], **light)
+        demo.load(lambda: server.message, outputs=[status], **light)
+    demo.queue(default_concurrency_limit=1, max_size=server.settings.queue_size, api_open=False)
+    return demo
+
+
+def build_app(server: Server) -> FastAPI:
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/healthz")
+    def healthz():
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    def readyz():
+        body = {"status": server.status, "message": server.message}
+        return JSONResponse(body, status_code=200 if server.ready else 503)
+
+    return gr.mount_gradio_app(app, build_demo(server), path="/", enable_monitoring=False, ssr_mode=False,
+                               mcp_server=False, footer_links=["api"], css=CSS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    server = Server(settings)
+    web = uvicorn.Server(uvicorn.Config(build_app(server), host=settings.host, port=settings.port,
+                                       log_level="warning"))
+
+    def stop_on_error() -> None:
+        server.done_event.wait()
+        if server.status == "error":
+            print(f"error: {server.error}", file=sys.stderr, flush=True)
+            web.should_exit = True
+        else:
+            print(f"ready: http://{settings.host}:{settings.port} ({server.message})", flush=True)
+
+    server.start()
+    threading.Thread(target=stop_on_error, daemon=True).start()
+    print(f"serving on http://{settings.host}:{settings.port} (loading {settings.model})", flush=True)
+    web.run()
+    return 1 if server.status == "error" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

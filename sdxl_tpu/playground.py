@@ -1,0 +1,312 @@
+"""Everything the Gradio playground does besides drawing widgets: settings, styles, input
+checks, the warm-up state and the request handler. app.py only builds the UI and wires it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import secrets
+import threading
+import time
+import traceback
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import CheckpointError
+from .compilation import DEFAULT_COMPILE_CACHE
+from .pipeline import MAX_SEED, MAX_TOKENS, GenerationError, Pipeline, _parse_size, load_pipeline
+from .scheduler import MAX_STEPS
+
+DEFAULT_MODEL = "stabilityai/stable-diffusion-xl-base-1.0"
+MAX_PROMPT_CHARS = 1000
+GUIDANCE_RANGE = (0.0, 20.0)
+QUEUE_SIZE = 16
+
+# name -> (prompt template, negative prompt), as the original SDXL playground offered them.
+STYLES: dict[str, tuple[str, str]] = {
+    "(No style)": ("{prompt}", ""),
+    "Cinematic": ("cinematic still {prompt} . emotional, harmonious, vignette, highly detailed, high budget, bokeh, "
+                  "cinemascope, moody, epic, gorgeous, film grain, grainy",
+                  "anime, cartoon, graphic, text, painting, crayon, graphite, abstract, glitch, deformed, mutated, ugly, "
+                  "disfigured"),
+    "Photographic": ("cinematic photo {prompt} . 35mm photograph, film, bokeh, professional, 4k, highly detailed",
+                     "drawing, painting, crayon, sketch, graphite, impressionist, noisy, blurry, soft, deformed, ugly"),
+    "Anime": ("anime artwork {prompt} . anime style, key visual, vibrant, studio anime, highly detailed",
+              "photo, deformed, black and white, realism, disfigured, low contrast"),
+    "Manga": ("manga style {prompt} . vibrant, high-energy, detailed, iconic, Japanese comic style",
+              "ugly, deformed, noisy, blurry, low contrast, realism, photorealistic, Western comic style"),
+    "Digital Art": ("concept art {prompt} . digital artwork, illustrative, painterly, matte painting, highly detailed",
+                    "photo, photorealistic, realism, ugly"),
+    "Pixel art": ("pixel-art {prompt} . low-res, blocky, pixel art style, 8-bit graphics",
+                  "sloppy, messy, blurry, noisy, highly detailed, ultra textured, photo, realistic"),
+    "Fantasy art": ("ethereal fantasy concept art of {prompt} . magnificent, celestial, ethereal, painterly, epic, "
+                    "majestic, magical, fantasy art, cover art, dreamy",
+                    "photographic, realistic, realism, 35mm film, dslr, cropped, frame, text, deformed, glitch, noise, "
+                    "noisy, off-center, cross-eyed, closed eyes, bad anatomy, ugly, disfigured, sloppy, duplicate, "
+                    "mutated, black and white"),
+    "Neonpunk": ("neonpunk style {prompt} . cyberpunk, vaporwave, neon, vibes, vibrant, stunningly beautiful, crisp, "
+                 "detailed, sleek, ultramodern, magenta highlights, dark purple shadows, high contrast, cinematic, "
+                 "ultra detailed, intricate, professional",
+                 "painting, drawing, illustration, glitch, deformed, mutated, cross-eyed, ugly, disfigured"),
+    "3D Model": ("professional 3d model {prompt} . octane render, highly detailed, volumetric, dramatic lighting",
+                 "ugly, deformed, noisy, low poly, blurry, painting"),
+}
+DEFAULT_STYLE = "(No style)"
+
+EXAMPLES = [
+    "A majestic lion jumping from a big stone at night",
+    "An astronaut riding a green horse",
+    "A red panda reading a book in a cozy library, warm light",
+    "A lighthouse on a cliff during a storm, dramatic waves",
+]
+
+
+class UserInputError(ValueError):
+    """A request the user can fix; its message is shown to them as is."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings: command line, with environment variables as defaults (for Spaces)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Settings:
+    model: str = DEFAULT_MODEL
+    sizes: list[tuple[int, int]] = field(default_factory=lambda: [(1024, 1024)])
+    dtype: str = "bfloat16"
+    host: str = "127.0.0.1"
+    port: int = 7860
+    compile_cache: str | None = str(DEFAULT_COMPILE_CACHE)
+    images_per_call: int = 4
+    queue_size: int = QUEUE_SIZE
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    sizes = [_parse_size(part) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise ValueError("--sizes needs at least one WIDTHxHEIGHT")
+    return list(dict.fromkeys(sizes))
+
+
+def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
+    env = dict(os.environ if env is None else env)
+    parser = argparse.ArgumentParser(description="SDXL playground (Gradio), served from JAX.")
+    parser.add_argument("--model", default=env.get("SDXL_MODEL", DEFAULT_MODEL),
+                        help="Hub repo id, local diffusers directory, or 'tiny' (env SDXL_MODEL)")
+    parser.add_argument("--sizes", default=env.get("SDXL_SIZES", "1024x1024"),
+                        help="comma-separated WIDTHxHEIGHT sizes to compile (env SDXL_SIZES)")
+    parser.add_argument("--dtype", default=env.get("SDXL_DTYPE", "bfloat16"), choices=["bfloat16", "float32"],
+                        help="parameter and activation dtype (env SDXL_DTYPE)")
+    parser.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                        help="address to listen on (env GRADIO_SERVER_NAME; 0.0.0.0 on Spaces)")
+    parser.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT", "7860")),
+                        help="port (env GRADIO_SERVER_PORT)")
+    parser.add_argument("--compile-cache", default=env.get("SDXL_TPU_COMPILE_CACHE", str(DEFAULT_COMPILE_CACHE)),
+                        help="JAX persistent compilation cache directory (env SDXL_TPU_COMPILE_CACHE)")
+    parser.add_argument("--queue-size", type=int, default=int(env.get("SDXL_QUEUE_SIZE", QUEUE_SIZE)),
+                        help="requests that may wait; more are told the server is busy (env SDXL_QUEUE_SIZE)")
+    args = parser.parse_args(argv)
+    if args.queue_size < 1:
+        parser.error("--queue-size must be at least 1")
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as e:
+        parser.error(str(e))
+    return Settings(model=args.model, sizes=sizes, dtype=args.dtype, host=args.host, port=args.port,
+                    compile_cache=args.compile_cache or None, queue_size=args.queue_size)
+
+
+def model_not_found_message(model: str, reason: str) -> str:
+    return (f"Could not load the model {model!r}: {reason}. Check the Hub repo id and your network (or "
+            "HF_HUB_OFFLINE and the HF cache), pass a local diffusers-format directory with --model PATH, or run "
+            "offline with the built-in tiny checkpoint: python app.py --model tiny")
+
+
+# ---------------------------------------------------------------------------------------------
+# Input checks
+# ---------------------------------------------------------------------------------------------
+
+def clean_text(text: Any, limit: int = MAX_PROMPT_CHARS) -> str:
+    """Control characters become spaces, whitespace is collapsed, the length is capped."""
+    if text is None:
+        return ""
+    text = "".join(" " if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co") else ch for ch in str(text))
+    return " ".join(text.split())[:limit]
+
+
+def apply_style(style: str, prompt: str, negative: str) -> tuple[str, str]:
+    if style not in STYLES:
+        raise UserInputError(f"Unknown style {style!r}; choose one of: {', '.join(STYLES)}")
+    template, style_negative = STYLES[style]
+    return template.replace("{prompt}", prompt), ", ".join(p for p in (style_negative, negative) if p)
+
+
+def _number(value: Any, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserInputError(f"{name} must be a number, got {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise UserInputError(f"{name} must be a finite number")
+    return number
+
+
+@dataclass
+class Request:
+    prompt: str
+    negative_prompt: str
+    seed: int
+    guidance_scale: float
+    steps: int
+    size: tuple[int, int]
+
+
+def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, guidance: Any, steps: Any,
+             size: Any, sizes: Sequence[tuple[int, int]]) -> Request:
+    """Everything a client can send, checked on the server; raises UserInputError with a clear message."""
+    prompt, negative = clean_text(prompt), clean_text(negative)
+    if not prompt:
+        raise UserInputError("Please enter a prompt.")
+    prompt, negative = apply_style(str(style or DEFAULT_STYLE), prompt, negative)
+    if randomize:
+        seed_value = secrets.randbelow(MAX_SEED + 1)
+    else:
+        number = _number(seed, "Seed")
+        if number != int(number) or not 0 <= number <= MAX_SEED:
+            raise UserInputError(f"Seed must be a whole number between 0 and {MAX_SEED}.")
+        seed_value = int(number)
+    g = _number(guidance, "Guidance scale")
+    if not GUIDANCE_RANGE[0] <= g <= GUIDANCE_RANGE[1]:
+        raise UserInputError(f"Guidance scale must be between {GUIDANCE_RANGE[0]:g} and {GUIDANCE_RANGE[1]:g}.")
+    s = _number(steps, "Steps")
+    if s != int(s) or not 1 <= s <= MAX_STEPS:
+        raise UserInputError(f"Steps must be a whole number between 1 and {MAX_STEPS}.")
+    try:
+        wh = _parse_size(size)
+    except ValueError as e:
+        raise UserInputError(str(e)) from None
+    if wh not in sizes:
+        raise UserInputError(f"Size {wh[0]}x{wh[1]} is not available; choose one of: "
+                             + ", ".join(format_size(x) for x in sizes))
+    return Request(prompt, negative, seed_value, g, int(s), wh)
+
+
+def format_size(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The served model: loaded and warmed up in the background while the page already answers
+# ---------------------------------------------------------------------------------------------
+
+class Server:
+    """Holds the pipeline and its warm-up state ("loading" -> "ready", or "error")."""
+
+    def __init__(self, settings: Settings,
+                 loader: Callable[[Settings], Pipeline] | None = None):
+        self.settings = settings
+        self.status = "loading"
+        self.message = "Loading the model and compiling every size; this page will work once that is done."
+        self.error: str | None = None
+        self.pipeline: Pipeline | None = None
+        self.tokenizer = None
+        self.warmup_seconds: float | None = None
+        self._loader = loader or self._load
+        self.ready_event = threading.Event()
+        self.done_event = threading.Event()
+
+    def _load(self, s: Settings) -> Pipeline:
+        return load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
+                             compile_cache=s.compile_cache)
+
+    def load(self) -> None:
+        """Load and compile (blocking). Sets status to "ready" or "error"."""
+        start = time.perf_counter()
+        try:
+            pipe = self._loader(self.settings)
+        except (CheckpointError, OSError, ValueError) as e:
+            self._fail(model_not_found_message(self.settings.model, str(e).rstrip(".")))
+        except Exception as e:  # anything else: still no traceback for the user, but keep it in the log
+            traceback.print_exc()
+            self._fail(model_not_found_message(self.settings.model, f"{type(e).__name__}: {e}"))
+        else:
+            self.pipeline, self.tokenizer = pipe, pipe.tokenizers[0]
+            self.warmup_seconds = time.perf_counter() - start
+            self.status = "ready"
+            self.message = f"Ready ({self.warmup_seconds:.0f} s to load and compile)."
+            self.ready_event.set()
+        finally:
+            self.done_event.set()
+
+    def _fail(self, message: str) -> None:
+        self.status, self.error, self.message = "error", message, message
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.load, name="sdxl-warmup", daemon=True)
+        thread.start()
+        return thread
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        return list(self.pipeline.sizes if self.pipeline else self.settings.sizes)
+
+    def token_count(self, prompt: Any) -> str:
+        """Markdown: how many of the 77 tokens the prompt uses, and a warning when it is truncated."""
+        text = clean_text(prompt)
+        if self.tokenizer is None:
+            return "" if not text else "Token count available once the model is loaded."
+        n = len(self.tokenizer(text).input_ids)  # includes start and end tokens
+        if n > MAX_TOKENS:
+            return (f"⚠️ **{n} / {MAX_TOKENS} tokens**: the prompt will be truncated after token "
+                    f"{MAX_TOKENS - 2}; the rest is ignored.")
+        return f"{n} / {MAX_TOKENS} tokens"
+
+    def generate(self, request: Request, progress: Callable[[int, int], None] | None = None):
+        """Returns ([(image, caption)], seeds, info markdown). Raises UserInputError for the user."""
+        if not self.ready:
+            raise UserInputError(self.error or "The model is still warming up; please try again in a moment.")
+        pipe = self.pipeline
+        run = lambda report: pipe.generate(request.prompt, request.negative_prompt, seed=request.seed,
+                                           guidance_scale=request.guidance_scale, steps=request.steps,
+                                           size=request.size, progress=report)
+        try:
+            result = run_reporting_here(run, progress) if progress else run(None)
+        except (ValueError, GenerationError) as e:
+            raise UserInputError(str(e)) from None
+        gallery = [(image, f"seed {info.seed}") for image, info in zip(result.images, result.infos)]
+        t = result.timings
+        info = (f"Generated {len(result.images)} images of {format_size(request.size)} in {t['total']:.2f} s "
+                f"(text {t['text_encoding']:.2f} s, denoising {t['denoising']:.2f} s for {request.steps} steps, "
+                f"decoding {t['decoding']:.2f} s). Seeds: {', '.join(str(s) for s in result.seeds)}.")
+        return gallery, result.seeds, info
+
+
+def run_reporting_here(fn: Callable[[Callable[[int, int], None]], Any], progress: Callable[[int, int], None]) -> Any:
+    """Run fn(report) in a worker thread and deliver its report(step, steps) calls to `progress`
+    in the calling thread (the compiled loop reports from an XLA host thread; UI progress
+    trackers such as gr.Progress must be called from the request's own thread)."""
+    events: queue.Queue = queue.Queue()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = fn(lambda step, steps: events.put((step, steps)))
+        except BaseException as e:  # re-raised in the calling thread
+            outcome["error"] = e
+        finally:
+            events.put(None)
+
+    threading.Thread(target=work, name="sdxl-generate", daemon=True).start()
+    while (item := events.get()) is not None:
+        progress(*item)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -1,0 +1,206 @@
+"""The playground, launched as people launch it (`python app.py --model tiny`) on 127.0.0.1,
+driven through gradio_client, plain HTTP and a real headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+QUEUE_SIZE = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, ""
+
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory, compile_cache):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_TPU_TINY_DIR=str(tmp_path_factory.mktemp("tiny") / "t"),
+               SDXL_QUEUE_SIZE=str(QUEUE_SIZE), GRADIO_TEMP_DIR=str(tmp_path_factory.mktemp("gradio")))
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "app.py", "--model", "tiny", "--sizes", "64x64,96x64", "--dtype",
+                                 "float32", "--host", "127.0.0.1", "--port", str(port), "--compile-cache",
+                                 str(compile_cache)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    readiness = []
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:  # bounded: ten minutes at most
+            assert proc.poll() is None, log.read_text()[-3000:]
+            if _get(base + "/healthz")[0] == 200:
+                code = _get(base + "/readyz")[0]
+                readiness.append(code)
+                if code == 200:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the app did not become ready in 10 minutes:\n" + log.read_text()[-3000:])
+        yield {"url": base, "readiness": readiness, "log": log, "proc": proc}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(app_server):
+    from gradio_client import Client
+
+    return Client(app_server["url"] + "/", verbose=False)
+
+
+def _generate(client, prompt="a photo of a cat", negative="blurry", style="(No style)", seed=5, randomize=False,
+              guidance=5.0, steps=2, size="64x64"):
+    return client.predict(prompt, negative, style, seed, randomize, guidance, steps, size, api_name="/generate")
+
+
+def test_readyz_is_503_while_warming_up_then_200(app_server):
+    assert app_server["readiness"][0] == 503 and app_server["readiness"][-1] == 200
+    assert _get(app_server["url"] + "/healthz") == (200, '{"status":"alive"}')
+
+
+def test_client_gets_four_images_with_seeds(client):
+    gallery, info = _generate(client, seed=41, steps=3)
+    assert len(gallery) == 4
+    assert [item["caption"] for item in gallery] == ["seed 41", "seed 42", "seed 43", "seed 44"]
+    from PIL import Image
+
+    assert all(Image.open(item["image"]).size == (64, 64) for item in gallery)
+    assert "Generated 4 images of 64x64" in info and "Seeds: 41, 42, 43, 44" in info
+    gallery, _ = _generate(client, size="96x64", style="Pixel art", randomize=True)
+    assert Image.open(gallery[0]["image"]).size == (96, 64)
+    assert all(0 <= int(item["caption"].split()[1]) < 2**32 for item in gallery)
+
+
+# Gradio's own component checks (min/max, choices) answer some of these before our checks
+# (tested directly in test_playground.py) do; either way the message names what is wrong.
+@pytest.mark.parametrize("overrides, message", [
+    (dict(prompt="   \t "), r"Please enter a prompt\."),
+    (dict(prompt="\x00\x07\x1b"), r"Please enter a prompt\."),
+    (dict(seed=-1), r"Seed must be a whole number between 0 and 4294967295|-1 is less than minimum value 0"),
+    (dict(seed=2**32), r"Seed must be a whole number between 0 and 4294967295|4294967296 is greater than maximum"),
+    (dict(guidance=25.0), r"Guidance scale must be between 0 and 20|25\.0 is greater than maximum value 20"),
+    (dict(steps=0), r"Steps must be a whole number between 1 and 50|0 is less than minimum value 1"),
+    (dict(steps=51), r"Steps must be a whole number between 1 and 50|51 is greater than maximum value 50"),
+    (dict(size="1024x1024"), r"1024x1024"),
+    (dict(style="Bogus"), r"Bogus"),
+])
+def test_bad_inputs_are_clear_errors_and_the_server_survives(client, overrides, message):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match=message) as info:
+        _generate(client, **overrides)
+    assert "Traceback" not in str(info.value)
+    assert len(_generate(client, steps=1)[0]) == 4  # still serving
+
+
+def test_control_characters_and_long_prompts_are_cleaned_not_fatal(client):
+    gallery, info = _generate(client, prompt="a\x00 cat\x1b[31m " + "very " * 2000, negative="\x07blurry", steps=1)
+    assert len(gallery) == 4 and "Generated" in info
+
+
+def test_queue_is_bounded_and_busy_requests_are_told_so(app_server, client):
+    from gradio_client.exceptions import AppError
+    from gradio_client.utils import QueueError
+
+    def call(i):
+        try:
+            _generate(client, seed=i, steps=50, size="96x64")
+            return "ok"
+        except (QueueError, AppError) as e:
+            return str(e)
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(call, range(8)))
+    print(outcomes)
+    assert "ok" in outcomes
+    assert any("Queue is full" in o and "try again" in o for o in outcomes)
+    assert len(_generate(client, steps=1)[0]) == 4
+
+
+def test_secure_defaults(app_server):
+    base = app_server["url"]
+    assert _get(base + "/monitoring/summary")[0] == 403  # gradio serves it unless monitoring is off
+    assert _get(base + "/monitoring")[0] == 403
+    assert _get(base + "/gradio_api/file=/etc/passwd")[0] in (403, 404)
+    assert _get(base + f"/gradio_api/file={ROOT / 'app.py'}")[0] in (403, 404)
+    # The direct, queue-bypassing REST route is closed.
+    request = urllib.request.Request(base + "/gradio_api/run/generate", data=b'{"data": ["a cat"]}',
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        urllib.request.urlopen(request, timeout=10)
+        pytest.fail("direct API call was accepted")
+    except urllib.error.HTTPError as e:
+        assert e.code in (404, 422) and b"join the queue" in e.read() or e.code == 422
+    log = app_server["log"].read_text()
+    assert "gradio.live" not in log and "Traceback" not in log
+
+
+def test_app_without_model_exits_with_one_paragraph(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty-cache"))
+    result = subprocess.run([sys.executable, "app.py", "--model", "nobody/no-such-model", "--port",
+                             str(_free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "nobody/no-such-model" in errors[0] and "--model tiny" in errors[0]
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def test_browser_types_a_prompt_and_gets_four_images(app_server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    assert shutil.which(CHROMIUM) or os.path.exists(CHROMIUM), "Debian's chromium is not installed (see .ci/run)"
+    screenshot = Path(os.environ.get("SDXL_TPU_ARTIFACTS", tmp_path)) / "playground.png"
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--no-first-run", "--disable-sync", "--disable-quic"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 1400})
+            page.goto(app_server["url"] + "/", timeout=60_000)
+            page.get_by_text("Ready (").wait_for(timeout=60_000)
+            page.locator("#prompt textarea").fill("a lighthouse on a cliff during a storm")
+            page.locator("#negative textarea").fill("blurry")
+            page.locator("#generate").click()
+            images = page.locator("#gallery img")
+            deadline = time.monotonic() + 120
+            while images.count() < 4 and time.monotonic() < deadline:
+                page.wait_for_timeout(250)
+            assert images.count() == 4
+            page.get_by_text("Generated 4 images").wait_for(timeout=30_000)
+            assert "tokens" in page.locator("#token-count").inner_text()
+            page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    assert screenshot.stat().st_size > 10_000
