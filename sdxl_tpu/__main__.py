@@ -39,6 +39,10 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     gen.add_argument("--compile-cache", default=None, help="JAX compilation cache directory")
     gen.add_argument("--out", default="outputs", help="output directory")
+    bench = commands.add_parser("bench", help="benchmark compile time, latency, memory and FLOP utilisation")
+    from .bench import add_arguments
+
+    add_arguments(bench)
     return parser
 
 
@@ -95,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"cannot write {args.directory}: {e.strerror or e}")
         print(f"wrote tiny SDXL checkpoint to {path}")
         return 0
+    if args.command == "bench":
+        from .bench import main as bench_main
+
+        try:
+            return bench_main(args, list(argv if argv is not None else sys.argv[1:])[1:])
+        except (ValueError, OSError) as e:
+            return _fail(str(e))
     return _generate(args)
 
 

@@ -12,6 +12,8 @@ DEFAULT_COMPILE_CACHE = Path(os.environ.get("SDXL_TPU_COMPILE_CACHE", Path.home(
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
+_CACHE_HITS = "/jax/compilation_cache/cache_hits"
+_CACHE_MISSES = "/jax/compilation_cache/cache_misses"
 
 
 def enable_compile_cache(directory: str | os.PathLike | None) -> None:
@@ -25,7 +27,7 @@ def enable_compile_cache(directory: str | os.PathLike | None) -> None:
 
 
 class CompileCounter:
-    """Counts traces and backend compilations (cache hits included) while active.
+    """Counts traces, backend compilations and persistent-cache hits and misses while active.
 
         with CompileCounter() as c:
             ...
@@ -35,7 +37,15 @@ class CompileCounter:
     def __init__(self) -> None:
         self.compiles = 0
         self.traces = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
         self._active = False
+
+    def _event(self, event: str, **kwargs) -> None:
+        if self._active and event == _CACHE_HITS:
+            self.cache_hits += 1
+        elif self._active and event == _CACHE_MISSES:
+            self.cache_misses += 1
 
     def _listener(self, event: str, duration: float, **kwargs) -> None:
         if not self._active:
@@ -48,8 +58,10 @@ class CompileCounter:
     def __enter__(self) -> "CompileCounter":
         self._active = True
         jax.monitoring.register_event_duration_secs_listener(self._listener)
+        jax.monitoring.register_event_listener(self._event)
         return self
 
     def __exit__(self, *exc) -> None:
         self._active = False
         jax.monitoring.unregister_event_duration_listener(self._listener)
+        jax.monitoring.unregister_event_listener(self._event)

@@ -66,37 +66,36 @@ def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, zero_negative: jax.A
     return context * keep[:, :, None, None], pooled * keep[:, :, None]
 
 
-def get_noise(seeds: jax.Array, height: int, width: int, channels: int) -> jax.Array:
-    """One standard-normal latent (h, w, C) per seed: an image depends on its own seed only."""
-    return jax.vmap(lambda s: jax.random.normal(jax.random.key(s), (height, width, channels), jnp.float32))(seeds)
+def get_noise(seeds: jax.Array, init_sigma: jax.Array, height: int, width: int, channels: int) -> jax.Array:
+    """One normal latent (h, w, C) per seed, scaled to the first sigma: an image depends on its own seed only."""
+    sample = lambda s: jax.random.normal(jax.random.key(s), (height, width, channels), jnp.float32)
+    return jax.vmap(sample)(seeds) * init_sigma
 
 
-def denoise(unet, noise: jax.Array, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
-            guidance: jax.Array, timesteps: jax.Array, sigmas: jax.Array, init_sigma: jax.Array,
-            num_steps: jax.Array, on_step: Callable | None = None) -> jax.Array:
-    """Euler sampling with classifier-free guidance; latents and scheduler arithmetic in float32.
+def denoise_step(unet, x: jax.Array, i: jax.Array, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
+                 guidance: jax.Array, timesteps: jax.Array, sigmas: jax.Array) -> jax.Array:
+    """Step i of Euler sampling with classifier-free guidance; latents and scheduler math in float32.
 
-    The loop bound `num_steps` is a traced value, so any step count up to the table size
-    runs the same compiled program.
+    Each image's unconditional and conditional pass run side by side in one UNet batch
+    (image-major, so a device holding an image holds both of its passes).
     """
-    b = noise.shape[0]
-    flat_context = context.reshape(2 * b, *context.shape[2:])
-    flat_pooled = pooled.reshape(2 * b, -1)
-    flat_time_ids = jnp.repeat(time_ids, 2, axis=0)
+    b = x.shape[0]
+    sigma, sigma_next = sigmas[i], sigmas[i + 1]
+    x_in = jnp.repeat(scale_model_input(x, sigma), 2, axis=0)
+    eps = unet(x_in, timesteps[i], context.reshape(2 * b, *context.shape[2:]), pooled.reshape(2 * b, -1),
+               jnp.repeat(time_ids, 2, axis=0)).astype(jnp.float32)
+    eps = eps.reshape(b, 2, *eps.shape[1:])
     # diffusers skips guidance when guidance_scale <= 1: that is the conditional prediction alone.
-    guidance = jnp.where(guidance > 1.0, guidance, 1.0)[:, None, None, None]
+    g = jnp.where(guidance > 1.0, guidance, 1.0)[:, None, None, None]
+    return euler_step(x, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), sigma, sigma_next)
 
-    def step(i, x):
-        sigma, sigma_next = sigmas[i], sigmas[i + 1]
-        x_in = jnp.repeat(scale_model_input(x, sigma), 2, axis=0)
-        eps = unet(x_in, timesteps[i], flat_context, flat_pooled, flat_time_ids).astype(jnp.float32)
-        eps = eps.reshape(b, 2, *eps.shape[1:])
-        eps = eps[:, 0] + guidance * (eps[:, 1] - eps[:, 0])
-        if on_step is not None:
-            jax.debug.callback(on_step, i)
-        return euler_step(x, eps, sigma, sigma_next)
 
-    return jax.lax.fori_loop(0, num_steps, step, noise * init_sigma)
+def denoise(unet, x: jax.Array, context: jax.Array, pooled: jax.Array, time_ids: jax.Array, guidance: jax.Array,
+            timesteps: jax.Array, sigmas: jax.Array, num_steps: jax.Array) -> jax.Array:
+    """All steps in one loop on the device. The bound `num_steps` is traced, so any step count
+    up to the table size runs the same compiled program."""
+    step = lambda i, x: denoise_step(unet, x, i, context, pooled, time_ids, guidance, timesteps, sigmas)
+    return jax.lax.fori_loop(0, num_steps, step, x)
 
 
 def decode(vae, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -195,9 +194,7 @@ class Pipeline:
                 raise ValueError(f"size {w}x{h}: width and height must be positive multiples of {self.vae_factor}")
             self.sizes.append((w, h))
         self._lock = threading.Lock()
-        self._progress: Callable[[int, int], None] | None = None
-        self._progress_state = {"last": -1, "total": 0}
-        self._step_progress = step_progress
+        self.stepwise = step_progress
 
         replicated = NamedSharding(self.mesh, P())
         # Parameters: split each nnx module into its (static) graph and its arrays; replicate the arrays.
@@ -207,6 +204,8 @@ class Pipeline:
             self._graphs[name] = graph
             self._params[name] = jax.device_put(state, replicated)
         self._compiled: dict[Any, Any] = {}
+        # Step indices live on the devices already, so the stepwise loop transfers nothing per step.
+        self._step_index = [jax.device_put(np.int32(i), replicated) for i in range(MAX_STEPS)]
 
     # -- sharded programs ---------------------------------------------------------------------
 
@@ -225,18 +224,25 @@ class Pipeline:
         w, h = size
         lh, lw = h // self.vae_factor, w // self.vae_factor
         return self._shard(partial(get_noise, height=lh, width=lw, channels=self.latent_channels),
-                           (P(BATCH),), P(BATCH))
+                           (P(BATCH), P()), P(BATCH))
 
     def _denoise_program(self):
+        """The whole loop in one program (fused), or one step per program call (stepwise, so the
+        host can report progress without a callback inside the program: JAX's persistent cache
+        never stores programs that hold host callbacks)."""
         graph = self._graphs["unet"]
-        on_step = self._on_step if self._step_progress else None
-
-        def fn(params, noise, context, pooled, time_ids, guidance, timesteps, sigmas, init_sigma, num_steps):
-            return denoise(nnx.merge(graph, params), noise, context, pooled, time_ids, guidance, timesteps, sigmas,
-                           init_sigma, num_steps, on_step)
-
         batch = P(BATCH)
-        return self._shard(fn, (P(), batch, batch, batch, batch, batch, P(), P(), P(), P()), batch)
+        specs = (P(), batch, batch, batch, batch, batch, P(), P(), P())
+        if self.stepwise:
+            def step(params, x, context, pooled, time_ids, guidance, timesteps, sigmas, i):
+                return denoise_step(nnx.merge(graph, params), x, i, context, pooled, time_ids, guidance, timesteps,
+                                    sigmas)
+            return self._shard(step, specs, batch)
+
+        def loop(params, x, context, pooled, time_ids, guidance, timesteps, sigmas, num_steps):
+            return denoise(nnx.merge(graph, params), x, context, pooled, time_ids, guidance, timesteps, sigmas,
+                           num_steps)
+        return self._shard(loop, specs, batch)
 
     def _decode_program(self):
         graph = self._graphs["vae"]
@@ -279,10 +285,10 @@ class Pipeline:
             enc = self._compiled["encode"]
             context, pooled = enc.out_info
             programs = {
-                "noise": self._noise_program(size).lower(a["seeds"]).compile(),
+                "noise": self._noise_program(size).lower(a["seeds"], a["scalar_f32"]).compile(),
                 "denoise": self._denoise_program().lower(
                     self._params["unet"], a["noise"], context, pooled, a["time_ids"], a["guidance"], a["timesteps"],
-                    a["sigmas"], a["scalar_f32"], a["scalar_i32"]).compile(),
+                    a["sigmas"], a["scalar_i32"]).compile(),
                 "decode": self._decode_program().lower(self._params["vae"], a["noise"]).compile(),
             }
             self._compiled[size] = programs
@@ -298,15 +304,6 @@ class Pipeline:
         return seconds
 
     # -- requests -------------------------------------------------------------------------------
-
-    def _on_step(self, i) -> None:
-        # Called from the compiled loop, once per device and step; report each step once.
-        i = int(i)
-        state = self._progress_state
-        if i > state["last"]:
-            state["last"] = i
-            if self._progress is not None:
-                self._progress(i + 1, state["total"])
 
     def prepare(self, prompt, negative_prompt="", *, seed=None, guidance_scale=5.0, steps=20,
                 size=(1024, 1024)) -> tuple[list[ImageInfo], dict[str, np.ndarray]]:
@@ -360,7 +357,8 @@ class Pipeline:
         prompt / negative_prompt: one string for every image, or one per image.
         seed: an int (image i gets seed + i), one per image, or None (random).
         latents: optional initial noise in diffusers' layout (images, 4, h, w), as diffusers' `latents=`.
-        progress: called as progress(step, steps) after each denoising step.
+        progress: called as progress(step, steps) after each denoising step (in this thread; with
+            step_progress=False only once, at the end of the fused loop).
         """
         from PIL import Image
 
@@ -378,27 +376,38 @@ class Pipeline:
         put = lambda x: jax.device_put(x, batch)
 
         with self._lock:
-            self._progress, self._progress_state = progress, {"last": -1, "total": steps}
-            try:
-                start = time.perf_counter()
-                context, pooled = programs["encode"](self._params["text_encoder"], self._params["text_encoder_2"],
-                                                     put(a["ids1"]), put(a["ids2"]), put(a["zero_negative"]))
-                if latents is None:
-                    noise = programs["noise"](put(a["seeds"]))
-                else:
-                    noise = put(latents.transpose(0, 2, 3, 1))
-                jax.block_until_ready((context, pooled, noise))
-                t_text = time.perf_counter()
-                out = programs["denoise"](self._params["unet"], noise, context, pooled, put(a["time_ids"]),
-                                          put(a["guidance"]), a["timesteps"], a["sigmas"], a["init_sigma"],
-                                          a["num_steps"])
-                jax.block_until_ready(out)
-                t_denoise = time.perf_counter()
-                images, finite = programs["decode"](self._params["vae"], out)
-                images, finite = np.asarray(images), np.asarray(finite)
-                t_decode = time.perf_counter()
-            finally:
-                self._progress = None
+            start = time.perf_counter()
+            context, pooled = programs["encode"](self._params["text_encoder"], self._params["text_encoder_2"],
+                                                 put(a["ids1"]), put(a["ids2"]), put(a["zero_negative"]))
+            if latents is None:
+                x = programs["noise"](put(a["seeds"]), a["init_sigma"])
+            else:
+                x = put(latents.transpose(0, 2, 3, 1) * a["init_sigma"])
+            jax.block_until_ready((context, pooled, x))
+            t_text = time.perf_counter()
+            replicated = NamedSharding(self.mesh, P())
+            conditioning = (context, pooled, put(a["time_ids"]), put(a["guidance"]),
+                            jax.device_put(a["timesteps"], replicated), jax.device_put(a["sigmas"], replicated))
+            if self.stepwise:
+                # Dispatch every step at once (asynchronously), then report each as it completes.
+                states = []
+                for i in range(steps):
+                    x = programs["denoise"](self._params["unet"], x, *conditioning, self._step_index[i])
+                    states.append(x)
+                for i, state in enumerate(states):
+                    state.block_until_ready()
+                    if progress is not None:
+                        progress(i + 1, steps)
+                del states
+            else:
+                x = programs["denoise"](self._params["unet"], x, *conditioning, a["num_steps"])
+                jax.block_until_ready(x)
+                if progress is not None:
+                    progress(steps, steps)
+            t_denoise = time.perf_counter()
+            images, finite = programs["decode"](self._params["vae"], x)
+            images, finite = np.asarray(images), np.asarray(finite)
+            t_decode = time.perf_counter()
         if not finite.all():
             bad = [infos[i].seed for i in np.flatnonzero(~finite)]
             raise GenerationError(f"the model produced non-finite values (NaN/inf) for seeds {bad}; "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import secrets
 import threading
 import time
@@ -273,12 +272,10 @@ class Server:
         """Returns ([(image, caption)], seeds, info markdown). Raises UserInputError for the user."""
         if not self.ready:
             raise UserInputError(self.error or "The model is still warming up; please try again in a moment.")
-        pipe = self.pipeline
-        run = lambda report: pipe.generate(request.prompt, request.negative_prompt, seed=request.seed,
-                                           guidance_scale=request.guidance_scale, steps=request.steps,
-                                           size=request.size, progress=report)
         try:
-            result = run_reporting_here(run, progress) if progress else run(None)
+            result = self.pipeline.generate(request.prompt, request.negative_prompt, seed=request.seed,
+                                            guidance_scale=request.guidance_scale, steps=request.steps,
+                                            size=request.size, progress=progress)
         except (ValueError, GenerationError) as e:
             raise UserInputError(str(e)) from None
         gallery = [(image, f"seed {info.seed}") for image, info in zip(result.images, result.infos)]
@@ -288,25 +285,3 @@ class Server:
                 f"decoding {t['decoding']:.2f} s). Seeds: {', '.join(str(s) for s in result.seeds)}.")
         return gallery, result.seeds, info
 
-
-def run_reporting_here(fn: Callable[[Callable[[int, int], None]], Any], progress: Callable[[int, int], None]) -> Any:
-    """Run fn(report) in a worker thread and deliver its report(step, steps) calls to `progress`
-    in the calling thread (the compiled loop reports from an XLA host thread; UI progress
-    trackers such as gr.Progress must be called from the request's own thread)."""
-    events: queue.Queue = queue.Queue()
-    outcome: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            outcome["value"] = fn(lambda step, steps: events.put((step, steps)))
-        except BaseException as e:  # re-raised in the calling thread
-            outcome["error"] = e
-        finally:
-            events.put(None)
-
-    threading.Thread(target=work, name="sdxl-generate", daemon=True).start()
-    while (item := events.get()) is not None:
-        progress(*item)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]

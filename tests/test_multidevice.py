@@ -15,7 +15,9 @@ import json, re, sys
 import jax, numpy as np
 from sdxl_tpu import CompileCounter, load_pipeline
 assert jax.device_count() == 4, jax.devices()
-pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], images_per_call=3, compile_cache=sys.argv[2])
+# The fused loop (step_progress=False): all steps in one program.
+pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], images_per_call=3, compile_cache=sys.argv[2],
+                     step_progress=False)
 programs = pipe.compiled((64, 64))
 hlo = {name: programs[name].as_text() for name in ("encode", "noise", "denoise", "decode")}
 COLLECTIVE = r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter|collective-broadcast)\b"

@@ -141,3 +141,25 @@ def test_compile_counter_counts():
     with CompileCounter() as counter:
         jax.jit(lambda x: x * 3 + 1)(np.arange(7.0))
     assert counter.compiles >= 1 and counter.traces >= 1
+
+
+RESTART = """
+import sys
+from sdxl_tpu import CompileCounter, load_pipeline
+with CompileCounter() as counter:
+    load_pipeline(sys.argv[1], dtype="float32", sizes=((64, 64), (96, 64)), compile_cache=sys.argv[2])
+print(counter.cache_hits, counter.cache_misses)
+"""
+
+
+def test_a_restart_reuses_compiled_programs_from_the_persistent_cache(tiny_checkpoint, tiny_pipeline, compile_cache):
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", RESTART, str(tiny_checkpoint), str(compile_cache)],
+                            capture_output=True, text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    hits, misses = map(int, result.stdout.split()[-2:])
+    print(f"restart: {hits} programs from the cache, {misses} compiled")
+    assert misses == 0 and hits >= 7  # encode + (noise, denoise, decode) per size

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from sdxl_tpu.playground import (STYLES, Server, Settings, UserInputError, apply_style, clean_text, parse_settings,
-                                 run_reporting_here, validate)
+                                 validate)
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
@@ -100,25 +100,6 @@ def test_server_warm_up_states_and_errors():
     broken.load()
     assert broken.status == "error"
     assert "nobody/nothing" in broken.error and "--model tiny" in broken.error and "\n" not in broken.error
-
-
-def test_progress_is_delivered_in_the_calling_thread():
-    caller = threading.get_ident()
-    seen = []
-
-    def work(report):
-        for i in range(1, 4):
-            report(i, 3)
-        return "done"
-
-    result = run_reporting_here(work, lambda i, n: seen.append((i, n, threading.get_ident() == caller)))
-    assert result == "done" and seen == [(1, 3, True), (2, 3, True), (3, 3, True)]
-
-    def failing(report):
-        raise ValueError("boom")
-
-    with pytest.raises(ValueError, match="boom"):
-        run_reporting_here(failing, lambda i, n: None)
 
 
 def test_token_count_warns_when_truncated(tiny_checkpoint):

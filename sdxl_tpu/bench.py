@@ -1,0 +1,347 @@
+"""`python -m sdxl_tpu bench`: compile times, latency, throughput, memory and FLOP utilisation.
+
+FLOP count (documented formula, derived from the model as configured): trace one UNet
+evaluation (batch 1) and one VAE decode to jaxprs and add up the matrix products:
+    dot_general: 2 * (elements of the output) * (size of the contracted dimensions)
+    conv:        2 * (elements of the output) * kh * kw * (input channels / groups)
+Element-wise work (norms, activations, softmax) is left out, as is usual for model FLOPs.
+For SDXL base at 1024x1024 this gives 6.76 TFLOP per UNet evaluation per image and 10.5 TFLOP
+per VAE decode; a call with classifier-free guidance does 2 * steps UNet evaluations per image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .checkpoint import Models
+from .clip import CLIPTextConfig, CLIPTextModel
+from .layers import Precision
+from .unet import UNet2DConditionModel, UNetConfig
+from .vae import AutoencoderKL, VAEConfig
+
+# --- presets: configs as config.json files have them ----------------------------------------
+
+def _te(hidden: int, layers: int, heads: int, projection: bool, vocab: int) -> dict[str, Any]:
+    return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                num_attention_heads=heads, max_position_embeddings=77, eos_token_id=2, layer_norm_eps=1e-5,
+                hidden_act="gelu" if projection else "quick_gelu", projection_dim=hidden if projection else None)
+
+
+def _unet(channels, layers, heads, cross, pooled, groups=32, time_dim=256) -> dict[str, Any]:
+    return dict(down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+                block_out_channels=list(channels), layers_per_block=2, transformer_layers_per_block=list(layers),
+                attention_head_dim=list(heads), cross_attention_dim=cross, norm_num_groups=groups,
+                use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=time_dim,
+                projection_class_embeddings_input_dim=pooled + 6 * time_dim, in_channels=4, out_channels=4)
+
+
+def _vae(channels, groups=32, layers=2) -> dict[str, Any]:
+    return dict(block_out_channels=list(channels), layers_per_block=layers, norm_num_groups=groups,
+                latent_channels=4, scaling_factor=0.13025)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # SDXL base 1.0, exactly.
+    "sdxl": dict(size=(1024, 1024), text_encoder=_te(768, 12, 12, False, 49408),
+                 text_encoder_2=_te(1280, 32, 20, True, 49408),
+                 unet=_unet((320, 640, 1280), (1, 2, 10), (5, 10, 20), 2048, 1280), vae=_vae((128, 256, 512, 512))),
+    # SDXL's block structure, narrower and shallower, at 256x256: a CPU call takes seconds, so a
+    # side-by-side comparison measures compute, not overhead.
+    "small": dict(size=(256, 256), text_encoder=_te(256, 4, 4, False, 49408),
+                  text_encoder_2=_te(256, 4, 4, True, 49408),
+                  unet=_unet((64, 128, 256), (1, 1, 2), (1, 2, 4), 512, 256), vae=_vae((32, 64, 128, 128), layers=1)),
+}
+
+
+def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:
+    """The preset's architecture with random weights, made on the device (nothing read or written)."""
+    key = jax.random.key(seed)
+
+    def fill(model: nnx.Module) -> nnx.Module:
+        nonlocal key
+        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+            key, sub = jax.random.split(key)
+            shape, dtype = var.get_value().shape, var.get_value().dtype
+            if path[-1] == "scale":
+                value = jnp.ones(shape, dtype)
+            elif path[-1] == "bias":
+                value = jnp.zeros(shape, dtype)
+            else:  # kernels (fan-in is every axis but the last) and embeddings
+                fan_in = math.prod(shape[:-1]) if path[-1] == "kernel" else 1
+                value = (jax.random.normal(sub, shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
+            var.set_value(value)
+        return model
+
+    te = lambda name, proj: fill(nnx.eval_shape(lambda: CLIPTextModel(
+        CLIPTextConfig.from_dict(configs[name], with_projection=proj), precision)))
+    return Models(text_encoder=te("text_encoder", False), text_encoder_2=te("text_encoder_2", True),
+                  unet=fill(nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(configs["unet"]), precision))),
+                  vae=fill(nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(configs["vae"]), precision))))
+
+
+# --- FLOPs ------------------------------------------------------------------------------------
+
+def _jaxpr_flops(jaxpr) -> int:
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            (contract_lhs, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract_lhs)
+        elif name == "conv_general_dilated":
+            rhs = eqn.invars[1].aval.shape
+            spec = eqn.params["dimension_numbers"].rhs_spec  # (out, in, spatial...)
+            window = math.prod(rhs[d] for d in spec[2:]) * rhs[spec[1]]
+            total += 2 * math.prod(eqn.outvars[0].aval.shape) * window  # kernel in-dim is already per group
+        for sub in _subjaxprs(eqn):
+            total += _jaxpr_flops(sub)
+    return total
+
+
+def _subjaxprs(eqn):
+    for value in eqn.params.values():
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if hasattr(v, "jaxpr") and hasattr(v.jaxpr, "eqns"):
+                yield v.jaxpr
+            elif hasattr(v, "eqns"):
+                yield v
+
+
+def model_flops(models: Models, size: tuple[int, int]) -> dict[str, int]:
+    """FLOPs of one UNet evaluation and one VAE decode for one image of `size` (width, height)."""
+    w, h = size
+    factor = 2 ** (len(models.vae.config.block_out_channels) - 1)
+    c = models.unet.config
+    latent = jax.ShapeDtypeStruct((1, h // factor, w // factor, c.in_channels), jnp.float32)
+    context = jax.ShapeDtypeStruct((1, 77, c.cross_attention_dim[0]), jnp.float32)
+    pooled = jax.ShapeDtypeStruct((1, c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim),
+                                  jnp.float32)
+    time_ids = jax.ShapeDtypeStruct((1, 6), jnp.float32)
+    def trace(model, method, *args):  # works for abstract (eval_shape) and concrete models alike
+        graph, state = nnx.split(model)
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+        return jax.make_jaxpr(lambda st, *a: getattr(nnx.merge(graph, st), method)(*a))(abstract, *args)
+
+    unet = trace(models.unet, "__call__", latent, jax.ShapeDtypeStruct((1,), jnp.float32), context, pooled, time_ids)
+    vae = trace(models.vae, "decode", latent)
+    return {"unet": _jaxpr_flops(unet.jaxpr), "vae_decode": _jaxpr_flops(vae.jaxpr)}
+
+
+# --- the benchmark ----------------------------------------------------------------------------
+
+# Dense bf16 peak per device, TFLOP/s (datasheets), for utilisation.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0,
+               "TPU v4": 275.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
+
+
+def _peak_tflops(device: jax.Device) -> float | None:
+    kind = getattr(device, "device_kind", "")
+    for name, tflops in PEAK_TFLOPS.items():
+        if name.lower() in kind.lower():
+            return tflops
+    return None
+
+
+def _tokenizers():
+    from transformers import CLIPTokenizer
+
+    from .tiny import _write_tokenizer, build_vocabulary
+
+    directory = Path(tempfile.mkdtemp(prefix="sdxl-bench-tokenizer-"))
+    vocab, merges = build_vocabulary()
+    _write_tokenizer(directory / "t1", vocab, merges, pad_token="<|endoftext|>")
+    _write_tokenizer(directory / "t2", vocab, merges, pad_token="!")
+    return CLIPTokenizer.from_pretrained(str(directory / "t1")), CLIPTokenizer.from_pretrained(str(directory / "t2"))
+
+
+def build_pipeline(args: argparse.Namespace, *, step_progress: bool = True):
+    from .checkpoint import load_models, load_tokenizers, resolve
+    from .pipeline import Pipeline, tiny_checkpoint_dir
+    from .scheduler import EulerDiscrete
+
+    size = args.size
+    if args.model or args.preset == "tiny" or not args.random_weights:
+        model = args.model or ("tiny" if args.preset == "tiny" else "stabilityai/stable-diffusion-xl-base-1.0")
+        root = tiny_checkpoint_dir() if model == "tiny" else resolve(model)
+        models, tokenizers = load_models(root, dtype=args.dtype), load_tokenizers(root)
+    else:
+        models = random_models(PRESETS[args.preset], Precision.of(args.dtype))
+        tokenizers = _tokenizers()
+    return Pipeline(models, tokenizers, EulerDiscrete(), sizes=[size], images_per_call=args.images,
+                    model_name=args.model or args.preset, step_progress=step_progress), models
+
+
+def _memory(programs: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, compiled in programs.items():
+        try:
+            m = compiled.memory_analysis()
+        except Exception:  # some backends do not report it
+            m = None
+        if m is None:
+            continue
+        out[name] = {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
+                     "temporaries": m.temp_size_in_bytes,
+                     "peak_estimate": m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                     - getattr(m, "alias_size_in_bytes", 0)}
+    return out
+
+
+def _time_calls(pipe, args, runs: int) -> list[float]:
+    latencies = []
+    for i in range(runs):
+        start = time.perf_counter()
+        pipe.generate("a photo of an astronaut riding a horse on the moon", "blurry", seed=i,
+                      steps=args.steps, size=args.size)
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from .compilation import enable_compile_cache
+
+    cache = args.compile_cache or tempfile.mkdtemp(prefix="sdxl-bench-jax-cache-")
+    enable_compile_cache(cache)
+    pipe, models = build_pipeline(args)
+    start = time.perf_counter()
+    pipe.warmup()
+    compile_s = time.perf_counter() - start
+    if args.compile_only:
+        return {"compile_s": compile_s}
+
+    report: dict[str, Any] = {
+        "preset": args.preset, "model": args.model, "random_weights": args.random_weights, "dtype": args.dtype,
+        "size": f"{args.size[0]}x{args.size[1]}", "steps": args.steps, "images": pipe.images_per_call,
+        "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind, "platform": jax.default_backend(),
+        "cold_compile_s": compile_s, "compile_cache": cache,
+    }
+    if args.warm_compile:
+        child = [sys.executable, "-m", "sdxl_tpu", "bench", *args.argv, "--compile-only", "--compile-cache", cache,
+                 "--json"]
+        result = subprocess.run(child, capture_output=True, text=True, env=os.environ.copy())
+        if result.returncode == 0:
+            report["warm_compile_s"] = json.loads(result.stdout.strip().splitlines()[-1])["compile_s"]
+        else:
+            report["warm_compile_error"] = result.stderr.strip().splitlines()[-1:]
+
+    _time_calls(pipe, args, 1)  # first call: allocations, caches
+    latencies = _time_calls(pipe, args, args.runs)
+    median = statistics.median(latencies)
+    timings = pipe.generate("a cat", seed=0, steps=args.steps, size=args.size).timings
+    report.update(latency_s={"median": median, "min": min(latencies), "max": max(latencies), "runs": len(latencies)},
+                  stage_s=timings, s_per_step=timings["denoising"] / args.steps, images_per_s=pipe.images_per_call / median)
+
+    if args.compare_progress:
+        fused, _ = build_pipeline(args, step_progress=False)
+        fused.warmup()
+        _time_calls(fused, args, 1)
+        # Alternate the two so drift on a noisy machine hits both alike.
+        with_cb, without = [], []
+        for _ in range(args.runs):
+            with_cb += _time_calls(pipe, args, 1)
+            without += _time_calls(fused, args, 1)
+        report["progress_overhead"] = statistics.median(with_cb) / statistics.median(without) - 1
+
+    flops = model_flops(models, args.size)
+    per_call = pipe.images_per_call * (2 * args.steps * flops["unet"] + flops["vae_decode"])
+    achieved = per_call / median / 1e12
+    peak = args.peak_tflops or _peak_tflops(jax.devices()[0])
+    report["flops"] = {"unet_per_image_eval_tflop": flops["unet"] / 1e12, "vae_decode_per_image_tflop":
+                       flops["vae_decode"] / 1e12, "per_call_tflop": per_call / 1e12, "achieved_tflops": achieved,
+                       "peak_tflops_per_device": peak,
+                       "utilisation": achieved / (peak * jax.device_count()) if peak else None}
+    report["memory_bytes"] = {"compiled": _memory(pipe.compiled(args.size))}
+    stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
+    if stats:
+        report["memory_bytes"]["device_peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
+    return report
+
+
+def _bytes(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+
+
+def _flop(f: float) -> str:
+    return f"{f / 1e12:.3f} TFLOP" if f >= 1e11 else f"{f / 1e9:.3f} GFLOP"
+
+
+def format_report(r: dict[str, Any]) -> str:
+    gib = _bytes
+    lat = r["latency_s"]
+    f = r["flops"]
+    lines = [
+        f"{r['preset']} ({r['model'] or 'random weights' if r['random_weights'] else r['model'] or r['preset']}), "
+        f"{r['dtype']}, {r['images']} x {r['size']}, {r['steps']} steps, {r['devices']} x {r['device_kind']}",
+        f"cold compile      {r['cold_compile_s']:.1f} s",
+    ]
+    if "warm_compile_s" in r:
+        lines.append(f"warm compile      {r['warm_compile_s']:.1f} s (second process, persistent cache)")
+    lines += [
+        f"latency per call  median {lat['median']:.3f} s, min {lat['min']:.3f} s, max {lat['max']:.3f} s "
+        f"({lat['runs']} runs)",
+        f"stages            text {r['stage_s']['text_encoding']:.3f} s, denoise {r['stage_s']['denoising']:.3f} s, "
+        f"decode {r['stage_s']['decoding']:.3f} s",
+        f"per step          {r['s_per_step'] * 1000:.1f} ms",
+        f"throughput        {r['images_per_s']:.2f} images/s",
+        f"FLOPs             UNet {_flop(f['unet_per_image_eval_tflop'] * 1e12)} per image-evaluation, VAE decode "
+        f"{_flop(f['vae_decode_per_image_tflop'] * 1e12)} per image, {_flop(f['per_call_tflop'] * 1e12)} per call",
+        f"achieved          {f['achieved_tflops'] * 1000:.1f} GFLOP/s" if f["achieved_tflops"] < 1 else
+        f"achieved          {f['achieved_tflops']:.2f} TFLOP/s"
+        + (f", {100 * f['utilisation']:.1f} % of {f['peak_tflops_per_device']:.0f} TFLOP/s x {r['devices']}"
+           if f["utilisation"] else " (no peak known for this device)"),
+    ]
+    for name, m in r["memory_bytes"]["compiled"].items():
+        lines.append(f"memory {name:<10} peak ~{gib(m['peak_estimate'])} per device (args {gib(m['arguments'])}, "
+                     f"temporaries {gib(m['temporaries'])})")
+    if r["memory_bytes"].get("device_peak_bytes_in_use"):
+        lines.append(f"device peak       {gib(r['memory_bytes']['device_peak_bytes_in_use'])} in use")
+    if "progress_overhead" in r:
+        lines.append(f"progress callback {100 * r['progress_overhead']:+.1f} % latency vs the fully fused loop")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=["tiny", "small", "sdxl"], default="tiny")
+    parser.add_argument("--model", default=None, help="Hub id or local directory (overrides the preset's weights)")
+    parser.add_argument("--random-weights", action="store_true", help="random weights of the preset's architecture")
+    parser.add_argument("--size", default=None, help="WIDTHxHEIGHT (default: the preset's)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--images", type=int, default=4)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--compile-cache", default=None, help="(default: a fresh directory, so compiles are cold)")
+    parser.add_argument("--no-warm-compile", dest="warm_compile", action="store_false",
+                        help="skip the second process that measures a warm (cached) compile")
+    parser.add_argument("--compare-progress", action="store_true",
+                        help="also compile without the per-step progress callback and compare latency")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for utilisation")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
+
+
+def main(args: argparse.Namespace, argv: list[str]) -> int:
+    from .pipeline import _parse_size
+
+    args.argv = [a for a in argv if a not in ("--json",)]
+    default_size = {"tiny": (64, 64)}.get(args.preset) or PRESETS[args.preset]["size"]
+    args.size = _parse_size(args.size) if args.size else default_size
+    report = run(args)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
