@@ -66,7 +66,7 @@ def _generate(args: argparse.Namespace) -> int:
         return _fail("the prompt is empty")
     try:
         pipe = load_pipeline(args.model, dtype=args.dtype, sizes=[size], images_per_call=args.images,
-                             compile_cache=args.compile_cache or DEFAULT_COMPILE_CACHE)
+                             compile_cache=args.compile_cache or DEFAULT_COMPILE_CACHE, step_progress=False)
         result = pipe.generate(args.prompt, args.negative, seed=args.seed, guidance_scale=args.guidance,
                                steps=args.steps, size=size)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:

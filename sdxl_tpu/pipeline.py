@@ -449,7 +449,9 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     """Load an SDXL checkpoint (Hub id, local diffusers directory, or "tiny") and compile it.
 
     With `warmup` every size in `sizes` is compiled before this returns; requests for other
-    sizes are refused rather than compiled.
+    sizes are refused rather than compiled. `step_progress` compiles one program per step so
+    progress can be reported per step (what a UI wants); without it all steps run in one fused
+    loop on the device (fastest; what the CLI and the benchmark use).
     """
     enable_compile_cache(compile_cache)
     root = tiny_checkpoint_dir() if str(model) == "tiny" else resolve(model)
