@@ -25,6 +25,8 @@ def _build_parser() -> argparse.ArgumentParser:
     tiny = commands.add_parser("make-tiny", help="write a tiny random SDXL checkpoint in diffusers format")
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--preset", choices=["tiny", "small", "sdxl"], default="tiny",
+                      help="architecture: tiny (default), small (benchmarks), sdxl (full size, about 14 GB)")
 
     gen = commands.add_parser("generate", help="generate images and write them as PNGs")
     gen.add_argument("prompt")
@@ -91,13 +93,13 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "make-tiny":
-        from .tiny import write_tiny_checkpoint
+        from .tiny import write_checkpoint
 
         try:
-            path = write_tiny_checkpoint(args.directory, seed=args.seed)
+            path = write_checkpoint(args.directory, args.preset, seed=args.seed)
         except OSError as e:
             return _fail(f"cannot write {args.directory}: {e.strerror or e}")
-        print(f"wrote tiny SDXL checkpoint to {path}")
+        print(f"wrote {'tiny' if args.preset == 'tiny' else args.preset} SDXL checkpoint to {path}")
         return 0
     if args.command == "bench":
         from .bench import main as bench_main

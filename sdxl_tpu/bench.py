@@ -32,42 +32,8 @@ from .checkpoint import Models
 from .clip import CLIPTextConfig, CLIPTextModel
 from .layers import Precision
 from .unet import UNet2DConditionModel, UNetConfig
+from .tiny import preset_configs
 from .vae import AutoencoderKL, VAEConfig
-
-# --- presets: configs as config.json files have them ----------------------------------------
-
-def _te(hidden: int, layers: int, heads: int, projection: bool, vocab: int) -> dict[str, Any]:
-    return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-                num_attention_heads=heads, max_position_embeddings=77, eos_token_id=2, layer_norm_eps=1e-5,
-                hidden_act="gelu" if projection else "quick_gelu", projection_dim=hidden if projection else None)
-
-
-def _unet(channels, layers, heads, cross, pooled, groups=32, time_dim=256) -> dict[str, Any]:
-    return dict(down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-                up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-                block_out_channels=list(channels), layers_per_block=2, transformer_layers_per_block=list(layers),
-                attention_head_dim=list(heads), cross_attention_dim=cross, norm_num_groups=groups,
-                use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=time_dim,
-                projection_class_embeddings_input_dim=pooled + 6 * time_dim, in_channels=4, out_channels=4)
-
-
-def _vae(channels, groups=32, layers=2) -> dict[str, Any]:
-    return dict(block_out_channels=list(channels), layers_per_block=layers, norm_num_groups=groups,
-                latent_channels=4, scaling_factor=0.13025)
-
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # SDXL base 1.0, exactly.
-    "sdxl": dict(size=(1024, 1024), text_encoder=_te(768, 12, 12, False, 49408),
-                 text_encoder_2=_te(1280, 32, 20, True, 49408),
-                 unet=_unet((320, 640, 1280), (1, 2, 10), (5, 10, 20), 2048, 1280), vae=_vae((128, 256, 512, 512))),
-    # SDXL's block structure, narrower and shallower, at 256x256: a CPU call takes seconds, so a
-    # side-by-side comparison measures compute, not overhead.
-    "small": dict(size=(256, 256), text_encoder=_te(256, 4, 4, False, 49408),
-                  text_encoder_2=_te(256, 4, 4, True, 49408),
-                  unet=_unet((64, 128, 256), (1, 1, 2), (1, 2, 4), 512, 256), vae=_vae((32, 64, 128, 128), layers=1)),
-}
-
 
 def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:
     """The preset's architecture with random weights, made on the device (nothing read or written)."""
@@ -182,7 +148,7 @@ def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False):
         root = tiny_checkpoint_dir() if model == "tiny" else resolve(model)
         models, tokenizers = load_models(root, dtype=args.dtype), load_tokenizers(root)
     else:
-        models = random_models(PRESETS[args.preset], Precision.of(args.dtype))
+        models = random_models(preset_configs(args.preset), Precision.of(args.dtype))
         tokenizers = _tokenizers()
     return Pipeline(models, tokenizers, EulerDiscrete(), sizes=[size], images_per_call=args.images,
                     model_name=args.model or args.preset, step_progress=step_progress), models
@@ -341,7 +307,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     from .pipeline import _parse_size
 
     args.argv = [a for a in argv if a not in ("--json",)]
-    default_size = {"tiny": (64, 64)}.get(args.preset) or PRESETS[args.preset]["size"]
+    default_size = preset_configs(args.preset)["size"]
     args.size = _parse_size(args.size) if args.size else default_size
     report = run(args)
     print(json.dumps(report) if args.json else format_report(report))

@@ -29,12 +29,14 @@ def test_flop_formula_gives_the_known_sdxl_numbers():
     """6.76 TFLOP per UNet evaluation and 10.5 TFLOP per VAE decode at 1024x1024 (see MISSION)."""
     from flax import nnx
 
-    from sdxl_tpu.bench import PRESETS, model_flops
+    from sdxl_tpu.bench import model_flops
     from sdxl_tpu.checkpoint import Models
     from sdxl_tpu.unet import UNet2DConditionModel, UNetConfig
     from sdxl_tpu.vae import AutoencoderKL, VAEConfig
 
-    c = PRESETS["sdxl"]
+    from sdxl_tpu.tiny import preset_configs
+
+    c = preset_configs("sdxl")
     unet = nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(c["unet"])))
     vae = nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(c["vae"])))
     flops = model_flops(Models(None, None, unet, vae), (1024, 1024))

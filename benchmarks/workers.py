@@ -1,0 +1,123 @@
+"""Benchmark workers for compare_reference.py: `workers.py ours|reference --checkpoint DIR ...`.
+
+Each prints one JSON line when ready (compile and first-call times), then answers every `run`
+line on stdin with one JSON line holding the latency of one call, until `quit`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+PROMPT, NEGATIVE, GUIDANCE = "a photo of an astronaut riding a horse on the moon", "blurry, low quality", 5.0
+
+
+def _serve(call, ready: dict) -> None:
+    print(json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            break
+        start = time.perf_counter()
+        call()
+        print(json.dumps({"latency_s": time.perf_counter() - start}), flush=True)
+
+
+def ours(args) -> None:
+    import jax
+    import sdxl_tpu
+
+    size = _size(args)
+    pipe = sdxl_tpu.load_pipeline(args.checkpoint, dtype=args.dtype, sizes=[size], images_per_call=jax.device_count(),
+                                  compile_cache=args.compile_cache, warmup=False, step_progress=False)
+    loaded = time.perf_counter()
+    pipe.warmup()
+    compiled = time.perf_counter()
+    call = lambda: pipe.generate(PROMPT, NEGATIVE, seed=0, guidance_scale=GUIDANCE, steps=args.steps, size=size)
+    call()
+    first = time.perf_counter()
+    _serve(call, {"compile_s": compiled - loaded, "first_call_s": first - loaded, "images": pipe.images_per_call,
+                  "size": f"{size[0]}x{size[1]}", "devices": jax.device_count(),
+                  "device_kind": jax.devices()[0].device_kind, "versions": _versions("transformers")})
+
+
+def reference(args) -> None:
+    import jax
+    import jax.numpy as jnp
+    from flax.jax_utils import replicate
+    from flax.training.common_utils import shard
+
+    checkpoint = _bin_copy(args.checkpoint)
+    from diffusers import FlaxStableDiffusionXLPipeline
+
+    dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    pipeline, params = FlaxStableDiffusionXLPipeline.from_pretrained(checkpoint, from_pt=True, dtype=dtype)
+    scheduler_state = params.pop("scheduler")  # the scheduler state stays float32, as the reference does
+    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    params["scheduler"] = scheduler_state
+    n = jax.device_count()
+    width, height = _size(args)
+    prompt_ids = shard(pipeline.prepare_inputs([PROMPT] * n))
+    neg_ids = shard(pipeline.prepare_inputs([NEGATIVE] * n))
+    p_params = replicate(params)
+    rng = jax.random.split(jax.random.PRNGKey(0), n)
+
+    def call():
+        images = pipeline(prompt_ids, p_params, rng, num_inference_steps=args.steps, height=height, width=width,
+                          guidance_scale=GUIDANCE, neg_prompt_ids=neg_ids, jit=True).images
+        np.asarray(images)  # wait for, and fetch, the images as ours does
+
+    start = time.perf_counter()
+    call()  # compiles, then runs
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    call()
+    steady = time.perf_counter() - start
+    _serve(call, {"compile_s": first - steady, "first_call_s": first, "images": n,
+                  "size": f"{width}x{height}", "devices": n, "device_kind": jax.devices()[0].device_kind,
+                  "versions": _versions("diffusers", "transformers")})
+
+
+def _size(args) -> tuple[int, int]:
+    width, height = (int(v) for v in args.size.split("x"))
+    return width, height
+
+
+def _bin_copy(checkpoint: str) -> str:
+    """diffusers 0.39's Flax from_pt=True reads diffusion_pytorch_model.bin: add it beside the safetensors."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    root = Path(checkpoint)
+    for name in ("unet", "vae"):
+        target = root / name / "diffusion_pytorch_model.bin"
+        if not target.exists():
+            torch.save(load_file(str(root / name / "diffusion_pytorch_model.safetensors")), target)
+    return str(root)
+
+
+def _versions(*packages: str) -> dict[str, str]:
+    from importlib.metadata import version
+
+    return {p: version(p) for p in (*packages, "jax", "flax")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("which", choices=["ours", "reference"])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--size", required=True, help="WIDTHxHEIGHT")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--compile-cache", default=None)
+    args = parser.parse_args()
+    (ours if args.which == "ours" else reference)(args)
+
+
+if __name__ == "__main__":
+    main()
