@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--compute-dtype", choices=["bfloat16", "float32"], default=None,
+                        help="sdxl_tpu's activation dtype (default: --dtype, but float32 on a CPU)")
     parser.add_argument("--devices", type=int, default=4,
                         help="simulated CPU devices (0: use the machine's real devices)")
     parser.add_argument("--checkpoint", default=None, help="reuse a checkpoint directory instead of writing one")
@@ -102,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Start (and so compile) one at a time, so compile times are not measured under contention.
         ours = Worker("sdxl_tpu", [sys.executable, str(HERE / "workers.py"), "ours", *common,
-                                   "--compile-cache", str(work / "jax-cache")], env, work / "ours.log")
+                                   "--compile-cache", str(work / "jax-cache"),
+                                   *(["--compute-dtype", args.compute_dtype] if args.compute_dtype else [])],
+                     env, work / "ours.log")
         workers.append(ours)
         reference = Worker("reference", [str(reference_python), str(HERE / "workers.py"), "reference", *common], env,
                            work / "reference.log")

@@ -32,7 +32,8 @@ def ours(args) -> None:
 
     size = _size(args)
     pipe = sdxl_tpu.load_pipeline(args.checkpoint, dtype=args.dtype, sizes=[size], images_per_call=jax.device_count(),
-                                  compile_cache=args.compile_cache, warmup=False, step_progress=False)
+                                  compile_cache=args.compile_cache, warmup=False, step_progress=False,
+                                  compute_dtype=args.compute_dtype)
     loaded = time.perf_counter()
     pipe.warmup()
     compiled = time.perf_counter()
@@ -115,6 +116,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--compile-cache", default=None)
+    parser.add_argument("--compute-dtype", default=None)
     args = parser.parse_args()
     (ours if args.which == "ours" else reference)(args)
 

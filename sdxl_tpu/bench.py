@@ -139,16 +139,18 @@ def _tokenizers():
 
 def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False):
     from .checkpoint import load_models, load_tokenizers, resolve
-    from .pipeline import Pipeline, tiny_checkpoint_dir
+    from .pipeline import Pipeline, compute_dtype_for, tiny_checkpoint_dir
     from .scheduler import EulerDiscrete
 
     size = args.size
     if args.model or args.preset == "tiny" or not args.random_weights:
         model = args.model or ("tiny" if args.preset == "tiny" else "stabilityai/stable-diffusion-xl-base-1.0")
         root = tiny_checkpoint_dir() if model == "tiny" else resolve(model)
-        models, tokenizers = load_models(root, dtype=args.dtype), load_tokenizers(root)
+        models = load_models(root, dtype=compute_dtype_for(args.dtype, args.compute_dtype), param_dtype=args.dtype)
+        tokenizers = load_tokenizers(root)
     else:
-        models = random_models(preset_configs(args.preset), Precision.of(args.dtype))
+        models = random_models(preset_configs(args.preset),
+                               Precision.of(compute_dtype_for(args.dtype, args.compute_dtype), args.dtype))
         tokenizers = _tokenizers()
     return Pipeline(models, tokenizers, EulerDiscrete(), sizes=[size], images_per_call=args.images,
                     model_name=args.model or args.preset, step_progress=step_progress), models
@@ -194,6 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     report: dict[str, Any] = {
         "preset": args.preset, "model": args.model, "random_weights": args.random_weights, "dtype": args.dtype,
+        "compute_dtype": str(jnp.dtype(models.unet.conv_in.dtype)),
         "size": f"{args.size[0]}x{args.size[1]}", "steps": args.steps, "images": pipe.images_per_call,
         "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind, "platform": jax.default_backend(),
         "cold_compile_s": compile_s, "compile_cache": cache,
@@ -254,7 +257,8 @@ def format_report(r: dict[str, Any]) -> str:
     f = r["flops"]
     lines = [
         f"{r['preset']} ({r['model'] or 'random weights' if r['random_weights'] else r['model'] or r['preset']}), "
-        f"{r['dtype']}, {r['images']} x {r['size']}, {r['steps']} steps, {r['devices']} x {r['device_kind']}",
+        f"{r['dtype']} params, {r['compute_dtype']} activations, {r['images']} x {r['size']}, {r['steps']} steps, "
+        f"{r['devices']} x {r['device_kind']}",
         f"cold compile      {r['cold_compile_s']:.1f} s",
     ]
     if "warm_compile_s" in r:
@@ -292,6 +296,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--images", type=int, default=4)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float32"],
+                        help="activation dtype (default: --dtype, but float32 on a CPU)")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--compile-cache", default=None, help="(default: a fresh directory, so compiles are cold)")
     parser.add_argument("--no-warm-compile", dest="warm_compile", action="store_false",

@@ -442,20 +442,29 @@ def tiny_checkpoint_dir() -> Path:
     return directory
 
 
+def compute_dtype_for(dtype: str, compute_dtype: str | None = None) -> str:
+    """The activation dtype: as asked, else `dtype`, except float32 on a CPU, which has no
+    bfloat16 arithmetic (XLA emulates it there: slower and less precise than float32)."""
+    if compute_dtype:
+        return compute_dtype
+    return "float32" if jax.default_backend() == "cpu" else dtype
+
+
 def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: Sequence[Any] = ((1024, 1024),),
                   images_per_call: int = 4, compile_cache: str | os.PathLike | None = DEFAULT_COMPILE_CACHE,
                   devices: Sequence[jax.Device] | None = None, warmup: bool = True,
-                  step_progress: bool = True) -> Pipeline:
+                  step_progress: bool = True, compute_dtype: str | None = None) -> Pipeline:
     """Load an SDXL checkpoint (Hub id, local diffusers directory, or "tiny") and compile it.
 
     With `warmup` every size in `sizes` is compiled before this returns; requests for other
     sizes are refused rather than compiled. `step_progress` compiles one program per step so
     progress can be reported per step (what a UI wants); without it all steps run in one fused
-    loop on the device (fastest; what the CLI and the benchmark use).
+    loop on the device (fastest; what the CLI and the benchmark use). `dtype` is the parameter
+    dtype; activations use `compute_dtype`, by default the same except float32 on a CPU.
     """
     enable_compile_cache(compile_cache)
     root = tiny_checkpoint_dir() if str(model) == "tiny" else resolve(model)
-    models = load_models(root, dtype=dtype)
+    models = load_models(root, dtype=compute_dtype_for(dtype, compute_dtype), param_dtype=dtype)
     index = dict(read_json(root / "model_index.json")) if (root / "model_index.json").is_file() else {}
     scheduler_file = root / "scheduler" / "scheduler_config.json"
     scheduler = EulerDiscrete.from_config(dict(read_json(scheduler_file))) if scheduler_file.is_file() else EulerDiscrete()
