@@ -202,6 +202,16 @@ def test_browser_types_a_prompt_and_gets_four_images(app_server, tmp_path):
             page.get_by_text("Generated 4 images").wait_for(timeout=30_000)
             assert "tokens" in page.locator("#token-count").inner_text()
             page.screenshot(path=str(screenshot), full_page=True)
+            # Clicking an image puts its seed in the seed field and turns randomize off.
+            caption = page.locator("#gallery").get_by_text("seed ").first.inner_text()
+            page.locator("#gallery img").first.click()
+            page.get_by_text("Advanced").click()
+            seed_box = page.get_by_label("Seed", exact=True)
+            deadline = time.monotonic() + 30
+            while seed_box.input_value() != caption.split()[1] and time.monotonic() < deadline:
+                page.wait_for_timeout(250)
+            assert seed_box.input_value() == caption.split()[1]
+            assert not page.get_by_label("Randomize seed").is_checked()
         finally:
             browser.close()
     assert screenshot.stat().st_size > 10_000

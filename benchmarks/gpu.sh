@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One prepared benchmark run for an NVIDIA GPU machine with JAX (CUDA), flax, transformers,
+# safetensors and pillow preinstalled and no network. Nothing is downloaded: SDXL base 1.0's
+# architecture runs with random weights (timing does not depend on the weights).
+#
+#   bash benchmarks/gpu.sh            # results under $OUT (default benchmarks/out)
+#
+# Optional: the reference side by side, if wheels for diffusers==0.39.0 and transformers==4.57.6
+# (and their pure-Python dependencies) were carried to benchmarks/wheels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-benchmarks/out}"
+mkdir -p "$OUT"
+export SDXL_TPU_COMPILE_CACHE="$OUT/jax-cache"
+
+python - <<'PY' | tee "$OUT/environment.txt"
+import importlib, jax
+for name in ("jax", "flax", "transformers", "safetensors", "PIL", "numpy"):
+    module = importlib.import_module(name)
+    print(f"{name} {getattr(module, '__version__', '?')}")
+print("devices:", jax.devices())
+PY
+
+common=(--preset sdxl --random-weights --size 1024x1024 --steps 20 --json)
+# 1. The reference workload: 4 images, 20 steps, 1024x1024, with the per-step-progress comparison.
+python -m sdxl_tpu bench "${common[@]}" --images 4 --runs 5 --compare-progress > "$OUT/sdxl-4.json"
+# 2. Memory for one image with classifier-free guidance (target: <= 14 GiB, one v5e chip).
+python -m sdxl_tpu bench "${common[@]}" --images 1 --runs 3 --no-warm-compile > "$OUT/sdxl-1.json"
+
+if [ -d benchmarks/wheels ]; then
+  python -m venv --system-site-packages benchmarks/.venv-reference
+  benchmarks/.venv-reference/bin/pip install -q --no-index --find-links benchmarks/wheels \
+      -r benchmarks/requirements-reference.txt
+  cp benchmarks/requirements-reference.txt benchmarks/.venv-reference/installed.txt
+  python benchmarks/compare_reference.py --preset sdxl --steps 20 --runs 3 --devices 0 --json \
+      > "$OUT/compare-sdxl.json" || echo "reference comparison failed (see above)"
+fi
+
+python - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+for name in ("sdxl-4.json", "sdxl-1.json"):
+    r = json.loads((out / name).read_text().strip().splitlines()[-1])
+    lat, f = r["latency_s"], r["flops"]
+    mem = r["memory_bytes"]
+    peak = mem.get("device_peak_bytes_in_use") or max(m["peak_estimate"] for m in mem["compiled"].values())
+    print(f"{r['images']} x {r['size']}, {r['steps']} steps, {r['devices']} x {r['device_kind']}: "
+          f"latency {lat['median']:.3f} s (min {lat['min']:.3f}), {r['s_per_step'] * 1000:.1f} ms/step, "
+          f"{r['images_per_s']:.2f} img/s, {f['achieved_tflops']:.0f} TFLOP/s"
+          + (f" ({100 * f['utilisation']:.0f} %)" if f["utilisation"] else "")
+          + f", peak memory {peak / 2**30:.1f} GiB, compile cold {r['cold_compile_s']:.0f} s"
+          + (f" warm {r['warm_compile_s']:.0f} s" if "warm_compile_s" in r else "")
+          + (f", per-step progress {100 * r['progress_overhead']:+.1f} %" if "progress_overhead" in r else ""))
+compare = out / "compare-sdxl.json"
+if compare.exists() and compare.read_text().strip():
+    c = json.loads(compare.read_text().strip().splitlines()[-1])
+    m = c["median_latency_s"]
+    print(f"reference side by side: ours {m['ours']:.3f} s, reference {m['reference']:.3f} s, "
+          f"ratio {c['throughput_ratio']:.2f}x; compile ours {c['compile_s']['ours']:.0f} s, "
+          f"reference {c['compile_s']['reference']:.0f} s")
+PY
