@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         "preset": args.preset, "steps": args.steps, "dtype": args.dtype, "images": ours.ready["images"],
         "size": ours.ready["size"], "devices": ours.ready["devices"], "device_kind": ours.ready["device_kind"],
         "versions": {"ours": ours.ready["versions"], "reference": reference.ready["versions"]},
+        "load_s": {"ours": ours.ready["load_s"], "reference": reference.ready["load_s"]},
         "compile_s": {"ours": ours.ready["compile_s"], "reference": reference.ready["compile_s"]},
         "first_call_s": {"ours": ours.ready["first_call_s"], "reference": reference.ready["first_call_s"]},
         "latency_s": latencies, "median_latency_s": med,
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{report['preset']} preset, {report['images']} x {report['size']}, {args.steps} steps, {args.dtype}, "
               f"{report['devices']} x {report['device_kind']}")
         print(f"{'':<22}{'sdxl_tpu':>12}{'reference':>12}")
+        print(f"{'load (s)':<22}{report['load_s']['ours']:>12.1f}{report['load_s']['reference']:>12.1f}")
         print(f"{'compile (s)':<22}{report['compile_s']['ours']:>12.1f}{report['compile_s']['reference']:>12.1f}")
         print(f"{'first call (s)':<22}{report['first_call_s']['ours']:>12.1f}"
               f"{report['first_call_s']['reference']:>12.1f}")

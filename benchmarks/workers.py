@@ -31,6 +31,7 @@ def ours(args) -> None:
     import sdxl_tpu
 
     size = _size(args)
+    began = time.perf_counter()
     pipe = sdxl_tpu.load_pipeline(args.checkpoint, dtype=args.dtype, sizes=[size], images_per_call=jax.device_count(),
                                   compile_cache=args.compile_cache, warmup=False, step_progress=False,
                                   compute_dtype=args.compute_dtype)
@@ -40,7 +41,8 @@ def ours(args) -> None:
     call = lambda: pipe.generate(PROMPT, NEGATIVE, seed=0, guidance_scale=GUIDANCE, steps=args.steps, size=size)
     call()
     first = time.perf_counter()
-    _serve(call, {"compile_s": compiled - loaded, "first_call_s": first - loaded, "images": pipe.images_per_call,
+    _serve(call, {"load_s": loaded - began, "compile_s": compiled - loaded, "first_call_s": first - loaded,
+                  "images": pipe.images_per_call,
                   "size": f"{size[0]}x{size[1]}", "devices": jax.device_count(),
                   "device_kind": jax.devices()[0].device_kind, "versions": _versions("transformers")})
 
@@ -51,6 +53,7 @@ def reference(args) -> None:
     from flax.jax_utils import replicate
     from flax.training.common_utils import shard
 
+    began = time.perf_counter()
     checkpoint = _bin_copy(args.checkpoint)
     from diffusers import FlaxStableDiffusionXLPipeline
 
@@ -71,13 +74,14 @@ def reference(args) -> None:
                           guidance_scale=GUIDANCE, neg_prompt_ids=neg_ids, jit=True).images
         np.asarray(images)  # wait for, and fetch, the images as ours does
 
+    loaded = time.perf_counter()
     start = time.perf_counter()
     call()  # compiles, then runs
     first = time.perf_counter() - start
     start = time.perf_counter()
     call()
     steady = time.perf_counter() - start
-    _serve(call, {"compile_s": first - steady, "first_call_s": first, "images": n,
+    _serve(call, {"load_s": loaded - began, "compile_s": first - steady, "first_call_s": first, "images": n,
                   "size": f"{width}x{height}", "devices": n, "device_kind": jax.devices()[0].device_kind,
                   "versions": _versions("diffusers", "transformers")})
 
