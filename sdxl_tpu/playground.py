@@ -24,6 +24,7 @@ DEFAULT_MODEL = "stabilityai/stable-diffusion-xl-base-1.0"
 MAX_PROMPT_CHARS = 1000
 GUIDANCE_RANGE = (0.0, 20.0)
 QUEUE_SIZE = 16
+TINY_DEFAULT_SIZE = "256x256"
 
 # name -> (prompt template, negative prompt), as the original SDXL playground offered them.
 STYLES: dict[str, tuple[str, str]] = {
@@ -96,8 +97,9 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     parser = argparse.ArgumentParser(description="SDXL playground (Gradio), served from JAX.")
     parser.add_argument("--model", default=env.get("SDXL_MODEL", DEFAULT_MODEL),
                         help="Hub repo id, local diffusers directory, or 'tiny' (env SDXL_MODEL)")
-    parser.add_argument("--sizes", default=env.get("SDXL_SIZES", "1024x1024"),
-                        help="comma-separated WIDTHxHEIGHT sizes to compile (env SDXL_SIZES)")
+    parser.add_argument("--sizes", default=env.get("SDXL_SIZES"),
+                        help="comma-separated WIDTHxHEIGHT sizes to compile (env SDXL_SIZES; default 1024x1024, "
+                             "256x256 for the tiny model)")
     parser.add_argument("--dtype", default=env.get("SDXL_DTYPE", "bfloat16"), choices=["bfloat16", "float32"],
                         help="parameter and activation dtype (env SDXL_DTYPE)")
     parser.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -111,6 +113,8 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     args = parser.parse_args(argv)
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
+    if args.sizes is None:  # the tiny model is for trying things out: keep it quick on a CPU
+        args.sizes = TINY_DEFAULT_SIZE if args.model == "tiny" else "1024x1024"
     try:
         sizes = parse_sizes(args.sizes)
     except ValueError as e:

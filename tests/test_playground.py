@@ -69,6 +69,8 @@ def test_settings_from_arguments_and_environment():
     assert (s.model, s.sizes, s.port, s.host, s.dtype) == ("tiny", [(64, 64), (96, 64)], 9000, "0.0.0.0", "float32")
     s = parse_settings(["--model", "/data/sdxl", "--sizes", "1024x1024,1152x896", "--port", "7000"], env={})
     assert (s.model, s.sizes, s.port, s.host) == ("/data/sdxl", [(1024, 1024), (1152, 896)], 7000, "127.0.0.1")
+    assert parse_settings([], env={}).sizes == [(1024, 1024)]
+    assert parse_settings(["--model", "tiny"], env={}).sizes == [(256, 256)]  # quick to try on a CPU
     with pytest.raises(SystemExit):
         parse_settings(["--sizes", "huge"], env={})
 
