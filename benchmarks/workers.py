@@ -60,7 +60,9 @@ def reference(args) -> None:
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     pipeline, params = FlaxStableDiffusionXLPipeline.from_pretrained(checkpoint, from_pt=True, dtype=dtype)
     scheduler_state = params.pop("scheduler")  # the scheduler state stays float32, as the reference does
-    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    # As the reference recipe casts them, but on the host: one eager device cast per parameter
+    # shape would compile a program each (minutes before the first call, outside any timing).
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype), params)
     params["scheduler"] = scheduler_state
     n = jax.device_count()
     width, height = _size(args)
