@@ -12,7 +12,6 @@ import traceback
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .checkpoint import CheckpointError

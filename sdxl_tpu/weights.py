@@ -43,15 +43,16 @@ def torch_name(path: tuple) -> str:
     return ".".join(parts)
 
 
+def _torch_shape(path: tuple, shape: tuple[int, ...]) -> tuple[int, ...]:
+    if path[-1] == "kernel":
+        return shape[::-1] if len(shape) == 2 else (shape[3], shape[2], shape[0], shape[1])
+    return shape
+
+
 def torch_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
     """The PyTorch name and shape of every parameter of `model` (abstract or concrete)."""
-    shapes = {}
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        shape = tuple(var.get_value().shape)
-        if path[-1] == "kernel":
-            shape = shape[::-1] if len(shape) == 2 else (shape[3], shape[2], shape[0], shape[1])
-        shapes[torch_name(path)] = shape
-    return shapes
+    return {torch_name(path): _torch_shape(path, tuple(var.get_value().shape))
+            for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
 def _safetensors_dtype(name: str) -> np.dtype:
@@ -124,7 +125,7 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
         if _IGNORED_TENSORS.search(key):
             continue
         ckpt[rename(key)] = key
-    expected = torch_shapes(model)
+    expected = {name: _torch_shape(path, tuple(var.get_value().shape)) for name, (path, var) in by_name.items()}
     missing = sorted(set(expected) - set(ckpt))
     unexpected = sorted(set(ckpt) - set(expected))
     wrong = sorted(f"{name} (checkpoint {source.shape(ckpt[name])}, model {expected[name]})"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reference import nchw_to_nhwc, rel_l2
-from sdxl_tpu import Precision, load_models, load_tokenizers
+from sdxl_tpu import load_models, load_tokenizers
 
 
 @pytest.fixture(scope="module")
