@@ -21,11 +21,17 @@ for name in ("jax", "flax", "transformers", "safetensors", "PIL", "numpy"):
 print("devices:", jax.devices())
 PY
 
+# 0. Which attention kernel the compiler picked, and whether it merged the q/k/v projections (seconds).
+python benchmarks/kernels_check.py | tee "$OUT/kernels.json"
+
 common=(--preset sdxl --random-weights --size 1024x1024 --steps 20 --json)
 # 1. The reference workload: 4 images, 20 steps, 1024x1024, with the per-step-progress comparison.
 python -m sdxl_tpu bench "${common[@]}" --images 4 --runs 5 --compare-progress > "$OUT/sdxl-4.json"
 # 2. Memory for one image with classifier-free guidance (target: <= 14 GiB, one v5e chip).
 python -m sdxl_tpu bench "${common[@]}" --images 1 --runs 3 --no-warm-compile > "$OUT/sdxl-1.json"
+# 3. The same workload as 1 with XLA's attention instead of cuDNN's flash attention: what the kernel buys.
+SDXL_TPU_ATTENTION=xla python -m sdxl_tpu bench "${common[@]}" --images 4 --runs 3 --no-warm-compile \
+    > "$OUT/sdxl-4-xla-attention.json" || echo "XLA-attention run failed (see above)"
 
 if [ -d benchmarks/wheels ]; then
   python -m venv --system-site-packages benchmarks/.venv-reference
@@ -39,12 +45,15 @@ fi
 python - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-for name in ("sdxl-4.json", "sdxl-1.json"):
+for name in ("sdxl-4.json", "sdxl-1.json", "sdxl-4-xla-attention.json"):
+    if not (out / name).exists() or not (out / name).read_text().strip():
+        continue
     r = json.loads((out / name).read_text().strip().splitlines()[-1])
     lat, f = r["latency_s"], r["flops"]
     mem = r["memory_bytes"]
     peak = mem.get("device_peak_bytes_in_use") or max(m["peak_estimate"] for m in mem["compiled"].values())
-    print(f"{r['images']} x {r['size']}, {r['steps']} steps, {r['devices']} x {r['device_kind']}: "
+    print(f"{r['images']} x {r['size']}, {r['steps']} steps, {r['devices']} x {r['device_kind']}, "
+          f"{r.get('attention', 'auto')} attention: "
           f"latency {lat['median']:.3f} s (min {lat['min']:.3f}), {r['s_per_step'] * 1000:.1f} ms/step, "
           f"{r['images_per_s']:.2f} img/s, {f['achieved_tflops']:.0f} TFLOP/s"
           + (f" ({100 * f['utilisation']:.0f} %)" if f["utilisation"] else "")

@@ -75,6 +75,9 @@ def _jaxpr_flops(jaxpr) -> int:
             spec = eqn.params["dimension_numbers"].rhs_spec  # (out, in, spatial...)
             window = math.prod(rhs[d] for d in spec[2:]) * rhs[spec[1]]
             total += 2 * math.prod(eqn.outvars[0].aval.shape) * window  # kernel in-dim is already per group
+        elif name == "cond":  # platform_dependent attention: one branch runs; they compute the same
+            total += max(_jaxpr_flops(b.jaxpr) for b in eqn.params["branches"])
+            continue
         for sub in _subjaxprs(eqn):
             total += _jaxpr_flops(sub)
     return total
@@ -191,7 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pipe.warmup()
     compile_s = time.perf_counter() - start
     if args.compile_only:
-        return {"compile_s": compile_s}
+        return {"compile_s": compile_s, "memory_bytes": {"compiled": _memory(pipe.compiled(args.size))}}
 
     report: dict[str, Any] = {
         "preset": args.preset, "model": args.model, "random_weights": args.random_weights, "dtype": args.dtype,
@@ -199,6 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "size": f"{args.size[0]}x{args.size[1]}", "steps": args.steps, "images": pipe.images_per_call,
         "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind, "platform": jax.default_backend(),
         "cold_compile_s": compile_s, "compile_cache": cache,
+        "attention": os.environ.get("SDXL_TPU_ATTENTION", "auto"),
     }
     if args.warm_compile:
         child = [sys.executable, "-m", "sdxl_tpu", "bench", *args.argv, "--compile-only", "--compile-cache", cache,
@@ -250,8 +254,17 @@ def _flop(f: float) -> str:
     return f"{f / 1e12:.3f} TFLOP" if f >= 1e11 else f"{f / 1e9:.3f} GFLOP"
 
 
+def _memory_lines(memory: dict[str, Any]) -> list[str]:
+    lines = [f"memory {name:<10} peak ~{_bytes(m['peak_estimate'])} per device (args {_bytes(m['arguments'])}, "
+             f"temporaries {_bytes(m['temporaries'])})" for name, m in memory["compiled"].items()]
+    if memory.get("device_peak_bytes_in_use"):
+        lines.append(f"device peak       {_bytes(memory['device_peak_bytes_in_use'])} in use")
+    return lines
+
+
 def format_report(r: dict[str, Any]) -> str:
-    gib = _bytes
+    if "latency_s" not in r:  # --compile-only
+        return "\n".join([f"compile           {r['compile_s']:.1f} s", *_memory_lines(r["memory_bytes"])])
     lat = r["latency_s"]
     f = r["flops"]
     lines = [
@@ -276,11 +289,7 @@ def format_report(r: dict[str, Any]) -> str:
         + (f", {100 * f['utilisation']:.1f} % of {f['peak_tflops_per_device']:.0f} TFLOP/s x {r['devices']}"
            if f["utilisation"] else " (no peak known for this device)"),
     ]
-    for name, m in r["memory_bytes"]["compiled"].items():
-        lines.append(f"memory {name:<10} peak ~{gib(m['peak_estimate'])} per device (args {gib(m['arguments'])}, "
-                     f"temporaries {gib(m['temporaries'])})")
-    if r["memory_bytes"].get("device_peak_bytes_in_use"):
-        lines.append(f"device peak       {gib(r['memory_bytes']['device_peak_bytes_in_use'])} in use")
+    lines += _memory_lines(r["memory_bytes"])
     if "progress_overhead" in r:
         lines.append(f"per-step progress {100 * r['progress_overhead']:+.1f} % latency (one program call per step) "
                      "vs the fused loop measured above")
@@ -305,7 +314,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also compile the stepwise loop (per-step progress) and compare its latency")
     parser.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for utilisation")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile, report compile time and compiled memory, run nothing (e.g. does SDXL at "
+                             "1024x1024 fit a 16 GB chip?)")
 
 
 def main(args: argparse.Namespace, argv: list[str]) -> int:

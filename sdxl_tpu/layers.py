@@ -2,7 +2,7 @@
 
 Everything is channels-last (NHWC). Parameter names follow flax (`kernel`, `scale`,
 `embedding`, `bias`); `weights.py` maps them onto the PyTorch names mechanically.
-Attention goes through `attention()` only, so a kernel can be swapped in one place.
+Attention goes through `attention.attention()` only: kernels are chosen and swapped there.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from .attention import attention
 
 
 @dataclass(frozen=True)
@@ -36,14 +38,6 @@ def _as_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
             raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)}")
         return _DTYPES[dtype]
     return jnp.dtype(dtype).type
-
-
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False) -> jax.Array:
-    """Scaled dot-product attention on (batch, length, heads, head_dim) arrays.
-
-    The single place where attention is computed: swap kernels here.
-    """
-    return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal)
 
 
 def linear(in_features: int, out_features: int, p: Precision, *, bias: bool = True) -> nnx.Linear:

@@ -210,7 +210,9 @@ class Pipeline:
     # -- sharded programs ---------------------------------------------------------------------
 
     def _shard(self, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:
-        return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs))
+        # check_vma=False: Pallas kernels (splash attention, traced for TPU) declare their outputs
+        # without varying-axis types, which the check would reject; every output here is batch-split.
+        return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
     def _encode_program(self):
         g1, g2 = self._graphs["text_encoder"], self._graphs["text_encoder_2"]

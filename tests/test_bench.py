@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_bench_tiny_reports_everything(tmp_path):
@@ -42,3 +43,24 @@ def test_flop_formula_gives_the_known_sdxl_numbers():
     flops = model_flops(Models(None, None, unet, vae), (1024, 1024))
     assert abs(flops["unet"] / 1e12 - 6.76) < 0.01
     assert abs(flops["vae_decode"] / 1e12 - 10.47) < 0.01
+
+
+def test_bench_compile_only_reports_compile_time_and_memory(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_TPU_TINY_DIR=str(tmp_path / "tiny"))
+    result = subprocess.run([sys.executable, "-m", "sdxl_tpu", "bench", "--preset", "tiny", "--compile-only"],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("compile ") and lines[0].endswith(" s")
+    assert {line.split()[1] for line in lines[1:]} == {"encode", "noise", "denoise", "decode"}
+
+
+def test_kernels_check_reads_the_compiled_attention_layer():
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "kernels_check.py"
+    result = subprocess.run([sys.executable, str(script), "--tokens", "256", "--channels", "128",
+                             "--heads", "2"], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads(result.stdout)
+    # XLA's CPU backend keeps the three projections apart and has no fused attention kernel.
+    assert r["backend"] == "cpu" and r["projection_matmuls"] == 3 and r["attention_kernels"] == []

@@ -1,0 +1,115 @@
+"""Attention: the one function that computes it, with the best kernel per platform.
+
+The compiler picks the branch (`jax.lax.platform_dependent`), not Python at trace time, so a
+traced program is right wherever it is compiled:
+- TPU: Pallas splash attention for long self-attention (SDXL's 64x64 and 32x32 UNet levels, the
+  VAE's mid block), which never materialises the length x length logits;
+- NVIDIA GPU: cuDNN's fused flash attention where cuDNN supports the shape (bf16/fp16, head
+  dim <= 128, so not the VAE's single 512-wide head);
+- everything else: XLA's attention (`jax.nn.dot_product_attention`), also the fallback of both.
+
+`SDXL_TPU_ATTENTION=xla` forces XLA's attention everywhere: the "before" of a benchmark, and a
+way out should a kernel misbehave on some machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+
+# Below this many tokens XLA's fused attention is already cheap; splash pays off on long
+# self-attention (SDXL at 1024x1024: 1024 and 4096 tokens in the UNet, 16384 in the VAE).
+SPLASH_MIN_LENGTH = 1024
+_LANES = 128  # TPU vector lane width: splash wants sequence blocks and head dims in multiples of it
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False) -> jax.Array:
+    """Scaled dot-product attention on (batch, length, heads, head_dim) arrays."""
+    choice = os.environ.get("SDXL_TPU_ATTENTION", "auto")
+    if choice not in ("auto", "xla"):
+        raise ValueError(f"SDXL_TPU_ATTENTION={choice!r}: use 'auto' (best kernel per platform) or 'xla'")
+    if choice == "xla":
+        return xla_attention(q, k, v, is_causal=is_causal)
+    return _per_platform(q, k, v, is_causal=is_causal)
+
+
+# jit: the three branches are traced once per shape, not once per layer (SDXL's UNet has 140
+# attention calls of a handful of shapes; tracing each anew added 2 s to every compile).
+@functools.partial(jax.jit, static_argnames="is_causal")
+def _per_platform(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool) -> jax.Array:
+    return jax.lax.platform_dependent(
+        q, k, v,
+        tpu=functools.partial(tpu_attention, is_causal=is_causal),
+        cuda=functools.partial(gpu_attention, is_causal=is_causal),
+        default=functools.partial(xla_attention, is_causal=is_causal),
+    )
+
+
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False) -> jax.Array:
+    return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal, implementation="xla")
+
+
+def gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False) -> jax.Array:
+    head_dim = q.shape[-1]
+    if q.dtype in (jnp.bfloat16, jnp.float16) and head_dim <= 128 and head_dim % 8 == 0:
+        try:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal, implementation="cudnn")
+        except (RuntimeError, NotImplementedError, ValueError):
+            # No cuDNN where this is traced (every branch is traced, also on a CPU-only
+            # machine), or a shape cuDNN refuses: XLA computes the same thing.
+            pass
+    return xla_attention(q, k, v, is_causal=is_causal)
+
+
+def tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False,
+                  interpret: bool = False) -> jax.Array:
+    if is_causal or q.shape[1] != k.shape[1] or q.shape[1] < SPLASH_MIN_LENGTH:
+        return xla_attention(q, k, v, is_causal=is_causal)
+    return splash_attention(q, k, v, interpret=interpret)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool = False) -> jax.Array:
+    """Non-causal self-attention with the Pallas splash kernel (TPU; `interpret=True` runs it anywhere).
+
+    Lengths and head dims are zero-padded to multiples of 128; padded keys are masked out with
+    segment ids, and the softmax scale is applied to q up front (the kernel applies none).
+    """
+    batch, length, heads, head_dim = q.shape
+    padded_len, padded_dim = _round_up(length, _LANES), _round_up(head_dim, _LANES)
+    scale = 1.0 / math.sqrt(head_dim)
+
+    def to_kernel_layout(t: jax.Array) -> jax.Array:  # (B, L, H, D) -> (B, H, Lp, Dp)
+        t = t.transpose(0, 2, 1, 3)
+        return jnp.pad(t, ((0, 0), (0, 0), (0, padded_len - length), (0, padded_dim - head_dim)))
+
+    qs = to_kernel_layout((q.astype(jnp.float32) * scale).astype(q.dtype))
+    kernel = _splash_kernel(heads, padded_len, interpret)
+    if padded_len != length:
+        from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds
+
+        ids = (jnp.arange(padded_len) >= length).astype(jnp.int32)  # 0 = real token, 1 = padding
+        out = jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=SegmentIds(q=ids, kv=ids)))(
+            qs, to_kernel_layout(k), to_kernel_layout(v))
+    else:
+        out = jax.vmap(kernel)(qs, to_kernel_layout(k), to_kernel_layout(v))
+    return out[:, :, :length, :head_dim].transpose(0, 2, 1, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def _splash_kernel(heads: int, length: int, interpret: bool):
+    # Imported here: Pallas' TPU ops are only needed where this branch is traced.
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+    block = next(b for b in (512, 256, _LANES) if length % b == 0)
+    mask = masks.MultiHeadMask([masks.FullMask((length, length)) for _ in range(heads)])
+    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
+    return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)

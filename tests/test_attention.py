@@ -1,0 +1,121 @@
+"""The per-platform attention kernels against XLA's attention.
+
+Splash attention is a TPU (Mosaic) kernel; here it runs in Pallas interpret mode on the CPU,
+which executes the same kernel code, block by block, with ordinary JAX operations.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdxl_tpu import attention as attn
+
+
+def _qkv(batch, length, heads, head_dim, dtype=jnp.float32, kv_length=None):
+    keys = jax.random.split(jax.random.PRNGKey(length * heads + head_dim), 3)
+    q = jax.random.normal(keys[0], (batch, length, heads, head_dim), dtype)
+    k = jax.random.normal(keys[1], (batch, kv_length or length, heads, head_dim), dtype)
+    v = jax.random.normal(keys[2], (batch, kv_length or length, heads, head_dim), dtype)
+    return q, k, v
+
+
+def _reference(q, k, v, is_causal=False):
+    """Plain softmax(q k^T / sqrt(d)) v in float64 numpy."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    if is_causal:
+        logits = np.where(np.tril(np.ones(logits.shape[-2:], bool)), logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+@pytest.mark.parametrize("shape", [
+    (2, 300, 2, 64),   # length padded to 384, masked with segment ids; head dim padded to 128
+    (1, 256, 1, 512),  # the VAE's single 512-wide head
+    (1, 512, 2, 128),  # no padding at all, one 512 block
+])
+def test_splash_attention_matches_reference_in_interpret_mode(shape):
+    q, k, v = _qkv(*shape)
+    out = jax.jit(lambda q, k, v: attn.splash_attention(q, k, v, interpret=True))(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    np.testing.assert_allclose(np.asarray(out), _reference(q, k, v), atol=2e-5, rtol=1e-4)
+
+
+def test_splash_attention_in_bfloat16():
+    q, k, v = _qkv(2, 384, 3, 40, jnp.bfloat16)
+    out = jax.jit(lambda q, k, v: attn.splash_attention(q, k, v, interpret=True))(q, k, v)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), _reference(q, k, v), atol=2e-2)
+
+
+def _primitives(fn, *args) -> set[str]:
+    names = set()
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            names.add(eqn.primitive.name)
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (list, tuple)) else [value]:
+                    if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                        walk(sub.jaxpr)
+                    elif hasattr(sub, "eqns"):
+                        walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return names
+
+
+@pytest.mark.parametrize("case, expect_splash", [
+    (dict(length=1024), True),                     # long self-attention: splash
+    (dict(length=512), False),                     # short: XLA
+    (dict(length=1024, kv_length=77), False),      # cross-attention to the text: XLA
+    (dict(length=1024, is_causal=True), False),    # causal (text encoders): XLA
+])
+def test_tpu_branch_uses_splash_only_for_long_self_attention(case, expect_splash):
+    q, k, v = _qkv(1, case["length"], 2, 64, kv_length=case.get("kv_length"))
+    fn = lambda q, k, v: attn.tpu_attention(q, k, v, is_causal=case.get("is_causal", False), interpret=True)
+    assert ("pallas_call" in _primitives(fn, q, k, v)) == expect_splash
+
+
+def test_compiler_picks_the_kernel_per_platform(monkeypatch):
+    q, k, v = _qkv(1, 1024, 2, 64, jnp.bfloat16)
+    traced = jax.jit(attn.attention).trace(q, k, v)
+    assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
+    assert "tpu_custom_call" not in traced.lower(lowering_platforms=("cpu",)).as_text()
+    # On this CPU the default branch runs: XLA's attention, exactly.
+    np.testing.assert_array_equal(np.asarray(jax.jit(attn.attention)(q, k, v), np.float32),
+                                  np.asarray(attn.xla_attention(q, k, v), np.float32))
+    monkeypatch.setenv("SDXL_TPU_ATTENTION", "xla")  # the escape hatch: no per-platform branches
+    # (a new function: jax caches the traces of one it has seen, and the setting is read when tracing)
+    assert "platform_index" not in _primitives(lambda q, k, v: attn.attention(q, k, v), q, k, v)
+
+
+def test_gpu_branch_falls_back_to_xla_where_cudnn_cannot_run():
+    # Traced on a machine without cuDNN (as every branch is, everywhere): XLA's attention.
+    q, k, v = _qkv(1, 77, 2, 64, jnp.bfloat16)
+    out = attn.gpu_attention(q, k, v, is_causal=True)
+    np.testing.assert_allclose(np.asarray(out, np.float32), _reference(q, k, v, is_causal=True), atol=2e-2)
+    q32, k32, v32 = _qkv(1, 64, 1, 512)  # float32 / 512-wide heads: cuDNN is not even tried
+    np.testing.assert_allclose(np.asarray(attn.gpu_attention(q32, k32, v32)), _reference(q32, k32, v32),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_unknown_attention_setting_is_named(monkeypatch):
+    monkeypatch.setenv("SDXL_TPU_ATTENTION", "flash")
+    q, k, v = _qkv(1, 8, 1, 8)
+    with pytest.raises(ValueError, match="SDXL_TPU_ATTENTION='flash'"):
+        attn.attention(q, k, v)
+
+
+def test_pipeline_programs_carry_splash_attention_when_compiled_for_tpu(tiny_checkpoint):
+    """At 256x256 the tiny model's VAE attends over 32x32 = 1024 latent pixels: long enough for
+    splash. Tracing it inside the pipeline's shard_map and lowering for a TPU must work here."""
+    from sdxl_tpu import load_pipeline
+
+    pipe = load_pipeline(tiny_checkpoint, dtype="bfloat16", sizes=["256x256"], warmup=False)
+    inputs = pipe._abstract_inputs((256, 256))
+    traced = pipe._decode_program().trace(pipe._params["vae"], inputs["noise"])
+    assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
+    assert "tpu_custom_call" not in traced.lower(lowering_platforms=("cpu",)).as_text()
