@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .layers import ACTIVATIONS, LayerNorm, Precision, attention, linear
+from .layers import ACTIVATIONS, Embed, LayerNorm, Precision, attention, linear
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,8 @@ class CLIPEncoderLayer(nnx.Module):
 
 class CLIPEmbeddings(nnx.Module):
     def __init__(self, c: CLIPTextConfig, p: Precision):
-        kw = dict(dtype=p.dtype, param_dtype=p.param_dtype, rngs=nnx.Rngs(0))
-        self.token_embedding = nnx.Embed(c.vocab_size, c.hidden_size, **kw)
-        self.position_embedding = nnx.Embed(c.max_position_embeddings, c.hidden_size, **kw)
+        self.token_embedding = Embed(c.vocab_size, c.hidden_size, p)
+        self.position_embedding = Embed(c.max_position_embeddings, c.hidden_size, p)
 
     def __call__(self, input_ids: jax.Array) -> jax.Array:
         positions = jnp.arange(input_ids.shape[1])[None, :]

@@ -40,17 +40,61 @@ def _as_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
     return jnp.dtype(dtype).type
 
 
-def linear(in_features: int, out_features: int, p: Precision, *, bias: bool = True) -> nnx.Linear:
-    return nnx.Linear(in_features, out_features, use_bias=bias, dtype=p.dtype, param_dtype=p.param_dtype,
-                      rngs=nnx.Rngs(0))
+# Linear, Conv and Embed are our own rather than nnx's: their parameters start at zero instead
+# of drawing from an RNG. Weights always come from a checkpoint (or bench/tiny's own random
+# fill), and nnx's per-layer key bookkeeping made building SDXL's UNet abstractly take about a
+# minute (each key update looked back over everything traced so far).
+
+class Linear(nnx.Module):
+    """torch.nn.Linear with a (in, out) kernel, computed in the activation dtype."""
+
+    def __init__(self, in_features: int, out_features: int, p: Precision, *, bias: bool = True):
+        self.dtype = p.dtype
+        self.kernel = nnx.Param(jnp.zeros((in_features, out_features), p.param_dtype))
+        self.bias = nnx.Param(jnp.zeros((out_features,), p.param_dtype)) if bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(self.dtype)
+        y = jax.lax.dot_general(x, self.kernel[...].astype(self.dtype), (((x.ndim - 1,), (0,)), ((), ())))
+        return y if self.bias is None else y + self.bias[...].astype(self.dtype)
+
+
+class Conv(nnx.Module):
+    """torch.nn.Conv2d on NHWC input with an HWIO kernel and explicit (low, high) padding."""
+
+    def __init__(self, in_ch: int, out_ch: int, p: Precision, *, kernel: int, stride: int,
+                 padding: tuple[tuple[int, int], tuple[int, int]]):
+        self.dtype, self.stride, self.padding = p.dtype, stride, padding
+        self.kernel = nnx.Param(jnp.zeros((kernel, kernel, in_ch, out_ch), p.param_dtype))
+        self.bias = nnx.Param(jnp.zeros((out_ch,), p.param_dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jax.lax.conv_general_dilated(x.astype(self.dtype), self.kernel[...].astype(self.dtype),
+                                         (self.stride, self.stride), self.padding,
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return y + self.bias[...].astype(self.dtype)
+
+
+class Embed(nnx.Module):
+    """torch.nn.Embedding: rows of `embedding` looked up by integer ids."""
+
+    def __init__(self, num_embeddings: int, features: int, p: Precision):
+        self.dtype = p.dtype
+        self.embedding = nnx.Param(jnp.zeros((num_embeddings, features), p.param_dtype))
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding[...].astype(self.dtype), ids, axis=0)
+
+
+def linear(in_features: int, out_features: int, p: Precision, *, bias: bool = True) -> Linear:
+    return Linear(in_features, out_features, p, bias=bias)
 
 
 def conv(in_ch: int, out_ch: int, p: Precision, *, kernel: int = 3, stride: int = 1,
-         padding: int | tuple = 1) -> nnx.Conv:
+         padding: int | tuple = 1) -> Conv:
     if isinstance(padding, int):
         padding = ((padding, padding), (padding, padding))
-    return nnx.Conv(in_ch, out_ch, kernel_size=(kernel, kernel), strides=(stride, stride), padding=padding,
-                    dtype=p.dtype, param_dtype=p.param_dtype, rngs=nnx.Rngs(0))
+    return Conv(in_ch, out_ch, p, kernel=kernel, stride=stride, padding=padding)
 
 
 class GroupNorm(nnx.Module):
