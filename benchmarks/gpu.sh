@@ -22,13 +22,16 @@ print("devices:", jax.devices())
 PY
 
 # 0. Which attention kernel the compiler picked, and whether it merged the q/k/v projections (seconds).
-python benchmarks/kernels_check.py | tee "$OUT/kernels.json"
+python benchmarks/kernels_check.py | tee "$OUT/kernels.json" || echo "kernels check failed (see above)"
 
-common=(--preset sdxl --random-weights --size 1024x1024 --steps 20 --json)
+# PRESET=tiny SIZE=64x64 runs the same script in a minute on a CPU, to check it before spending device time.
+common=(--preset "${PRESET:-sdxl}" --random-weights --size "${SIZE:-1024x1024}" --steps 20 --json)
 # 1. The reference workload: 4 images, 20 steps, 1024x1024, with the per-step-progress comparison.
-python -m sdxl_tpu bench "${common[@]}" --images 4 --runs 5 --compare-progress > "$OUT/sdxl-4.json"
+python -m sdxl_tpu bench "${common[@]}" --images 4 --runs 5 --compare-progress > "$OUT/sdxl-4.json" \
+    || echo "4-image run failed (see above)"
 # 2. Memory for one image with classifier-free guidance (target: <= 14 GiB, one v5e chip).
-python -m sdxl_tpu bench "${common[@]}" --images 1 --runs 3 --no-warm-compile > "$OUT/sdxl-1.json"
+python -m sdxl_tpu bench "${common[@]}" --images 1 --runs 3 --no-warm-compile > "$OUT/sdxl-1.json" \
+    || echo "1-image run failed (see above)"
 # 3. The same workload as 1 with XLA's attention instead of cuDNN's flash attention: what the kernel buys.
 SDXL_TPU_ATTENTION=xla python -m sdxl_tpu bench "${common[@]}" --images 4 --runs 3 --no-warm-compile \
     > "$OUT/sdxl-4-xla-attention.json" || echo "XLA-attention run failed (see above)"

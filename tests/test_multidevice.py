@@ -26,6 +26,11 @@ collectives = {name: sorted(set(re.findall(COLLECTIVE, text))) for name, text in
 from jax.sharding import NamedSharding, PartitionSpec as P
 probe = jax.jit(lambda x: x.sum()).lower(jax.ShapeDtypeStruct((8,), np.float32, sharding=NamedSharding(pipe.mesh, P("batch"))))
 assert re.search(COLLECTIVE, probe.compile().as_text()), "collective detection is broken"
+# No host round-trips either: no callbacks, sends, receives, in- or outfeeds.
+HOST = r"callback|\b(send|recv|infeed|outfeed)\b"
+host_transfers = {name: sorted(set(m.group(0) for m in re.finditer(HOST, text))) for name, text in hlo.items()}
+host_probe = jax.jit(lambda x: (jax.debug.callback(lambda v: None, x), x)[1]).lower(np.float32(1)).compile()
+assert re.search(HOST, host_probe.as_text()), "host-transfer detection is broken"
 with CompileCounter() as counter:
     result = pipe.generate("a photo of a cat", "blurry", seed=11, steps=3, size=(64, 64))
     pipe.generate(["a", "b", "c", "d"], "", seed=[1, 2, 3, 4], guidance_scale=[1, 2, 3, 4], steps=5, size=(64, 64))
@@ -33,6 +38,7 @@ images = np.stack([np.asarray(im) for im in result.images])
 np.save(sys.argv[3], images)
 shards = [s.data.shape for s in pipe._params["unet"]["conv_in"]["kernel"].get_value().addressable_shards]
 print(json.dumps({"images_per_call": pipe.images_per_call, "seeds": result.seeds, "collectives": collectives,
+                  "host_transfers": host_transfers,
                   "while_loops": hlo["denoise"].count(" while("), "compiles": counter.compiles,
                   "param_shards": len(shards), "hlo_bytes": len(hlo["denoise"])}))
 """
@@ -52,6 +58,8 @@ def test_four_devices_match_one_device(tiny_checkpoint, tiny_pipeline, compile_c
     assert report["while_loops"] >= 1  # the step loop stays inside the compiled program
     # Each device makes its own images, conditional and unconditional pass included: no collectives.
     assert report["collectives"] == {"encode": [], "noise": [], "denoise": [], "decode": []}
+    # ... and no host round-trip inside any program (the step loop included).
+    assert report["host_transfers"] == {"encode": [], "noise": [], "denoise": [], "decode": []}
     assert report["compiles"] == 0
 
     four = np.load(out)
