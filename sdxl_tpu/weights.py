@@ -18,7 +18,6 @@ import jax
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 
 M = TypeVar("M", bound=nnx.Module)
 
@@ -55,49 +54,43 @@ def torch_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
             for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def _safetensors_dtype(name: str) -> np.dtype:
-    return {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}.get(name)
+_SAFETENSORS_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64,
+                       "I8": np.int8, "U8": np.uint8, "I16": np.int16, "I32": np.int32, "I64": np.int64,
+                       "BOOL": np.bool_}
 
 
 class TensorSource:
-    """Lazily reads named tensors from one or more .safetensors files, without torch."""
+    """Named tensors of one or more .safetensors files, read without torch.
+
+    Each file's header is parsed once and its data mapped into memory; a tensor is a view of the
+    mapped bytes (bfloat16 included, via ml_dtypes, which safetensors' numpy backend lacks).
+    """
 
     def __init__(self, files: Iterable[str | os.PathLike]):
         self.files = [str(f) for f in files]
-        self._where: dict[str, str] = {}
-        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._entries: dict[str, tuple[np.memmap, dict]] = {}
         for f in self.files:
-            with safe_open(f, framework="numpy") as st:
-                for key in st.keys():
-                    self._where[key] = f
-                    self._shapes[key] = tuple(st.get_slice(key).get_shape())
+            with open(f, "rb") as fh:
+                header_len = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(header_len))
+            data = np.memmap(f, dtype=np.uint8, mode="r", offset=8 + header_len)
+            for key, info in header.items():
+                if key != "__metadata__":
+                    self._entries[key] = (data, info)
 
     def keys(self) -> list[str]:
-        return list(self._where)
+        return list(self._entries)
 
     def shape(self, key: str) -> tuple[int, ...]:
-        return self._shapes[key]
+        return tuple(self._entries[key][1]["shape"])
 
     def get(self, key: str) -> np.ndarray:
-        f = self._where[key]
-        with safe_open(f, framework="numpy") as st:
-            sl = st.get_slice(key)
-            dtype = sl.get_dtype()
-            if dtype != "BF16":
-                return st.get_tensor(key)
-        return _read_raw(f, key)
-
-
-def _read_raw(path: str, key: str) -> np.ndarray:
-    # safetensors' numpy backend has no bfloat16: read the bytes and view them with ml_dtypes.
-    with open(path, "rb") as fh:
-        header_len = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(header_len))
-        info = header[key]
+        data, info = self._entries[key]
+        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"tensor {key} has dtype {info['dtype']}, which this loader does not read")
         start, end = info["data_offsets"]
-        fh.seek(8 + header_len + start)
-        data = fh.read(end - start)
-    return np.frombuffer(data, dtype=_safetensors_dtype(info["dtype"])).reshape(info["shape"])
+        return data[start:end].view(dtype).reshape(info["shape"])
 
 
 def weight_files(component_dir: str | os.PathLike, prefer_variant: str | None = "fp16") -> list[Path]:

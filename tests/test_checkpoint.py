@@ -100,6 +100,14 @@ def test_fp16_variant_preferred_and_bf16_tensors_read(tmp_path):
     got = TensorSource([bf16 / "model.safetensors"]).get("w")
     assert got.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(got.astype(np.float32), values)
+    # every file's tensors, with their metadata entry skipped; a dtype we do not read is named
+    save_file({"w": a["w"], "ids": np.arange(4, dtype=np.uint16)}, str(tmp_path / "multi.safetensors"),
+              metadata={"format": "pt"})
+    source = TensorSource([tmp_path / "multi.safetensors", bf16 / "model.safetensors"])
+    assert sorted(source.keys()) == ["ids", "w"] and source.shape("ids") == (4,)
+    np.testing.assert_array_equal(source.get("w"), values)  # the later file's "w"
+    with pytest.raises(CheckpointError, match="ids has dtype U16"):
+        source.get("ids")
 
 
 def test_no_weights_is_a_clear_error(tmp_path):
