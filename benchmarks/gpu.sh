@@ -63,6 +63,14 @@ for name in ("sdxl-4.json", "sdxl-1.json", "sdxl-4-xla-attention.json"):
           + f", peak memory {peak / 2**30:.1f} GiB, compile cold {r['cold_compile_s']:.0f} s"
           + (f" warm {r['warm_compile_s']:.0f} s" if "warm_compile_s" in r else "")
           + (f", per-step progress {100 * r['progress_overhead']:+.1f} %" if "progress_overhead" in r else ""))
+runs = {}
+for name in ("sdxl-4.json", "sdxl-4-xla-attention.json"):
+    text = (out / name).read_text().strip() if (out / name).exists() else ""
+    if text:
+        runs[name] = json.loads(text.splitlines()[-1])["latency_s"]["median"]
+if len(runs) == 2:
+    print(f"per-platform attention vs XLA attention: {runs['sdxl-4-xla-attention.json'] / runs['sdxl-4.json']:.2f}x "
+          "the throughput (4 images)")
 compare = out / "compare-sdxl.json"
 if compare.exists() and compare.read_text().strip():
     c = json.loads(compare.read_text().strip().splitlines()[-1])
