@@ -119,3 +119,26 @@ def test_pipeline_programs_carry_splash_attention_when_compiled_for_tpu(tiny_che
     traced = pipe._decode_program().trace(pipe._params["vae"], inputs["noise"])
     assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
     assert "tpu_custom_call" not in traced.lower(lowering_platforms=("cpu",)).as_text()
+
+
+def test_vae_decode_through_the_tpu_branch_matches_xla(tiny_checkpoint, monkeypatch):
+    """The real model's attention (the tiny VAE's mid block over 32x32 = 1024 latent pixels)
+    computed by the TPU branch, splash in interpret mode, against XLA's attention."""
+    from pathlib import Path
+
+    from sdxl_tpu import Precision, load_vae
+    from sdxl_tpu import layers
+
+    vae = load_vae(Path(tiny_checkpoint) / "vae", Precision())
+    latents = jax.random.normal(jax.random.PRNGKey(0), (1, 32, 32, 4))
+    with_xla = np.asarray(vae.decode(latents))
+    used = []
+
+    def tpu_branch(q, k, v, *, is_causal=False):
+        used.append(q.shape[1])
+        return attn.tpu_attention(q, k, v, is_causal=is_causal, interpret=True)
+
+    monkeypatch.setattr(layers, "attention", tpu_branch)
+    with_splash = np.asarray(vae.decode(latents))
+    assert used == [1024]
+    np.testing.assert_allclose(with_splash, with_xla, atol=1e-4)
