@@ -112,4 +112,7 @@ def _splash_kernel(heads: int, length: int, interpret: bool):
     block = next(b for b in (512, 256, _LANES) if length % b == 0)
     mask = masks.MultiHeadMask([masks.FullMask((length, length)) for _ in range(heads)])
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
-    return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
+    # Built while some program is being traced, yet cached for all: its mask tables must be
+    # concrete arrays, not tracers of that first program (they leaked into the next one).
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)

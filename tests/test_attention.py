@@ -142,3 +142,20 @@ def test_vae_decode_through_the_tpu_branch_matches_xla(tiny_checkpoint, monkeypa
     with_splash = np.asarray(vae.decode(latents))
     assert used == [1024]
     np.testing.assert_allclose(with_splash, with_xla, atol=1e-4)
+
+
+def test_splash_kernel_traces_into_several_programs():
+    """A server traces several programs whose attention maps to the same splash kernel (e.g.
+    1024x1024 and 1152x896 both pad to 4096 tokens): nothing built while tracing one may leak
+    into the next."""
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("batch",))
+    q = jax.random.normal(jax.random.PRNGKey(0), (1, 1152, 1, 64), jnp.bfloat16)
+    sharded = jax.shard_map(lambda q: attn.attention(q, q, q), mesh=mesh, in_specs=P("batch"),
+                            out_specs=P("batch"), check_vma=False)
+    assert "tpu_custom_call" in jax.jit(sharded).trace(q).lower(lowering_platforms=("tpu",)).as_text()
+    q2 = jax.random.normal(jax.random.PRNGKey(1), (1, 1030, 1, 64), jnp.bfloat16)  # also padded to 1152
+    assert "tpu_custom_call" in jax.jit(attn.attention).trace(q2, q2, q2).lower(lowering_platforms=("tpu",)).as_text()
+    q32 = q.astype(jnp.float32)
+    np.testing.assert_allclose(np.asarray(attn.attention(q32, q32, q32)), _reference(q32, q32, q32), atol=2e-5)
