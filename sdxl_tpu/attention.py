@@ -90,16 +90,16 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: boo
         t = t.transpose(0, 2, 1, 3)
         return jnp.pad(t, ((0, 0), (0, 0), (0, padded_len - length), (0, padded_dim - head_dim)))
 
-    qs = to_kernel_layout((q.astype(jnp.float32) * scale).astype(q.dtype))
-    kernel = _splash_kernel(heads, padded_len, interpret)
+    segment_ids = None
     if padded_len != length:
         from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds
 
         ids = (jnp.arange(padded_len) >= length).astype(jnp.int32)  # 0 = real token, 1 = padding
-        out = jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=SegmentIds(q=ids, kv=ids)))(
-            qs, to_kernel_layout(k), to_kernel_layout(v))
-    else:
-        out = jax.vmap(kernel)(qs, to_kernel_layout(k), to_kernel_layout(v))
+        segment_ids = SegmentIds(q=ids, kv=ids)
+    kernel = _splash_kernel(heads, padded_len, interpret)
+    qs = to_kernel_layout((q.astype(jnp.float32) * scale).astype(q.dtype))
+    out = jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=segment_ids))(
+        qs, to_kernel_layout(k), to_kernel_layout(v))
     return out[:, :, :length, :head_dim].transpose(0, 2, 1, 3)
 
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .layers import ACTIVATIONS, Embed, LayerNorm, Precision, attention, linear
+from .layers import ACTIVATIONS, Embed, LayerNorm, Precision, attention, Linear
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class CLIPAttention(nnx.Module):
     def __init__(self, c: CLIPTextConfig, p: Precision):
         d = c.hidden_size
         self.heads = c.num_attention_heads
-        self.q_proj, self.k_proj = linear(d, d, p), linear(d, d, p)
-        self.v_proj, self.out_proj = linear(d, d, p), linear(d, d, p)
+        self.q_proj, self.k_proj = Linear(d, d, p), Linear(d, d, p)
+        self.v_proj, self.out_proj = Linear(d, d, p), Linear(d, d, p)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, n, d = x.shape
@@ -64,8 +64,8 @@ class CLIPAttention(nnx.Module):
 
 class CLIPMLP(nnx.Module):
     def __init__(self, c: CLIPTextConfig, p: Precision):
-        self.fc1 = linear(c.hidden_size, c.intermediate_size, p)
-        self.fc2 = linear(c.intermediate_size, c.hidden_size, p)
+        self.fc1 = Linear(c.hidden_size, c.intermediate_size, p)
+        self.fc2 = Linear(c.intermediate_size, c.hidden_size, p)
         self.act = ACTIVATIONS[c.hidden_act]
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -112,7 +112,7 @@ class CLIPTextModel(nnx.Module):
     def __init__(self, config: CLIPTextConfig, precision: Precision = Precision()):
         self.config = config
         self.text_model = CLIPTextTransformer(config, precision)
-        self.text_projection = (linear(config.hidden_size, config.projection_dim, precision, bias=False)
+        self.text_projection = (Linear(config.hidden_size, config.projection_dim, precision, bias=False)
                                 if config.projection_dim else None)
 
     def __call__(self, input_ids: jax.Array) -> tuple[jax.Array, jax.Array | None]:

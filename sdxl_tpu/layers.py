@@ -62,8 +62,10 @@ class Linear(nnx.Module):
 class Conv(nnx.Module):
     """torch.nn.Conv2d on NHWC input with an HWIO kernel and explicit (low, high) padding."""
 
-    def __init__(self, in_ch: int, out_ch: int, p: Precision, *, kernel: int, stride: int,
-                 padding: tuple[tuple[int, int], tuple[int, int]]):
+    def __init__(self, in_ch: int, out_ch: int, p: Precision, *, kernel: int = 3, stride: int = 1,
+                 padding: int | tuple[tuple[int, int], tuple[int, int]] = 1):
+        if isinstance(padding, int):
+            padding = ((padding, padding), (padding, padding))
         self.dtype, self.stride, self.padding = p.dtype, stride, padding
         self.kernel = nnx.Param(jnp.zeros((kernel, kernel, in_ch, out_ch), p.param_dtype))
         self.bias = nnx.Param(jnp.zeros((out_ch,), p.param_dtype))
@@ -84,17 +86,6 @@ class Embed(nnx.Module):
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         return jnp.take(self.embedding[...].astype(self.dtype), ids, axis=0)
-
-
-def linear(in_features: int, out_features: int, p: Precision, *, bias: bool = True) -> Linear:
-    return Linear(in_features, out_features, p, bias=bias)
-
-
-def conv(in_ch: int, out_ch: int, p: Precision, *, kernel: int = 3, stride: int = 1,
-         padding: int | tuple = 1) -> Conv:
-    if isinstance(padding, int):
-        padding = ((padding, padding), (padding, padding))
-    return Conv(in_ch, out_ch, p, kernel=kernel, stride=stride, padding=padding)
 
 
 class GroupNorm(nnx.Module):
@@ -158,8 +149,8 @@ class TimestepEmbedding(nnx.Module):
     """diffusers TimestepEmbedding: linear_1 -> act -> linear_2."""
 
     def __init__(self, in_dim: int, dim: int, p: Precision, act: str = "silu"):
-        self.linear_1 = linear(in_dim, dim, p)
-        self.linear_2 = linear(dim, dim, p)
+        self.linear_1 = Linear(in_dim, dim, p)
+        self.linear_2 = Linear(dim, dim, p)
         self.act = ACTIVATIONS[act]
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -171,11 +162,11 @@ class ResnetBlock2D(nnx.Module):
 
     def __init__(self, in_ch: int, out_ch: int, temb_ch: int | None, groups: int, eps: float, p: Precision):
         self.norm1 = GroupNorm(groups, in_ch, eps, p)
-        self.conv1 = conv(in_ch, out_ch, p)
-        self.time_emb_proj = linear(temb_ch, out_ch, p) if temb_ch else None
+        self.conv1 = Conv(in_ch, out_ch, p)
+        self.time_emb_proj = Linear(temb_ch, out_ch, p) if temb_ch else None
         self.norm2 = GroupNorm(groups, out_ch, eps, p)
-        self.conv2 = conv(out_ch, out_ch, p)
-        self.conv_shortcut = conv(in_ch, out_ch, p, kernel=1, padding=0) if in_ch != out_ch else None
+        self.conv2 = Conv(out_ch, out_ch, p)
+        self.conv_shortcut = Conv(in_ch, out_ch, p, kernel=1, padding=0) if in_ch != out_ch else None
 
     def __call__(self, x: jax.Array, temb: jax.Array | None = None) -> jax.Array:
         h = self.conv1(jax.nn.silu(self.norm1(x)))
@@ -192,7 +183,7 @@ class Downsample2D(nnx.Module):
 
     def __init__(self, ch: int, p: Precision, padding: int = 1):
         pad = ((0, 1), (0, 1)) if padding == 0 else padding
-        self.conv = conv(ch, ch, p, stride=2, padding=pad)
+        self.conv = Conv(ch, ch, p, stride=2, padding=pad)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.conv(x)
@@ -210,7 +201,7 @@ def upsample_nearest(x: jax.Array, size: tuple[int, int] | None = None) -> jax.A
 
 class Upsample2D(nnx.Module):
     def __init__(self, ch: int, p: Precision):
-        self.conv = conv(ch, ch, p)
+        self.conv = Conv(ch, ch, p)
 
     def __call__(self, x: jax.Array, size: tuple[int, int] | None = None) -> jax.Array:
         return self.conv(upsample_nearest(x, size))
@@ -226,10 +217,10 @@ class Attention(nnx.Module):
         inner = heads * head_dim
         self.heads, self.head_dim, self.residual, self.upcast = heads, head_dim, residual, upcast
         self.group_norm = GroupNorm(group_norm[0], query_dim, group_norm[1], p) if group_norm else None
-        self.to_q = linear(query_dim, inner, p, bias=qkv_bias)
-        self.to_k = linear(context_dim or query_dim, inner, p, bias=qkv_bias)
-        self.to_v = linear(context_dim or query_dim, inner, p, bias=qkv_bias)
-        self.to_out = nnx.List([linear(inner, query_dim, p)])
+        self.to_q = Linear(query_dim, inner, p, bias=qkv_bias)
+        self.to_k = Linear(context_dim or query_dim, inner, p, bias=qkv_bias)
+        self.to_v = Linear(context_dim or query_dim, inner, p, bias=qkv_bias)
+        self.to_out = nnx.List([Linear(inner, query_dim, p)])
 
     def __call__(self, x: jax.Array, context: jax.Array | None = None) -> jax.Array:
         """x: (B, L, C) tokens, or (B, H, W, C) when the block owns a group norm (VAE)."""

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .layers import (GroupNorm, LayerNorm, Attention, Downsample2D, Precision, ResnetBlock2D, TimestepEmbedding,
-                     Upsample2D, conv, linear, timestep_embedding)
+                     Upsample2D, Conv, Linear, timestep_embedding)
 
 DOWN_BLOCKS = ("DownBlock2D", "CrossAttnDownBlock2D")
 UP_BLOCKS = ("UpBlock2D", "CrossAttnUpBlock2D")
@@ -145,7 +145,7 @@ class FeedForwardGEGLU(nnx.Module):
     """diffusers GEGLU: proj -> split into (hidden, gate) -> hidden * gelu(gate)."""
 
     def __init__(self, dim: int, inner: int, p: Precision):
-        self.proj = linear(dim, inner * 2, p)
+        self.proj = Linear(dim, inner * 2, p)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         hidden, gate = jnp.split(self.proj(x), 2, axis=-1)
@@ -155,7 +155,7 @@ class FeedForwardGEGLU(nnx.Module):
 class FeedForward(nnx.Module):
     def __init__(self, dim: int, p: Precision):
         # diffusers' net = [GEGLU, Dropout, Linear]: keep the indices so names map 1:1.
-        self.net = nnx.Dict({"0": FeedForwardGEGLU(dim, dim * 4, p), "2": linear(dim * 4, dim, p)})
+        self.net = nnx.Dict({"0": FeedForwardGEGLU(dim, dim * 4, p), "2": Linear(dim * 4, dim, p)})
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.net["2"](self.net["0"](x))
@@ -181,10 +181,10 @@ class Transformer2DModel(nnx.Module):
         self.norm = GroupNorm(c.norm_num_groups, ch, 1e-6, p)
         self.linear = c.use_linear_projection
         # Older checkpoints (SD 1.x style) project with 1x1 convs instead of linears.
-        self.proj_in = linear(ch, ch, p) if self.linear else conv(ch, ch, p, kernel=1, padding=0)
+        self.proj_in = Linear(ch, ch, p) if self.linear else Conv(ch, ch, p, kernel=1, padding=0)
         self.transformer_blocks = nnx.List(
             [BasicTransformerBlock(ch, heads, context_dim, c.upcast_attention, p) for _ in range(depth)])
-        self.proj_out = linear(ch, ch, p) if self.linear else conv(ch, ch, p, kernel=1, padding=0)
+        self.proj_out = Linear(ch, ch, p) if self.linear else Conv(ch, ch, p, kernel=1, padding=0)
 
     def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
         b, h, w, ch = x.shape
@@ -278,7 +278,7 @@ class UNet2DConditionModel(nnx.Module):
         c, p = config, precision
         self.config = c
         ch = c.block_out_channels
-        self.conv_in = conv(c.in_channels, ch[0], p)
+        self.conv_in = Conv(c.in_channels, ch[0], p)
         self.time_embedding = TimestepEmbedding(ch[0], c.time_embed_dim, p)
         self.add_embedding = TimestepEmbedding(c.projection_class_embeddings_input_dim, c.time_embed_dim, p)
         down = []
@@ -297,7 +297,7 @@ class UNet2DConditionModel(nnx.Module):
             up.append(UpBlock(in_ch, prev_ch, out_ch, i, c, p, add_upsample=i < len(ch) - 1))
         self.up_blocks = nnx.List(up)
         self.conv_norm_out = GroupNorm(c.norm_num_groups, ch[0], c.norm_eps, p)
-        self.conv_out = conv(ch[0], c.out_channels, p)
+        self.conv_out = Conv(ch[0], c.out_channels, p)
 
     def __call__(self, sample: jax.Array, timesteps: jax.Array, encoder_hidden_states: jax.Array,
                  text_embeds: jax.Array, time_ids: jax.Array) -> jax.Array:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .layers import Attention, Downsample2D, GroupNorm, Precision, ResnetBlock2D, Upsample2D, conv
+from .layers import Attention, Downsample2D, GroupNorm, Precision, ResnetBlock2D, Upsample2D, Conv
 
 _REQUIRED_VALUES: dict[str, tuple] = {
     "act_fn": ("silu",),
@@ -93,12 +93,12 @@ class EncoderDownBlock(nnx.Module):
 class Decoder(nnx.Module):
     def __init__(self, c: VAEConfig, p: Precision):
         ch = list(reversed(c.block_out_channels))
-        self.conv_in = conv(c.latent_channels, ch[0], p)
+        self.conv_in = Conv(c.latent_channels, ch[0], p)
         self.mid_block = MidBlock(ch[0], c, p)
         self.up_blocks = nnx.List([DecoderUpBlock(ch[max(i - 1, 0)], ch[i], c, p, add_upsample=i < len(ch) - 1)
                                    for i in range(len(ch))])
         self.conv_norm_out = GroupNorm(c.norm_num_groups, ch[-1], 1e-6, p)
-        self.conv_out = conv(ch[-1], c.out_channels, p)
+        self.conv_out = Conv(ch[-1], c.out_channels, p)
 
     def __call__(self, z: jax.Array) -> jax.Array:
         x = self.mid_block(self.conv_in(z))
@@ -110,12 +110,12 @@ class Decoder(nnx.Module):
 class Encoder(nnx.Module):
     def __init__(self, c: VAEConfig, p: Precision):
         ch = c.block_out_channels
-        self.conv_in = conv(c.in_channels, ch[0], p)
+        self.conv_in = Conv(c.in_channels, ch[0], p)
         self.down_blocks = nnx.List([EncoderDownBlock(ch[max(i - 1, 0)], ch[i], c, p, add_downsample=i < len(ch) - 1)
                                      for i in range(len(ch))])
         self.mid_block = MidBlock(ch[-1], c, p)
         self.conv_norm_out = GroupNorm(c.norm_num_groups, ch[-1], 1e-6, p)
-        self.conv_out = conv(ch[-1], 2 * c.latent_channels, p)
+        self.conv_out = Conv(ch[-1], 2 * c.latent_channels, p)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = self.conv_in(x)
@@ -129,9 +129,9 @@ class AutoencoderKL(nnx.Module):
         c, p = config, precision
         self.config = c
         self.encoder = Encoder(c, p)
-        self.quant_conv = conv(2 * c.latent_channels, 2 * c.latent_channels, p, kernel=1, padding=0)
+        self.quant_conv = Conv(2 * c.latent_channels, 2 * c.latent_channels, p, kernel=1, padding=0)
         self.decoder = Decoder(c, p)
-        self.post_quant_conv = conv(c.latent_channels, c.latent_channels, p, kernel=1, padding=0)
+        self.post_quant_conv = Conv(c.latent_channels, c.latent_channels, p, kernel=1, padding=0)
 
     def decode(self, latents: jax.Array) -> jax.Array:
         """Latents (B, h, w, C) as the UNet produces them -> images (B, H, W, 3) in [-1, 1] (unclipped).
