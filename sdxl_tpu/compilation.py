@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jax
 import jax.monitoring
+from jax.experimental.compilation_cache import compilation_cache
 
 DEFAULT_COMPILE_CACHE = Path(os.environ.get("SDXL_TPU_COMPILE_CACHE", Path.home() / ".cache" / "sdxl_tpu" / "jax"))
 
@@ -24,6 +25,9 @@ def enable_compile_cache(directory: str | os.PathLike | None) -> None:
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # JAX decides once per process, at its first compile, whether and where to cache: without a
+    # reset, anything compiled before this call (or an earlier directory) would win.
+    compilation_cache.reset_cache()
 
 
 class CompileCounter:

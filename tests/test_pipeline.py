@@ -137,6 +137,25 @@ def test_bfloat16_is_the_default_and_gives_finite_images(tiny_checkpoint, compil
     assert images.std() > 1
 
 
+def test_compile_cache_can_be_moved_after_earlier_compiles(tmp_path):
+    """JAX settles its persistent cache at a process's first compile with one; a pipeline loaded
+    later with another directory (tests do this) must still write there."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys, jax, jax.numpy as jnp\n"
+              "from sdxl_tpu.compilation import enable_compile_cache\n"
+              "enable_compile_cache(sys.argv[1] + '-first')\n"
+              "jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()\n"
+              "enable_compile_cache(sys.argv[1])\n"
+              "jax.jit(lambda x: x * 3)(jnp.ones(5)).block_until_ready()\n")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cache")], capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert any((tmp_path / "cache").iterdir()), "nothing was written to the persistent cache"
+
+
 def test_compile_counter_counts():
     with CompileCounter() as counter:
         jax.jit(lambda x: x * 3 + 1)(np.arange(7.0))
