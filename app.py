@@ -8,6 +8,8 @@ UI and wiring only; everything testable lives in sdxl_tpu/playground.py.
 
 from __future__ import annotations
 
+import json
+import logging
 import sys
 import threading
 
@@ -15,18 +17,15 @@ import gradio as gr
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from gradio.utils import get_upload_folder
 
+from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
 from sdxl_tpu.pipeline import MAX_SEED
-from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, GUIDANCE_RANGE, MAX_PROMPT_CHARS, STYLES,
-                                 Server, UserInputError, format_size, parse_settings, validate)
+from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, GUIDANCE_RANGE, MAX_PROMPT_CHARS, STYLES, Server,
+                                 format_size, gradio_handler, parse_settings, seed_at, style_description, validate)
 from sdxl_tpu.scheduler import MAX_STEPS
 
 CSS = "#gallery {min-height: 420px} #status p {margin: 0}"
-
-
-def style_text(style: str) -> str:
-    template, negative = STYLES.get(style, STYLES[DEFAULT_STYLE])
-    return f"**Prompt template:** `{template}`" + (f"  \n**Adds to the negative prompt:** `{negative}`" if negative else "")
 
 
 def build_demo(server: Server) -> gr.Blocks:
@@ -47,34 +46,39 @@ def build_demo(server: Server) -> gr.Blocks:
         last_seeds = gr.State([])
         with gr.Accordion("Advanced", open=False):
             style = gr.Dropdown(list(STYLES), value=DEFAULT_STYLE, label="Style")
-            style_info = gr.Markdown(style_text(DEFAULT_STYLE))
+            style_info = gr.Markdown(style_description(DEFAULT_STYLE))
             with gr.Row():
                 seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
                 randomize = gr.Checkbox(label="Randomize seed", value=True)
             guidance = gr.Slider(*GUIDANCE_RANGE, value=5.0, step=0.1, label="Guidance scale")
             steps = gr.Slider(1, MAX_STEPS, value=20, step=1, label="Steps")
             size = gr.Dropdown(sizes, value=sizes[0], label="Size (width x height)")
-        gr.Examples(EXAMPLES, inputs=[prompt], cache_examples=False)
+        # Examples fill the prompt in the browser: no server event, nothing to call.
+        examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",
+                              type="index", elem_id="examples")
+        examples.click(None, inputs=[examples], outputs=[prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
 
+        # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
+        # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
+        # sdxl_tpu.playground checks each value and refuses, with a message, what is not right.
         def generate(prompt, negative, style, seed, randomize, guidance, steps, size, progress=gr.Progress()):
-            try:
-                request = validate(prompt, negative, style, seed, randomize, guidance, steps, size, server.sizes)
-                progress(0, desc="Encoding prompts")
-                return server.generate(request, progress=lambda i, n: progress((i, n), desc="Denoising"))
-            except UserInputError as e:
-                raise gr.Error(str(e), print_exception=False) from None
+            request = validate(prompt, negative, style, seed, randomize, guidance, steps, size, server.sizes)
+            progress(0, desc="Encoding prompts")
+            return server.generate(request, progress=lambda i, n: progress((i, n), desc="Denoising"))
 
-        gr.on([prompt.submit, negative.submit, run.click], generate,
+        gr.on([prompt.submit, negative.submit, run.click], gradio_handler(generate, "/generate"),
               inputs=[prompt, negative, style, seed, randomize, guidance, steps, size],
-              outputs=[gallery, last_seeds, info], api_name="generate", concurrency_limit=1)
+              outputs=[gallery, last_seeds, info], api_name="generate", concurrency_limit=1, preprocess=False)
 
         def reuse_seed(seeds: list[int], evt: gr.SelectData):
-            return (seeds[evt.index], False) if 0 <= evt.index < len(seeds) else (gr.skip(), gr.skip())
+            chosen = seed_at(seeds, evt.index)
+            return (chosen, False) if chosen is not None else (gr.skip(), gr.skip())
 
-        light = dict(api_visibility="private", concurrency_limit=None, show_progress="hidden")
-        gallery.select(reuse_seed, inputs=[last_seeds], outputs=[seed, randomize], **light)
+        light = dict(api_visibility="private", concurrency_limit=None, show_progress="hidden", preprocess=False)
+        gallery.select(gradio_handler(reuse_seed, "reuse seed"), inputs=[last_seeds], outputs=[seed, randomize],
+                       **light)
         prompt.change(server.token_count, inputs=[prompt], outputs=[tokens], **light)
-        style.change(style_text, inputs=[style], outputs=[style_info], **light)
+        style.change(style_description, inputs=[style], outputs=[style_info], **light)
 
         # While warming up the page says so, and refreshes until the model is ready.
         timer = gr.Timer(2.0, active=not server.done_event.is_set())
@@ -85,7 +89,8 @@ def build_demo(server: Server) -> gr.Blocks:
     return demo
 
 
-def build_app(server: Server) -> FastAPI:
+def build_app(server: Server) -> RequestGuard:
+    """The ASGI app: Gradio's page and queue plus /healthz and /readyz, behind the request guard."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/healthz")
@@ -97,12 +102,18 @@ def build_app(server: Server) -> FastAPI:
         body = {"status": server.status, "message": server.message}
         return JSONResponse(body, status_code=200 if server.ready else 503)
 
-    return gr.mount_gradio_app(app, build_demo(server), path="/", enable_monitoring=False, ssr_mode=False,
-                               mcp_server=False, footer_links=["api"], css=CSS)
+    demo = build_demo(server)
+    gr.mount_gradio_app(app, demo, path="/", enable_monitoring=False, ssr_mode=False, mcp_server=False,
+                        footer_links=["api"], css=CSS)
+    mark_launched(demo)
+    return RequestGuard(app, endpoints_of(demo.config), QueueView(demo), cache_dir=get_upload_folder(),
+                        app_routes=("/healthz", "/readyz"))
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
     server = Server(settings)
     web = uvicorn.Server(uvicorn.Config(build_app(server), host=settings.host, port=settings.port,
                                        log_level="warning"))

@@ -4,18 +4,22 @@ checks, the warm-up state and the request handler. app.py only builds the UI and
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
+import math
 import os
 import secrets
 import threading
 import time
 import traceback
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint import CheckpointError
 from .compilation import DEFAULT_COMPILE_CACHE
+from .http_guard import json_type, shown
 from .pipeline import MAX_SEED, MAX_TOKENS, GenerationError, Pipeline, _parse_size, load_pipeline
 from .scheduler import MAX_STEPS
 
@@ -66,6 +70,52 @@ EXAMPLES = [
 
 class UserInputError(ValueError):
     """A request the user can fix; its message is shown to them as is."""
+
+
+log = logging.getLogger("sdxl_tpu.playground")
+
+
+def log_refusal(where: str, error: Exception) -> None:
+    """One log line per refused input (never a traceback: a bad client must not flood the log)."""
+    log.info("refused input to %s: %s", where, error)
+
+
+def gradio_handler(fn: Callable, where: str) -> Callable:
+    """An event handler as Gradio calls it: a UserInputError reaches the user as its message (one
+    log line); anything else is a bug, logged with its traceback, and the user is told it failed,
+    without internals."""
+    import gradio as gr
+
+    @functools.wraps(fn)
+    def handler(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserInputError as e:
+            log_refusal(where, e)
+            raise gr.Error(str(e), print_exception=False) from None
+        except gr.Error:
+            raise
+        except Exception:
+            log.exception("%s failed", where)
+            raise gr.Error("Something went wrong on the server; it has been logged. Please try again.",
+                           print_exception=False) from None
+
+    return handler
+
+
+def style_description(style: Any) -> str:
+    """Markdown shown under the style menu: the template and what it adds to the negative prompt."""
+    if not isinstance(style, str) or style not in STYLES:
+        return not_a_choice("Style", style, STYLES)
+    template, negative = STYLES[style]
+    return f"**Prompt template:** `{template}`" + (f"  \n**Adds to the negative prompt:** `{negative}`" if negative else "")
+
+
+def seed_at(seeds: Any, index: Any) -> int | None:
+    """The seed of the gallery image at `index` (from a select event), or None if there is none."""
+    if isinstance(index, bool) or not isinstance(index, int) or not isinstance(seeds, list):
+        return None
+    return seeds[index] if 0 <= index < len(seeds) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,29 +182,51 @@ def model_not_found_message(model: str, reason: str) -> str:
 # Input checks
 # ---------------------------------------------------------------------------------------------
 
-def clean_text(text: Any, limit: int = MAX_PROMPT_CHARS) -> str:
-    """Control characters become spaces, whitespace is collapsed, the length is capped."""
-    if text is None:
+def clean_text(text: str) -> str:
+    """Control and format characters become spaces and whitespace is collapsed: what a user
+    pastes (tabs, newlines, zero-width spaces) never reaches the tokenizer as noise."""
+    text = "".join(" " if unicodedata.category(ch) in ("Cc", "Cf", "Co") else ch for ch in text)
+    return " ".join(text.split())
+
+
+def text_input(value: Any, name: str, limit: int = MAX_PROMPT_CHARS) -> str:
+    """A text field as a client sent it: text (null means empty), valid Unicode, at most `limit`
+    characters; refused otherwise, never converted or cut silently."""
+    if value is None:
         return ""
-    text = "".join(" " if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co") else ch for ch in str(text))
-    return " ".join(text.split())[:limit]
+    if not isinstance(value, str):
+        raise UserInputError(f"{name} must be text, got {json_type(value)}.")
+    if any(unicodedata.category(ch) == "Cs" for ch in value):
+        raise UserInputError(f"{name} contains a lone surrogate (U+D800 to U+DFFF), which is not valid Unicode.")
+    if len(value) > limit:
+        raise UserInputError(f"{name} is {len(value):,} characters long; at most {limit:,} are accepted.")
+    return clean_text(value)
+
+
+def not_a_choice(name: str, value: Any, choices: Iterable[str]) -> str:
+    what = f"{name} {shown(value)} is not available" if isinstance(value, str) else f"{name} must be text, got {json_type(value)}"
+    return f"{what}; choose one of: {', '.join(choices)}."
 
 
 def apply_style(style: str, prompt: str, negative: str) -> tuple[str, str]:
-    if style not in STYLES:
-        raise UserInputError(f"Unknown style {style!r}; choose one of: {', '.join(STYLES)}")
+    if not isinstance(style, str) or style not in STYLES:
+        raise UserInputError(not_a_choice("Style", style, STYLES))
     template, style_negative = STYLES[style]
     return template.replace("{prompt}", prompt), ", ".join(p for p in (style_negative, negative) if p)
 
 
-def _number(value: Any, name: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UserInputError(f"{name} must be a number, got {value!r}") from None
-    if number != number or number in (float("inf"), float("-inf")):
-        raise UserInputError(f"{name} must be a finite number")
-    return number
+def number_input(value: Any, name: str, low: float, high: float, *, whole: bool = False) -> float:
+    """A number field: a JSON number (not true/false, not text), finite, in [low, high], and a
+    whole number where `whole` (3.0 counts as 3, 3.5 is refused, not rounded)."""
+    kind = "a whole number" if whole else "a number"
+    bounds = f"between {low:g} and {high:g}" if not whole else f"between {int(low)} and {int(high)}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserInputError(f"{name} must be {kind} {bounds}, got {json_type(value)}.")
+    if not math.isfinite(value):
+        raise UserInputError(f"{name} must be a finite number {bounds}.")
+    if not low <= value <= high or whole and value != int(value):
+        raise UserInputError(f"{name} must be {kind} {bounds}.")
+    return value
 
 
 @dataclass
@@ -169,32 +241,23 @@ class Request:
 
 def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, guidance: Any, steps: Any,
              size: Any, sizes: Sequence[tuple[int, int]]) -> Request:
-    """Everything a client can send, checked on the server; raises UserInputError with a clear message."""
-    prompt, negative = clean_text(prompt), clean_text(negative)
+    """Everything a client can send, as it sent it (JSON values), checked on the server: the
+    declared type or a UserInputError whose message names the field and the problem."""
+    prompt, negative = text_input(prompt, "Prompt"), text_input(negative, "Negative prompt")
     if not prompt:
         raise UserInputError("Please enter a prompt.")
-    prompt, negative = apply_style(str(style or DEFAULT_STYLE), prompt, negative)
-    if randomize:
-        seed_value = secrets.randbelow(MAX_SEED + 1)
-    else:
-        number = _number(seed, "Seed")
-        if number != int(number) or not 0 <= number <= MAX_SEED:
-            raise UserInputError(f"Seed must be a whole number between 0 and {MAX_SEED}.")
-        seed_value = int(number)
-    g = _number(guidance, "Guidance scale")
-    if not GUIDANCE_RANGE[0] <= g <= GUIDANCE_RANGE[1]:
-        raise UserInputError(f"Guidance scale must be between {GUIDANCE_RANGE[0]:g} and {GUIDANCE_RANGE[1]:g}.")
-    s = _number(steps, "Steps")
-    if s != int(s) or not 1 <= s <= MAX_STEPS:
-        raise UserInputError(f"Steps must be a whole number between 1 and {MAX_STEPS}.")
-    try:
-        wh = _parse_size(size)
-    except ValueError as e:
-        raise UserInputError(str(e)) from None
-    if wh not in sizes:
-        raise UserInputError(f"Size {wh[0]}x{wh[1]} is not available; choose one of: "
-                             + ", ".join(format_size(x) for x in sizes))
-    return Request(prompt, negative, seed_value, g, int(s), wh)
+    prompt, negative = apply_style(style, prompt, negative)
+    if not isinstance(randomize, bool):
+        raise UserInputError(f"Randomize seed must be true or false, got {json_type(randomize)}.")
+    if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
+        seed = int(number_input(seed, "Seed", 0, MAX_SEED, whole=True))
+    seed_value = secrets.randbelow(MAX_SEED + 1) if randomize else seed
+    g = float(number_input(guidance, "Guidance scale", *GUIDANCE_RANGE))
+    s = int(number_input(steps, "Steps", 1, MAX_STEPS, whole=True))
+    choices = {format_size(x): x for x in sizes}
+    if not isinstance(size, str) or size.strip() not in choices:
+        raise UserInputError(not_a_choice("Size", size, choices))
+    return Request(prompt, negative, seed_value, g, s, choices[size.strip()])
 
 
 def format_size(size: tuple[int, int]) -> str:
@@ -262,7 +325,11 @@ class Server:
 
     def token_count(self, prompt: Any) -> str:
         """Markdown: how many of the 77 tokens the prompt uses, and a warning when it is truncated."""
-        text = clean_text(prompt)
+        try:
+            text = text_input(prompt, "Prompt")
+        except UserInputError as e:
+            log_refusal("token count", e)
+            return f"⚠️ {e}"
         if self.tokenizer is None:
             return "" if not text else "Token count available once the model is loaded."
         n = len(self.tokenizer(text).input_ids)  # includes start and end tokens

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from sdxl_tpu.playground import (STYLES, Server, Settings, UserInputError, apply_style, clean_text, parse_settings,
-                                 validate)
+                                 seed_at, style_description, text_input, validate)
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
@@ -30,36 +30,60 @@ def test_ten_styles_with_templates():
     assert apply_style("(No style)", "a cat", "") == ("a cat", "")
 
 
-def test_clean_text_strips_control_characters_and_caps_length():
+def test_clean_text_strips_control_characters():
     assert clean_text("a\x00cat\x1b[31m\u200b\tand\ndog  ") == "a cat [31m and dog"
-    assert len(clean_text("x" * 5000)) == 1000
-    assert clean_text(None) == ""
+
+
+def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
+    assert text_input(None, "Prompt") == "" and text_input(" a\tcat ", "Prompt") == "a cat"
+    assert text_input("x" * 1000, "Prompt") == "x" * 1000
+    for value, message in [(["a"], "Prompt must be text, got a list."), ({"a": 1}, "Prompt must be text, got an object."),
+                           (5, "Prompt must be text, got a number."), (True, "Prompt must be text, got true/false."),
+                           ("x" * 1001, "Prompt is 1,001 characters long; at most 1,000 are accepted."),
+                           ("a\ud800b", "Prompt contains a lone surrogate")]:
+        with pytest.raises(UserInputError) as info:
+            text_input(value, "Prompt")
+        assert str(info.value).startswith(message)
 
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(prompt=" \x00 "), "Please enter a prompt."),
+    (dict(prompt=["a cat"]), "Prompt must be text, got a list."),
+    (dict(negative={"path": "/etc/passwd"}), "Negative prompt must be text, got a file object."),
     (dict(seed=-1), "Seed must be a whole number between 0 and 4294967295."),
     (dict(seed=2**32), "Seed must be a whole number between 0 and 4294967295."),
-    (dict(seed=1.5), "Seed must be a whole number"),
-    (dict(seed="abc"), "Seed must be a number"),
-    (dict(guidance=float("nan")), "Guidance scale must be a finite number"),
-    (dict(guidance=20.5), "Guidance scale must be between 0 and 20."),
+    (dict(seed=1.5), "Seed must be a whole number between 0 and 4294967295."),
+    (dict(seed=True), "Seed must be a whole number between 0 and 4294967295, got true/false."),
+    (dict(seed="abc"), "Seed must be a whole number between 0 and 4294967295, got text."),
+    (dict(seed=None), "Seed must be a whole number between 0 and 4294967295, got null."),
+    (dict(randomize="yes"), "Randomize seed must be true or false, got text."),
+    (dict(guidance=float("nan")), "Guidance scale must be a finite number between 0 and 20."),
+    (dict(guidance=float("inf")), "Guidance scale must be a finite number between 0 and 20."),
+    (dict(guidance=20.5), "Guidance scale must be a number between 0 and 20."),
+    (dict(guidance="5"), "Guidance scale must be a number between 0 and 20, got text."),
     (dict(steps=0), "Steps must be a whole number between 1 and 50."),
     (dict(steps=7.5), "Steps must be a whole number between 1 and 50."),
-    (dict(size="1024x1024"), "Size 1024x1024 is not available; choose one of: 64x64, 96x64"),
-    (dict(size="big"), "size must look like WIDTHxHEIGHT"),
-    (dict(style="Bogus"), "Unknown style 'Bogus'"),
+    (dict(steps=True), "Steps must be a whole number between 1 and 50, got true/false."),
+    (dict(size="1024x1024"), "Size '1024x1024' is not available; choose one of: 64x64, 96x64."),
+    (dict(size="big"), "Size 'big' is not available; choose one of: 64x64, 96x64."),
+    (dict(size=["64x64"]), "Size must be text, got a list; choose one of: 64x64, 96x64."),
+    (dict(size="\ud800\x00" + "x" * 100), "Size '\\ud800\\u0000xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…' is not"),
+    (dict(style="Bogus"), "Style 'Bogus' is not available; choose one of: (No style), Cinematic,"),
+    (dict(style=3), "Style must be text, got a number; choose one of:"),
 ])
 def test_validation_messages(overrides, message):
-    with pytest.raises(UserInputError, match=message.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(UserInputError) as info:
         _validate(**overrides)
+    assert str(info.value).startswith(message)
+    str(info.value).encode("utf-8")  # what the user sees is always valid UTF-8 (JSON-encodable)
 
 
 def test_valid_request_and_random_seed():
-    request = _validate(style="Pixel art", negative="blurry", steps=12.0, size="96x64")
+    request = _validate(style="Pixel art", negative="blurry", steps=12.0, size="96x64", guidance=7)
     assert request.prompt.startswith("pixel-art a cat") and request.negative_prompt.endswith(", blurry")
     assert (request.steps, request.size, request.seed) == (12, (96, 64), 3)
-    seeds = {_validate(randomize=True).seed for _ in range(5)}
+    assert request.guidance_scale == 7.0 and isinstance(request.guidance_scale, float)
+    seeds = {_validate(randomize=True).seed for _ in range(5)} | {_validate(randomize=True, seed=None).seed}
     assert len(seeds) > 1 and all(0 <= s < 2**32 for s in seeds)
 
 
@@ -113,3 +137,15 @@ def test_token_count_warns_when_truncated(tiny_checkpoint):
     assert server.token_count("a cat").endswith("/ 77 tokens") and "⚠️" not in server.token_count("a cat")
     long = server.token_count("a photo of a cat " * 40)
     assert "⚠️" in long and "truncated" in long
+
+
+def test_display_helpers_take_any_client_value():
+    assert style_description("Anime").startswith("**Prompt template:** `anime artwork {prompt}")
+    assert style_description(["Anime"]).startswith("Style must be text, got a list")
+    assert style_description("\ud800").startswith("Style '\\ud800' is not available")
+    assert seed_at([5, 6, 7, 8], 2) == 7
+    for seeds, index in [([5], 1), ([5], -1), ([5], True), ([5], "0"), ([5], 0.0), (None, 0), ([5], None)]:
+        assert seed_at(seeds, index) is None
+    server = Server(Settings(model="tiny"))
+    assert server.token_count(["a"]) == "⚠️ Prompt must be text, got a list."
+    assert server.token_count("x" * 1001).startswith("⚠️ Prompt is 1,001 characters long")

@@ -1,0 +1,388 @@
+"""What reaches Gradio from the network: an allow-list of routes and a check of every request's
+envelope, in front of the mounted Gradio app (a plain ASGI middleware).
+
+Gradio serves far more routes than this app uses (uploads, proxies, streams, run history,
+component servers, ...) and answers some malformed calls with a 500 and a logged traceback. A
+public Space should expose only what the page and the API need, and refuse everything else with
+a 4xx whose message names the problem, logged in one line. Gradio's own checks stay in force
+behind this (see `mark_launched`); this layer does not replace them.
+
+What a request may be:
+  - the page and its static files (GET/HEAD);
+  - Gradio's queue protocol for the app's own events: queue/join, queue/data, heartbeat, cancel,
+    and call/<api_name> for the named endpoints; the JSON envelope is checked (fn_index,
+    session_hash, data's arity, event_data, no file objects) and forwarded as checked;
+  - file=<path> for files inside Gradio's cache folder (the images the app wrote);
+  - extra routes of the app itself (/healthz, /readyz).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import unicodedata
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+log = logging.getLogger("sdxl_tpu.http")
+
+MAX_BODY_BYTES = 1 << 20  # a /generate call is a few kB; 1 MiB leaves room for the longest inputs
+MAX_DEPTH = 8  # of JSON nesting inside `data`; the app's inputs are flat
+SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
+EVENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+API = "/gradio_api"
+STATIC_PAGES = frozenset(["/", "/config", "/config/", "/theme.css", "/favicon.ico", "/manifest.json", "/robots.txt",
+                          f"{API}/info", f"{API}/info/", f"{API}/theme.css"])
+STATIC_PREFIXES = ("/assets/", "/static/", "/svelte/")
+ENVELOPE_KEYS = {  # Gradio's PredictBody fields: key -> (JSON type check, what it must be)
+    "session_hash": (lambda v: v is None or isinstance(v, str), "a string"),
+    "event_id": (lambda v: v is None or isinstance(v, str) and EVENT_ID.fullmatch(v), "an event id"),
+    "oauth_token": (lambda v: v is None or isinstance(v, str), "a string"),
+    "trigger_id": (lambda v: v is None or _is_int(v), "an integer"),
+    "simple_format": (lambda v: isinstance(v, bool), "true or false"),
+    "batched": (lambda v: v is None or isinstance(v, bool), "true or false"),
+}
+
+
+class Refused(Exception):
+    """A request refused before it reaches Gradio: HTTP status and a message for the client."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """A client's text, safe to echo in a message or a log line: quoted, non-printable characters
+    (controls, lone surrogates) escaped, cut to `limit` characters."""
+    text = value if isinstance(value, str) else json_type(value)
+    out = "".join(ch if ch.isprintable() and unicodedata.category(ch) != "Cs" else f"\\u{ord(ch):04x}"
+                  for ch in text[:limit])
+    return f"'{out}{'…' if len(text) > limit else ''}'"
+
+
+def json_type(value: Any) -> str:
+    """What a JSON value is, in words (for messages; never a Python repr)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a file object" if _is_file_object(value) else "an object"
+    return "an unsupported value"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_file_object(value: Any) -> bool:
+    return isinstance(value, dict) and ("meta" in value or "path" in value or "url" in value)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One event handler of the Blocks as the queue protocol addresses it."""
+    fn_index: int
+    n_inputs: int
+    api_name: str | None
+    public: bool  # callable by name (call/<api_name>), not only by the page's fn_index
+    select: bool  # a .select() listener: Gradio builds SelectData from event_data["index"/"value"]
+
+
+def endpoints_of(config: dict) -> dict[int, Endpoint]:
+    """The Blocks' dependencies that run on the server and through the queue, by fn_index."""
+    out = {}
+    for dep in config["dependencies"]:
+        if not dep.get("backend_fn") or not dep.get("queue", True):
+            continue  # JS-only events and queue-less ones (the guard closes run/predict) are not callable
+        out[dep["id"]] = Endpoint(dep["id"], len(dep["inputs"]), dep.get("api_name"),
+                                  dep.get("api_visibility") == "public",
+                                  any(event == "select" for _, event in dep.get("targets", [])))
+    return out
+
+
+def check_data(data: Any, endpoint: Endpoint, *, files: bool = False) -> None:
+    """`data` has the endpoint's arity, bounded nesting and (unless `files`) no file objects: no
+    input of this app is a file, and a file object is how a client asks Gradio to read one."""
+    if not isinstance(data, list):
+        raise Refused(422, f"'data' must be a list of {endpoint.n_inputs} input values, got {json_type(data)}.")
+    if len(data) != endpoint.n_inputs:
+        name = f"/{endpoint.api_name}" if endpoint.api_name else f"fn_index {endpoint.fn_index}"
+        raise Refused(422, f"{name} takes {endpoint.n_inputs} input values, got {len(data)}.")
+    stack = [(value, 1, i) for i, value in enumerate(data)]
+    while stack:  # iterative: Gradio walks inputs recursively, so depth is bounded here
+        value, depth, index = stack.pop()
+        if depth > MAX_DEPTH:
+            raise Refused(422, f"input {index + 1} is nested too deeply.")
+        if not files and _is_file_object(value):
+            raise Refused(422, f"input {index + 1} is a file object; this app takes no files.")
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1, index) for child in children)
+
+
+def check_envelope(body: Any, endpoints: dict[int, Endpoint], *, fn_index: int | None = None) -> dict:
+    """A queue call's JSON body (Gradio's PredictBody), checked field by field. `fn_index` is given
+    when the route names the endpoint (call/<api_name>)."""
+    if not isinstance(body, dict):
+        raise Refused(422, f"the request body must be a JSON object, got {json_type(body)}.")
+    if fn_index is None:
+        if "fn_index" not in body or body["fn_index"] is None:
+            raise Refused(422, "'fn_index' is required.")
+        fn_index = body["fn_index"]
+        if not _is_int(fn_index):
+            raise Refused(422, f"'fn_index' must be an integer, got {json_type(fn_index)}.")
+        if fn_index not in endpoints:
+            raise Refused(422, f"'fn_index' must be one of this app's endpoints: {', '.join(map(str, endpoints))}.")
+    elif body.get("fn_index") not in (None, fn_index):
+        raise Refused(422, "'fn_index' does not match the endpoint named in the URL.")
+    endpoint = endpoints[fn_index]
+    for key, (ok, what) in ENVELOPE_KEYS.items():
+        if key in body and not ok(body[key]):
+            raise Refused(422, f"'{key}' must be {what}, got {json_type(body[key])}.")
+    check_data(body.get("data"), endpoint)
+    # event_data may be any JSON (a change event sends the new value); only handlers that ask for it
+    # read it, and a gallery's select event names an image (no file is read), so only depth is bounded.
+    event_data = body.get("event_data")
+    if endpoint.select and not (isinstance(event_data, dict) and "index" in event_data and "value" in event_data):
+        raise Refused(422, "'event_data' must be an object with 'index' and 'value' for a select event.")
+    if event_data is not None:
+        check_data([event_data], Endpoint(fn_index, 1, "event_data", False, False), files=True)
+    return {**body, "fn_index": fn_index}
+
+
+def check_session_hash(value: Any) -> str:
+    if not isinstance(value, str) or not SESSION_HASH.fullmatch(value):
+        raise Refused(422, "'session_hash' must be 1 to 64 letters, digits, '-' or '_'.")
+    return value
+
+
+def check_cached_file(path: str, cache_dir: Path) -> None:
+    """file=<path> serves only regular files inside Gradio's cache folder, symlinks resolved."""
+    if not path or not path.startswith("/") or "://" in path:
+        raise Refused(403, "Only files this app wrote (its images) are served.")
+    real = Path(os.path.realpath(path))
+    if not real.is_relative_to(cache_dir) or not real.is_file():
+        raise Refused(404, "No such image (only files this app wrote are served, while they last).")
+
+
+def mark_launched(blocks: Any) -> None:
+    """Put Gradio's own file checks in force for Blocks mounted with gr.mount_gradio_app.
+
+    Gradio refuses input files that were not uploaded (processing_utils._check_allowed) only once
+    the Blocks "has launched", which only Blocks.launch() sets; mounted Blocks never do, so any
+    file-data object in any input made the server copy that file into its cache and serve it.
+    Gradio marks Blocks it swaps in on reload the same way (utils.BaseReloader.swap_blocks).
+    `is_running` too: while it is false Gradio also registers SVG input paths as static files and
+    its queue stops sending heartbeats.
+    """
+    blocks.has_launched = True
+    blocks.is_running = True
+
+
+class QueueView:
+    """Which sessions and events Gradio's queue holds: its event streams for anything else start a
+    200 response and then fail inside it (an error event, a 500 logged with a traceback), so the
+    guard answers 404 for those first. Reads the queue's bookkeeping as Gradio's routes do."""
+
+    def __init__(self, blocks: Any):
+        self.blocks = blocks
+
+    def has_session(self, session_hash: str) -> bool:
+        return session_hash in self.blocks._queue.pending_messages_per_session
+
+    def has_event(self, event_id: str) -> bool:
+        queue = self.blocks._queue
+        event = queue.event_ids_to_events.get(event_id)
+        session = event.session_hash if event is not None else next(
+            (s for s, ids in queue.pending_event_ids_session.items() if event_id in ids), event_id)
+        return self.has_session(session)
+
+
+Handler = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+class RequestGuard:
+    """ASGI middleware: allow-listed routes only, envelopes checked, nothing unhandled escapes.
+
+    `endpoints` are the Blocks' callable events (`endpoints_of(blocks.config)`), `queue` tells
+    which sessions and events Gradio's queue holds, `cache_dir` is Gradio's cache folder,
+    `app_routes` the app's own routes besides Gradio's (GET/HEAD).
+    """
+
+    def __init__(self, app: Handler, endpoints: dict[int, Endpoint], queue: QueueView, cache_dir: str | Path,
+                 app_routes: Iterable[str] = (), max_body: int = MAX_BODY_BYTES):
+        self.app, self.endpoints, self.queue, self.max_body = app, endpoints, queue, max_body
+        self.cache_dir = Path(os.path.realpath(cache_dir))
+        self.pages = STATIC_PAGES | set(app_routes)
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await self.app(scope, receive, send)
+        if scope["type"] != "http":  # the app serves no websockets
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        method, path = scope["method"], scope["path"]
+        started = False
+
+        async def send_tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            body = await self.check(scope, receive)
+            if body is not None:
+                receive = _replay(body, receive)
+                scope = _with_body_length(scope, len(body))
+            await self.app(scope, receive, send_tracked)
+        except Refused as e:
+            log.info("refused %s %s from %s: %s", method, shown(path, 80), _client(scope), e.message)
+            if not started:
+                await _send_json(send, e.status, {"detail": e.message})
+        except Exception as e:  # a bug, not a client's fault: one line, no traceback to the client
+            where = _innermost_frame(e)
+            log.error("error %s %s from %s: %s: %s (%s)", method, shown(path, 80), _client(scope), type(e).__name__,
+                      shown(str(e), 200), where)
+            if not started:
+                await _send_json(send, 500, {"detail": "Internal error; it has been logged."})
+            else:  # end the response the app began (uvicorn would log an incomplete one again)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def check(self, scope: dict, receive) -> bytes | None:
+        """Raises Refused, or returns the body to forward (None: forward the request as it is)."""
+        method, path = scope["method"], scope["path"]
+        query = scope.get("query_string", b"").decode("latin-1")
+        if any(unicodedata.category(ch) == "Cc" for ch in path + query):
+            raise Refused(400, "The URL contains control characters.")
+        reading = method in ("GET", "HEAD")
+        if reading and (path in self.pages or path.startswith(STATIC_PREFIXES)):
+            return None
+        if reading and path.startswith(f"{API}/file="):
+            check_cached_file(path[len(f"{API}/file="):], self.cache_dir)
+            return None
+        if reading and path.startswith(f"{API}/heartbeat/"):
+            check_session_hash(path[len(f"{API}/heartbeat/"):])
+            return None
+        if method == "GET" and path == f"{API}/queue/data":
+            values = parse_qs(query, keep_blank_values=True).get("session_hash", [None])
+            if not self.queue.has_session(check_session_hash(values[-1])):
+                raise Refused(404, "No such session: join the queue first (it may have ended).")
+            return None
+        if method == "GET" and path.startswith(f"{API}/call/"):
+            api_name, _, event_id = path[len(f"{API}/call/"):].partition("/")
+            self._named(api_name)
+            if not EVENT_ID.fullmatch(event_id) or not self.queue.has_event(event_id):
+                raise Refused(404, "No such event: POST to /gradio_api/call/<api_name> first (it may have ended).")
+            return None
+        if method == "POST" and path in (f"{API}/queue/join", f"{API}/cancel") or (
+                method == "POST" and path.startswith(f"{API}/call/")):
+            return await self._checked_post(path, scope, receive)
+        if path in self.pages or path.startswith((f"{API}/file=", f"{API}/heartbeat/", f"{API}/queue/data",
+                                                  f"{API}/call/", f"{API}/queue/join", f"{API}/cancel")):
+            raise Refused(405, f"{method} is not allowed here.")
+        if path.startswith(f"{API}/upload"):
+            raise Refused(403, "This app takes no file uploads.")
+        raise Refused(404, "Not found. This server answers the page, the /generate endpoint through "
+                           "Gradio's queue, /healthz and /readyz.")
+
+    def _named(self, api_name: str) -> Endpoint:
+        for endpoint in self.endpoints.values():
+            if endpoint.public and endpoint.api_name == api_name:
+                return endpoint
+        raise Refused(404, f"No endpoint named {shown(api_name)}; this app's API has /generate.")
+
+    async def _checked_post(self, path: str, scope: dict, receive) -> bytes:
+        body = await _read_body(scope, receive, self.max_body)
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            raise Refused(400, "The request body is not valid JSON.") from None
+        if path == f"{API}/cancel":
+            if not isinstance(data, dict):
+                raise Refused(422, f"the request body must be a JSON object, got {json_type(data)}.")
+            check_session_hash(data.get("session_hash"))
+            if not _is_int(data.get("fn_index")) or data["fn_index"] not in self.endpoints:
+                raise Refused(422, "'fn_index' is not an endpoint of this app.")
+            if not isinstance(data.get("event_id"), str) or not EVENT_ID.fullmatch(data["event_id"]):
+                raise Refused(422, "'event_id' must be an event id.")
+            checked = {k: data[k] for k in ("session_hash", "fn_index", "event_id")}
+        elif path == f"{API}/queue/join":
+            checked = check_envelope(data, self.endpoints)
+            check_session_hash(checked.get("session_hash"))
+        else:
+            api_name = path[len(f"{API}/call/"):].removesuffix("/")
+            checked = check_envelope(data, self.endpoints, fn_index=self._named(api_name).fn_index)
+            if checked.get("session_hash") is not None:
+                check_session_hash(checked["session_hash"])
+        # Forward what was checked, re-encoded: Gradio parses exactly the values looked at here.
+        return json.dumps(checked, ensure_ascii=True).encode()
+
+
+async def _read_body(scope: dict, receive, limit: int) -> bytes:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            if not value.isdigit():
+                raise Refused(400, "Content-Length is not a number.")
+            if int(value) > limit:
+                raise Refused(413, f"The request body is larger than {limit // 1024} KiB.")
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Refused(400, "The client went away before sending the whole body.")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise Refused(413, f"The request body is larger than {limit // 1024} KiB.")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    sent = False
+
+    async def replay() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # later: the client's disconnect, as the app would have seen it
+
+    return replay
+
+
+def _with_body_length(scope: dict, length: int) -> dict:
+    headers = [(k, v) for k, v in scope.get("headers", []) if k not in (b"content-length", b"transfer-encoding")]
+    return {**scope, "headers": headers + [(b"content-length", str(length).encode())]}
+
+
+async def _send_json(send, status: int, body: dict) -> None:
+    payload = json.dumps(body, ensure_ascii=True).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _client(scope: dict) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "?"
+
+
+def _innermost_frame(e: BaseException) -> str:
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb else "?"
