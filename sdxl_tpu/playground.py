@@ -222,7 +222,7 @@ def number_input(value: Any, name: str, low: float, high: float, *, whole: bool 
     bounds = f"between {low:g} and {high:g}" if not whole else f"between {int(low)} and {int(high)}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UserInputError(f"{name} must be {kind} {bounds}, got {json_type(value)}.")
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):  # (an int may be too large for a float)
         raise UserInputError(f"{name} must be a finite number {bounds}.")
     if not low <= value <= high or whole and value != int(value):
         raise UserInputError(f"{name} must be {kind} {bounds}.")

@@ -29,3 +29,11 @@ def tiny_pipeline(tiny_checkpoint, compile_cache):
     from sdxl_tpu import load_pipeline
 
     return load_pipeline(tiny_checkpoint, dtype="float32", sizes=TINY_SIZES, compile_cache=compile_cache)
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory, compile_cache):
+    """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests."""
+    from served_app import start_app
+
+    yield from start_app(tmp_path_factory.mktemp("app"), compile_cache)

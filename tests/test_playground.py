@@ -53,6 +53,8 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
     (dict(seed=-1), "Seed must be a whole number between 0 and 4294967295."),
     (dict(seed=2**32), "Seed must be a whole number between 0 and 4294967295."),
     (dict(seed=1.5), "Seed must be a whole number between 0 and 4294967295."),
+    (dict(seed=10**400), "Seed must be a whole number between 0 and 4294967295."),  # found by the fuzz test
+    (dict(guidance=-10**400), "Guidance scale must be a number between 0 and 20."),
     (dict(seed=True), "Seed must be a whole number between 0 and 4294967295, got true/false."),
     (dict(seed="abc"), "Seed must be a whole number between 0 and 4294967295, got text."),
     (dict(seed=None), "Seed must be a whole number between 0 and 4294967295, got null."),

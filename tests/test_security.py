@@ -1,0 +1,383 @@
+"""The public surface, attacked as a stranger would attack a public Space: crafted file-read
+requests, then a fuzz run of malformed inputs through gradio_client and raw HTTP against
+`python app.py --model tiny` (the server shared with test_app.py; see served_app.py).
+
+Pass: no file outside Gradio's cache is read, copied or served; every malformed request gets a
+4xx (or, through the queue, an error event) whose message names the problem, never a 5xx, a
+traceback or a Python repr; at most two log lines per rejected input; the server stays up."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from served_app import ROOT, SIZES, get
+
+GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64"]  # a valid /generate call (1 step)
+FIELDS = ["prompt", "negative", "style", "seed", "randomize", "guidance", "steps", "size"]
+OWN_SOURCE = "def build_demo(server: Server)"  # a line of app.py: must never be served
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw HTTP: http.client sends the path exactly as given (no normalisation of '..' or '%2e')
+# ---------------------------------------------------------------------------------------------
+
+class Http:
+    """Raw requests to the app; records every response and checks each one as it comes."""
+
+    def __init__(self, app):
+        self.app, self.port, self.count, self.statuses = app, app["port"], 0, {}
+        self.forbidden = [app["secret"], OWN_SOURCE, "root:x:0:0"]
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+                read_limit: int = 1 << 20) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.putrequest(method, path, skip_accept_encoding=True)
+            headers = dict(headers or {})
+            if body is not None:
+                headers.setdefault("Content-Type", "application/json")
+                headers["Content-Length"] = str(len(body))
+            for k, v in headers.items():
+                conn.putheader(k, v)
+            conn.endheaders(body)
+            response = conn.getresponse()
+            data = response.read(read_limit)
+            status = response.status
+        finally:
+            conn.close()
+        self.check(method, path, status, data)
+        return status, data
+
+    def check(self, method: str, path: str, status: int, data: bytes) -> None:
+        self.count += 1
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        text = data.decode("utf-8", "replace")
+        where = f"{method} {path[:120]!r} -> {status}: {text[:300]}"
+        assert status < 500, where
+        assert not any(secret in text for secret in self.forbidden), "a file's content was served: " + where
+        assert "Traceback" not in text and " object at 0x" not in text, where
+        if self.count % 100 == 0:
+            assert get(self.app["url"] + "/healthz")[0] == 200, f"server down after {self.count} requests"
+
+    def join(self, data, fn_index: int, *, session: str | None = None, **extra) -> tuple[int, dict | str]:
+        """queue/join, then (if accepted) the session's event stream up to the completion message."""
+        session = session or uuid.uuid4().hex
+        body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
+                           "trigger_id": None, **extra}).encode()
+        status, text = self.request("POST", "/gradio_api/queue/join", body)
+        if status != 200:
+            return status, json.loads(text)["detail"]
+        return status, self.completion(session)
+
+    def completion(self, session: str) -> dict:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            conn.request("GET", f"/gradio_api/queue/data?session_hash={session}")
+            response = conn.getresponse()
+            assert response.status == 200, response.read()
+            for line in response:
+                if line.startswith(b"data:"):
+                    message = json.loads(line[5:])
+                    if message.get("msg") in ("process_completed", "unexpected_error"):
+                        text = json.dumps(message)
+                        self.check("GET", "/gradio_api/queue/data", 200, text.encode())
+                        return message
+        finally:
+            conn.close()
+        pytest.fail("the event stream ended without a completion message")
+
+
+@pytest.fixture(scope="module")
+def http_client(app_server):
+    return Http(app_server)
+
+
+@pytest.fixture(scope="module")
+def fn_index(app_server):
+    config = json.loads(get(app_server["url"] + "/config")[1])
+    return {dep["api_name"]: dep["id"] for dep in config["dependencies"] if dep.get("backend_fn")}
+
+
+def _file_data(path: str) -> dict:
+    return {"path": path, "url": None, "orig_name": None, "meta": {"_type": "gradio.FileData"}}
+
+
+def _cached_files_containing(cache_dir: Path, needles: list[str]) -> list[Path]:
+    found = []
+    for path in cache_dir.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            content = path.read_bytes()
+            if any(n.encode() in content for n in needles):
+                found.append(path)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# The crafted request of the report: a file-data object in place of a text or a number
+# ---------------------------------------------------------------------------------------------
+
+def test_file_data_inputs_never_read_a_file(app_server, http_client, fn_index):
+    secret_file = app_server["secret_file"]
+    cache_dir = app_server["cache_dir"]
+    planted = cache_dir / "planted"  # a symlink inside the cache dir, as if something had put it there
+    planted.mkdir(parents=True, exist_ok=True)
+    link = planted / "image.png"
+    link.unlink(missing_ok=True)
+    link.symlink_to(secret_file)
+    relative = os.path.relpath(secret_file, ROOT)
+    paths = ["/etc/passwd", "/proc/self/environ", str(ROOT / "app.py"), "app.py", str(secret_file), relative,
+             f"{cache_dir}/../{secret_file.parent.name}/{secret_file.name}", "../" * 12 + "etc/passwd", str(link),
+             f"file://{secret_file}", "/proc/self/cwd/app.py"]
+    for path in paths:
+        for position in (0, 3, 7):  # prompt (text), seed (number), size (dropdown)
+            data = list(GENERATE)
+            data[position] = _file_data(path)
+            status, detail = http_client.join(data, fn_index["generate"])
+            assert status == 422 and detail == f"input {position + 1} is a file object; this app takes no files."
+        status, detail = http_client.join([_file_data(path)], fn_index["token_count"])
+        assert status == 422 and "file object" in detail
+        # ... and asked for directly, by every spelling of the path
+        for spelled in (path, path.replace("/", "%2F"), path.replace(".", "%2e")):
+            status, _ = http_client.request("GET", f"/gradio_api/file={spelled}")
+            assert status in (403, 404), spelled
+    assert _cached_files_containing(cache_dir, [app_server["secret"], OWN_SOURCE, "root:x:0:0"]) == []
+    # The images the app wrote are still served.
+    status, message = http_client.join(GENERATE, fn_index["generate"])
+    assert message["success"], message
+    image = message["output"]["data"][0][0]["image"]["path"]
+    status, content = http_client.request("GET", f"/gradio_api/file={image}")
+    assert status == 200 and content.startswith(b"\x89PNG")
+    link.unlink()
+
+
+def test_gradio_own_upload_check_is_in_force_behind_the_guard(tmp_path, monkeypatch):
+    """Without the guard in front, Gradio itself refuses a file it did not receive as an upload:
+    the mounted Blocks count as launched. Shown to fail without mark_launched."""
+    import gradio.processing_utils as pu
+    import gradio.utils as gu
+    from gradio.context import LocalContext
+
+    import app as app_module
+    from sdxl_tpu.http_guard import mark_launched
+    from sdxl_tpu.playground import Server, Settings
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "cache"))
+    demo = app_module.build_demo(Server(Settings(model="tiny", sizes=[(64, 64)])))
+    prompt = demo.fns[next(i for i, f in demo.fns.items() if f.api_name == "generate")].inputs[0]
+
+    def move(blocks):
+        token = LocalContext.blocks.set(blocks)
+        try:
+            return pu.move_files_to_cache(_file_data(str(secret)), prompt, check_in_upload_folder=True)
+        finally:
+            LocalContext.blocks.reset(token)
+
+    copied = move(demo)  # mounted, not marked: Gradio copies the file (the hole of the report)
+    assert Path(copied["path"]).read_text() == "secret" and Path(copied["path"]).is_relative_to(gu.get_upload_folder())
+    mark_launched(demo)
+    with pytest.raises(pu.InvalidPathError, match="it was not uploaded by a user"):
+        move(demo)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzz: malformed inputs through gradio_client and raw HTTP, >= 1,000 in all
+# ---------------------------------------------------------------------------------------------
+
+LOG = {}  # log size before the fuzz run and the number of inputs sent
+
+
+def test_fuzz_starts(app_server):
+    LOG["start"] = len(app_server["log"].read_text().splitlines())
+    LOG["inputs"] = 0
+
+
+text = st.text(st.characters(codec="utf-8"), max_size=30)
+not_text = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+                     st.lists(text, max_size=3), st.dictionaries(text, text, max_size=2))
+control = st.text(st.characters(categories=["Cc", "Cf", "Zs"]), min_size=1, max_size=20)
+huge_text = st.integers(1001, 100_000).map(lambda n: "x" * n)
+bad_number = st.one_of(st.booleans(), text, st.lists(st.integers(), max_size=2), st.dictionaries(text, text, max_size=1),
+                       st.integers(max_value=-1), st.integers(min_value=2**32), st.floats(-1e300, -1e-9),
+                       st.floats(1e12, 1e300))
+# One field made malformed per case, so no case is a valid request (none runs the model).
+MALFORMED = {
+    "prompt": st.one_of(not_text.filter(lambda v: v is not None), control, huge_text),
+    "negative": st.one_of(not_text.filter(lambda v: v is not None), huge_text),
+    "style": st.one_of(not_text, text.filter(lambda s: s != "(No style)")),
+    "seed": st.one_of(bad_number, st.floats(0.01, 0.99)),
+    "randomize": st.one_of(st.none(), st.integers(), text, st.lists(st.booleans(), max_size=2)),
+    "guidance": st.one_of(bad_number.filter(lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 0),
+                          st.floats(20.001, 1e6)),
+    "steps": st.one_of(bad_number, st.floats(1.01, 49.99).filter(lambda v: v != int(v)), st.integers(51, 10**6),
+                       st.just(0)),
+    "size": st.one_of(not_text, text.filter(lambda s: s.strip() not in SIZES.split(","))),
+}
+CASES = st.sampled_from(FIELDS).flatmap(lambda f: st.tuples(st.just(f), MALFORMED[f]))
+
+
+@pytest.fixture(scope="module")
+def fuzz_client(app_server):
+    from gradio_client import Client
+
+    return Client(app_server["url"] + "/", verbose=False)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=CASES)
+def test_fuzz_gradio_client(fuzz_client, http_client, case):
+    from gradio_client.exceptions import AppError
+
+    field, value = case
+    args = list(GENERATE)
+    args[FIELDS.index(field)] = value
+    LOG["inputs"] += 1
+    with pytest.raises(AppError) as info:
+        fuzz_client.predict(*args, api_name="/generate")
+    message = str(info.value)
+    assert message and "Traceback" not in message and " object at 0x" not in message, message
+    assert any(name in message for name in ("Prompt", "prompt", "Negative prompt", "Style", "Seed", "Randomize",
+                                            "Guidance", "Steps", "Size")), message
+    http_client.check("PREDICT", field, 200, message.encode())
+
+
+# Values gradio_client cannot send (not JSON-compliant or not UTF-8) go as raw JSON text.
+RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"', '"\\u0000\\u0007"',
+              '{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}', '{"path": "/etc/passwd"}',
+              '{"url": "http://127.0.0.1:1/x"}', "[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]", "1" + "0" * 400,
+              "true", "false", "null", "[]", "{}", '"' + "y" * 100_000 + '"']
+# (position, value) pairs among those that make a valid call: no negative prompt, randomize on or off.
+STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false")}
+
+
+def test_fuzz_raw_values_through_the_queue(http_client, fn_index):
+    for position in range(len(GENERATE)):
+        for raw in RAW_VALUES:
+            values = [json.dumps(v) for v in GENERATE]
+            values[position] = raw
+            session = uuid.uuid4().hex
+            body = ('{"data": [%s], "fn_index": %d, "session_hash": "%s"}' % (", ".join(values), fn_index["generate"],
+                                                                            session)).encode()
+            LOG["inputs"] += 1
+            status, text = http_client.request("POST", "/gradio_api/queue/join", body)
+            if status == 200:  # a value the envelope allows: the handler refuses it through the queue
+                message = http_client.completion(session)
+                if (position, raw) in STILL_VALID:
+                    assert message["success"] is True, message
+                else:
+                    assert message["success"] is False and message.get("output", {}).get("error"), message
+            else:
+                assert status in (413, 422) and json.loads(text)["detail"], text
+    # The light handlers (token count, style description) answer with a message, not an error.
+    for raw in RAW_VALUES:
+        session = uuid.uuid4().hex
+        for name in ("token_count", "style_text", "style_description"):
+            if name not in fn_index:
+                continue
+            body = ('{"data": [%s], "fn_index": %d, "session_hash": "%s"}' % (raw, fn_index[name], session)).encode()
+            LOG["inputs"] += 1
+            status, _ = http_client.request("POST", "/gradio_api/queue/join", body)
+            if status == 200:
+                assert http_client.completion(session)["msg"] == "process_completed"
+
+
+TRAVERSALS = ["../" * 8 + "etc/passwd", "..%2f" * 8 + "etc%2fpasswd", "%2e%2e/" * 8 + "etc/passwd",
+              "%2e%2e%2f" * 8 + "etc/passwd", "%252e%252e%252f" * 8 + "etc/passwd", "..%5c" * 8 + "etc/passwd",
+              "%c0%ae%c0%ae/" * 8 + "etc/passwd", "....//" * 8 + "etc/passwd", "/etc/passwd", "//etc/passwd",
+              "/proc/self/environ", "%2fproc%2fself%2fenviron", "/proc/self/cwd/app.py", "file:///etc/passwd",
+              "http://127.0.0.1:1/", "\\..\\..\\etc\\passwd", "/./././etc/passwd", "%00/etc/passwd", "/etc/passwd%00.png"]
+ROUTES = ["/gradio_api/file=", "/gradio_api/file/", "/gradio_api/proxy=", "/assets/", "/static/", "/svelte/",
+          "/gradio_api/stream/", "/gradio_api/custom_component/", "/", "/gradio_api/run-history/records/"]
+OTHER_ROUTES = [("POST", "/gradio_api/vibe-edit"), ("GET", "/gradio_api/vibe-code"), ("POST", "/gradio_api/component_server"),
+                ("POST", "/gradio_api/process_recording"), ("POST", "/gradio_api/reset"), ("GET", "/gradio_api/runs"),
+                ("POST", "/gradio_api/run/predict"), ("POST", "/gradio_api/api/predict"), ("POST", "/gradio_api/run/generate"),
+                ("POST", "/gradio_api/call/v2/generate"), ("POST", "/login"), ("GET", "/logout"), ("GET", "/monitoring"),
+                ("GET", "/gradio_api/upload_progress"), ("POST", "/gradio_api/stream/x"), ("GET", "/openapi.json"),
+                ("GET", "/gradio_api/openapi.json"), ("GET", "/gradio_api/deep_link"), ("GET", "/gradio_api/app_id"),
+                ("PUT", "/gradio_api/queue/join"), ("DELETE", "/config"), ("PATCH", "/"), ("OPTIONS", "/gradio_api/info"),
+                ("GET", "/gradio_api/queue/join"), ("POST", "/gradio_api/queue/data"), ("POST", "/healthz")]
+
+
+def test_fuzz_raw_routes(app_server, http_client, fn_index):
+    generate = fn_index["generate"]
+    session = uuid.uuid4().hex
+    good = {"data": GENERATE, "fn_index": generate, "session_hash": session}
+    cases: list[tuple[str, str, bytes | None, dict]] = []
+    for route in ROUTES:
+        for path in TRAVERSALS:
+            cases += [("GET", route + path, None, {}), ("HEAD", route + path, None, {})]
+    cases += [(method, path, b"{}", {}) for method, path in OTHER_ROUTES]
+    envelopes = [b"", b"{", b"[]", b"null", b'"x"', b"\xff\xfe\x00", b"{" * 5000 + b"}" * 5000, b'{"data": 1}',
+                 b'{"fn_index": 1}', b'{"data": [], "fn_index": "1", "session_hash": "s"}']
+    for fn in (-1, 7, 999, 2**31, 2**63, "NaN", "1e999", "1.5", "true", '"1"', "null", "[]"):
+        envelopes.append(('{"data": [], "fn_index": %s, "session_hash": "s"}' % fn).encode())
+    for session_hash in ('""', "1", '"a b"', '"../x"', '"' + "s" * 65 + '"', '"\\ud800"', "[]"):
+        envelopes.append(json.dumps({**good, "session_hash": 0}).replace("0}", session_hash + "}").encode())
+    for arity in (0, 1, 7, 9, 100):
+        envelopes.append(json.dumps({**good, "data": (GENERATE * 20)[:arity]}).encode())
+    for key, value in [("event_id", 5), ("trigger_id", "x"), ("trigger_id", True), ("simple_format", "yes"),
+                       ("batched", 1), ("oauth_token", [1]), ("event_data", [[[[[[[[[[[[1]]]]]]]]]]]])]:
+        envelopes.append(json.dumps({**good, key: value}).encode())
+    envelopes.append(json.dumps({**good, "data": ["x" * (2 << 20)] + GENERATE[1:]}).encode())  # a 2 MB body
+    for body in envelopes:
+        cases += [("POST", "/gradio_api/queue/join", body, {}), ("POST", "/gradio_api/call/generate", body, {})]
+    # The queue needs a session; call/<api_name> makes one when none is given (a valid call there).
+    cases.append(("POST", "/gradio_api/queue/join", json.dumps({**good, "session_hash": None}).encode(), {}))
+    cases += [("POST", f"/gradio_api/call/{name}", json.dumps({"data": GENERATE}).encode(), {})
+              for name in ("nope", "token_count", "reuse_seed", "lambda", "load_example", "%00", "..%2fgenerate", "")]
+    cases += [("POST", "/gradio_api/cancel", body, {}) for body in envelopes[:12]]
+    cases += [("GET", f"/gradio_api/queue/data?session_hash={s}", None, {})
+              for s in ("", "%00", "a%20b", "x" * 65, uuid.uuid4().hex, "..%2f..%2f")]
+    cases += [("GET", "/gradio_api/queue/data", None, {})]
+    cases += [("GET", f"/gradio_api/heartbeat/{s}", None, {}) for s in ("", "%00", "a%20b", "x" * 65, "a/b")]
+    cases += [("GET", f"/gradio_api/call/generate/{e}", None, {}) for e in (uuid.uuid4().hex, "%00", "x" * 65, "")]
+    cases += [("POST", "/gradio_api/upload", b"--x\r\nContent-Disposition: form-data; name=\"files\"; "
+               b"filename=\"../../a.txt\"\r\n\r\nhello\r\n--x--\r\n", {"Content-Type": "multipart/form-data; boundary=x"})]
+    cases += [("POST", "/gradio_api/upload", b"x" * (3 << 20), {"Content-Type": "multipart/form-data; boundary=x"})]
+    cases += [("POST", "/gradio_api/queue/join", b"{}", {"Content-Length": "-1"})]
+    assert len(cases) >= 500
+    for method, path, body, headers in cases:
+        LOG["inputs"] += 1
+        if "Content-Length" in headers:  # a lying header: sent by hand
+            status = _raw_lying_length(app_server["port"], path)
+            http_client.check(method, path, status, b"")
+            assert 400 <= status < 500
+            continue
+        status, data = http_client.request(method, path, body, headers)
+        assert 400 <= status < 500, (method, path[:100], status, data[:200])
+        if method != "HEAD" and data:
+            assert json.loads(data).get("detail"), (method, path[:100], data[:200])
+
+
+def _raw_lying_length(port: int, path: str) -> int:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{{}}".encode())
+        reply = s.recv(4096).decode("latin-1")
+    return int(reply.split()[1])
+
+
+def test_fuzz_ends_with_the_server_up_quiet_logs_and_a_normal_call(app_server, http_client, fuzz_client):
+    assert LOG.get("inputs", 0) + http_client.count >= 1000 and LOG["inputs"] >= 1000, LOG
+    assert get(app_server["url"] + "/healthz")[0] == 200
+    lines = app_server["log"].read_text().splitlines()[LOG["start"]:]
+    per_input = len(lines) / LOG["inputs"]
+    print(f"fuzz: {LOG['inputs']} malformed inputs, {http_client.count} HTTP responses {http_client.statuses}, "
+          f"{len(lines)} log lines ({per_input:.2f} per input)")
+    assert per_input <= 2, "\n".join(lines[-40:])
+    assert not [line for line in lines if "Traceback" in line or "ERROR" in line], "\n".join(lines[-40:])
+    gallery, info = fuzz_client.predict(*GENERATE, api_name="/generate")
+    assert len(gallery) == 4 and "Generated 4 images" in info
+    assert _cached_files_containing(app_server["cache_dir"], [app_server["secret"], OWN_SOURCE, "root:x:0:0"]) == []
