@@ -33,15 +33,14 @@ log = logging.getLogger("sdxl_tpu.http")
 
 MAX_BODY_BYTES = 1 << 20  # a /generate call is a few kB; 1 MiB leaves room for the longest inputs
 MAX_DEPTH = 8  # of JSON nesting inside `data`; the app's inputs are flat
-SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
-EVENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a session hash or an event id
 API = "/gradio_api"
 STATIC_PAGES = frozenset(["/", "/config", "/config/", "/theme.css", "/favicon.ico", "/manifest.json", "/robots.txt",
                           f"{API}/info", f"{API}/info/", f"{API}/theme.css"])
 STATIC_PREFIXES = ("/assets/", "/static/", "/svelte/")
 ENVELOPE_KEYS = {  # Gradio's PredictBody fields: key -> (JSON type check, what it must be)
     "session_hash": (lambda v: v is None or isinstance(v, str), "a string"),
-    "event_id": (lambda v: v is None or isinstance(v, str) and EVENT_ID.fullmatch(v), "an event id"),
+    "event_id": (lambda v: v is None or isinstance(v, str) and ID.fullmatch(v), "an event id"),
     "oauth_token": (lambda v: v is None or isinstance(v, str), "a string"),
     "trigger_id": (lambda v: v is None or _is_int(v), "an integer"),
     "simple_format": (lambda v: isinstance(v, bool), "true or false"),
@@ -138,13 +137,7 @@ def check_envelope(body: Any, endpoints: dict[int, Endpoint], *, fn_index: int |
     if not isinstance(body, dict):
         raise Refused(422, f"the request body must be a JSON object, got {json_type(body)}.")
     if fn_index is None:
-        if "fn_index" not in body or body["fn_index"] is None:
-            raise Refused(422, "'fn_index' is required.")
-        fn_index = body["fn_index"]
-        if not _is_int(fn_index):
-            raise Refused(422, f"'fn_index' must be an integer, got {json_type(fn_index)}.")
-        if fn_index not in endpoints:
-            raise Refused(422, f"'fn_index' must be one of this app's endpoints: {', '.join(map(str, endpoints))}.")
+        fn_index = check_fn_index(body.get("fn_index"), endpoints)
     elif body.get("fn_index") not in (None, fn_index):
         raise Refused(422, "'fn_index' does not match the endpoint named in the URL.")
     endpoint = endpoints[fn_index]
@@ -162,9 +155,19 @@ def check_envelope(body: Any, endpoints: dict[int, Endpoint], *, fn_index: int |
     return {**body, "fn_index": fn_index}
 
 
-def check_session_hash(value: Any) -> str:
-    if not isinstance(value, str) or not SESSION_HASH.fullmatch(value):
-        raise Refused(422, "'session_hash' must be 1 to 64 letters, digits, '-' or '_'.")
+def check_fn_index(value: Any, endpoints: dict[int, Endpoint]) -> int:
+    if value is None:
+        raise Refused(422, "'fn_index' is required.")
+    if not _is_int(value):
+        raise Refused(422, f"'fn_index' must be an integer, got {json_type(value)}.")
+    if value not in endpoints:
+        raise Refused(422, f"'fn_index' must be one of this app's endpoints: {', '.join(map(str, endpoints))}.")
+    return value
+
+
+def check_id(value: Any, name: str = "session_hash") -> str:
+    if not isinstance(value, str) or not ID.fullmatch(value):
+        raise Refused(422, f"'{name}' must be 1 to 64 letters, digits, '-' or '_'.")
     return value
 
 
@@ -247,10 +250,9 @@ class RequestGuard:
                 receive = _replay(body, receive)
                 scope = _with_body_length(scope, len(body))
             await self.app(scope, receive, send_tracked)
-        except Refused as e:
+        except Refused as e:  # raised by check(), before the app could start a response
             log.info("refused %s %s from %s: %s", method, shown(path, 80), _client(scope), e.message)
-            if not started:
-                await _send_json(send, e.status, {"detail": e.message})
+            await _send_json(send, e.status, {"detail": e.message})
         except Exception as e:  # a bug, not a client's fault: one line, no traceback to the client
             where = _innermost_frame(e)
             log.error("error %s %s from %s: %s: %s (%s)", method, shown(path, 80), _client(scope), type(e).__name__,
@@ -273,17 +275,17 @@ class RequestGuard:
             check_cached_file(path[len(f"{API}/file="):], self.cache_dir)
             return None
         if reading and path.startswith(f"{API}/heartbeat/"):
-            check_session_hash(path[len(f"{API}/heartbeat/"):])
+            check_id(path[len(f"{API}/heartbeat/"):])
             return None
         if method == "GET" and path == f"{API}/queue/data":
             values = parse_qs(query, keep_blank_values=True).get("session_hash", [None])
-            if not self.queue.has_session(check_session_hash(values[-1])):
+            if not self.queue.has_session(check_id(values[-1])):
                 raise Refused(404, "No such session: join the queue first (it may have ended).")
             return None
         if method == "GET" and path.startswith(f"{API}/call/"):
             api_name, _, event_id = path[len(f"{API}/call/"):].partition("/")
             self._named(api_name)
-            if not EVENT_ID.fullmatch(event_id) or not self.queue.has_event(event_id):
+            if not ID.fullmatch(event_id) or not self.queue.has_event(event_id):
                 raise Refused(404, "No such event: POST to /gradio_api/call/<api_name> first (it may have ended).")
             return None
         if method == "POST" and path in (f"{API}/queue/join", f"{API}/cancel") or (
@@ -312,20 +314,17 @@ class RequestGuard:
         if path == f"{API}/cancel":
             if not isinstance(data, dict):
                 raise Refused(422, f"the request body must be a JSON object, got {json_type(data)}.")
-            check_session_hash(data.get("session_hash"))
-            if not _is_int(data.get("fn_index")) or data["fn_index"] not in self.endpoints:
-                raise Refused(422, "'fn_index' is not an endpoint of this app.")
-            if not isinstance(data.get("event_id"), str) or not EVENT_ID.fullmatch(data["event_id"]):
-                raise Refused(422, "'event_id' must be an event id.")
-            checked = {k: data[k] for k in ("session_hash", "fn_index", "event_id")}
+            checked = {"session_hash": check_id(data.get("session_hash")),
+                       "fn_index": check_fn_index(data.get("fn_index"), self.endpoints),
+                       "event_id": check_id(data.get("event_id"), "event_id")}
         elif path == f"{API}/queue/join":
             checked = check_envelope(data, self.endpoints)
-            check_session_hash(checked.get("session_hash"))
+            check_id(checked.get("session_hash"))
         else:
             api_name = path[len(f"{API}/call/"):].removesuffix("/")
             checked = check_envelope(data, self.endpoints, fn_index=self._named(api_name).fn_index)
             if checked.get("session_hash") is not None:
-                check_session_hash(checked["session_hash"])
+                check_id(checked["session_hash"])
         # Forward what was checked, re-encoded: Gradio parses exactly the values looked at here.
         return json.dumps(checked, ensure_ascii=True).encode()
 

@@ -105,9 +105,11 @@ def gradio_handler(fn: Callable, where: str) -> Callable:
 
 def style_description(style: Any) -> str:
     """Markdown shown under the style menu: the template and what it adds to the negative prompt."""
-    if not isinstance(style, str) or style not in STYLES:
-        return not_a_choice("Style", style, STYLES)
-    template, negative = STYLES[style]
+    try:
+        template, negative = style_entry(style)
+    except UserInputError as e:
+        log_refusal("style description", e)
+        return str(e)
     return f"**Prompt template:** `{template}`" + (f"  \n**Adds to the negative prompt:** `{negative}`" if negative else "")
 
 
@@ -196,10 +198,10 @@ def text_input(value: Any, name: str, limit: int = MAX_PROMPT_CHARS) -> str:
         return ""
     if not isinstance(value, str):
         raise UserInputError(f"{name} must be text, got {json_type(value)}.")
+    if len(value) > limit:  # first: the character scan below is then bounded
+        raise UserInputError(f"{name} is {len(value):,} characters long; at most {limit:,} are accepted.")
     if any(unicodedata.category(ch) == "Cs" for ch in value):
         raise UserInputError(f"{name} contains a lone surrogate (U+D800 to U+DFFF), which is not valid Unicode.")
-    if len(value) > limit:
-        raise UserInputError(f"{name} is {len(value):,} characters long; at most {limit:,} are accepted.")
     return clean_text(value)
 
 
@@ -208,10 +210,15 @@ def not_a_choice(name: str, value: Any, choices: Iterable[str]) -> str:
     return f"{what}; choose one of: {', '.join(choices)}."
 
 
-def apply_style(style: str, prompt: str, negative: str) -> tuple[str, str]:
+def style_entry(style: Any) -> tuple[str, str]:
+    """(prompt template, negative prompt) of a style name as a client sent it."""
     if not isinstance(style, str) or style not in STYLES:
         raise UserInputError(not_a_choice("Style", style, STYLES))
-    template, style_negative = STYLES[style]
+    return STYLES[style]
+
+
+def apply_style(style: Any, prompt: str, negative: str) -> tuple[str, str]:
+    template, style_negative = style_entry(style)
     return template.replace("{prompt}", prompt), ", ".join(p for p in (style_negative, negative) if p)
 
 
