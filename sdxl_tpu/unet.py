@@ -5,7 +5,7 @@ Module and attribute names mirror diffusers' module tree, so weight names map me
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .configs import check_supported, warn_unknown
 from .layers import (GroupNorm, LayerNorm, Attention, Downsample2D, Precision, ResnetBlock2D, TimestepEmbedding,
                      Upsample2D, Conv, Linear, timestep_embedding)
 
@@ -93,15 +94,11 @@ class UNetConfig:
 
     @staticmethod
     def from_dict(cfg: dict[str, Any]) -> "UNetConfig":
-        for key, allowed in _REQUIRED_VALUES.items():
-            if key in cfg and cfg[key] not in allowed:
-                raise ValueError(f"unet config: unsupported {key}={cfg[key]!r} (supported: {allowed})")
+        check_supported("unet", cfg, _REQUIRED_VALUES)
         if cfg.get("addition_embed_type") != "text_time":
             raise ValueError(f"unet config: unsupported addition_embed_type={cfg.get('addition_embed_type')!r} "
                              "(SDXL needs 'text_time')")
-        unknown = sorted(k for k in cfg if not k.startswith("_") and k not in _USED | _IGNORED | set(_REQUIRED_VALUES))
-        if unknown:
-            warnings.warn(f"unet config: ignoring unknown keys {unknown}")
+        warn_unknown("unet", cfg, _USED | _IGNORED | set(_REQUIRED_VALUES))
         down, up = tuple(cfg["down_block_types"]), tuple(cfg["up_block_types"])
         for key, types, allowed in (("down_block_types", down, DOWN_BLOCKS), ("up_block_types", up, UP_BLOCKS)):
             bad = [t for t in types if t not in allowed]
@@ -177,13 +174,14 @@ class BasicTransformerBlock(nnx.Module):
 
 
 class Transformer2DModel(nnx.Module):
-    def __init__(self, ch: int, heads: int, depth: int, context_dim: int, c: UNetConfig, p: Precision):
-        self.norm = GroupNorm(c.norm_num_groups, ch, 1e-6, p)
-        self.linear = c.use_linear_projection
+    def __init__(self, ch: int, heads: int, depth: int, context_dim: int, groups: int, p: Precision, *,
+                 use_linear_projection: bool, upcast_attention: bool):
+        self.norm = GroupNorm(groups, ch, 1e-6, p)
+        self.linear = use_linear_projection
         # Older checkpoints (SD 1.x style) project with 1x1 convs instead of linears.
         self.proj_in = Linear(ch, ch, p) if self.linear else Conv(ch, ch, p, kernel=1, padding=0)
         self.transformer_blocks = nnx.List(
-            [BasicTransformerBlock(ch, heads, context_dim, c.upcast_attention, p) for _ in range(depth)])
+            [BasicTransformerBlock(ch, heads, context_dim, upcast_attention, p) for _ in range(depth)])
         self.proj_out = Linear(ch, ch, p) if self.linear else Conv(ch, ch, p, kernel=1, padding=0)
 
     def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
@@ -204,18 +202,26 @@ class Transformer2DModel(nnx.Module):
         return x + y
 
 
-class DownBlock(nnx.Module):
-    """DownBlock2D, or CrossAttnDownBlock2D when `transformer_layers` is given."""
+def _transformers(ch: int, depths: Sequence[int], n: int, heads: int, context_dim: int, groups: int,
+                  linear: bool, upcast: bool, p: Precision) -> nnx.List:
+    """A block's `attentions`: one Transformer2DModel after each of its n resnets, of depths[j] layers."""
+    return nnx.List([Transformer2DModel(ch, heads, depths[j], context_dim, groups, p, use_linear_projection=linear,
+                                        upcast_attention=upcast) for j in range(n)])
 
-    def __init__(self, in_ch: int, out_ch: int, i: int, c: UNetConfig, p: Precision, add_downsample: bool):
-        n = c.layers_per_block[i]
-        self.resnets = nnx.List([ResnetBlock2D(in_ch if j == 0 else out_ch, out_ch, c.time_embed_dim,
-                                               c.norm_num_groups, c.norm_eps, p) for j in range(n)])
-        has_attention = c.down_block_types[i] == "CrossAttnDownBlock2D"
-        self.attentions = nnx.List([Transformer2DModel(out_ch, c.num_attention_heads[i], c.transformer_layers[i][j],
-                                                       c.cross_attention_dim[i], c, p)
-                                    for j in range(n)]) if has_attention else None
-        self.downsamplers = nnx.List([Downsample2D(out_ch, p)]) if add_downsample else None
+
+class DownBlock(nnx.Module):
+    """DownBlock2D, or CrossAttnDownBlock2D when `has_attention`."""
+
+    def __init__(self, in_channels: int, out_channels: int, temb_channels: int, num_layers: int, *,
+                 has_attention: bool, transformer_layers_per_block: Sequence[int], num_attention_heads: int,
+                 cross_attention_dim: int, resnet_groups: int, resnet_eps: float, use_linear_projection: bool,
+                 upcast_attention: bool, add_downsample: bool, p: Precision):
+        self.resnets = nnx.List([ResnetBlock2D(in_channels if j == 0 else out_channels, out_channels, temb_channels,
+                                               resnet_groups, resnet_eps, p) for j in range(num_layers)])
+        self.attentions = _transformers(out_channels, transformer_layers_per_block, num_layers, num_attention_heads,
+                                        cross_attention_dim, resnet_groups, use_linear_projection, upcast_attention,
+                                        p) if has_attention else None
+        self.downsamplers = nnx.List([Downsample2D(out_channels, p)]) if add_downsample else None
 
     def __call__(self, x, temb, context):
         skips = []
@@ -231,23 +237,25 @@ class DownBlock(nnx.Module):
 
 
 class UpBlock(nnx.Module):
-    """UpBlock2D, or CrossAttnUpBlock2D."""
+    """UpBlock2D, or CrossAttnUpBlock2D when `has_attention`.
 
-    def __init__(self, in_ch: int, prev_ch: int, out_ch: int, i: int, c: UNetConfig, p: Precision,
-                 add_upsample: bool):
-        n = list(reversed(c.layers_per_block))[i] + 1
-        resnets = []
-        for j in range(n):
-            skip_ch = in_ch if j == n - 1 else out_ch
-            res_in = prev_ch if j == 0 else out_ch
-            resnets.append(ResnetBlock2D(res_in + skip_ch, out_ch, c.time_embed_dim, c.norm_num_groups, c.norm_eps, p))
-        self.resnets = nnx.List(resnets)
-        heads = list(reversed(c.num_attention_heads))[i]
-        context_dim = list(reversed(c.cross_attention_dim))[i]
-        has_attention = c.up_block_types[i] == "CrossAttnUpBlock2D"
-        self.attentions = nnx.List([Transformer2DModel(out_ch, heads, c.up_transformer_layers[i][j], context_dim, c, p)
-                                    for j in range(n)]) if has_attention else None
-        self.upsamplers = nnx.List([Upsample2D(out_ch, p)]) if add_upsample else None
+    Resnet j takes the previous output (prev_output_channel for j == 0, else out_channels) concatenated with a
+    skip; the last skip is the matching down block's input (in_channels).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, prev_output_channel: int, temb_channels: int,
+                 num_layers: int, *, has_attention: bool, transformer_layers_per_block: Sequence[int],
+                 num_attention_heads: int, cross_attention_dim: int, resnet_groups: int, resnet_eps: float,
+                 use_linear_projection: bool, upcast_attention: bool, add_upsample: bool, p: Precision):
+        n = num_layers
+        res_in = [prev_output_channel] + [out_channels] * (n - 1)
+        skip = [out_channels] * (n - 1) + [in_channels]
+        self.resnets = nnx.List([ResnetBlock2D(res_in[j] + skip[j], out_channels, temb_channels, resnet_groups,
+                                               resnet_eps, p) for j in range(n)])
+        self.attentions = _transformers(out_channels, transformer_layers_per_block, n, num_attention_heads,
+                                        cross_attention_dim, resnet_groups, use_linear_projection, upcast_attention,
+                                        p) if has_attention else None
+        self.upsamplers = nnx.List([Upsample2D(out_channels, p)]) if add_upsample else None
 
     def __call__(self, x, skips, temb, context, upsample_size):
         for j, resnet in enumerate(self.resnets):
@@ -262,11 +270,13 @@ class UpBlock(nnx.Module):
 class MidBlock(nnx.Module):
     """UNetMidBlock2DCrossAttn: resnet, then (attention, resnet) pairs."""
 
-    def __init__(self, ch: int, c: UNetConfig, p: Precision):
-        make_resnet = lambda: ResnetBlock2D(ch, ch, c.time_embed_dim, c.norm_num_groups, c.norm_eps, p)
-        self.resnets = nnx.List([make_resnet() for _ in range(2)])
-        self.attentions = nnx.List([Transformer2DModel(ch, c.num_attention_heads[-1], c.mid_transformer_layers[0],
-                                                       c.cross_attention_dim[-1], c, p)])
+    def __init__(self, in_channels: int, temb_channels: int, *, transformer_layers_per_block: Sequence[int],
+                 num_attention_heads: int, cross_attention_dim: int, resnet_groups: int, resnet_eps: float,
+                 use_linear_projection: bool, upcast_attention: bool, p: Precision):
+        ch = in_channels
+        self.resnets = nnx.List([ResnetBlock2D(ch, ch, temb_channels, resnet_groups, resnet_eps, p) for _ in range(2)])
+        self.attentions = _transformers(ch, transformer_layers_per_block, 1, num_attention_heads, cross_attention_dim,
+                                        resnet_groups, use_linear_projection, upcast_attention, p)
 
     def __call__(self, x, temb, context):
         x = self.resnets[0](x, temb)
@@ -281,20 +291,32 @@ class UNet2DConditionModel(nnx.Module):
         self.conv_in = Conv(c.in_channels, ch[0], p)
         self.time_embedding = TimestepEmbedding(ch[0], c.time_embed_dim, p)
         self.add_embedding = TimestepEmbedding(c.projection_class_embeddings_input_dim, c.time_embed_dim, p)
-        down = []
-        out_ch = ch[0]
-        for i in range(len(ch)):
+        n = len(ch)
+        common = dict(resnet_groups=c.norm_num_groups, resnet_eps=c.norm_eps, p=p,
+                      use_linear_projection=c.use_linear_projection, upcast_attention=c.upcast_attention)
+        down, out_ch = [], ch[0]
+        for i, (kind, layers, depths, heads, context_dim) in enumerate(zip(
+                c.down_block_types, c.layers_per_block, c.transformer_layers, c.num_attention_heads,
+                c.cross_attention_dim, strict=True)):
             in_ch, out_ch = out_ch, ch[i]
-            down.append(DownBlock(in_ch, out_ch, i, c, p, add_downsample=i < len(ch) - 1))
+            down.append(DownBlock(in_ch, out_ch, c.time_embed_dim, layers, has_attention=kind == "CrossAttnDownBlock2D",
+                                  transformer_layers_per_block=depths, num_attention_heads=heads,
+                                  cross_attention_dim=context_dim, add_downsample=i < n - 1, **common))
         self.down_blocks = nnx.List(down)
-        self.mid_block = MidBlock(ch[-1], c, p)
+        self.mid_block = MidBlock(ch[-1], c.time_embed_dim, transformer_layers_per_block=c.mid_transformer_layers,
+                                  num_attention_heads=c.num_attention_heads[-1],
+                                  cross_attention_dim=c.cross_attention_dim[-1], **common)
         rev = list(reversed(ch))
-        up = []
-        out_ch = rev[0]
-        for i in range(len(ch)):
+        up, out_ch = [], rev[0]
+        for i, (kind, layers, depths, heads, context_dim) in enumerate(zip(
+                c.up_block_types, reversed(c.layers_per_block), c.up_transformer_layers,
+                reversed(c.num_attention_heads), reversed(c.cross_attention_dim), strict=True)):
             prev_ch, out_ch = out_ch, rev[i]
-            in_ch = rev[min(i + 1, len(ch) - 1)]
-            up.append(UpBlock(in_ch, prev_ch, out_ch, i, c, p, add_upsample=i < len(ch) - 1))
+            in_ch = rev[min(i + 1, n - 1)]
+            up.append(UpBlock(in_ch, out_ch, prev_ch, c.time_embed_dim, layers + 1,
+                              has_attention=kind == "CrossAttnUpBlock2D", transformer_layers_per_block=depths,
+                              num_attention_heads=heads, cross_attention_dim=context_dim, add_upsample=i < n - 1,
+                              **common))
         self.up_blocks = nnx.List(up)
         self.conv_norm_out = GroupNorm(c.norm_num_groups, ch[0], c.norm_eps, p)
         self.conv_out = Conv(ch[0], c.out_channels, p)

@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .configs import check_supported
 from .layers import Attention, Downsample2D, GroupNorm, Precision, ResnetBlock2D, Upsample2D, Conv
 
+# Config keys whose value must be one of these; down/up_block_types are checked per entry in from_dict.
 _REQUIRED_VALUES: dict[str, tuple] = {
     "act_fn": ("silu",),
-    "down_block_types": None,  # checked per entry below
-    "up_block_types": None,
     "use_quant_conv": (True,),
     "use_post_quant_conv": (True,),
     "mid_block_add_attention": (True,),
@@ -36,9 +36,7 @@ class VAEConfig:
 
     @staticmethod
     def from_dict(cfg: dict[str, Any]) -> "VAEConfig":
-        for key, allowed in _REQUIRED_VALUES.items():
-            if allowed is not None and key in cfg and cfg[key] not in allowed:
-                raise ValueError(f"vae config: unsupported {key}={cfg[key]!r} (supported: {allowed})")
+        check_supported("vae", cfg, _REQUIRED_VALUES)
         channels = tuple(cfg["block_out_channels"])
         for key, block in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
             types = cfg.get(key, [block] * len(channels))
