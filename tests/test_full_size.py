@@ -1,4 +1,5 @@
-"""The real SDXL base 1.0 architecture (random weights): its tensor names and shapes load, and
+"""The real SDXL base 1.0 architecture (random weights), as the `sdxl` preset defines it: it is the
+published config with the published parameter counts, its tensor names and shapes load, and
 the outputs still equal diffusers / transformers. Each component is checked alone to stay
 within a 24 GiB machine: reference forward, save as the fp16 variant, free, load ours, compare.
 """
@@ -14,26 +15,61 @@ import torch
 
 from reference import nchw_to_nhwc, random_model, rel_l2
 from sdxl_tpu import Precision, load_text_encoder, load_unet, load_vae
+from sdxl_tpu.presets import preset_configs
 
 pytestmark = pytest.mark.full_size
 F32 = Precision()
 
-SDXL_UNET = dict(
-    act_fn="silu", addition_embed_type="text_time", addition_embed_type_num_heads=64, addition_time_embed_dim=256,
-    attention_head_dim=[5, 10, 20], block_out_channels=[320, 640, 1280], center_input_sample=False,
-    cross_attention_dim=2048, down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-    downsample_padding=1, flip_sin_to_cos=True, freq_shift=0, in_channels=4, layers_per_block=2,
-    mid_block_scale_factor=1, norm_eps=1e-05, norm_num_groups=32, out_channels=4,
-    projection_class_embeddings_input_dim=2816, sample_size=128, transformer_layers_per_block=[1, 2, 10],
-    up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"], use_linear_projection=True)
-SDXL_VAE = dict(
-    act_fn="silu", block_out_channels=[128, 256, 512, 512], down_block_types=["DownEncoderBlock2D"] * 4,
-    in_channels=3, latent_channels=4, layers_per_block=2, norm_num_groups=32, out_channels=3, sample_size=1024,
-    scaling_factor=0.13025, up_block_types=["UpDecoderBlock2D"] * 4)
-CLIP_L = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-              num_attention_heads=12, hidden_act="quick_gelu", projection_dim=768, eos_token_id=2)
-CLIP_BIGG = dict(vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
-                 num_attention_heads=20, hidden_act="gelu", projection_dim=1280, eos_token_id=2)
+SDXL = preset_configs("sdxl")  # the preset behind the benchmark's FLOP figures, checked here
+
+# Published by Stability AI: huggingface.co/stabilityai/stable-diffusion-xl-base-1.0,
+# unet/config.json, vae/config.json, text_encoder/config.json and text_encoder_2/config.json
+# (the architecture keys; the rest are diffusers' defaults).
+PUBLISHED = {
+    "unet": dict(
+        act_fn="silu", addition_embed_type="text_time", addition_embed_type_num_heads=64, addition_time_embed_dim=256,
+        attention_head_dim=[5, 10, 20], block_out_channels=[320, 640, 1280], center_input_sample=False,
+        cross_attention_dim=2048, down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+        downsample_padding=1, flip_sin_to_cos=True, freq_shift=0, in_channels=4, layers_per_block=2,
+        mid_block_scale_factor=1, mid_block_type="UNetMidBlock2DCrossAttn", norm_eps=1e-05, norm_num_groups=32,
+        out_channels=4, projection_class_embeddings_input_dim=2816, sample_size=128,
+        transformer_layers_per_block=[1, 2, 10],
+        up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"], use_linear_projection=True),
+    "vae": dict(
+        act_fn="silu", block_out_channels=[128, 256, 512, 512], down_block_types=["DownEncoderBlock2D"] * 4,
+        force_upcast=True, in_channels=3, latent_channels=4, layers_per_block=2, norm_num_groups=32, out_channels=3,
+        sample_size=1024, scaling_factor=0.13025, up_block_types=["UpDecoderBlock2D"] * 4),
+    "text_encoder": dict(
+        vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+        hidden_act="quick_gelu", projection_dim=768, max_position_embeddings=77, bos_token_id=0, eos_token_id=2,
+        pad_token_id=1),
+    "text_encoder_2": dict(
+        vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
+        hidden_act="gelu", projection_dim=1280, max_position_embeddings=77, bos_token_id=0, eos_token_id=2,
+        pad_token_id=1),
+}
+# Parameters of each component (the UNet's and VAE's as diffusers counts them; the text
+# encoders' are CLIP ViT-L/14's text model and OpenCLIP bigG/14's with its projection).
+PARAMETERS = {"unet": 2_567_463_684, "vae": 83_653_863, "text_encoder": 123_060_480, "text_encoder_2": 694_659_840}
+
+
+def _reference(name: str):
+    import diffusers
+    import transformers
+
+    if name in ("unet", "vae"):
+        cls = diffusers.UNet2DConditionModel if name == "unet" else diffusers.AutoencoderKL
+        return lambda: cls.from_config(SDXL[name])
+    cls = transformers.CLIPTextModel if name == "text_encoder" else transformers.CLIPTextModelWithProjection
+    return lambda: cls(transformers.CLIPTextConfig.from_dict(SDXL[name]))
+
+
+@pytest.mark.parametrize("name", ["unet", "vae", "text_encoder", "text_encoder_2"])
+def test_sdxl_preset_is_the_published_sdxl_base_architecture(name):
+    assert {k: SDXL[name].get(k) for k in PUBLISHED[name]} == PUBLISHED[name]
+    with torch.device("meta"):  # shapes only: nothing allocated
+        model = _reference(name)()
+    assert sum(p.numel() for p in model.parameters()) == PARAMETERS[name]
 
 
 def _save_fp16_and_free(model: torch.nn.Module, directory) -> None:
@@ -43,10 +79,8 @@ def _save_fp16_and_free(model: torch.nn.Module, directory) -> None:
 
 
 def test_sdxl_base_unet(tmp_path):
-    from diffusers import UNet2DConditionModel
-
-    model = random_model(lambda: UNet2DConditionModel(**SDXL_UNET))
-    assert sum(p.numel() for p in model.parameters()) == 2_567_463_684
+    model = random_model(_reference("unet"))
+    assert sum(p.numel() for p in model.parameters()) == PARAMETERS["unet"]
     gen = torch.Generator().manual_seed(0)
     sample, context = torch.randn(1, 4, 16, 16, generator=gen), torch.randn(1, 77, 2048, generator=gen)
     text_embeds = torch.randn(1, 1280, generator=gen)
@@ -64,12 +98,11 @@ def test_sdxl_base_unet(tmp_path):
 
 
 def test_sdxl_base_vae_decoder(tmp_path):
-    from diffusers import AutoencoderKL
-
-    model = random_model(lambda: AutoencoderKL(**SDXL_VAE))
+    model = random_model(_reference("vae"))
+    assert sum(p.numel() for p in model.parameters()) == PARAMETERS["vae"]
     latents = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ref = model.decode(latents / SDXL_VAE["scaling_factor"]).sample
+        ref = model.decode(latents / SDXL["vae"]["scaling_factor"]).sample
     _save_fp16_and_free(model, tmp_path)
     out = load_vae(tmp_path, F32).decode(jnp.asarray(nchw_to_nhwc(latents)))
     err = rel_l2(out, nchw_to_nhwc(ref))
@@ -79,12 +112,8 @@ def test_sdxl_base_vae_decoder(tmp_path):
 
 @pytest.mark.parametrize("name", ["text_encoder", "text_encoder_2"])
 def test_sdxl_base_text_encoders(name, tmp_path):
-    import transformers
-
-    spec, cls = (CLIP_L, transformers.CLIPTextModel) if name == "text_encoder" else (
-        CLIP_BIGG, transformers.CLIPTextModelWithProjection)
-    config = transformers.CLIPTextConfig(max_position_embeddings=77, **spec)
-    model = random_model(lambda: cls(config))
+    model = random_model(_reference(name))
+    assert sum(p.numel() for p in model.parameters()) == PARAMETERS[name]
     ids = np.full((1, 77), 0, np.int64)
     ids[0, :6] = [49406, 320, 1125, 539, 320, 49407]
     with torch.no_grad():
