@@ -19,10 +19,11 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from gradio.utils import get_upload_folder
 
+from sdxl_tpu.compilation import enable_compile_cache
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
-from sdxl_tpu.pipeline import MAX_SEED
-from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, GUIDANCE_RANGE, MAX_PROMPT_CHARS, STYLES, Server,
-                                 format_size, gradio_handler, parse_settings, seed_at, style_description, validate)
+from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, parse_settings, seed_at,
+                                 style_description, validate)
+from sdxl_tpu.request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, format_size
 from sdxl_tpu.scheduler import MAX_STEPS
 
 CSS = "#gallery {min-height: 420px} #status p {margin: 0}"
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
+    enable_compile_cache(settings.compile_cache)  # once, for the process: a restart reuses compiled programs
     server = Server(settings)
     web = uvicorn.Server(uvicorn.Config(build_app(server), host=settings.host, port=settings.port,
                                        log_level="warning"))

@@ -4,14 +4,14 @@ from .checkpoint import Models, load_models, load_text_encoder, load_tokenizers,
 from .clip import CLIPTextConfig, CLIPTextModel
 from .compilation import CompileCounter, enable_compile_cache
 from .layers import Precision
-from .pipeline import GenerationError, GenerationResult, ImageInfo, Pipeline, load_pipeline
-from .scheduler import EulerDiscrete
+from .pipeline import GenerationError, GenerationResult, Pipeline, load_pipeline
+from .request import ImageInfo, Request, RequestError
+from .scheduler import EulerDiscrete, Sampler
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
 from .weights import CheckpointError
 
 __all__ = ["AutoencoderKL", "CLIPTextConfig", "CLIPTextModel", "CheckpointError", "CompileCounter", "EulerDiscrete",
-           "GenerationError", "GenerationResult", "ImageInfo", "Models", "Pipeline", "Precision", "enable_compile_cache",
-           "load_pipeline",
-           "UNet2DConditionModel", "UNetConfig", "VAEConfig", "load_models", "load_text_encoder", "load_tokenizers",
-           "load_unet", "load_vae", "resolve"]
+           "GenerationError", "GenerationResult", "ImageInfo", "Models", "Pipeline", "Precision", "Request",
+           "RequestError", "Sampler", "UNet2DConditionModel", "UNetConfig", "VAEConfig", "enable_compile_cache",
+           "load_models", "load_pipeline", "load_text_encoder", "load_tokenizers", "load_unet", "load_vae", "resolve"]

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +41,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="Hub repo id, local diffusers directory, or 'tiny'")
     gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     gen.add_argument("--compile-cache", default=None, help="JAX compilation cache directory")
+    gen.add_argument("--attention", default=os.environ.get("SDXL_TPU_ATTENTION", "auto"), choices=["auto", "xla"],
+                     help="attention kernel: auto (best per platform) or xla (env SDXL_TPU_ATTENTION)")
     gen.add_argument("--out", default="outputs", help="output directory")
     bench = commands.add_parser("bench", help="benchmark compile time, latency, memory and FLOP utilisation")
     from .bench import add_arguments
@@ -50,27 +53,23 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _generate(args: argparse.Namespace) -> int:
     from .checkpoint import CheckpointError
-    from .compilation import DEFAULT_COMPILE_CACHE
-    from .pipeline import MAX_SEED, GenerationError, _parse_size, load_pipeline, save_png
-    from .scheduler import MAX_STEPS
+    from .compilation import DEFAULT_COMPILE_CACHE, enable_compile_cache
+    from .images import save_png
+    from .pipeline import GenerationError, load_pipeline
+    from .request import Request
 
-    try:
-        size = _parse_size(args.size)
+    try:  # the request is checked before anything is loaded
+        request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=args.guidance,
+                             steps=args.steps, size=args.size)
     except ValueError as e:
         return _fail(str(e))
-    if not 1 <= args.steps <= MAX_STEPS:
-        return _fail(f"--steps must be between 1 and {MAX_STEPS}")
-    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
-        return _fail(f"seed must be an integer between 0 and {MAX_SEED}")
     if args.images < 1:
         return _fail("--images must be at least 1")
-    if not args.prompt.strip():
-        return _fail("the prompt is empty")
     try:
-        pipe = load_pipeline(args.model, dtype=args.dtype, sizes=[size], images_per_call=args.images,
-                             compile_cache=args.compile_cache or DEFAULT_COMPILE_CACHE, step_progress=False)
-        result = pipe.generate(args.prompt, args.negative, seed=args.seed, guidance_scale=args.guidance,
-                               steps=args.steps, size=size)
+        enable_compile_cache(args.compile_cache or DEFAULT_COMPILE_CACHE)
+        pipe = load_pipeline(args.model, dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
+                             step_progress=False, attention=args.attention)
+        result = pipe.run(request)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))
     out = Path(args.out)
@@ -105,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
 
         try:
-            return bench_main(args, list(argv if argv is not None else sys.argv[1:])[1:])
+            return bench_main(args)
         except (ValueError, OSError) as e:
             return _fail(str(e))
     return _generate(args)

@@ -8,8 +8,9 @@ traced program is right wherever it is compiled:
   dim <= 128, so not the VAE's single 512-wide head);
 - everything else: XLA's attention (`jax.nn.dot_product_attention`), also the fallback of both.
 
-`SDXL_TPU_ATTENTION=xla` forces XLA's attention everywhere: the "before" of a benchmark, and a
-way out should a kernel misbehave on some machine.
+The kernel is a model setting (`Precision.attention`, `load_pipeline(attention=...)`): "xla"
+forces XLA's attention everywhere, the "before" of a benchmark and a way out should a kernel
+misbehave on some machine. Entry points (app, CLI, bench) default it to $SDXL_TPU_ATTENTION.
 """
 
 from __future__ import annotations
@@ -27,12 +28,26 @@ SPLASH_MIN_LENGTH = 1024
 _LANES = 128  # TPU vector lane width: splash wants sequence blocks and head dims in multiples of it
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False) -> jax.Array:
-    """Scaled dot-product attention on (batch, length, heads, head_dim) arrays."""
+KERNELS = ("auto", "xla")
+
+
+def check_kernel(kernel: str) -> str:
+    if kernel not in KERNELS:
+        raise ValueError(f"attention kernel {kernel!r}: use 'auto' (best kernel per platform) or 'xla'")
+    return kernel
+
+
+def default_kernel() -> str:
+    """The entry points' default: SDXL_TPU_ATTENTION, else "auto"."""
     choice = os.environ.get("SDXL_TPU_ATTENTION", "auto")
-    if choice not in ("auto", "xla"):
+    if choice not in KERNELS:
         raise ValueError(f"SDXL_TPU_ATTENTION={choice!r}: use 'auto' (best kernel per platform) or 'xla'")
-    if choice == "xla":
+    return choice
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False, kernel: str = "auto") -> jax.Array:
+    """Scaled dot-product attention on (batch, length, heads, head_dim) arrays."""
+    if check_kernel(kernel) == "xla":
         return xla_attention(q, k, v, is_causal=is_causal)
     return _per_platform(q, k, v, is_causal=is_causal)
 
@@ -72,7 +87,7 @@ def tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool =
     return splash_attention(q, k, v, interpret=interpret)
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
@@ -83,7 +98,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: boo
     segment ids, and the softmax scale is applied to q up front (the kernel applies none).
     """
     batch, length, heads, head_dim = q.shape
-    padded_len, padded_dim = _round_up(length, _LANES), _round_up(head_dim, _LANES)
+    padded_len, padded_dim = round_up(length, _LANES), round_up(head_dim, _LANES)
     scale = 1.0 / math.sqrt(head_dim)
 
     def to_kernel_layout(t: jax.Array) -> jax.Array:  # (B, L, H, D) -> (B, H, Lp, Dp)

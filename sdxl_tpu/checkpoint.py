@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,34 @@ _SMALL_FILES = ["model_index.json", "*/config.json", "scheduler/scheduler_config
                 "tokenizer_2/*"]
 
 
+def tiny_checkpoint_dir() -> Path:
+    """The built-in tiny checkpoint ("tiny"), written once to the user cache ($SDXL_TPU_TINY_DIR)."""
+    from .tiny import TINY_VERSION, write_tiny_checkpoint
+
+    default = Path.home() / ".cache" / "sdxl_tpu" / f"tiny-v{TINY_VERSION}"
+    directory = Path(os.environ.get("SDXL_TPU_TINY_DIR", default))
+    if not (directory / "model_index.json").is_file():
+        # Write beside it and rename, so concurrent first runs never see half a checkpoint.
+        staging = directory.with_name(f"{directory.name}.{os.getpid()}.tmp")
+        write_tiny_checkpoint(staging)
+        try:
+            staging.rename(directory)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not (directory / "model_index.json").is_file():
+                raise
+    return directory
+
+
 def resolve(model: str | os.PathLike, *, variant: str | None = "fp16") -> Path:
-    """A local directory as is; otherwise a Hub repo id, downloaded (or taken from the HF cache).
+    """"tiny" (the built-in tiny checkpoint), a local directory as is, or a Hub repo id,
+    downloaded (or taken from the HF cache).
 
     Only the files SDXL needs are fetched, and each component's `variant` weights (fp16) when the
     repo has them. HF_HUB_OFFLINE=1 makes this use the cache only.
     """
+    if str(model) == "tiny":
+        return tiny_checkpoint_dir()
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "model_index.json").is_file() and not (path / "unet").is_dir():
@@ -85,10 +108,12 @@ def load_vae(path: Path, precision: Precision) -> AutoencoderKL:
     return load_into(model, TensorSource(weight_files(path)), rename=normalize_vae_name, component="vae")
 
 
-def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtype: str | None = None) -> Models:
-    """All four networks of an SDXL checkpoint, weights cast to `param_dtype` (default: `dtype`)."""
+def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtype: str | None = None,
+                attention: str = "auto") -> Models:
+    """All four networks of an SDXL checkpoint, weights cast to `param_dtype` (default: `dtype`),
+    computing in `dtype` with the `attention` kernel ("auto" or "xla")."""
     root = resolve(model)
-    p = Precision.of(dtype, param_dtype)
+    p = Precision.of(dtype, param_dtype, attention=attention)
     return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False),
                   text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True),
                   unet=load_unet(root / "unet", p), vae=load_vae(root / "vae", p))

@@ -51,14 +51,15 @@ class CLIPTextConfig:
 class CLIPAttention(nnx.Module):
     def __init__(self, c: CLIPTextConfig, p: Precision):
         d = c.hidden_size
-        self.heads = c.num_attention_heads
+        self.heads, self.attention_kernel = c.num_attention_heads, p.attention
         self.q_proj, self.k_proj = Linear(d, d, p), Linear(d, d, p)
         self.v_proj, self.out_proj = Linear(d, d, p), Linear(d, d, p)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, n, d = x.shape
         split = lambda t: t.reshape(b, n, self.heads, d // self.heads)
-        out = attention(split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)), is_causal=True)
+        out = attention(split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)), is_causal=True,
+                        kernel=self.attention_kernel)
         return self.out_proj(out.reshape(b, n, d))
 
 

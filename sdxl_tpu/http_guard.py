@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+from .request import is_file_object, json_type, shown
+
 log = logging.getLogger("sdxl_tpu.http")
 
 MAX_BODY_BYTES = 1 << 20  # a /generate call is a few kB; 1 MiB leaves room for the longest inputs
@@ -56,38 +58,8 @@ class Refused(Exception):
         self.status, self.message = status, message
 
 
-def shown(value: Any, limit: int = 40) -> str:
-    """A client's text, safe to echo in a message or a log line: quoted, non-printable characters
-    (controls, lone surrogates) escaped, cut to `limit` characters."""
-    text = value if isinstance(value, str) else json_type(value)
-    out = "".join(ch if ch.isprintable() and unicodedata.category(ch) != "Cs" else f"\\u{ord(ch):04x}"
-                  for ch in text[:limit])
-    return f"'{out}{'…' if len(text) > limit else ''}'"
-
-
-def json_type(value: Any) -> str:
-    """What a JSON value is, in words (for messages; never a Python repr)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true/false"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, dict):
-        return "a file object" if _is_file_object(value) else "an object"
-    return "an unsupported value"
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_file_object(value: Any) -> bool:
-    return isinstance(value, dict) and ("meta" in value or "path" in value or "url" in value)
 
 
 @dataclass(frozen=True)
@@ -125,7 +97,7 @@ def check_data(data: Any, endpoint: Endpoint, *, files: bool = False) -> None:
         value, depth, index = stack.pop()
         if depth > MAX_DEPTH:
             raise Refused(422, f"input {index + 1} is nested too deeply.")
-        if not files and _is_file_object(value):
+        if not files and is_file_object(value):
             raise Refused(422, f"input {index + 1} is a file object; this app takes no files.")
         children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
         stack.extend((child, depth + 1, index) for child in children)
@@ -251,11 +223,11 @@ class RequestGuard:
                 scope = _with_body_length(scope, len(body))
             await self.app(scope, receive, send_tracked)
         except Refused as e:  # raised by check(), before the app could start a response
-            log.info("refused %s %s from %s: %s", method, shown(path, 80), _client(scope), e.message)
+            log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), e.message)
             await _send_json(send, e.status, {"detail": e.message})
         except Exception as e:  # a bug, not a client's fault: one line, no traceback to the client
             where = _innermost_frame(e)
-            log.error("error %s %s from %s: %s: %s (%s)", method, shown(path, 80), _client(scope), type(e).__name__,
+            log.error("error %s %s from %s: %s: %s (%s)", method, shown(path, 80), client_address(scope), type(e).__name__,
                       shown(str(e), 200), where)
             if not started:
                 await _send_json(send, 500, {"detail": "Internal error; it has been logged."})
@@ -375,7 +347,7 @@ async def _send_json(send, status: int, body: dict) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-def _client(scope: dict) -> str:
+def client_address(scope: dict) -> str:
     client = scope.get("client")
     return f"{client[0]}:{client[1]}" if client else "?"
 

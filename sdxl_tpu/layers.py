@@ -14,19 +14,25 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .attention import attention
+from .attention import attention, check_kernel
 
 
 @dataclass(frozen=True)
 class Precision:
-    """Parameter and activation dtypes of one model."""
+    """How one model computes: parameter and activation dtypes, and the attention kernel
+    ("auto": the best per platform, "xla": XLA's everywhere; see attention.py)."""
 
     param_dtype: jnp.dtype = jnp.float32
     dtype: jnp.dtype = jnp.float32
+    attention: str = "auto"
+
+    def __post_init__(self):
+        check_kernel(self.attention)
 
     @staticmethod
-    def of(dtype: str | jnp.dtype = "float32", param_dtype: str | jnp.dtype | None = None) -> "Precision":
-        return Precision(param_dtype=_as_dtype(param_dtype or dtype), dtype=_as_dtype(dtype))
+    def of(dtype: str | jnp.dtype = "float32", param_dtype: str | jnp.dtype | None = None,
+           attention: str = "auto") -> "Precision":
+        return Precision(param_dtype=_as_dtype(param_dtype or dtype), dtype=_as_dtype(dtype), attention=attention)
 
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -216,6 +222,7 @@ class Attention(nnx.Module):
                  upcast: bool = False):
         inner = heads * head_dim
         self.heads, self.head_dim, self.residual, self.upcast = heads, head_dim, residual, upcast
+        self.attention_kernel = p.attention
         self.group_norm = GroupNorm(group_norm[0], query_dim, group_norm[1], p) if group_norm else None
         self.to_q = Linear(query_dim, inner, p, bias=qkv_bias)
         self.to_k = Linear(context_dim or query_dim, inner, p, bias=qkv_bias)
@@ -233,9 +240,10 @@ class Attention(nnx.Module):
         q, k, v = split(self.to_q(h)), split(self.to_k(context)), split(self.to_v(context))
         if self.upcast:
             dtype = q.dtype
-            out = attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)).astype(dtype)
+            out = attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+                            kernel=self.attention_kernel).astype(dtype)
         else:
-            out = attention(q, k, v)
+            out = attention(q, k, v, kernel=self.attention_kernel)
         out = self.to_out[0](out.reshape(out.shape[0], out.shape[1], -1))
         if spatial_shape is not None:
             out = out.reshape(spatial_shape)

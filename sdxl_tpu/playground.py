@@ -4,28 +4,25 @@ checks, the warm-up state and the request handler. app.py only builds the UI and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
-import math
 import os
-import secrets
 import threading
 import time
 import traceback
-import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint import CheckpointError
 from .compilation import DEFAULT_COMPILE_CACHE
-from .http_guard import json_type, shown
-from .pipeline import MAX_SEED, MAX_TOKENS, GenerationError, Pipeline, _parse_size, load_pipeline
-from .scheduler import MAX_STEPS
+from .pipeline import GenerationError, Pipeline, load_pipeline
+from .request import (MAX_SEED, Request, RequestError, format_size, json_type, not_a_choice,
+                      number_input, parse_size, text_input)
+from .sampling import MAX_TOKENS
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-xl-base-1.0"
-MAX_PROMPT_CHARS = 1000
-GUIDANCE_RANGE = (0.0, 20.0)
 QUEUE_SIZE = 16
 TINY_DEFAULT_SIZE = "256x256"
 
@@ -68,10 +65,6 @@ EXAMPLES = [
 ]
 
 
-class UserInputError(ValueError):
-    """A request the user can fix; its message is shown to them as is."""
-
-
 log = logging.getLogger("sdxl_tpu.playground")
 
 
@@ -81,7 +74,7 @@ def log_refusal(where: str, error: Exception) -> None:
 
 
 def gradio_handler(fn: Callable, where: str) -> Callable:
-    """An event handler as Gradio calls it: a UserInputError reaches the user as its message (one
+    """An event handler as Gradio calls it: a RequestError reaches the user as its message (one
     log line); anything else is a bug, logged with its traceback, and the user is told it failed,
     without internals."""
     import gradio as gr
@@ -90,7 +83,7 @@ def gradio_handler(fn: Callable, where: str) -> Callable:
     def handler(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except UserInputError as e:
+        except RequestError as e:
             log_refusal(where, e)
             raise gr.Error(str(e), print_exception=False) from None
         except gr.Error:
@@ -107,7 +100,7 @@ def style_description(style: Any) -> str:
     """Markdown shown under the style menu: the template and what it adds to the negative prompt."""
     try:
         template, negative = style_entry(style)
-    except UserInputError as e:
+    except RequestError as e:
         log_refusal("style description", e)
         return str(e)
     return f"**Prompt template:** `{template}`" + (f"  \n**Adds to the negative prompt:** `{negative}`" if negative else "")
@@ -132,12 +125,13 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 7860
     compile_cache: str | None = str(DEFAULT_COMPILE_CACHE)
+    attention: str = "auto"
     images_per_call: int = 4
     queue_size: int = QUEUE_SIZE
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
-    sizes = [_parse_size(part) for part in text.split(",") if part.strip()]
+    sizes = [parse_size(part) for part in text.split(",") if part.strip()]
     if not sizes:
         raise ValueError("--sizes needs at least one WIDTHxHEIGHT")
     return list(dict.fromkeys(sizes))
@@ -159,6 +153,8 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
                         help="port (env GRADIO_SERVER_PORT)")
     parser.add_argument("--compile-cache", default=env.get("SDXL_TPU_COMPILE_CACHE", str(DEFAULT_COMPILE_CACHE)),
                         help="JAX persistent compilation cache directory (env SDXL_TPU_COMPILE_CACHE)")
+    parser.add_argument("--attention", default=env.get("SDXL_TPU_ATTENTION", "auto"), choices=["auto", "xla"],
+                        help="attention kernel: auto (best per platform) or xla (env SDXL_TPU_ATTENTION)")
     parser.add_argument("--queue-size", type=int, default=int(env.get("SDXL_QUEUE_SIZE", QUEUE_SIZE)),
                         help="requests that may wait; more are told the server is busy (env SDXL_QUEUE_SIZE)")
     args = parser.parse_args(argv)
@@ -171,7 +167,7 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     except ValueError as e:
         parser.error(str(e))
     return Settings(model=args.model, sizes=sizes, dtype=args.dtype, host=args.host, port=args.port,
-                    compile_cache=args.compile_cache or None, queue_size=args.queue_size)
+                    compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size)
 
 
 def model_not_found_message(model: str, reason: str) -> str:
@@ -184,36 +180,10 @@ def model_not_found_message(model: str, reason: str) -> str:
 # Input checks
 # ---------------------------------------------------------------------------------------------
 
-def clean_text(text: str) -> str:
-    """Control and format characters become spaces and whitespace is collapsed: what a user
-    pastes (tabs, newlines, zero-width spaces) never reaches the tokenizer as noise."""
-    text = "".join(" " if unicodedata.category(ch) in ("Cc", "Cf", "Co") else ch for ch in text)
-    return " ".join(text.split())
-
-
-def text_input(value: Any, name: str, limit: int = MAX_PROMPT_CHARS) -> str:
-    """A text field as a client sent it: text (null means empty), valid Unicode, at most `limit`
-    characters; refused otherwise, never converted or cut silently."""
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise UserInputError(f"{name} must be text, got {json_type(value)}.")
-    if len(value) > limit:  # first: the character scan below is then bounded
-        raise UserInputError(f"{name} is {len(value):,} characters long; at most {limit:,} are accepted.")
-    if any(unicodedata.category(ch) == "Cs" for ch in value):
-        raise UserInputError(f"{name} contains a lone surrogate (U+D800 to U+DFFF), which is not valid Unicode.")
-    return clean_text(value)
-
-
-def not_a_choice(name: str, value: Any, choices: Iterable[str]) -> str:
-    what = f"{name} {shown(value)} is not available" if isinstance(value, str) else f"{name} must be text, got {json_type(value)}"
-    return f"{what}; choose one of: {', '.join(choices)}."
-
-
 def style_entry(style: Any) -> tuple[str, str]:
     """(prompt template, negative prompt) of a style name as a client sent it."""
     if not isinstance(style, str) or style not in STYLES:
-        raise UserInputError(not_a_choice("Style", style, STYLES))
+        raise RequestError(not_a_choice("Style", style, STYLES))
     return STYLES[style]
 
 
@@ -222,53 +192,21 @@ def apply_style(style: Any, prompt: str, negative: str) -> tuple[str, str]:
     return template.replace("{prompt}", prompt), ", ".join(p for p in (style_negative, negative) if p)
 
 
-def number_input(value: Any, name: str, low: float, high: float, *, whole: bool = False) -> float:
-    """A number field: a JSON number (not true/false, not text), finite, in [low, high], and a
-    whole number where `whole` (3.0 counts as 3, 3.5 is refused, not rounded)."""
-    kind = "a whole number" if whole else "a number"
-    bounds = f"between {low:g} and {high:g}" if not whole else f"between {int(low)} and {int(high)}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserInputError(f"{name} must be {kind} {bounds}, got {json_type(value)}.")
-    if isinstance(value, float) and not math.isfinite(value):  # (an int may be too large for a float)
-        raise UserInputError(f"{name} must be a finite number {bounds}.")
-    if not low <= value <= high or whole and value != int(value):
-        raise UserInputError(f"{name} must be {kind} {bounds}.")
-    return value
-
-
-@dataclass
-class Request:
-    prompt: str
-    negative_prompt: str
-    seed: int
-    guidance_scale: float
-    steps: int
-    size: tuple[int, int]
-
-
 def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, guidance: Any, steps: Any,
              size: Any, sizes: Sequence[tuple[int, int]]) -> Request:
-    """Everything a client can send, as it sent it (JSON values), checked on the server: the
-    declared type or a UserInputError whose message names the field and the problem."""
+    """The playground's fields, as a client sent them (JSON values), as one checked Request with
+    the style applied. The page has one prompt box: text only, never a per-image list."""
     prompt, negative = text_input(prompt, "Prompt"), text_input(negative, "Negative prompt")
-    if not prompt:
-        raise UserInputError("Please enter a prompt.")
-    prompt, negative = apply_style(style, prompt, negative)
+    style_entry(style)  # an unknown style is refused before the rest is checked
     if not isinstance(randomize, bool):
-        raise UserInputError(f"Randomize seed must be true or false, got {json_type(randomize)}.")
+        raise RequestError(f"Randomize seed must be true or false, got {json_type(randomize)}.")
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
-        seed = int(number_input(seed, "Seed", 0, MAX_SEED, whole=True))
-    seed_value = secrets.randbelow(MAX_SEED + 1) if randomize else seed
-    g = float(number_input(guidance, "Guidance scale", *GUIDANCE_RANGE))
-    s = int(number_input(steps, "Steps", 1, MAX_STEPS, whole=True))
-    choices = {format_size(x): x for x in sizes}
-    if not isinstance(size, str) or size.strip() not in choices:
-        raise UserInputError(not_a_choice("Size", size, choices))
-    return Request(prompt, negative, seed_value, g, s, choices[size.strip()])
-
-
-def format_size(size: tuple[int, int]) -> str:
-    return f"{size[0]}x{size[1]}"
+        number_input(seed, "Seed", 0, MAX_SEED, whole=True)
+    request = Request.of(prompt, negative, seed=None if randomize else seed, guidance_scale=guidance, steps=steps,
+                         size=size, sizes=sizes)
+    # The style wraps what the user typed (their text is what the length limit applies to).
+    prompt, negative = apply_style(style, request.prompt, request.negative_prompt)
+    return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,7 +231,7 @@ class Server:
 
     def _load(self, s: Settings) -> Pipeline:
         return load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
-                             compile_cache=s.compile_cache)
+                             attention=s.attention)
 
     def load(self) -> None:
         """Load and compile (blocking). Sets status to "ready" or "error"."""
@@ -334,7 +272,7 @@ class Server:
         """Markdown: how many of the 77 tokens the prompt uses, and a warning when it is truncated."""
         try:
             text = text_input(prompt, "Prompt")
-        except UserInputError as e:
+        except RequestError as e:
             log_refusal("token count", e)
             return f"⚠️ {e}"
         if self.tokenizer is None:
@@ -346,15 +284,13 @@ class Server:
         return f"{n} / {MAX_TOKENS} tokens"
 
     def generate(self, request: Request, progress: Callable[[int, int], None] | None = None):
-        """Returns ([(image, caption)], seeds, info markdown). Raises UserInputError for the user."""
+        """Returns ([(image, caption)], seeds, info markdown). Raises RequestError for the user."""
         if not self.ready:
-            raise UserInputError(self.error or "The model is still warming up; please try again in a moment.")
+            raise RequestError(self.error or "The model is still warming up; please try again in a moment.")
         try:
-            result = self.pipeline.generate(request.prompt, request.negative_prompt, seed=request.seed,
-                                            guidance_scale=request.guidance_scale, steps=request.steps,
-                                            size=request.size, progress=progress)
-        except (ValueError, GenerationError) as e:
-            raise UserInputError(str(e)) from None
+            result = self.pipeline.run(request, progress=progress)
+        except GenerationError as e:
+            raise RequestError(str(e)) from None
         gallery = [(image, f"seed {info.seed}") for image, info in zip(result.images, result.infos)]
         t = result.timings
         info = (f"Generated {len(result.images)} images of {format_size(request.size)} in {t['total']:.2f} s "

@@ -1,20 +1,70 @@
-"""Samplers, computed on the host in float32 and handed to the compiled loop as padded tables.
+"""Samplers: host-side tables plus a pure, jit-able step.
 
-The number of steps changes per request without recompiling: the compiled program receives
-`MAX_STEPS + 1` sigmas and `MAX_STEPS` timesteps (zero padded) and a step count. A sampler is
-a host-side table builder plus a pure per-step update; more samplers (Euler ancestral,
-DPM++ 2M Karras) add a table builder and an update function here.
+A sampler has two halves:
+  - `tables(steps)`: the timesteps and sigmas of a step count, computed on the host in float32
+    (diffusers' arithmetic, so they equal its scheduler's). The compiled loop receives them
+    padded to MAX_STEPS, so changing the step count never recompiles.
+  - `step(state, model_output, i, tables) -> state`: step i on the device. The state carries the
+    latents and whatever a method needs between steps (a multistep method its previous
+    prediction, an ancestral one its noise key), so the denoising loop knows no method's details.
 """
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax
 import numpy as np
+
+from .configs import check_supported
 
 MAX_STEPS = 50
 
+
+class Tables(NamedTuple):
+    timesteps: Any   # (steps,) model timesteps; zero padded to MAX_STEPS in the compiled loop
+    sigmas: Any      # (steps + 1,) noise levels ending in 0; zero padded to MAX_STEPS + 1
+    init_sigma: Any  # () the scale of the initial noise
+
+
+class State(NamedTuple):
+    x: jax.Array     # the latents, float32
+    memory: Any = ()  # what a sampler carries from one step to the next (nothing for Euler)
+
+
+class Sampler(abc.ABC):
+    """The interface of every sampler; `name` is what image parameters call it (A1111's names)."""
+
+    name: str
+
+    @abc.abstractmethod
+    def tables(self, steps: int) -> Tables:
+        """Tables for `steps` steps (host, float32, unpadded)."""
+
+    def padded_tables(self, steps: int) -> Tables:
+        """The tables padded with zeros to MAX_STEPS, as the compiled loop takes them."""
+        t = self.tables(steps)
+        timesteps, sigmas = np.zeros(MAX_STEPS, np.float32), np.zeros(MAX_STEPS + 1, np.float32)
+        timesteps[:steps], sigmas[:steps + 1] = t.timesteps, t.sigmas
+        return Tables(timesteps, sigmas, np.float32(t.init_sigma))
+
+    def init(self, noise: jax.Array, tables: Tables) -> State:
+        """The state before step 0, from unit normal noise."""
+        return State(noise * tables.init_sigma)
+
+    def model_input(self, state: State, i: jax.Array, tables: Tables) -> tuple[jax.Array, jax.Array]:
+        """What the model sees at step i: the scaled latents and the timestep."""
+        sigma = tables.sigmas[i]
+        return state.x / (sigma ** 2 + 1) ** 0.5, tables.timesteps[i]
+
+    @abc.abstractmethod
+    def step(self, state: State, model_output: jax.Array, i: jax.Array, tables: Tables) -> State:
+        """Step i: from the state at sigmas[i] to the state at sigmas[i + 1] (pure, float32)."""
+
+
+# Scheduler config keys whose value must be one of these (diffusers' defaults among them).
 _SUPPORTED = {
     "beta_schedule": ("scaled_linear", "linear"),
     "prediction_type": ("epsilon",),
@@ -31,7 +81,7 @@ _SUPPORTED = {
 
 
 @dataclass(frozen=True)
-class EulerDiscrete:
+class EulerDiscrete(Sampler):
     """diffusers' EulerDiscreteScheduler (s_churn = 0) for epsilon-prediction models."""
 
     num_train_timesteps: int = 1000
@@ -40,19 +90,18 @@ class EulerDiscrete:
     beta_schedule: str = "scaled_linear"
     timestep_spacing: str = "leading"
     steps_offset: int = 1
+    name = "Euler"
 
     @staticmethod
     def from_config(cfg: dict[str, Any]) -> "EulerDiscrete":
-        for key, allowed in _SUPPORTED.items():
-            if key in cfg and cfg[key] not in allowed:
-                raise ValueError(f"scheduler config: unsupported {key}={cfg[key]!r} (supported: {allowed})")
+        check_supported("scheduler", cfg, _SUPPORTED)
         return EulerDiscrete(num_train_timesteps=cfg.get("num_train_timesteps", 1000),
                              beta_start=cfg.get("beta_start", 0.00085), beta_end=cfg.get("beta_end", 0.012),
                              beta_schedule=cfg.get("beta_schedule", "scaled_linear"),
                              timestep_spacing=cfg.get("timestep_spacing", "leading"),
                              steps_offset=cfg.get("steps_offset", 0))
 
-    def _train_sigmas(self) -> np.ndarray:
+    def train_sigmas(self) -> np.ndarray:
         n = self.num_train_timesteps
         # As diffusers: betas in float32, the cumulative product accumulated in float64.
         if self.beta_schedule == "scaled_linear":
@@ -72,31 +121,17 @@ class EulerDiscrete:
         ratio = n / steps
         return np.arange(n, 0, -ratio).round().astype(np.float32) - 1
 
-    def tables(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
-        """(timesteps[steps], sigmas[steps + 1] ending in 0, init_noise_sigma), float32."""
+    def tables(self, steps: int) -> Tables:
         if not 1 <= steps <= MAX_STEPS:
             raise ValueError(f"steps must be between 1 and {MAX_STEPS}, got {steps}")
         timesteps = self.timesteps(steps)
-        train = self._train_sigmas()
+        train = self.train_sigmas()
         sigmas = np.interp(timesteps, np.arange(len(train)), train)
         sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
         top = float(sigmas.max())
         init = top if self.timestep_spacing in ("linspace", "trailing") else (top ** 2 + 1) ** 0.5
-        return timesteps, sigmas, float(np.float32(init))
+        return Tables(timesteps, sigmas, float(np.float32(init)))
 
-    def padded_tables(self, steps: int) -> tuple[np.ndarray, np.ndarray, np.float32]:
-        """The tables padded to MAX_STEPS, as the compiled loop takes them."""
-        timesteps, sigmas, init = self.tables(steps)
-        t = np.zeros(MAX_STEPS, np.float32)
-        s = np.zeros(MAX_STEPS + 1, np.float32)
-        t[:steps], s[:steps + 1] = timesteps, sigmas
-        return t, s, np.float32(init)
-
-
-def euler_step(sample, eps, sigma, sigma_next):
-    """One Euler step of the probability-flow ODE (float32 throughout)."""
-    return sample + eps * (sigma_next - sigma)
-
-
-def scale_model_input(sample, sigma):
-    return sample / (sigma ** 2 + 1) ** 0.5
+    def step(self, state: State, model_output: jax.Array, i: jax.Array, tables: Tables) -> State:
+        # One Euler step of the probability-flow ODE: dx/dsigma = eps.
+        return State(state.x + model_output * (tables.sigmas[i + 1] - tables.sigmas[i]), state.memory)

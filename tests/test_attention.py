@@ -79,7 +79,7 @@ def test_tpu_branch_uses_splash_only_for_long_self_attention(case, expect_splash
     assert ("pallas_call" in _primitives(fn, q, k, v)) == expect_splash
 
 
-def test_compiler_picks_the_kernel_per_platform(monkeypatch):
+def test_compiler_picks_the_kernel_per_platform():
     q, k, v = _qkv(1, 1024, 2, 64, jnp.bfloat16)
     traced = jax.jit(attn.attention).trace(q, k, v)
     assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
@@ -87,9 +87,23 @@ def test_compiler_picks_the_kernel_per_platform(monkeypatch):
     # On this CPU the default branch runs: XLA's attention, exactly.
     np.testing.assert_array_equal(np.asarray(jax.jit(attn.attention)(q, k, v), np.float32),
                                   np.asarray(attn.xla_attention(q, k, v), np.float32))
-    monkeypatch.setenv("SDXL_TPU_ATTENTION", "xla")  # the escape hatch: no per-platform branches
-    # (a new function: jax caches the traces of one it has seen, and the setting is read when tracing)
-    assert "platform_index" not in _primitives(lambda q, k, v: attn.attention(q, k, v), q, k, v)
+    # The escape hatch, a model setting: no per-platform branches at all.
+    assert "platform_index" in _primitives(lambda q, k, v: attn.attention(q, k, v), q, k, v)
+    assert "platform_index" not in _primitives(lambda q, k, v: attn.attention(q, k, v, kernel="xla"), q, k, v)
+
+
+def test_attention_kernel_is_a_model_setting(tiny_checkpoint):
+    """load_models(attention="xla") reaches every attention call of every network; the
+    environment variable is only the entry points' default."""
+    from sdxl_tpu import load_models
+    from sdxl_tpu.pipeline import Pipeline, load_sampler
+
+    for kernel, branches in (("auto", True), ("xla", False)):
+        models = load_models(tiny_checkpoint, dtype="float32", attention=kernel)
+        pipe = Pipeline(models, (None, None), load_sampler(tiny_checkpoint), sizes=["256x256"])
+        for program in ("encode", "denoise", "decode"):
+            jaxpr = str(pipe.trace(program, "256x256").jaxpr)
+            assert ("platform_index" in jaxpr) == branches, (kernel, program)
 
 
 def test_gpu_branch_falls_back_to_xla_where_cudnn_cannot_run():
@@ -103,10 +117,16 @@ def test_gpu_branch_falls_back_to_xla_where_cudnn_cannot_run():
 
 
 def test_unknown_attention_setting_is_named(monkeypatch):
-    monkeypatch.setenv("SDXL_TPU_ATTENTION", "flash")
+    from sdxl_tpu import Precision
+
     q, k, v = _qkv(1, 8, 1, 8)
+    with pytest.raises(ValueError, match="attention kernel 'flash'"):
+        attn.attention(q, k, v, kernel="flash")
+    with pytest.raises(ValueError, match="attention kernel 'flash'"):
+        Precision.of("float32", attention="flash")
+    monkeypatch.setenv("SDXL_TPU_ATTENTION", "flash")
     with pytest.raises(ValueError, match="SDXL_TPU_ATTENTION='flash'"):
-        attn.attention(q, k, v)
+        attn.default_kernel()
 
 
 def test_pipeline_programs_carry_splash_attention_when_compiled_for_tpu(tiny_checkpoint):
@@ -115,8 +135,7 @@ def test_pipeline_programs_carry_splash_attention_when_compiled_for_tpu(tiny_che
     from sdxl_tpu import load_pipeline
 
     pipe = load_pipeline(tiny_checkpoint, dtype="bfloat16", sizes=["256x256"], warmup=False)
-    inputs = pipe._abstract_inputs((256, 256))
-    traced = pipe._decode_program().trace(pipe._params["vae"], inputs["noise"])
+    traced = pipe.trace("decode", (256, 256))
     assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
     assert "tpu_custom_call" not in traced.lower(lowering_platforms=("cpu",)).as_text()
 
@@ -134,7 +153,7 @@ def test_vae_decode_through_the_tpu_branch_matches_xla(tiny_checkpoint, monkeypa
     with_xla = np.asarray(vae.decode(latents))
     used = []
 
-    def tpu_branch(q, k, v, *, is_causal=False):
+    def tpu_branch(q, k, v, *, is_causal=False, kernel="auto"):
         used.append(q.shape[1])
         return attn.tpu_attention(q, k, v, is_causal=is_causal, interpret=True)
 

@@ -37,13 +37,15 @@ def test_generate_writes_pngs_with_parameters(env, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["generate", "x", "--size", "64y64"], "size must look like WIDTHxHEIGHT"),
+    # The same rules and messages as the API and the playground (sdxl_tpu.request), checked before loading.
+    (["generate", "x", "--size", "64y64"], "Size must look like WIDTHxHEIGHT (e.g. 1024x1024), got '64y64'."),
     (["generate", "x", "--steps", "abc"], "argument --steps: invalid int value"),
-    (["generate", "x", "--steps", "0"], "--steps must be between 1 and 50"),
-    (["generate", "   "], "the prompt is empty"),
+    (["generate", "x", "--steps", "0"], "Steps must be a whole number between 1 and 50."),
+    (["generate", "   "], "Please enter a prompt."),
+    (["generate", "x", "--guidance", "nan"], "Guidance scale must be a finite number between 0 and 20."),
     (["generate", "x", "--model", "/nonexistent/model"], "neither an existing directory nor a Hub repo id"),
     (["generate", "x", "--model", "tiny", "--size", "64x64", "--seed", "-3", "--steps", "1"],
-     "seed must be an integer between 0 and 4294967295"),
+     "Seed must be a whole number between 0 and 4294967295."),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_are_one_line_errors(env, args, message):

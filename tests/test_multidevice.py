@@ -36,7 +36,7 @@ with CompileCounter() as counter:
     pipe.generate(["a", "b", "c", "d"], "", seed=[1, 2, 3, 4], guidance_scale=[1, 2, 3, 4], steps=5, size=(64, 64))
 images = np.stack([np.asarray(im) for im in result.images])
 np.save(sys.argv[3], images)
-shards = [s.data.shape for s in pipe._params["unet"]["conv_in"]["kernel"].get_value().addressable_shards]
+shards = [s.data.shape for s in pipe.params["unet"]["conv_in"]["kernel"].get_value().addressable_shards]
 print(json.dumps({"images_per_call": pipe.images_per_call, "seeds": result.seeds, "collectives": collectives,
                   "host_transfers": host_transfers,
                   "while_loops": hlo["denoise"].count(" while("), "compiles": counter.compiles,

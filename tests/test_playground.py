@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from sdxl_tpu.playground import (STYLES, Server, Settings, UserInputError, apply_style, clean_text, parse_settings,
-                                 seed_at, style_description, text_input, validate)
+from sdxl_tpu.playground import STYLES, Server, Settings, apply_style, parse_settings, seed_at, style_description, validate
+from sdxl_tpu.request import RequestError, clean_text, text_input
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
@@ -41,7 +41,7 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
                            (5, "Prompt must be text, got a number."), (True, "Prompt must be text, got true/false."),
                            ("x" * 1001, "Prompt is 1,001 characters long; at most 1,000 are accepted."),
                            ("a\ud800b", "Prompt contains a lone surrogate")]:
-        with pytest.raises(UserInputError) as info:
+        with pytest.raises(RequestError) as info:
             text_input(value, "Prompt")
         assert str(info.value).startswith(message)
 
@@ -74,7 +74,7 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
     (dict(style=3), "Style must be text, got a number; choose one of:"),
 ])
 def test_validation_messages(overrides, message):
-    with pytest.raises(UserInputError) as info:
+    with pytest.raises(RequestError) as info:
         _validate(**overrides)
     assert str(info.value).startswith(message)
     str(info.value).encode("utf-8")  # what the user sees is always valid UTF-8 (JSON-encodable)
@@ -115,7 +115,7 @@ def test_server_warm_up_states_and_errors():
     server = Server(Settings(model="tiny", sizes=SIZES), loader=slow_loader)
     thread = server.start()
     assert server.status == "loading" and not server.ready
-    with pytest.raises(UserInputError, match="still warming up"):
+    with pytest.raises(RequestError, match="still warming up"):
         server.generate(_validate())
     release.set()
     thread.join(10)
@@ -151,3 +151,8 @@ def test_display_helpers_take_any_client_value():
     server = Server(Settings(model="tiny"))
     assert server.token_count(["a"]) == "⚠️ Prompt must be text, got a list."
     assert server.token_count("x" * 1001).startswith("⚠️ Prompt is 1,001 characters long")
+
+
+def test_the_length_limit_applies_to_what_the_user_typed_not_the_style():
+    request = _validate(prompt="x" * 1000, style="Fantasy art")
+    assert len(request.prompt) > 1000 and "x" * 1000 in request.prompt

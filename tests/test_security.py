@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import time
 import uuid
 from pathlib import Path
 

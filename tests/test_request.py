@@ -1,0 +1,77 @@
+"""The one request type and its rules (sdxl_tpu.request), shared by the API, the CLI and the
+playground: the same value gets the same message wherever it comes in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sdxl_tpu.playground import validate
+from sdxl_tpu.request import MAX_SEED, Request, RequestError, parse_size, size_input
+
+SIZES = [(64, 64), (96, 64)]
+
+
+def test_a_request_spelled_out_per_image():
+    request = Request.of(["a", "b"], "blurry", seed=MAX_SEED, guidance_scale=(1, 7.5), steps=3.0, size="96x64")
+    assert request.steps == 3 and isinstance(request.steps, int) and request.size == (96, 64)
+    images = request.images(2)
+    assert [i.prompt for i in images] == ["a", "b"] and [i.negative_prompt for i in images] == ["blurry"] * 2
+    assert [i.seed for i in images] == [MAX_SEED, 0]  # base + i, wrapping within 32 bits
+    assert [i.guidance_scale for i in images] == [1.0, 7.5]
+    with pytest.raises(RequestError, match=r"^Prompt: got 2 values for 4 images\.$"):
+        request.images(4)
+    assert Request.of("a", seed=[5, 9]).images(2)[1].seed == 9  # one seed per image, as given
+
+
+def test_random_seed_is_drawn_once_per_request():
+    seeds = {Request.of("a").seed for _ in range(8)}
+    assert len(seeds) > 1 and all(isinstance(s, int) and 0 <= s <= MAX_SEED for s in seeds)
+    request = Request.of("a")
+    assert request.images(2) == request.images(2)  # drawn when checked, not when spelled out
+
+
+@pytest.mark.parametrize("value, size", [("1024x1024", (1024, 1024)), (" 96X64 ", (96, 64)), ((64, 96), (64, 96)),
+                                         ([8, 16], (8, 16)), ((np.int64(64), 64), (64, 64))])
+def test_sizes_as_text_or_pairs(value, size):
+    assert parse_size(value) == size
+
+
+@pytest.mark.parametrize("value, message", [
+    ("64", "Size must look like WIDTHxHEIGHT (e.g. 1024x1024), got '64'."),
+    ("١٠x١٠", "Size must look like WIDTHxHEIGHT"),  # non-ASCII digits are not sizes
+    ("9" * 50 + "x1", "Size must look like WIDTHxHEIGHT"),
+    ((True, 64), "Size must be WIDTHxHEIGHT text or a (width, height) pair, got a list."),
+    (64, "Size must be WIDTHxHEIGHT text or a (width, height) pair, got a number."),
+])
+def test_sizes_refused_with_the_reason(value, message):
+    with pytest.raises(RequestError) as info:
+        parse_size(value)
+    assert str(info.value).startswith(message)
+
+
+def test_only_available_sizes_are_accepted():
+    assert size_input("96x64", SIZES) == (96, 64) and size_input((64, 64), SIZES) == (64, 64)
+    for value, message in [("128x128", "Size '128x128' is not available; choose one of: 64x64, 96x64."),
+                           ((128, 128), "Size 128x128 is not available; choose one of: 64x64, 96x64."),
+                           (["64x64"], "Size must be text, got a list; choose one of: 64x64, 96x64.")]:
+        with pytest.raises(RequestError) as info:
+            size_input(value, SIZES)
+        assert str(info.value) == message
+
+
+@pytest.mark.parametrize("field, value", [("seed", -1), ("seed", 1.5), ("seed", "7"), ("seed", True),
+                                          ("guidance_scale", float("nan")), ("guidance_scale", 21),
+                                          ("steps", 0), ("steps", 51), ("steps", 2.5), ("size", "1024x1024"),
+                                          ("prompt", 7), ("prompt", "\t"), ("negative_prompt", 3)])
+def test_the_playground_and_the_api_give_the_same_message(field, value):
+    api = dict(prompt="a cat", negative_prompt="", seed=3, guidance_scale=5.0, steps=20, size="64x64")
+    api[field] = value
+    with pytest.raises(RequestError) as from_api:
+        Request.of(api.pop("prompt"), api.pop("negative_prompt"), sizes=SIZES, **api)
+    ui = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
+              size="64x64")
+    ui[{"negative_prompt": "negative", "guidance_scale": "guidance"}.get(field, field)] = value
+    with pytest.raises(RequestError) as from_ui:
+        validate(*ui.values(), SIZES)
+    assert str(from_ui.value) == str(from_api.value)
