@@ -1,12 +1,9 @@
 """`python -m sdxl_tpu bench`: compile times, latency, throughput, memory and FLOP utilisation.
 
-FLOP count (documented formula, derived from the model as configured): trace one UNet
-evaluation (batch 1) and one VAE decode to jaxprs and add up the matrix products:
-    dot_general: 2 * (elements of the output) * (size of the contracted dimensions)
-    conv:        2 * (elements of the output) * kh * kw * (input channels / groups)
-Element-wise work (norms, activations, softmax) is left out, as is usual for model FLOPs.
-For SDXL base at 1024x1024 this gives 6.76 TFLOP per UNet evaluation per image and 10.5 TFLOP
-per VAE decode; a call with classifier-free guidance does 2 * steps UNet evaluations per image.
+A checkpoint (`--model`, the tiny preset, or any preset without `--random-weights`) is loaded
+by `load_pipeline`, exactly as the app loads it; `--random-weights` builds the preset's
+architecture (presets.py) with random weights on the device and SDXL base 1.0's scheduler.
+FLOPs are counted from the traced UNet and VAE (see flops.py).
 """
 
 from __future__ import annotations
@@ -20,19 +17,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .checkpoint import Models
+from .checkpoint import Models, resolve
 from .clip import CLIPTextConfig, CLIPTextModel
+from .compilation import enable_compile_cache
+from .flops import model_flops
 from .layers import Precision
+from .pipeline import Pipeline, compute_dtype_for, load_pipeline
+from .presets import SCHEDULER_CONFIG, preset_configs
+from .request import format_size, parse_size
+from .scheduler import EulerDiscrete
 from .unet import UNet2DConditionModel, UNetConfig
-from .tiny import preset_configs
 from .vae import AutoencoderKL, VAEConfig
+from .weights import read_json
+
+SDXL_BASE = "stabilityai/stable-diffusion-xl-base-1.0"
+PROMPT, NEGATIVE = "a photo of an astronaut riding a horse on the moon", "blurry"
+
 
 def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:
     """The preset's architecture with random weights, made on the device (nothing read or written)."""
@@ -60,102 +66,51 @@ def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) 
                   vae=fill(nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(configs["vae"]), precision))))
 
 
-# --- FLOPs ------------------------------------------------------------------------------------
-
-def _jaxpr_flops(jaxpr) -> int:
-    total = 0
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name == "dot_general":
-            (contract_lhs, _), _ = eqn.params["dimension_numbers"]
-            lhs = eqn.invars[0].aval.shape
-            total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract_lhs)
-        elif name == "conv_general_dilated":
-            rhs = eqn.invars[1].aval.shape
-            spec = eqn.params["dimension_numbers"].rhs_spec  # (out, in, spatial...)
-            window = math.prod(rhs[d] for d in spec[2:]) * rhs[spec[1]]
-            total += 2 * math.prod(eqn.outvars[0].aval.shape) * window  # kernel in-dim is already per group
-        elif name == "cond":  # platform_dependent attention: one branch runs; they compute the same
-            total += max(_jaxpr_flops(b.jaxpr) for b in eqn.params["branches"])
-            continue
-        for sub in _subjaxprs(eqn):
-            total += _jaxpr_flops(sub)
-    return total
-
-
-def _subjaxprs(eqn):
-    for value in eqn.params.values():
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if hasattr(v, "jaxpr") and hasattr(v.jaxpr, "eqns"):
-                yield v.jaxpr
-            elif hasattr(v, "eqns"):
-                yield v
-
-
-def model_flops(models: Models, size: tuple[int, int]) -> dict[str, int]:
-    """FLOPs of one UNet evaluation and one VAE decode for one image of `size` (width, height)."""
-    w, h = size
-    factor = 2 ** (len(models.vae.config.block_out_channels) - 1)
-    c = models.unet.config
-    latent = jax.ShapeDtypeStruct((1, h // factor, w // factor, c.in_channels), jnp.float32)
-    context = jax.ShapeDtypeStruct((1, 77, c.cross_attention_dim[0]), jnp.float32)
-    pooled = jax.ShapeDtypeStruct((1, c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim),
-                                  jnp.float32)
-    time_ids = jax.ShapeDtypeStruct((1, 6), jnp.float32)
-    def trace(model, method, *args):  # works for abstract (eval_shape) and concrete models alike
-        graph, state = nnx.split(model)
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-        return jax.make_jaxpr(lambda st, *a: getattr(nnx.merge(graph, st), method)(*a))(abstract, *args)
-
-    unet = trace(models.unet, "__call__", latent, jax.ShapeDtypeStruct((1,), jnp.float32), context, pooled, time_ids)
-    vae = trace(models.vae, "decode", latent)
-    return {"unet": _jaxpr_flops(unet.jaxpr), "vae_decode": _jaxpr_flops(vae.jaxpr)}
-
-
-# --- the benchmark ----------------------------------------------------------------------------
-
-# Dense bf16 peak per device, TFLOP/s (datasheets), for utilisation.
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0,
-               "TPU v4": 275.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
-
-
-def _peak_tflops(device: jax.Device) -> float | None:
-    kind = getattr(device, "device_kind", "")
-    for name, tflops in PEAK_TFLOPS.items():
-        if name.lower() in kind.lower():
-            return tflops
-    return None
-
-
-def _tokenizers():
+def random_tokenizers():
+    """The tiny checkpoint's two CLIP tokenizers (a small BPE vocabulary), written and read back."""
     from transformers import CLIPTokenizer
 
-    from .tiny import _write_tokenizer, build_vocabulary
+    from .tiny import build_vocabulary, write_tokenizer
 
-    directory = Path(tempfile.mkdtemp(prefix="sdxl-bench-tokenizer-"))
     vocab, merges = build_vocabulary()
-    _write_tokenizer(directory / "t1", vocab, merges, pad_token="<|endoftext|>")
-    _write_tokenizer(directory / "t2", vocab, merges, pad_token="!")
-    return CLIPTokenizer.from_pretrained(str(directory / "t1")), CLIPTokenizer.from_pretrained(str(directory / "t2"))
+    with tempfile.TemporaryDirectory(prefix="sdxl-bench-tokenizer-") as directory:
+        tokenizers = []
+        for name, pad in (("tokenizer", "<|endoftext|>"), ("tokenizer_2", "!")):
+            write_tokenizer(os.path.join(directory, name), vocab, merges, pad_token=pad)
+            tokenizers.append(CLIPTokenizer.from_pretrained(os.path.join(directory, name)))
+    return tuple(tokenizers)
 
 
-def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False):
-    from .checkpoint import load_models, load_tokenizers, resolve
-    from .pipeline import Pipeline, compute_dtype_for, tiny_checkpoint_dir
-    from .scheduler import EulerDiscrete
+# --- what is measured -------------------------------------------------------------------------
 
-    size = args.size
-    if args.model or args.preset == "tiny" or not args.random_weights:
-        model = args.model or ("tiny" if args.preset == "tiny" else "stabilityai/stable-diffusion-xl-base-1.0")
-        root = tiny_checkpoint_dir() if model == "tiny" else resolve(model)
-        models = load_models(root, dtype=compute_dtype_for(args.dtype, args.compute_dtype), param_dtype=args.dtype)
-        tokenizers = load_tokenizers(root)
-    else:
-        models = random_models(preset_configs(args.preset),
-                               Precision.of(compute_dtype_for(args.dtype, args.compute_dtype), args.dtype))
-        tokenizers = _tokenizers()
-    return Pipeline(models, tokenizers, EulerDiscrete(), sizes=[size], images_per_call=args.images,
-                    model_name=args.model or args.preset, step_progress=step_progress), models
+def checkpoint_name(args: argparse.Namespace) -> str | None:
+    """The checkpoint the benchmark loads, or None for the preset's architecture with random weights."""
+    if args.model:
+        return args.model
+    if args.preset == "tiny":
+        return "tiny"
+    return None if args.random_weights else SDXL_BASE
+
+
+def architecture(args: argparse.Namespace) -> dict[str, Any]:
+    """The UNet and VAE configs (config.json contents) of what is measured: the checkpoint's or the preset's."""
+    model = checkpoint_name(args)
+    if model is None:
+        return preset_configs(args.preset)
+    root = resolve(model)
+    return {name: dict(read_json(root / name / "config.json")) for name in ("unet", "vae")}
+
+
+def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False) -> Pipeline:
+    model = checkpoint_name(args)
+    if model is not None:  # the app's own loader: the checkpoint's scheduler, tokenizers and settings
+        return load_pipeline(model, dtype=args.dtype, compute_dtype=args.compute_dtype, sizes=[args.size],
+                             images_per_call=args.images, step_progress=step_progress, warmup=False,
+                             attention=args.attention)
+    precision = Precision.of(compute_dtype_for(args.dtype, args.compute_dtype), args.dtype, attention=args.attention)
+    return Pipeline(random_models(preset_configs(args.preset), precision), random_tokenizers(),
+                    EulerDiscrete.from_config(SCHEDULER_CONFIG), sizes=[args.size], images_per_call=args.images,
+                    model_name=args.preset, step_progress=step_progress)
 
 
 def _memory(programs: dict[str, Any]) -> dict[str, Any]:
@@ -174,22 +129,33 @@ def _memory(programs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _time_calls(pipe, args, runs: int) -> list[float]:
-    latencies = []
+def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int) -> list[tuple[float, dict[str, float]]]:
+    """(latency, the pipeline's own stage timings) of `runs` calls."""
+    calls = []
     for i in range(runs):
         start = time.perf_counter()
-        pipe.generate("a photo of an astronaut riding a horse on the moon", "blurry", seed=i,
-                      steps=args.steps, size=args.size)
-        latencies.append(time.perf_counter() - start)
-    return latencies
+        result = pipe.generate(PROMPT, NEGATIVE, seed=i, steps=args.steps, size=args.size)
+        calls.append((time.perf_counter() - start, result.timings))
+    return calls
+
+
+def warm_compile_argv(args: argparse.Namespace, cache: str) -> list[str]:
+    """The command line of a second process that compiles the same programs from `cache`."""
+    argv = [sys.executable, "-m", "sdxl_tpu", "bench", "--preset", args.preset, "--size", format_size(args.size),
+            "--images", str(args.images), "--dtype", args.dtype, "--attention", args.attention]
+    if args.model:
+        argv += ["--model", args.model]
+    if args.random_weights:
+        argv.append("--random-weights")
+    if args.compute_dtype:
+        argv += ["--compute-dtype", args.compute_dtype]
+    return argv + ["--compile-only", "--compile-cache", cache, "--json"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from .compilation import enable_compile_cache
-
     cache = args.compile_cache or tempfile.mkdtemp(prefix="sdxl-bench-jax-cache-")
     enable_compile_cache(cache)
-    pipe, models = build_pipeline(args)
+    pipe = build_pipeline(args)
     start = time.perf_counter()
     pipe.warmup()
     compile_s = time.perf_counter() - start
@@ -198,40 +164,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     report: dict[str, Any] = {
         "preset": args.preset, "model": args.model, "random_weights": args.random_weights, "dtype": args.dtype,
-        "compute_dtype": str(jnp.dtype(models.unet.conv_in.dtype)),
-        "size": f"{args.size[0]}x{args.size[1]}", "steps": args.steps, "images": pipe.images_per_call,
+        "compute_dtype": compute_dtype_for(args.dtype, args.compute_dtype),
+        "size": format_size(args.size), "steps": args.steps, "images": pipe.images_per_call,
         "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind, "platform": jax.default_backend(),
-        "cold_compile_s": compile_s, "compile_cache": cache,
-        "attention": os.environ.get("SDXL_TPU_ATTENTION", "auto"),
+        "cold_compile_s": compile_s, "compile_cache": cache, "attention": args.attention,
     }
     if args.warm_compile:
-        child = [sys.executable, "-m", "sdxl_tpu", "bench", *args.argv, "--compile-only", "--compile-cache", cache,
-                 "--json"]
-        result = subprocess.run(child, capture_output=True, text=True, env=os.environ.copy())
+        result = subprocess.run(warm_compile_argv(args, cache), capture_output=True, text=True)
         if result.returncode == 0:
             report["warm_compile_s"] = json.loads(result.stdout.strip().splitlines()[-1])["compile_s"]
         else:
             report["warm_compile_error"] = result.stderr.strip().splitlines()[-1:]
 
     _time_calls(pipe, args, 1)  # first call: allocations, caches
-    latencies = _time_calls(pipe, args, args.runs)
+    calls = _time_calls(pipe, args, args.runs)
+    latencies = [latency for latency, _ in calls]
     median = statistics.median(latencies)
-    timings = pipe.generate("a cat", seed=0, steps=args.steps, size=args.size).timings
+    _, timings = sorted(calls, key=lambda c: c[0])[len(calls) // 2]  # the stages of the (upper) median call
     report.update(latency_s={"median": median, "min": min(latencies), "max": max(latencies), "runs": len(latencies)},
                   stage_s=timings, s_per_step=timings["denoising"] / args.steps, images_per_s=pipe.images_per_call / median)
 
     if args.compare_progress:
-        stepwise, _ = build_pipeline(args, step_progress=True)
+        stepwise = build_pipeline(args, step_progress=True)
         stepwise.warmup()
         _time_calls(stepwise, args, 1)
         # Alternate the two so drift on a noisy machine hits both alike.
         with_progress, fused = [], []
         for _ in range(args.runs):
-            with_progress += _time_calls(stepwise, args, 1)
-            fused += _time_calls(pipe, args, 1)
+            with_progress += [latency for latency, _ in _time_calls(stepwise, args, 1)]
+            fused += [latency for latency, _ in _time_calls(pipe, args, 1)]
         report["progress_overhead"] = statistics.median(with_progress) / statistics.median(fused) - 1
 
-    flops = model_flops(models, args.size)
+    configs = architecture(args)
+    flops = model_flops(configs["unet"], configs["vae"], args.size)
     per_call = pipe.images_per_call * (2 * args.steps * flops["unet"] + flops["vae_decode"])
     achieved = per_call / median / 1e12
     peak = args.peak_tflops or _peak_tflops(jax.devices()[0])
@@ -245,6 +210,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report["memory_bytes"]["device_peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
     return report
 
+
+# Dense bf16 peak per device, TFLOP/s (datasheets), for utilisation.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0,
+               "TPU v4": 275.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
+
+
+def _peak_tflops(device: jax.Device) -> float | None:
+    kind = getattr(device, "device_kind", "")
+    for name, tflops in PEAK_TFLOPS.items():
+        if name.lower() in kind.lower():
+            return tflops
+    return None
+
+
+# --- the report -------------------------------------------------------------------------------
 
 def _bytes(b: float) -> str:
     return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
@@ -306,6 +286,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float32"],
                         help="activation dtype (default: --dtype, but float32 on a CPU)")
+    parser.add_argument("--attention", choices=["auto", "xla"], default=os.environ.get("SDXL_TPU_ATTENTION", "auto"),
+                        help="attention kernel: auto (the best per platform) or xla (default: $SDXL_TPU_ATTENTION, "
+                             "else auto)")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--compile-cache", default=None, help="(default: a fresh directory, so compiles are cold)")
     parser.add_argument("--no-warm-compile", dest="warm_compile", action="store_false",
@@ -319,12 +302,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "1024x1024 fit a 16 GB chip?)")
 
 
-def main(args: argparse.Namespace, argv: list[str]) -> int:
-    from .pipeline import _parse_size
-
-    args.argv = [a for a in argv if a not in ("--json",)]
-    default_size = preset_configs(args.preset)["size"]
-    args.size = _parse_size(args.size) if args.size else default_size
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark `args` (parsed by a parser given add_arguments) describes and print its report."""
+    size = parse_size(args.size) if args.size else preset_configs(args.preset)["size"]
+    args = argparse.Namespace(**{**vars(args), "size": size})
     report = run(args)
     print(json.dumps(report) if args.json else format_report(report))
     return 0
