@@ -4,7 +4,8 @@
 
 Writes a random checkpoint of the preset in diffusers format, starts one worker process per
 implementation (the reference in its own virtual environment, benchmarks/.venv-reference,
-created on first use from requirements-reference.txt), both on the same devices (four
+created on first use from requirements-reference.txt on top of the packages of the interpreter
+running this script, a virtual environment's included), both on the same devices (four
 simulated CPU devices here by default; the real devices elsewhere with --devices 0), then
 alternates calls between them and prints compile times, latencies and their ratio.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import site
 import statistics
 import subprocess
 import sys
@@ -27,13 +29,48 @@ sys.path.insert(0, str(ROOT))
 VENV = HERE / ".venv-reference"
 
 
+def outer_site_dirs() -> list[str]:
+    """The site-packages directories of the interpreter running this script, in its sys.path order:
+    those of the active virtual environment when there is one, not its base interpreter's."""
+    dirs = set(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
+    return [p for p in dict.fromkeys(sys.path) if p in dirs and os.path.isdir(p)]
+
+
+def link_outer_packages(python: Path) -> Path:
+    """Make the reference environment see this interpreter's packages (jax, flax, torch, ...).
+
+    A .pth file in its site-packages adds them with site.addsitedir, so their own .pth files are
+    processed too. They come after the reference environment's own site-packages, so its pinned
+    diffusers and transformers win over the ones installed here. (A venv's system_site_packages
+    would add the BASE interpreter's site-packages instead: inside a virtual environment, not
+    where jax is.)
+    """
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    pth = Path(purelib) / "sdxl-tpu-outer-site-packages.pth"
+    pth.write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in outer_site_dirs()))
+    return pth
+
+
+def _python_version(python: Path) -> str:
+    return subprocess.run([str(python), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                          text=True).stdout.strip()
+
+
 def ensure_reference_env() -> Path:
     python = VENV / "bin" / "python"
     marker = VENV / "installed.txt"
     wanted = (HERE / "requirements-reference.txt").read_text()
-    if not (python.exists() and marker.exists() and marker.read_text() == wanted):
+    fresh = (python.exists() and marker.exists() and marker.read_text() == wanted
+             and _python_version(python) == str(sys.version_info[:2]))  # packages linked below must fit its ABI
+    if not fresh:
         print(f"setting up the reference environment in {VENV} ...", file=sys.stderr, flush=True)
-        venv.EnvBuilder(with_pip=True, system_site_packages=True, clear=True).create(VENV)
+        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    # Every run: the packages of whichever interpreter runs this script (system Python or a venv).
+    link_outer_packages(python)
+    if not fresh:  # pip sees the linked packages and installs only what the pins need beyond them
         subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(HERE / "requirements-reference.txt")],
                        check=True)
         marker.write_text(wanted)
@@ -94,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "sdxl_tpu", "make-tiny", str(checkpoint), "--preset", args.preset],
                        check=True, env=env, stdout=subprocess.DEVNULL)
     reference_python = ensure_reference_env()
-    from sdxl_tpu.tiny import preset_configs
+    from sdxl_tpu.presets import preset_configs
 
     width, height = preset_configs(args.preset)["size"]
     common = ["--checkpoint", str(checkpoint), "--size", f"{width}x{height}", "--steps", str(args.steps),
