@@ -195,15 +195,14 @@ def apply_style(style: Any, prompt: str, negative: str) -> tuple[str, str]:
 def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, guidance: Any, steps: Any,
              size: Any, sizes: Sequence[tuple[int, int]]) -> Request:
     """The playground's fields, as a client sent them (JSON values), as one checked Request with
-    the style applied. The page has one prompt box: text only, never a per-image list."""
-    prompt, negative = text_input(prompt, "Prompt"), text_input(negative, "Negative prompt")
+    the style applied. A form has one value per field: lists are refused, not taken per image."""
     style_entry(style)  # an unknown style is refused before the rest is checked
     if not isinstance(randomize, bool):
         raise RequestError(f"Randomize seed must be true or false, got {json_type(randomize)}.")
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
         number_input(seed, "Seed", 0, MAX_SEED, whole=True)
     request = Request.of(prompt, negative, seed=None if randomize else seed, guidance_scale=guidance, steps=steps,
-                         size=size, sizes=sizes)
+                         size=size, sizes=sizes, per_image=False)
     # The style wraps what the user typed (their text is what the length limit applies to).
     prompt, negative = apply_style(style, request.prompt, request.negative_prompt)
     return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import secrets
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,12 +152,12 @@ class ImageInfo:
         return parameters_text(self, model)
 
 
-def _one_or_each(value: Any, check) -> Any:
-    """A value for every image, or a list/tuple of one value per image (checked later against
-    the image count)."""
-    if isinstance(value, (list, tuple)):
+def _one_or_each(value: Any, name: str, check: Callable[[Any], Any], per_image: bool) -> Any:
+    """A value for every image or, where `per_image`, a list of one value per image (its length
+    is checked against the image count when the request is spelled out)."""
+    if per_image and isinstance(value, (list, tuple)):
         if not value:
-            raise RequestError("a list of per-image values must not be empty.")
+            raise RequestError(f"{name}: a list of per-image values must not be empty.")
         return tuple(check(v) for v in value)
     return check(value)
 
@@ -183,21 +183,26 @@ class Request:
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
-           steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None) -> "Request":
-        """Check everything; `seed=None` draws a random seed; `sizes` are those available."""
+           steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
+           per_image: bool = True) -> "Request":
+        """Check everything; `seed=None` draws a random seed; `sizes` are those available;
+        without `per_image`, lists are refused (a form has one value per field)."""
         def prompt_text(v: Any) -> str:
             text = text_input(v, "Prompt")
             if not text:
                 raise RequestError("Please enter a prompt.")
             return text
 
-        whole_seed = lambda v: int(number_input(v, "Seed", 0, MAX_SEED, whole=True))
+        def field(value: Any, name: str, check: Callable[[Any], Any]) -> Any:
+            return _one_or_each(value, name, check, per_image)
+
         return Request(
-            prompt=_one_or_each(prompt, prompt_text),
-            negative_prompt=_one_or_each(negative_prompt, lambda v: text_input(v, "Negative prompt")),
-            seed=secrets.randbelow(MAX_SEED + 1) if seed is None else _one_or_each(seed, whole_seed),
-            guidance_scale=_one_or_each(guidance_scale, lambda v: float(number_input(v, "Guidance scale",
-                                                                                     *GUIDANCE_RANGE))),
+            prompt=field(prompt, "Prompt", prompt_text),
+            negative_prompt=field(negative_prompt, "Negative prompt", lambda v: text_input(v, "Negative prompt")),
+            seed=secrets.randbelow(MAX_SEED + 1) if seed is None else field(
+                seed, "Seed", lambda v: int(number_input(v, "Seed", 0, MAX_SEED, whole=True))),
+            guidance_scale=field(guidance_scale, "Guidance scale",
+                                 lambda v: float(number_input(v, "Guidance scale", *GUIDANCE_RANGE))),
             steps=int(number_input(steps, "Steps", 1, MAX_STEPS, whole=True)),
             size=size_input(size, sizes) if sizes is not None else parse_size(size))
 

@@ -49,6 +49,9 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
 @pytest.mark.parametrize("overrides, message", [
     (dict(prompt=" \x00 "), "Please enter a prompt."),
     (dict(prompt=["a cat"]), "Prompt must be text, got a list."),
+    (dict(guidance=[]), "Guidance scale must be a number between 0 and 20, got a list."),  # found by the fuzz test
+    (dict(guidance=[5.0]), "Guidance scale must be a number between 0 and 20, got a list."),
+    (dict(seed=[1, 2, 3, 4]), "Seed must be a whole number between 0 and 4294967295, got a list."),
     (dict(negative={"path": "/etc/passwd"}), "Negative prompt must be text, got a file object."),
     (dict(seed=-1), "Seed must be a whole number between 0 and 4294967295."),
     (dict(seed=2**32), "Seed must be a whole number between 0 and 4294967295."),

@@ -22,6 +22,10 @@ def test_a_request_spelled_out_per_image():
     with pytest.raises(RequestError, match=r"^Prompt: got 2 values for 4 images\.$"):
         request.images(4)
     assert Request.of("a", seed=[5, 9]).images(2)[1].seed == 9  # one seed per image, as given
+    with pytest.raises(RequestError, match=r"^Guidance scale: a list of per-image values must not be empty\.$"):
+        Request.of("a", guidance_scale=[])
+    with pytest.raises(RequestError, match=r"^Seed must be a whole number between 0 and 4294967295, got a list\.$"):
+        Request.of("a", seed=[5, 9], per_image=False)  # a form: one value per field
 
 
 def test_random_seed_is_drawn_once_per_request():
