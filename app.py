@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import threading
+from pathlib import Path
 
 import gradio as gr
 import uvicorn
@@ -41,8 +42,12 @@ def build_demo(server: Server) -> gr.Blocks:
         tokens = gr.Markdown(elem_id="token-count")
         negative = gr.Textbox(label="Negative prompt", placeholder="What to leave out", max_lines=2,
                               max_length=MAX_PROMPT_CHARS, elem_id="negative")
-        gallery = gr.Gallery(label="Images", columns=2, preview=False,
-                             buttons=["download", "fullscreen"], format="png", elem_id="gallery")
+        gallery = gr.Gallery(label="Images", columns=2, preview=False, buttons=["download", "fullscreen"],
+                             elem_id="gallery")
+        # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery
+        # serves them without a copy; the store deletes old ones and Gradio forgets them too.
+        server.images = server.image_store(Path(get_upload_folder()),
+                                           on_delete=lambda paths: gallery.temp_files.difference_update(paths))
         info = gr.Markdown("Click an image to reuse its seed.", elem_id="info")
         last_seeds = gr.State([])
         with gr.Accordion("Advanced", open=False):
@@ -132,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=stop_on_error, daemon=True).start()
     print(f"serving on http://{settings.host}:{settings.port} (loading {settings.model})", flush=True)
     web.run()
+    server.images.close()
     return 1 if server.status == "error" else 0
 
 

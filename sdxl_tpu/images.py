@@ -1,15 +1,34 @@
 """Images with their generation parameters, as AUTOMATIC1111 writes them (so "what made this?"
-travels with the file): one place for the CLI and the app."""
+travels with the file), encoded once and kept on disk only for a while: one place for the CLI and
+the app.
+
+PNG carries the parameters in its "parameters" text chunk; JPEG and WebP in the EXIF UserComment
+(UNICODE, UTF-16BE), as AUTOMATIC1111 does. JPEG at quality 95 is what the app serves by default:
+a 1024x1024 image encodes in about 10 ms, where PNG takes 140 ms at any compression level.
+"""
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from PIL import Image
 
     from .request import ImageInfo
+
+FORMATS = {"jpeg": "jpg", "png": "png", "webp": "webp"}  # format -> file extension
+_EXIF_IFD, _USER_COMMENT = 0x8769, 0x9286
+_UNICODE = b"UNICODE\0"
 
 
 def parameters_text(info: "ImageInfo", model: str) -> str:
@@ -22,10 +41,98 @@ def parameters_text(info: "ImageInfo", model: str) -> str:
     return "\n".join(lines)
 
 
-def save_png(image: "Image.Image", info: "ImageInfo", path: str | os.PathLike, *, model: str) -> None:
-    """Write a PNG with the parameters in its "parameters" text chunk."""
+def encode(image: "Image.Image", parameters: str, fmt: str = "png") -> bytes:
+    """The image as a file of format `fmt` (jpeg, png, webp) with `parameters` embedded."""
+    from PIL import Image
     from PIL.PngImagePlugin import PngInfo
 
-    meta = PngInfo()
-    meta.add_text("parameters", parameters_text(info, model))
-    image.save(path, pnginfo=meta)
+    out = io.BytesIO()
+    if fmt == "png":
+        meta = PngInfo()
+        meta.add_text("parameters", parameters)
+        # Level 1: 1.2-1.35x faster than the default (6) at 1024x1024, about 10 % larger.
+        image.save(out, "PNG", pnginfo=meta, compress_level=1)
+    elif fmt in ("jpeg", "webp"):
+        exif = Image.Exif()
+        exif.get_ifd(_EXIF_IFD)[_USER_COMMENT] = _UNICODE + parameters.encode("utf-16-be")
+        options = {"quality": 95} if fmt == "jpeg" else {"quality": 90, "method": 0}
+        image.save(out, fmt.upper(), exif=exif.tobytes(), **options)
+    else:
+        raise ValueError(f"image format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return out.getvalue()
+
+
+def read_parameters(image: "Image.Image") -> str | None:
+    """The parameters an image file carries (PNG text chunk or EXIF UserComment), if any."""
+    if "parameters" in image.info:
+        return image.info["parameters"]
+    comment = image.getexif().get_ifd(_EXIF_IFD).get(_USER_COMMENT)
+    if isinstance(comment, bytes) and comment.startswith(_UNICODE):
+        return comment[len(_UNICODE):].decode("utf-16-be")
+    return None
+
+
+def save_png(image: "Image.Image", info: "ImageInfo", path: str | os.PathLike, *, model: str) -> None:
+    """Write a PNG with the parameters in its "parameters" text chunk."""
+    Path(path).write_bytes(encode(image, parameters_text(info, model), "png"))
+
+
+class ImageStore:
+    """Generated images as files under `root`, each call's in its own folder, encoded in parallel
+    (Pillow's encoders release the GIL). Folders older than `keep_seconds`, and the oldest beyond
+    `max_bytes` in all, are deleted as new ones arrive, so a server's disk use stays bounded;
+    `on_delete(paths)` is told which files went (e.g. to forget them in Gradio's file sets)."""
+
+    def __init__(self, root: str | os.PathLike, *, fmt: str = "jpeg", keep_seconds: float = 3600.0,
+                 max_bytes: int = 1 << 30, on_delete: Callable[[list[str]], None] | None = None):
+        if fmt not in FORMATS:
+            raise ValueError(f"image format {fmt!r}: use one of {', '.join(FORMATS)}")
+        self.root, self.fmt = Path(root), fmt
+        self.keep_seconds, self.max_bytes, self.on_delete = keep_seconds, max_bytes, on_delete
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._calls: deque[tuple[float, Path, list[str], int]] = deque()  # (time, folder, files, bytes), oldest first
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sdxl-encode")
+
+    def save(self, images: Sequence["Image.Image"], infos: Sequence["ImageInfo"], model: str) -> list[str]:
+        """Encode and write one call's images; returns their paths."""
+        data = list(self._pool.map(lambda pair: encode(pair[0], parameters_text(pair[1], model), self.fmt),
+                                   zip(images, infos)))
+        folder = self.root / uuid.uuid4().hex
+        folder.mkdir()
+        paths = []
+        for info, blob in zip(infos, data):
+            path = folder / f"sdxl-{info.seed}.{FORMATS[self.fmt]}"
+            path.write_bytes(blob)
+            paths.append(str(path))
+        with self._lock:
+            self._calls.append((time.monotonic(), folder, paths, sum(len(b) for b in data)))
+            self._bytes += self._calls[-1][3]
+        self.sweep()
+        return paths
+
+    def sweep(self) -> None:
+        """Delete what is too old, then the oldest while over `max_bytes` (never the newest call)."""
+        gone: list[Path] = []
+        removed: list[str] = []
+        with self._lock:
+            now = time.monotonic()
+            while len(self._calls) > 1 and (now - self._calls[0][0] > self.keep_seconds or self._bytes > self.max_bytes):
+                _, folder, paths, size = self._calls.popleft()
+                self._bytes -= size
+                gone.append(folder)
+                removed += paths
+        for folder in gone:
+            shutil.rmtree(folder, ignore_errors=True)
+        if removed and self.on_delete is not None:
+            self.on_delete(removed)
+
+    @property
+    def bytes_on_disk(self) -> int:
+        return self._bytes
+
+    def close(self) -> None:
+        """Delete everything this store wrote."""
+        self._pool.shutdown(wait=True)
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -8,15 +8,19 @@ import dataclasses
 import functools
 import logging
 import os
+import tempfile
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .checkpoint import CheckpointError
 from .compilation import DEFAULT_COMPILE_CACHE
+from .images import FORMATS, ImageStore
 from .pipeline import GenerationError, Pipeline, load_pipeline
 from .request import (MAX_SEED, Request, RequestError, format_size, json_type, not_a_choice,
                       number_input, parse_size, text_input)
@@ -128,6 +132,9 @@ class Settings:
     attention: str = "auto"
     images_per_call: int = 4
     queue_size: int = QUEUE_SIZE
+    image_format: str = "jpeg"
+    keep_images_seconds: float = 3600.0
+    max_image_bytes: int = 1 << 30
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
@@ -157,9 +164,18 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
                         help="attention kernel: auto (best per platform) or xla (env SDXL_TPU_ATTENTION)")
     parser.add_argument("--queue-size", type=int, default=int(env.get("SDXL_QUEUE_SIZE", QUEUE_SIZE)),
                         help="requests that may wait; more are told the server is busy (env SDXL_QUEUE_SIZE)")
+    parser.add_argument("--image-format", default=env.get("SDXL_IMAGE_FORMAT", "jpeg"), choices=list(FORMATS),
+                        help="format of served images, parameters embedded (env SDXL_IMAGE_FORMAT; jpeg: quality 95, "
+                             "fastest; png: lossless)")
+    parser.add_argument("--keep-images", type=float, default=float(env.get("SDXL_KEEP_IMAGES", 3600)),
+                        help="seconds a served image stays downloadable (env SDXL_KEEP_IMAGES)")
+    parser.add_argument("--image-cache-mb", type=int, default=int(env.get("SDXL_IMAGE_CACHE_MB", 1024)),
+                        help="most disk the served images may take; the oldest go first (env SDXL_IMAGE_CACHE_MB)")
     args = parser.parse_args(argv)
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
+    if args.keep_images <= 0 or args.image_cache_mb < 1:
+        parser.error("--keep-images and --image-cache-mb must be positive")
     if args.sizes is None:  # the tiny model is for trying things out: keep it quick on a CPU
         args.sizes = TINY_DEFAULT_SIZE if args.model == "tiny" else "1024x1024"
     try:
@@ -167,7 +183,9 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     except ValueError as e:
         parser.error(str(e))
     return Settings(model=args.model, sizes=sizes, dtype=args.dtype, host=args.host, port=args.port,
-                    compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size)
+                    compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size,
+                    image_format=args.image_format, keep_images_seconds=args.keep_images,
+                    max_image_bytes=args.image_cache_mb << 20)
 
 
 def model_not_found_message(model: str, reason: str) -> str:
@@ -215,9 +233,10 @@ def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, 
 class Server:
     """Holds the pipeline and its warm-up state ("loading" -> "ready", or "error")."""
 
-    def __init__(self, settings: Settings,
-                 loader: Callable[[Settings], Pipeline] | None = None):
+    def __init__(self, settings: Settings, loader: Callable[[Settings], Pipeline] | None = None,
+                 images: ImageStore | None = None):
         self.settings = settings
+        self.images = images  # where served images are written (app.py: in Gradio's cache folder)
         self.status = "loading"
         self.message = "Loading the model and compiling every size; this page will work once that is done."
         self.error: str | None = None
@@ -227,6 +246,12 @@ class Server:
         self._loader = loader or self._load
         self.ready_event = threading.Event()
         self.done_event = threading.Event()
+
+    def image_store(self, folder: Path, on_delete: Callable[[list[str]], None] | None = None) -> ImageStore:
+        """A store for this server's images in a folder of its own under `folder`."""
+        s = self.settings
+        return ImageStore(folder / f"sdxl-{uuid.uuid4().hex[:12]}", fmt=s.image_format,
+                          keep_seconds=s.keep_images_seconds, max_bytes=s.max_image_bytes, on_delete=on_delete)
 
     def _load(self, s: Settings) -> Pipeline:
         return load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
@@ -290,10 +315,17 @@ class Server:
             result = self.pipeline.run(request, progress=progress)
         except GenerationError as e:
             raise RequestError(str(e)) from None
-        gallery = [(image, f"seed {info.seed}") for image, info in zip(result.images, result.infos)]
+        # Encoded once, with their parameters, where Gradio serves them from (no copy, no second encode).
+        if self.images is None:
+            self.images = self.image_store(Path(tempfile.gettempdir()))
+        start = time.perf_counter()
+        paths = self.images.save(result.images, result.infos, model=self.settings.model)
+        saving = time.perf_counter() - start
+        gallery = [(path, f"seed {info.seed}") for path, info in zip(paths, result.infos)]
         t = result.timings
         info = (f"Generated {len(result.images)} images of {format_size(request.size)} in {t['total']:.2f} s "
                 f"(text {t['text_encoding']:.2f} s, denoising {t['denoising']:.2f} s for {request.steps} steps, "
-                f"decoding {t['decoding']:.2f} s). Seeds: {', '.join(str(s) for s in result.seeds)}.")
+                f"decoding {t['decoding']:.2f} s; {saving:.2f} s to save). "
+                f"Seeds: {', '.join(str(s) for s in result.seeds)}.")
         return gallery, result.seeds, info
 

@@ -34,7 +34,7 @@ def get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def start_app(workdir: Path, compile_cache: Path):
+def start_app(workdir: Path, compile_cache: Path, extra_args: tuple[str, ...] = ()):
     """Starts app.py and waits (bounded, 10 minutes) until /readyz answers 200. Yields a dict:
     url, readiness (the /readyz codes seen), log, proc, cache_dir (Gradio's), secret (a marker
     that is in the process environment and in a file outside the cache, `secret_file`)."""
@@ -52,7 +52,7 @@ def start_app(workdir: Path, compile_cache: Path):
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "app.py", "--model", "tiny", "--sizes", SIZES, "--dtype",
                                  "float32", "--host", "127.0.0.1", "--port", str(port), "--compile-cache",
-                                 str(compile_cache)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+                                 str(compile_cache), *extra_args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     readiness = []
     try:

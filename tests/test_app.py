@@ -43,6 +43,13 @@ def test_client_gets_four_images_with_seeds(client):
 
     assert all(Image.open(item["image"]).size == (64, 64) for item in gallery)
     assert "Generated 4 images of 64x64" in info and "Seeds: 41, 42, 43, 44" in info
+    # Each image the API returns carries its A1111 parameters (JPEG: EXIF UserComment).
+    from sdxl_tpu.images import read_parameters
+
+    assert [read_parameters(Image.open(item["image"])) for item in gallery] == [
+        f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, "
+        "Size: 64x64, Model: tiny" for seed in (41, 42, 43, 44)]
+    assert all(Image.open(item["image"]).format == "JPEG" for item in gallery)
     gallery, _ = _generate(client, size="96x64", style="Pixel art", randomize=True)
     assert Image.open(gallery[0]["image"]).size == (96, 64)
     assert all(0 <= int(item["caption"].split()[1]) < 2**32 for item in gallery)
@@ -169,6 +176,17 @@ def test_browser_types_a_prompt_and_gets_four_images(app_server, tmp_path):
             # Clicking an image puts its seed in the seed field and turns randomize off.
             caption = page.locator("#gallery").get_by_text("seed ").first.inner_text()
             page.locator("#gallery img").first.click()
+            # The preview's download button gives the file with its parameters in it.
+            with page.expect_download(timeout=30_000) as download:
+                page.locator("#gallery").get_by_label("Download", exact=True).click()
+            downloaded = Path(download.value.path())
+            from PIL import Image
+
+            from sdxl_tpu.images import read_parameters
+
+            parameters = read_parameters(Image.open(downloaded))
+            assert parameters.startswith("a lighthouse on a cliff during a storm\nNegative prompt: blurry\nSteps: 20,")
+            assert f"Seed: {caption.split()[1]}," in parameters and download.value.suggested_filename.endswith(".jpg")
             page.get_by_text("Advanced").click()
             seed_box = page.get_by_label("Seed", exact=True)
             deadline = time.monotonic() + 30

@@ -1,0 +1,63 @@
+"""Images with their parameters, and the bounded store the app serves them from."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sdxl_tpu.images import ImageStore, encode, parameters_text, read_parameters, save_png
+from sdxl_tpu.request import ImageInfo
+
+INFO = ImageInfo(seed=7, prompt="a cät 🐈", negative_prompt="blurry", guidance_scale=5.5, steps=20, size=(64, 32))
+TEXT = "a cät 🐈\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, CFG scale: 5.5, Seed: 7, Size: 64x32, Model: m"
+
+
+def _image(value: int = 0) -> Image.Image:
+    return Image.fromarray(np.full((32, 64, 3), value, np.uint8))
+
+
+@pytest.mark.parametrize("fmt, pil_format", [("png", "PNG"), ("jpeg", "JPEG"), ("webp", "WEBP")])
+def test_each_format_carries_the_a1111_parameters(fmt, pil_format):
+    assert parameters_text(INFO, "m") == TEXT
+    image = Image.open(io.BytesIO(encode(_image(), TEXT, fmt)))
+    assert image.format == pil_format and image.size == (64, 32)
+    assert read_parameters(image) == TEXT
+    if fmt != "png":  # as AUTOMATIC1111 writes it: EXIF UserComment, "UNICODE\0" + UTF-16BE
+        assert image.getexif().get_ifd(0x8769)[0x9286] == b"UNICODE\0" + TEXT.encode("utf-16-be")
+    assert read_parameters(_image()) is None
+    with pytest.raises(ValueError, match="image format 'gif'"):
+        encode(_image(), TEXT, "gif")
+
+
+def test_png_is_lossless(tmp_path):
+    pixels = np.random.default_rng(0).integers(0, 256, (32, 64, 3), dtype=np.uint8)
+    save_png(Image.fromarray(pixels), INFO, tmp_path / "x.png", model="m")
+    image = Image.open(tmp_path / "x.png")
+    np.testing.assert_array_equal(np.asarray(image), pixels)
+    assert image.info["parameters"] == TEXT
+
+
+def test_the_store_deletes_old_calls_and_says_which(tmp_path):
+    forgotten = []
+    store = ImageStore(tmp_path / "store", fmt="png", keep_seconds=0.2, on_delete=forgotten.extend)
+    first = store.save([_image(1), _image(2)], [INFO, INFO], model="m")
+    assert [read_parameters(Image.open(p)) for p in first] == [TEXT, TEXT]
+    time.sleep(0.3)
+    second = store.save([_image(3)], [INFO], model="m")
+    assert forgotten == first  # the first call's folder is gone, and the caller was told
+    assert [Path(p).exists() for p in first + second] == [False, False, True]
+    assert store.bytes_on_disk == sum(Path(p).stat().st_size for p in second)
+    store.close()
+    assert not (tmp_path / "store").exists()
+
+
+def test_the_store_keeps_its_bytes_bounded_but_always_the_newest_call(tmp_path):
+    store = ImageStore(tmp_path / "store", fmt="png", max_bytes=1)  # smaller than any call
+    paths = [store.save([_image(i)], [INFO], model="m")[0] for i in range(5)]
+    on_disk = sorted(str(p) for p in (tmp_path / "store").rglob("*.png"))
+    assert on_disk == [paths[-1]]
