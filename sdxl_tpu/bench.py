@@ -70,15 +70,11 @@ def random_tokenizers():
     """The tiny checkpoint's two CLIP tokenizers (a small BPE vocabulary), written and read back."""
     from transformers import CLIPTokenizer
 
-    from .tiny import build_vocabulary, write_tokenizer
+    from .tiny import write_tokenizers
 
-    vocab, merges = build_vocabulary()
     with tempfile.TemporaryDirectory(prefix="sdxl-bench-tokenizer-") as directory:
-        tokenizers = []
-        for name, pad in (("tokenizer", "<|endoftext|>"), ("tokenizer_2", "!")):
-            write_tokenizer(os.path.join(directory, name), vocab, merges, pad_token=pad)
-            tokenizers.append(CLIPTokenizer.from_pretrained(os.path.join(directory, name)))
-    return tuple(tokenizers)
+        write_tokenizers(directory)
+        return tuple(CLIPTokenizer.from_pretrained(os.path.join(directory, name)) for name in ("tokenizer", "tokenizer_2"))
 
 
 # --- what is measured -------------------------------------------------------------------------

@@ -123,15 +123,21 @@ def _write_component(directory: Path, config: dict[str, Any], tensors: dict[str,
     save_file(tensors, str(directory / filename), metadata={"format": "pt"})
 
 
+def write_tokenizers(root: str | os.PathLike) -> int:
+    """SDXL's two tokenizers (tokenizer/, tokenizer_2/: the same vocabulary, padded as SDXL base
+    pads them) under `root`; returns the vocabulary size."""
+    vocab, merges = build_vocabulary()
+    write_tokenizer(Path(root) / "tokenizer", vocab, merges, pad_token="<|endoftext|>")
+    write_tokenizer(Path(root) / "tokenizer_2", vocab, merges, pad_token="!")
+    return len(vocab)
+
+
 def write_checkpoint(directory: str | os.PathLike, preset: str = "tiny", *, seed: int = 0) -> Path:
     """Write a random checkpoint of `preset` in diffusers format to `directory` and return its path."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    vocab, merges = build_vocabulary()
-    write_tokenizer(root / "tokenizer", vocab, merges, pad_token="<|endoftext|>")
-    write_tokenizer(root / "tokenizer_2", vocab, merges, pad_token="!")
-    configs = preset_configs(preset, vocab_size=len(vocab))
+    configs = preset_configs(preset, vocab_size=write_tokenizers(root))
     builders = {
         "text_encoder": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c, with_projection=False)),
         "text_encoder_2": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c, with_projection=True)),
