@@ -12,20 +12,25 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from gradio.utils import get_upload_folder
+from prometheus_client import start_http_server
+from starlette.routing import Mount
 
 from sdxl_tpu.compilation import enable_compile_cache
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
-from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, parse_settings, seed_at,
-                                 style_description, validate)
+from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, metrics_address,
+                                 parse_settings, seed_at, style_description)
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, format_size
 from sdxl_tpu.scheduler import MAX_STEPS
+from sdxl_tpu.serving import SHUTTING_DOWN, DrainingServer
 
 CSS = "#gallery {min-height: 420px} #status p {margin: 0}"
 
@@ -68,13 +73,22 @@ def build_demo(server: Server) -> gr.Blocks:
         # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
         # sdxl_tpu.playground checks each value and refuses, with a message, what is not right.
         def generate(prompt, negative, style, seed, randomize, guidance, steps, size, progress=gr.Progress()):
-            request = validate(prompt, negative, style, seed, randomize, guidance, steps, size, server.sizes)
+            # The request stops (waiting or between denoising steps) once Gradio no longer runs
+            # its event: the page closed, the client cancelled or went away.
+            queue, event_id = QueueView(demo), QueueView.current_event_id()
+            event = queue.running_event(event_id)
             progress(0, desc="Encoding prompts")
-            return server.generate(request, progress=lambda i, n: progress((i, n), desc="Denoising"))
+            return server.serve((prompt, negative, style, seed, randomize, guidance, steps, size),
+                                progress=lambda i, n: progress((i, n), desc="Denoising"),
+                                abandoned=lambda: queue.running_event(event_id) is None,
+                                queued_at=event.enqueue_time if event is not None else None)
 
+        # As many requests run at once as one pipeline call can serve (more than one on hosts with
+        # more chips than a request has images); the rest wait in Gradio's bounded queue.
         gr.on([prompt.submit, negative.submit, run.click], gradio_handler(generate, "/generate"),
               inputs=[prompt, negative, style, seed, randomize, guidance, steps, size],
-              outputs=[gallery, last_seeds, info], api_name="generate", concurrency_limit=1, preprocess=False)
+              outputs=[gallery, last_seeds, info], api_name="generate", concurrency_limit=server.requests_per_call,
+              preprocess=False)
 
         def reuse_seed(seeds: list[int], evt: gr.SelectData):
             chosen = seed_at(seeds, evt.index)
@@ -95,9 +109,12 @@ def build_demo(server: Server) -> gr.Blocks:
     return demo
 
 
-def build_app(server: Server) -> RequestGuard:
-    """The ASGI app: Gradio's page and queue plus /healthz and /readyz, behind the request guard."""
+def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], None]]:
+    """The ASGI app: Gradio's page and queue plus /healthz, /readyz and (unless --metrics says
+    otherwise) /metrics, behind the request guard; with Gradio's queue and what ends its
+    heartbeat streams (for the drain)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    routes = ["/healthz", "/readyz"]
 
     @app.get("/healthz")
     def healthz():
@@ -108,12 +125,29 @@ def build_app(server: Server) -> RequestGuard:
         body = {"status": server.status, "message": server.message}
         return JSONResponse(body, status_code=200 if server.ready else 503)
 
+    if server.settings.metrics == "public":
+        routes.append("/metrics")
+
+        @app.get("/metrics")
+        def metrics():
+            return Response(server.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
     demo = build_demo(server)
     gr.mount_gradio_app(app, demo, path="/", enable_monitoring=False, ssr_mode=False, mcp_server=False,
                         footer_links=["api"], css=CSS)
     mark_launched(demo)
-    return RequestGuard(app, endpoints_of(demo.config), QueueView(demo), cache_dir=get_upload_folder(),
-                        app_routes=("/healthz", "/readyz"))
+    queue, endpoints = QueueView(demo), endpoints_of(demo.config)
+    server.queue_waiting = queue.waiting
+    generate_fn = next(e.fn_index for e in endpoints.values() if e.api_name == "generate")
+
+    def count_turned_away(fn_index: int, status: int) -> None:
+        if fn_index == generate_fn and status == 503:
+            server.metrics.count("draining" if server.draining else "queue_full")
+
+    guard = RequestGuard(app, endpoints, queue, cache_dir=get_upload_folder(), app_routes=routes,
+                         closed=lambda: SHUTTING_DOWN if server.draining else None, on_join=count_turned_away)
+    gradio_app = next(r.app for r in app.routes if isinstance(r, Mount))
+    return guard, queue, gradio_app.stop_event.set
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,8 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
     enable_compile_cache(settings.compile_cache)  # once, for the process: a restart reuses compiled programs
     server = Server(settings)
-    web = uvicorn.Server(uvicorn.Config(build_app(server), host=settings.host, port=settings.port,
-                                       log_level="warning"))
+    app, queue, end_streams = build_app(server)
+    if settings.metrics not in ("public", "off"):  # a listener of its own, e.g. reachable only in the cluster
+        host, port = metrics_address(settings.metrics)
+        start_http_server(port, addr=host, registry=server.metrics.registry)
+    # SIGTERM drains: /readyz says 503 at once, new calls are refused, accepted ones finish (at most
+    # --drain-seconds), then Gradio's heartbeat streams are ended so open pages do not hold the exit.
+    web = DrainingServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                        timeout_graceful_shutdown=5),
+                         drain=lambda: server.drain(busy=queue.busy), before_exit=end_streams)
 
     def stop_on_error() -> None:
         server.done_event.wait()
@@ -138,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving on http://{settings.host}:{settings.port} (loading {settings.model})", flush=True)
     web.run()
     server.images.close()
+    print("stopped", flush=True)
     return 1 if server.status == "error" else 0
 
 

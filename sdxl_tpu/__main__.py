@@ -36,7 +36,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--steps", type=int, default=20)
     gen.add_argument("--guidance", type=float, default=5.0)
     gen.add_argument("--size", default="1024x1024", help="WIDTHxHEIGHT")
-    gen.add_argument("--images", type=int, default=4, help="images per call (rounded up to the device count)")
+    gen.add_argument("--images", type=int, default=4,
+                     help="images to make in one call (the compiled batch is rounded up to the device count)")
     gen.add_argument("--model", default="stabilityai/stable-diffusion-xl-base-1.0",
                      help="Hub repo id, local diffusers directory, or 'tiny'")
     gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -69,7 +70,7 @@ def _generate(args: argparse.Namespace) -> int:
         enable_compile_cache(args.compile_cache or DEFAULT_COMPILE_CACHE)
         pipe = load_pipeline(args.model, dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
                              step_progress=False, attention=args.attention)
-        result = pipe.run(request)
+        result = pipe.run(request, images=args.images)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))
     out = Path(args.out)

@@ -167,9 +167,12 @@ def mark_launched(blocks: Any) -> None:
 
 
 class QueueView:
-    """Which sessions and events Gradio's queue holds: its event streams for anything else start a
-    200 response and then fail inside it (an error event, a 500 logged with a traceback), so the
-    guard answers 404 for those first. Reads the queue's bookkeeping as Gradio's routes do."""
+    """What Gradio's queue holds, read from its bookkeeping as Gradio's own routes do.
+
+    For the guard: which sessions and events exist (Gradio's event streams for anything else
+    start a 200 response and then fail inside it, a 500 logged with a traceback, so the guard
+    answers 404 first). For the server: whether an event is still wanted, when it was queued,
+    and whether any work is left (to drain)."""
 
     def __init__(self, blocks: Any):
         self.blocks = blocks
@@ -184,6 +187,29 @@ class QueueView:
             (s for s, ids in queue.pending_event_ids_session.items() if event_id in ids), event_id)
         return self.has_session(session)
 
+    def _running(self) -> list:
+        return [event for job in list(self.blocks._queue.active_jobs) if job for event in job]
+
+    def running_event(self, event_id: str | None) -> Any:
+        """The running event `event_id` while its caller is still there (Gradio marks an event
+        not alive when its page or client disconnects, and forgets it when it is cancelled)."""
+        return next((e for e in self._running() if e._id == event_id and e.alive), None)
+
+    @staticmethod
+    def current_event_id() -> str | None:
+        """The id of the event whose handler is running in this thread."""
+        from gradio.context import LocalContext
+
+        return LocalContext.event_id.get(None)
+
+    def waiting(self) -> int:
+        """Events queued and not yet started."""
+        return len(self.blocks._queue)
+
+    def busy(self) -> bool:
+        """Anything queued or running."""
+        return self.waiting() > 0 or bool(self._running())
+
 
 Handler = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
@@ -197,10 +223,15 @@ class RequestGuard:
     """
 
     def __init__(self, app: Handler, endpoints: dict[int, Endpoint], queue: QueueView, cache_dir: str | Path,
-                 app_routes: Iterable[str] = (), max_body: int = MAX_BODY_BYTES):
+                 app_routes: Iterable[str] = (), max_body: int = MAX_BODY_BYTES,
+                 closed: Callable[[], str | None] = lambda: None,
+                 on_join: Callable[[int, int], None] | None = None):
+        """`closed()` returns a message while new work must be refused (503 to new queue calls,
+        e.g. while draining); `on_join(fn_index, status)` is told the answer to each new call."""
         self.app, self.endpoints, self.queue, self.max_body = app, endpoints, queue, max_body
         self.cache_dir = Path(os.path.realpath(cache_dir))
         self.pages = STATIC_PAGES | set(app_routes)
+        self.closed, self.on_join = closed, on_join
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -210,17 +241,27 @@ class RequestGuard:
             return
         method, path = scope["method"], scope["path"]
         started = False
+        joining = method == "POST" and (path == f"{API}/queue/join" or path.startswith(f"{API}/call/"))
+        fn_index = None
 
         async def send_tracked(message: dict) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                self._joined(fn_index, message["status"])
             await send(message)
 
         try:
             body = await self.check(scope, receive)
             if body is not None:
+                fn_index = json.loads(body).get("fn_index") if joining else None
                 receive = _replay(body, receive)
                 scope = _with_body_length(scope, len(body))
+            if fn_index is not None and (why := self.closed()):
+                self._joined(fn_index, 503)
+                log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), why)
+                await _send_json(send, 503, {"detail": why}, headers=[(b"retry-after", b"5")])
+                return
             await self.app(scope, receive, send_tracked)
         except Refused as e:  # raised by check(), before the app could start a response
             log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), e.message)
@@ -270,6 +311,13 @@ class RequestGuard:
             raise Refused(403, "This app takes no file uploads.")
         raise Refused(404, "Not found. This server answers the page, the /generate endpoint through "
                            "Gradio's queue, /healthz and /readyz.")
+
+    def _joined(self, fn_index: int | None, status: int) -> None:
+        if fn_index is not None and self.on_join is not None:
+            try:
+                self.on_join(fn_index, status)
+            except Exception:
+                log.exception("on_join failed")
 
     def _named(self, api_name: str) -> Endpoint:
         for endpoint in self.endpoints.values():
@@ -340,10 +388,11 @@ def _with_body_length(scope: dict, length: int) -> dict:
     return {**scope, "headers": headers + [(b"content-length", str(length).encode())]}
 
 
-async def _send_json(send, status: int, body: dict) -> None:
+async def _send_json(send, status: int, body: dict, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     payload = json.dumps(body, ensure_ascii=True).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            *headers]})
     await send({"type": "http.response.body", "body": payload})
 
 

@@ -9,6 +9,7 @@ steps, size micro-conditioning) is an input of the compiled programs, never a re
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -53,12 +54,21 @@ class GenerationError(RuntimeError):
     """The pipeline produced something that is not an image (e.g. NaN)."""
 
 
+class Cancelled(Exception):
+    """The caller's `stop()` said the work is no longer wanted; the call ended between steps."""
+
+
+# Denoising steps dispatched ahead of the one being waited for: enough that the device never waits
+# for the host, few enough that a stopped call ends within LOOKAHEAD + 1 steps.
+LOOKAHEAD = 2
+
+
 class Pipeline:
     """SDXL compiled for a fixed set of image sizes and images per call, replicated on `mesh`.
 
     `params` holds each network's replicated parameter state (swap an entry for other weights of
     the same architecture). `step_progress` compiles one program per step, so progress can be
-    reported per step; without it all steps run in one fused loop on the device.
+    reported (and a call stopped) per step; without it all steps run in one fused loop on the device.
     """
 
     def __init__(self, models: Models, tokenizers: tuple, sampler: Sampler, *,
@@ -183,21 +193,43 @@ class Pipeline:
                                size=size)
         return self.run(request, latents=latents, progress=progress)
 
-    def run(self, request: Request, *, latents: np.ndarray | None = None,
-            progress: Callable[[int, int], None] | None = None) -> GenerationResult:
-        """Generate the images of a checked request (see `generate`)."""
+    def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,
+            progress: Callable[[int, int], None] | None = None,
+            stop: Callable[[], bool] | None = None) -> GenerationResult:
+        """Generate `images` (default: images_per_call) images of a checked request (see `generate`)."""
+        n = self.images_per_call if images is None else images
+        return self.run_images(request.images(n), latents=latents, progress=progress, stop=stop)
+
+    def run_images(self, infos: Sequence[ImageInfo], *, latents: np.ndarray | None = None,
+                   progress: Callable[[int, int], None] | None = None,
+                   stop: Callable[[], bool] | None = None) -> GenerationResult:
+        """Generate one image per entry of `infos` (1 to images_per_call, all of one size and step
+        count; they may come from different requests) in one call. Free slots of the compiled batch
+        are filled with copies of the last image and discarded: each device makes its images alone,
+        so an image's pixels do not depend on its slot or on the other images of the call.
+
+        stop: polled after each denoising step (stepwise pipelines); when it returns True the call
+            ends there and raises Cancelled.
+        """
         from PIL import Image
 
-        programs = self.compiled(request.size)
-        infos = [dataclasses.replace(info, sampler=self.sampler.name) for info in request.images(self.images_per_call)]
-        text = sampling.prepare(self.tokenizers, infos, self.force_zeros_for_empty_prompt)
-        steps = request.steps
+        n = len(infos)
+        if not 1 <= n <= self.images_per_call:
+            raise ValueError(f"a call makes 1 to {self.images_per_call} images, not {n}")
+        size, steps = infos[0].size, infos[0].steps
+        if any(i.size != size or i.steps != steps for i in infos):
+            raise ValueError("the images of one call must share their size and step count")
+        programs = self.compiled(size)
+        infos = [dataclasses.replace(info, sampler=self.sampler.name) for info in infos]
+        slots = infos + [infos[-1]] * (self.images_per_call - n)
+        text = sampling.prepare(self.tokenizers, slots, self.force_zeros_for_empty_prompt)
         if latents is not None:
-            w, h = request.size
-            shape = (self.images_per_call, self.latent_channels, h // self.vae_factor, w // self.vae_factor)
+            w, h = size
+            shape = (n, self.latent_channels, h // self.vae_factor, w // self.vae_factor)
             latents = np.asarray(latents, np.float32)
             if latents.shape != shape:
                 raise RequestError(f"latents must have shape {shape}, got {latents.shape}.")
+            latents = np.concatenate([latents, np.repeat(latents[-1:], self.images_per_call - n, axis=0)])
         put = lambda x: jax.device_put(x, self._batch)
         tables = jax.device_put(self.sampler.padded_tables(steps), self._replicated)
 
@@ -206,23 +238,34 @@ class Pipeline:
             context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
                                                  put(text.ids1), put(text.ids2), put(text.zero_negative))
             if latents is None:
-                state = programs["noise"](put(np.array([i.seed for i in infos], np.uint32)), tables)
+                state = programs["noise"](put(np.array([i.seed for i in slots], np.uint32)), tables)
             else:
                 state = programs["init"](put(latents.transpose(0, 2, 3, 1)), tables)
             jax.block_until_ready((context, pooled, state))
             t_text = time.perf_counter()
             conditioning = (context, pooled, put(text.time_ids), put(text.guidance), tables)
             if self.stepwise:
-                # Dispatch every step at once (asynchronously), then report each as it completes.
-                states = []
+                # Keep LOOKAHEAD steps queued on the device, report each step as it completes, and
+                # ask `stop` in between.
+                in_flight: collections.deque = collections.deque()
+                done = 0
+
+                def finish_oldest() -> None:
+                    nonlocal done
+                    jax.block_until_ready(in_flight.popleft())
+                    done += 1
+                    if progress is not None:
+                        progress(done, steps)
+                    if done < steps and stop is not None and stop():
+                        raise Cancelled(f"stopped after step {done} of {steps}")
+
                 for i in range(steps):
                     state = programs["denoise"](self.params["unet"], state, *conditioning, self._step_index[i])
-                    states.append(state)
-                for i, s in enumerate(states):
-                    jax.block_until_ready(s)
-                    if progress is not None:
-                        progress(i + 1, steps)
-                del states
+                    in_flight.append(state)
+                    if len(in_flight) > LOOKAHEAD:
+                        finish_oldest()
+                while in_flight:
+                    finish_oldest()
             else:
                 state = jax.block_until_ready(programs["denoise"](self.params["unet"], state, *conditioning,
                                                                   np.int32(steps)))
@@ -230,7 +273,7 @@ class Pipeline:
                     progress(steps, steps)
             t_denoise = time.perf_counter()
             images, finite = programs["decode"](self.params["vae"], state.x)
-            images, finite = np.asarray(images), np.asarray(finite)
+            images, finite = np.asarray(images[:n]), np.asarray(finite[:n])
             t_decode = time.perf_counter()
         if not finite.all():
             bad = [infos[i].seed for i in np.flatnonzero(~finite)]

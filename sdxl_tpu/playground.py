@@ -21,13 +21,16 @@ from typing import Any
 from .checkpoint import CheckpointError
 from .compilation import DEFAULT_COMPILE_CACHE
 from .images import FORMATS, ImageStore
-from .pipeline import GenerationError, Pipeline, load_pipeline
+from .metrics import Metrics
+from .pipeline import Cancelled, GenerationError, Pipeline, load_pipeline
 from .request import (MAX_SEED, Request, RequestError, format_size, json_type, not_a_choice,
                       number_input, parse_size, text_input)
 from .sampling import MAX_TOKENS
+from .serving import SHUTTING_DOWN, Batcher
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-xl-base-1.0"
 QUEUE_SIZE = 16
+DRAIN_SECONDS = 60.0
 TINY_DEFAULT_SIZE = "256x256"
 
 # name -> (prompt template, negative prompt), as the original SDXL playground offered them.
@@ -90,6 +93,9 @@ def gradio_handler(fn: Callable, where: str) -> Callable:
         except RequestError as e:
             log_refusal(where, e)
             raise gr.Error(str(e), print_exception=False) from None
+        except Cancelled as e:  # the caller has gone (or the server is stopping): nobody to tell
+            log.info("%s cancelled: %s", where, e)
+            raise gr.Error("The request was cancelled.", print_exception=False) from None
         except gr.Error:
             raise
         except Exception:
@@ -135,6 +141,8 @@ class Settings:
     image_format: str = "jpeg"
     keep_images_seconds: float = 3600.0
     max_image_bytes: int = 1 << 30
+    drain_seconds: float = DRAIN_SECONDS
+    metrics: str = "public"
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
@@ -171,7 +179,20 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
                         help="seconds a served image stays downloadable (env SDXL_KEEP_IMAGES)")
     parser.add_argument("--image-cache-mb", type=int, default=int(env.get("SDXL_IMAGE_CACHE_MB", 1024)),
                         help="most disk the served images may take; the oldest go first (env SDXL_IMAGE_CACHE_MB)")
+    parser.add_argument("--drain-seconds", type=float, default=float(env.get("SDXL_DRAIN_SECONDS", DRAIN_SECONDS)),
+                        help="on SIGTERM, how long requests already accepted may take to finish before the "
+                             "process exits (env SDXL_DRAIN_SECONDS)")
+    parser.add_argument("--metrics", default=env.get("SDXL_METRICS", "public"),
+                        help="where GET /metrics (Prometheus) is served: 'public' (on --port), 'off', or "
+                             "HOST:PORT for a listener of its own, e.g. 127.0.0.1:9100 (env SDXL_METRICS)")
     args = parser.parse_args(argv)
+    if args.metrics not in ("public", "off"):
+        try:
+            metrics_address(args.metrics)
+        except ValueError as e:
+            parser.error(str(e))
+    if args.drain_seconds < 0:
+        parser.error("--drain-seconds must not be negative")
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
     if args.keep_images <= 0 or args.image_cache_mb < 1:
@@ -185,7 +206,15 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     return Settings(model=args.model, sizes=sizes, dtype=args.dtype, host=args.host, port=args.port,
                     compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size,
                     image_format=args.image_format, keep_images_seconds=args.keep_images,
-                    max_image_bytes=args.image_cache_mb << 20)
+                    max_image_bytes=args.image_cache_mb << 20, drain_seconds=args.drain_seconds, metrics=args.metrics)
+
+
+def metrics_address(text: str) -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port) for --metrics."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--metrics must be 'public', 'off' or HOST:PORT (e.g. 127.0.0.1:9100), got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 def model_not_found_message(model: str, reason: str) -> str:
@@ -231,7 +260,8 @@ def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, 
 # ---------------------------------------------------------------------------------------------
 
 class Server:
-    """Holds the pipeline and its warm-up state ("loading" -> "ready", or "error")."""
+    """Holds the pipeline, its warm-up state ("loading" -> "ready", or "error"; "draining" once
+    asked to stop), the batcher that feeds it, and what it counts (`metrics`)."""
 
     def __init__(self, settings: Settings, loader: Callable[[Settings], Pipeline] | None = None,
                  images: ImageStore | None = None):
@@ -241,8 +271,13 @@ class Server:
         self.message = "Loading the model and compiling every size; this page will work once that is done."
         self.error: str | None = None
         self.pipeline: Pipeline | None = None
+        self.batcher: Batcher | None = None
         self.tokenizer = None
         self.warmup_seconds: float | None = None
+        self.queue_waiting: Callable[[], int] = lambda: 0  # requests waiting in the web server's queue
+        self.metrics = Metrics()
+        self.metrics.queue_depth.set_function(
+            lambda: self.queue_waiting() + (self.batcher.waiting if self.batcher else 0))
         self._loader = loader or self._load
         self.ready_event = threading.Event()
         self.done_event = threading.Event()
@@ -269,9 +304,12 @@ class Server:
             self._fail(model_not_found_message(self.settings.model, f"{type(e).__name__}: {e}"))
         else:
             self.pipeline, self.tokenizer = pipe, pipe.tokenizers[0]
+            self.batcher = Batcher(pipe, on_call=self._count_call)
             self.warmup_seconds = time.perf_counter() - start
-            self.status = "ready"
-            self.message = f"Ready ({self.warmup_seconds:.0f} s to load and compile)."
+            if self.status == "loading":  # (a drain may have begun meanwhile)
+                self.status = "ready"
+                self.message = f"Ready ({self.warmup_seconds:.0f} s to load and compile)."
+                self.metrics.ready.set(1)
             self.ready_event.set()
         finally:
             self.done_event.set()
@@ -287,6 +325,20 @@ class Server:
     @property
     def ready(self) -> bool:
         return self.status == "ready"
+
+    @property
+    def draining(self) -> bool:
+        return self.status == "draining"
+
+    @property
+    def requests_per_call(self) -> int:
+        """How many requests one pipeline call can serve: more than one where the host has more
+        chips than a request has images (images are split evenly over the chips)."""
+        import jax
+
+        devices = len(jax.devices())
+        per_call = -(-self.settings.images_per_call // devices) * devices
+        return max(1, per_call // self.settings.images_per_call)
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
@@ -307,12 +359,39 @@ class Server:
                     f"{MAX_TOKENS - 2}; the rest is ignored.")
         return f"{n} / {MAX_TOKENS} tokens"
 
-    def generate(self, request: Request, progress: Callable[[int, int], None] | None = None):
-        """Returns ([(image, caption)], seeds, info markdown). Raises RequestError for the user."""
-        if not self.ready:
+    # -- requests -------------------------------------------------------------------------------
+
+    def serve(self, fields: Sequence[Any], progress: Callable[[int, int], None] | None = None,
+              abandoned: Callable[[], bool] | None = None, queued_at: float | None = None):
+        """One /generate call, from the form's fields as the client sent them (see `validate`) to
+        the gallery; counted in `metrics` by outcome. `queued_at` (time.monotonic()) is when the
+        request joined the queue; `abandoned()` says whether its caller has gone."""
+        queued_at = time.monotonic() if queued_at is None else queued_at
+        outcome = "failed"
+        try:
+            request = validate(*fields, self.sizes)
+            result = self.generate(request, progress=progress, abandoned=abandoned)
+            outcome = "ok"
+            self.metrics.request_seconds.observe(time.monotonic() - queued_at)
+            return result
+        except RequestError:
+            outcome = "user_error"
+            raise
+        except Cancelled:
+            outcome = "cancelled"
+            raise
+        finally:
+            self.metrics.count(outcome)
+
+    def generate(self, request: Request, progress: Callable[[int, int], None] | None = None,
+                 abandoned: Callable[[], bool] | None = None):
+        """Returns ([(image, caption)], seeds, info markdown). Raises RequestError for the user,
+        Cancelled when `abandoned()` turned true before the images were made."""
+        if self.batcher is None:
             raise RequestError(self.error or "The model is still warming up; please try again in a moment.")
         try:
-            result = self.pipeline.run(request, progress=progress)
+            result = self.batcher.submit(request.images(self.settings.images_per_call), progress=progress,
+                                         abandoned=abandoned or (lambda: False))
         except GenerationError as e:
             raise RequestError(str(e)) from None
         # Encoded once, with their parameters, where Gradio serves them from (no copy, no second encode).
@@ -321,6 +400,8 @@ class Server:
         start = time.perf_counter()
         paths = self.images.save(result.images, result.infos, model=self.settings.model)
         saving = time.perf_counter() - start
+        self.metrics.stage_seconds.labels("saving").observe(saving)
+        self.metrics.images.inc(len(paths))
         gallery = [(path, f"seed {info.seed}") for path, info in zip(paths, result.infos)]
         t = result.timings
         info = (f"Generated {len(result.images)} images of {format_size(request.size)} in {t['total']:.2f} s "
@@ -329,3 +410,30 @@ class Server:
                 f"Seeds: {', '.join(str(s) for s in result.seeds)}.")
         return gallery, result.seeds, info
 
+    def _count_call(self, images: int, result) -> None:
+        self.metrics.calls.inc()
+        if result is not None:
+            for stage in ("text_encoding", "denoising", "decoding"):
+                self.metrics.stage_seconds.labels(stage).observe(result.timings[stage])
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    def drain(self, busy: Callable[[], bool] = lambda: False, seconds: float | None = None,
+              poll: float = 0.05) -> bool:
+        """Stop taking requests and let those accepted finish: not ready at once (status
+        "draining"), then wait until neither `busy()` (the web server's queue) nor the batcher
+        has work, for at most `seconds` (default: settings.drain_seconds). What is still running
+        then is cancelled. Returns whether everything finished."""
+        self.status, self.message = "draining", SHUTTING_DOWN
+        self.metrics.ready.set(0)
+        log.info("draining: finishing the requests already accepted (at most %.0f s)",
+                 self.settings.drain_seconds if seconds is None else seconds)
+        deadline = time.monotonic() + (self.settings.drain_seconds if seconds is None else seconds)
+        while (busy() or (self.batcher is not None and self.batcher.busy)) and time.monotonic() < deadline:
+            time.sleep(poll)
+        finished = not busy() and not (self.batcher is not None and self.batcher.busy)
+        if self.batcher is not None:
+            self.batcher.close(stop_running=not finished)
+            self.batcher.join(timeout=30)
+        log.info("drained" if finished else "drain deadline passed: the requests still running were cancelled")
+        return finished

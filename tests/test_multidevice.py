@@ -68,3 +68,56 @@ def test_four_devices_match_one_device(tiny_checkpoint, tiny_pipeline, compile_c
     diff = np.abs(four.astype(int) - one.astype(int))
     print(f"1 vs 4 devices: max |diff| {diff.max()}, mean {diff.mean():.4f}")
     assert diff.max() <= 2
+
+
+BATCHING = r"""
+import json, sys, threading, time
+import jax, numpy as np
+from sdxl_tpu import CompileCounter, load_pipeline
+from sdxl_tpu.playground import Server, Settings
+from sdxl_tpu.request import Request
+from sdxl_tpu.serving import Batcher
+assert jax.device_count() == 8, jax.devices()
+pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], images_per_call=4, compile_cache=sys.argv[2])
+batcher = Batcher(pipe, max_wait=0.02)
+a = Request.of("a red fox in the snow", "blurry", seed=100, steps=3, size=(64, 64)).images(4)
+b = Request.of(["a", "b", "c", "d"], "", seed=[5, 6, 7, 8], guidance_scale=[1, 2, 3, 4], steps=3, size=(64, 64)).images(4)
+solo = [batcher.submit(a), batcher.submit(b)]
+calls_alone = batcher.calls
+together, start = [None, None], threading.Barrier(2)
+def call(i, infos):
+    start.wait()
+    together[i] = batcher.submit(infos)
+with CompileCounter() as counter:
+    threads = [threading.Thread(target=call, args=(i, x)) for i, x in enumerate((a, b))]
+    for t in threads: t.start()
+    for t in threads: t.join(300)
+# A lone request: its latency through the batcher against the pipeline called directly.
+direct, batched = [], []
+for _ in range(5):
+    t0 = time.perf_counter(); pipe.run_images(a); direct.append(time.perf_counter() - t0)
+    t0 = time.perf_counter(); batcher.submit(a); batched.append(time.perf_counter() - t0)
+equal = all(np.array_equal(np.asarray(x), np.asarray(y)) for s, t in zip(solo, together) for x, y in zip(s.images, t.images))
+print(json.dumps({"images_per_call": pipe.images_per_call, "calls_alone": calls_alone,
+                  "calls_together": batcher.calls - 5 - calls_alone, "equal": equal,
+                  "seeds": [t.seeds for t in together], "compiles": counter.compiles,
+                  "requests_per_call": Server(Settings(model="tiny")).requests_per_call,
+                  "lone_extra_ms": 1000 * (float(np.median(batched)) - float(np.median(direct)))}))
+"""
+
+
+def test_eight_devices_serve_two_requests_in_one_call(tiny_checkpoint, compile_cache):
+    """A host with more chips than a request has images (8 x H200, v5e-8): two waiting requests
+    of 4 images share one call, each getting exactly the images it would have got alone."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    result = subprocess.run([sys.executable, "-c", BATCHING, str(tiny_checkpoint), str(compile_cache)],
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    print(report)
+    assert report["images_per_call"] == 8 and report["requests_per_call"] == 2
+    assert report["calls_alone"] == 2 and report["calls_together"] == 1
+    assert report["seeds"] == [[100, 101, 102, 103], [5, 6, 7, 8]]
+    assert report["equal"] and report["compiles"] == 0
+    # A lone request does not wait for a partner beyond the batcher's bound (20 ms), plus noise.
+    assert report["lone_extra_ms"] < 60

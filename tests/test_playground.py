@@ -109,6 +109,7 @@ def test_server_warm_up_states_and_errors():
 
     class FakePipeline:
         sizes = SIZES
+        images_per_call = 4
         tokenizers = (None, None)
 
     def slow_loader(settings):

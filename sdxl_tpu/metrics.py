@@ -1,0 +1,63 @@
+"""What a server counts, in Prometheus' text format (`GET /metrics`).
+
+One registry per server (not prometheus_client's global one), so two servers in one process
+(tests) count apart. Names follow Prometheus' conventions: counters end in `_total`, times are
+seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+
+from .compilation import CompileCounter
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# ok: images returned; user_error: refused input (the message says why); queue_full: turned away
+# at the door; draining: turned away while shutting down; cancelled: the caller left (or the drain
+# deadline passed) before the images were ready; failed: a server-side error.
+OUTCOMES = ("ok", "user_error", "queue_full", "draining", "cancelled", "failed")
+STAGES = ("text_encoding", "denoising", "decoding", "saving")
+# From 50 ms (a tiny model on a TPU) to 10 minutes (SDXL at 50 steps on a CPU).
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class _Compiles:
+    """XLA compilations since the server started (warm-up included; flat once it is warm: a
+    request that compiled would show here)."""
+
+    def __init__(self) -> None:
+        self.counter = CompileCounter().__enter__()  # listens for the life of the process
+
+    def collect(self):
+        family = CounterMetricFamily("sdxl_compiles", "XLA backend compilations since start (warm-up included)")
+        family.add_metric([], self.counter.compiles)
+        yield family
+
+
+class Metrics:
+    def __init__(self, queue_depth: Callable[[], float] = lambda: 0) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("sdxl_requests", "Generation requests by outcome", ["outcome"], registry=r)
+        for outcome in OUTCOMES:  # every outcome is exported from the start, at 0
+            self.requests.labels(outcome)
+        self.images = Counter("sdxl_images", "Images generated and returned", registry=r)
+        self.calls = Counter("sdxl_pipeline_calls", "Pipeline calls (one call may serve several requests)",
+                             registry=r)
+        self.queue_depth = Gauge("sdxl_queue_depth", "Requests waiting for the accelerator", registry=r)
+        self.queue_depth.set_function(queue_depth)
+        self.ready = Gauge("sdxl_ready", "1 while the server takes requests (warm, not draining)", registry=r)
+        self.stage_seconds = Histogram("sdxl_stage_seconds", "Seconds per pipeline stage of a call", ["stage"],
+                                       buckets=BUCKETS, registry=r)
+        self.request_seconds = Histogram("sdxl_request_seconds", "Seconds from joining the queue to images saved",
+                                         buckets=BUCKETS, registry=r)
+        self.compiles = _Compiles()
+        r.register(self.compiles)
+
+    def count(self, outcome: str) -> None:
+        self.requests.labels(outcome).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

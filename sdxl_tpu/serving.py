@@ -1,0 +1,238 @@
+"""Serving one pipeline to many callers: requests that arrive together share a call, abandoned
+work stops, and the web server drains before it exits.
+
+`Batcher` owns the accelerator: one thread takes waiting requests and runs them through
+`Pipeline.run_images`. On a host with more chips than one request has images (v5e-8, 8 x H200),
+requests of the same size and step count are packed into one call; a lone request waits at
+most `max_wait` for a partner. A request whose caller has gone is dropped while it waits and,
+once running, stopped between denoising steps (when every request of its call has gone).
+
+`DrainingServer` is uvicorn's server with SIGTERM meaning "drain": a callback runs while the
+server still answers (readiness 503, new work refused), then it exits with status 0.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from .pipeline import Cancelled, GenerationResult
+from .request import ImageInfo, RequestError
+
+log = logging.getLogger("sdxl_tpu.serving")
+
+SHUTTING_DOWN = "The server is shutting down; please try again in a moment."
+MAX_WAIT_SECONDS = 0.02
+
+
+def never() -> bool:
+    return False
+
+
+@dataclass(eq=False)
+class Job:
+    """One caller's images, waiting for (or in) a pipeline call."""
+    infos: list[ImageInfo]
+    progress: Callable[[int, int], None] | None = None
+    abandoned: Callable[[], bool] = never
+    done: threading.Event = field(default_factory=threading.Event)
+    result: GenerationResult | None = None
+    error: BaseException | None = None
+
+    @property
+    def shape(self) -> tuple:
+        """What a call's images must share."""
+        return self.infos[0].size, self.infos[0].steps
+
+
+class Batcher:
+    """Runs callers' images through `pipeline` (anything with `images_per_call` and
+    `run_images(infos, progress=, stop=)`) on one thread, several callers per call when they fit."""
+
+    def __init__(self, pipeline, max_wait: float = MAX_WAIT_SECONDS,
+                 on_call: Callable[[int, GenerationResult | None], None] | None = None):
+        self.pipeline, self.max_wait, self.on_call = pipeline, max_wait, on_call
+        self.capacity = pipeline.images_per_call
+        self.calls = 0  # pipeline calls made (a call may serve several callers)
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._running: list[Job] = []
+        self._cond = threading.Condition()
+        self._closed = self._stop_all = False
+        self._thread = threading.Thread(target=self._loop, name="sdxl-batcher", daemon=True)
+        self._thread.start()
+
+    # -- callers ----------------------------------------------------------------------------------
+
+    def submit(self, infos: Sequence[ImageInfo], progress: Callable[[int, int], None] | None = None,
+               abandoned: Callable[[], bool] = never) -> GenerationResult:
+        """Blocks until the images are made. Raises Cancelled if `abandoned()` turned true (or the
+        server stopped everything), RequestError once closed, or what the pipeline raised."""
+        if not 1 <= len(infos) <= self.capacity:
+            raise ValueError(f"a request makes 1 to {self.capacity} images, not {len(infos)}")
+        job = Job(list(infos), progress, abandoned)
+        with self._cond:
+            if self._closed:
+                raise RequestError(SHUTTING_DOWN)
+            self._jobs.append(job)
+            self._cond.notify_all()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a call."""
+        return len(self._jobs)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._jobs or self._running)
+
+    def close(self, stop_running: bool = False) -> None:
+        """Accept nothing more; what was accepted still runs unless `stop_running`, which cancels
+        it (waiting callers and the running call, at its next step)."""
+        with self._cond:
+            self._closed = True
+            self._stop_all = self._stop_all or stop_running
+            self._cond.notify_all()
+
+    def join(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the accelerator's thread -----------------------------------------------------------------
+
+    def _gone(self, job: Job) -> bool:
+        try:
+            return self._stop_all or bool(job.abandoned())
+        except Exception:  # a broken predicate must not stop the accelerator's thread
+            log.exception("abandoned() failed; treating the request as still wanted")
+            return False
+
+    def _drop_abandoned(self) -> None:
+        for job in [j for j in self._jobs if self._gone(j)]:
+            self._jobs.remove(job)
+            self._finish(job, error=Cancelled("dropped while waiting: the caller has gone"))
+
+    @staticmethod
+    def _finish(job: Job, result: GenerationResult | None = None, error: BaseException | None = None) -> None:
+        job.result, job.error = result, error
+        job.done.set()
+
+    def _next_call(self) -> list[Job] | None:
+        """The jobs of the next call: the oldest, plus later ones of the same shape that fit, for
+        at most `max_wait` while there is room. None once closed and empty."""
+        with self._cond:
+            while True:
+                self._drop_abandoned()
+                if self._jobs:
+                    break
+                if self._closed:
+                    return None
+                self._cond.wait()
+            batch = [self._jobs.popleft()]
+            deadline = time.monotonic() + self.max_wait
+            while True:
+                room = self.capacity - sum(len(j.infos) for j in batch)
+                for job in list(self._jobs):
+                    if job.shape == batch[0].shape and len(job.infos) <= room and not self._gone(job):
+                        self._jobs.remove(job)
+                        batch.append(job)
+                        room -= len(job.infos)
+                left = deadline - time.monotonic()
+                if room < len(batch[0].infos) or left <= 0 or self._closed:
+                    self._running = batch
+                    return batch
+                self._cond.wait(left)
+
+    def _loop(self) -> None:
+        while (batch := self._next_call()) is not None:
+            try:
+                self._run(batch)
+            finally:
+                self._running = []
+
+    def _run(self, batch: list[Job]) -> None:
+        def progress(done: int, steps: int) -> None:
+            for job in batch:
+                if job.progress is not None and not self._gone(job):
+                    try:
+                        job.progress(done, steps)
+                    except Exception:  # a caller's progress display must not fail the others
+                        log.exception("progress callback failed")
+
+        images = sum(len(j.infos) for j in batch)
+        try:
+            result = self.pipeline.run_images([i for j in batch for i in j.infos], progress=progress,
+                                              stop=lambda: all(self._gone(j) for j in batch))
+        except BaseException as e:  # every caller of the call learns what happened
+            self.calls += 1
+            self._report(images, None)
+            for job in batch:
+                self._finish(job, error=e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        self.calls += 1
+        self._report(images, result)
+        start = 0
+        for job in batch:
+            n = len(job.infos)
+            part = GenerationResult(result.images[start:start + n], result.infos[start:start + n],
+                                    dict(result.timings))
+            start += n
+            if self._gone(job):  # its caller left while the call ran: nobody to give the images to
+                self._finish(job, error=Cancelled("finished after the caller had gone"))
+            else:
+                self._finish(job, result=part)
+
+    def _report(self, images: int, result: GenerationResult | None) -> None:
+        if self.on_call is not None:
+            try:
+                self.on_call(images, result)
+            except Exception:
+                log.exception("on_call failed")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but the first SIGTERM drains: `drain()` runs in a thread while the server keeps
+    answering; when it returns, `before_exit()` runs in the event loop (e.g. to end long-lived
+    streams that would hold the shutdown) and the server exits, without re-raising SIGTERM, so
+    the process ends with status 0. SIGINT, or a second SIGTERM, stops at once as uvicorn does."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], None],
+                 before_exit: Callable[[], None] | None = None):
+        super().__init__(config)
+        self.drain, self.before_exit = drain, before_exit
+        self.draining = False
+        self._drained = threading.Event()
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if sig == signal.SIGTERM and not self.draining and not self.should_exit:
+            self.draining = True
+            threading.Thread(target=self._drain, name="sdxl-drain", daemon=True).start()
+            return
+        super().handle_exit(sig, frame)
+
+    def _drain(self) -> None:
+        try:
+            self.drain()
+        except Exception:
+            log.exception("drain failed; exiting anyway")
+        finally:
+            self._drained.set()
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drained.is_set() and not self.should_exit:
+            if self.before_exit is not None:
+                self.before_exit()
+            self.should_exit = True
+        return await super().on_tick(counter)

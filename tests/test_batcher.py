@@ -1,0 +1,200 @@
+"""The batcher: requests that arrive together share a pipeline call, a lone one waits at most
+max_wait, abandoned work is dropped or stopped, and errors reach every caller."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from sdxl_tpu.pipeline import LOOKAHEAD, Cancelled, GenerationResult
+from sdxl_tpu.request import ImageInfo, Request, RequestError
+from sdxl_tpu.serving import SHUTTING_DOWN, Batcher
+
+
+def infos(seed: int, n: int = 4, steps: int = 2, size=(64, 64)) -> list[ImageInfo]:
+    return [ImageInfo(seed=seed + i, prompt=f"p{seed}", negative_prompt="", guidance_scale=5.0, steps=steps, size=size)
+            for i in range(n)]
+
+
+class FakePipeline:
+    """Records each call; `hold` keeps a call running until set; steps poll `stop`."""
+
+    def __init__(self, images_per_call: int = 8, step_seconds: float = 0.0):
+        self.images_per_call, self.step_seconds = images_per_call, step_seconds
+        self.calls: list[tuple[float, list[int]]] = []
+        self.hold = threading.Event()
+        self.hold.set()
+        self.fail: Exception | None = None
+        self.steps_run = 0
+
+    def run_images(self, infos, progress=None, stop=None):
+        self.calls.append((time.monotonic(), [i.seed for i in infos]))
+        self.hold.wait(10)
+        if self.fail is not None:
+            raise self.fail
+        for step in range(infos[0].steps):
+            time.sleep(self.step_seconds)
+            self.steps_run += 1
+            if progress:
+                progress(step + 1, infos[0].steps)
+            if step + 1 < infos[0].steps and stop and stop():
+                raise Cancelled("stopped")
+        return GenerationResult(images=[f"image {i.seed}" for i in infos], infos=list(infos),
+                                timings={"total": 0.0})
+
+
+def test_concurrent_requests_share_a_call_and_each_gets_its_own_images():
+    pipe = FakePipeline(images_per_call=8)
+    pipe.hold.clear()
+    batcher = Batcher(pipe, max_wait=0.02)
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(batcher.submit, infos(100))  # runs alone (held), the next two wait together
+        while not pipe.calls:
+            time.sleep(0.001)
+        a, b = pool.submit(batcher.submit, infos(200)), pool.submit(batcher.submit, infos(300))
+        time.sleep(0.05)
+        pipe.hold.set()
+        results = [f.result(10) for f in (first, a, b)]
+    assert [seeds for _, seeds in pipe.calls] == [[100, 101, 102, 103], [200, 201, 202, 203, 300, 301, 302, 303]] or \
+        [seeds for _, seeds in pipe.calls] == [[100, 101, 102, 103], [300, 301, 302, 303, 200, 201, 202, 203]]
+    assert batcher.calls == 2
+    for result, base in zip(results, (100, 200, 300)):
+        assert result.seeds == [base + i for i in range(4)]
+        assert result.images == [f"image {base + i}" for i in range(4)]
+
+
+def test_a_lone_request_waits_at_most_max_wait_for_a_partner():
+    pipe = FakePipeline(images_per_call=8)
+    batcher = Batcher(pipe, max_wait=0.02)
+    waits = []
+    for seed in range(5):  # bounded
+        start = time.monotonic()
+        batcher.submit(infos(seed))
+        waits.append(pipe.calls[-1][0] - start)
+    print(f"lone request's wait for a partner: median {np.median(waits) * 1000:.1f} ms, max {max(waits) * 1000:.1f} ms")
+    assert min(waits) >= 0.015 and np.median(waits) <= 0.06
+
+
+def test_a_full_call_does_not_wait_and_shapes_do_not_mix():
+    pipe = FakePipeline(images_per_call=4)
+    batcher = Batcher(pipe, max_wait=1.0)  # a wait would show: 1 s
+    start = time.monotonic()
+    batcher.submit(infos(1))
+    assert pipe.calls[-1][0] - start < 0.5
+    pipe = FakePipeline(images_per_call=8)
+    pipe.hold.clear()
+    batcher = Batcher(pipe, max_wait=0.02)
+    with ThreadPoolExecutor(3) as pool:
+        held = pool.submit(batcher.submit, infos(0))
+        while not pipe.calls:
+            time.sleep(0.001)
+        other_steps = pool.submit(batcher.submit, infos(10, steps=3))
+        other_size = pool.submit(batcher.submit, infos(20, size=(96, 64)))
+        time.sleep(0.05)
+        pipe.hold.set()
+        for f in (held, other_steps, other_size):
+            f.result(10)
+    assert batcher.calls == 3 and all(len(seeds) == 4 for _, seeds in pipe.calls)
+
+
+def test_an_abandoned_request_is_dropped_while_waiting_and_stopped_while_running():
+    pipe = FakePipeline(images_per_call=4, step_seconds=0.01)
+    pipe.hold.clear()
+    batcher = Batcher(pipe)
+    gone = threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(batcher.submit, infos(0, steps=50), None, gone.is_set)
+        while not pipe.calls:
+            time.sleep(0.001)
+        waiting = pool.submit(batcher.submit, infos(10), None, gone.is_set)
+        time.sleep(0.05)
+        gone.set()
+        pipe.hold.set()
+        with pytest.raises(Cancelled):
+            running.result(10)
+        with pytest.raises(Cancelled):
+            waiting.result(10)
+    assert pipe.steps_run <= 2 and batcher.calls == 1  # stopped at the first step; the waiting one never ran
+    assert batcher.submit(infos(20)).seeds[0] == 20  # and the batcher goes on
+
+
+def test_a_call_goes_on_while_one_of_its_callers_remains():
+    pipe = FakePipeline(images_per_call=8, step_seconds=0.005)
+    pipe.hold.clear()
+    batcher = Batcher(pipe)
+    gone = threading.Event()
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(batcher.submit, infos(0))
+        while not pipe.calls:
+            time.sleep(0.001)
+        leaving = pool.submit(batcher.submit, infos(10, steps=20), None, gone.is_set)
+        staying = pool.submit(batcher.submit, infos(20, steps=20))
+        time.sleep(0.05)
+        pipe.hold.set()
+        first.result(10)
+        gone.set()
+        assert staying.result(10).seeds == [20, 21, 22, 23]
+        with pytest.raises(Cancelled):
+            leaving.result(10)
+    assert pipe.steps_run == 2 + 20
+
+
+def test_errors_reach_every_caller_and_closing_refuses_new_work():
+    pipe = FakePipeline(images_per_call=8)
+    pipe.fail = RuntimeError("device lost")
+    pipe.hold.clear()
+    batcher = Batcher(pipe)
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(batcher.submit, infos(s)) for s in (0, 10)]
+        time.sleep(0.05)
+        pipe.hold.set()
+        for f in futures:
+            with pytest.raises(RuntimeError, match="device lost"):
+                f.result(10)
+    pipe.fail = None
+    assert len(batcher.submit(infos(5)).images) == 4
+    with pytest.raises(ValueError, match="1 to 8 images"):
+        batcher.submit(infos(0, n=9))
+    batcher.close()
+    assert batcher.join(5)
+    with pytest.raises(RequestError, match=SHUTTING_DOWN):
+        batcher.submit(infos(0))
+
+
+def test_close_with_stop_running_cancels_the_call_in_flight():
+    pipe = FakePipeline(images_per_call=4, step_seconds=0.01)
+    batcher = Batcher(pipe)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(batcher.submit, infos(0, steps=500))
+        while not pipe.steps_run:
+            time.sleep(0.001)
+        batcher.close(stop_running=True)
+        with pytest.raises(Cancelled):
+            running.result(10)
+    assert batcher.join(5) and pipe.steps_run < 50
+
+
+def test_the_pipeline_stops_between_steps(tiny_pipeline):
+    """The real stepwise loop: `stop` is asked after every step, with at most LOOKAHEAD steps
+    dispatched beyond it, and the pipeline works normally afterwards."""
+    request = Request.of("a cat", seed=1, steps=50, size=(64, 64))
+    reported = []
+
+    def stop() -> bool:
+        return len(reported) >= 3
+
+    with pytest.raises(Cancelled, match="after step 3 of 50"):
+        tiny_pipeline.run(request, progress=lambda i, n: reported.append(i), stop=stop)
+    assert reported == [1, 2, 3] and LOOKAHEAD <= 3
+    # Fewer images than the compiled batch: the same pixels as in a full call.
+    full = tiny_pipeline.run(Request.of("a cat", seed=7, steps=2, size=(64, 64)))
+    part = tiny_pipeline.run_images(full.infos[1:3])
+    assert part.seeds == [8, 9]
+    for a, b in zip(part.images, full.images[1:3]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="share their size and step count"):
+        tiny_pipeline.run_images([full.infos[0], Request.of("x", seed=1, steps=3, size=(64, 64)).images(1)[0]])
