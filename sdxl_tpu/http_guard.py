@@ -58,6 +58,14 @@ class Refused(Exception):
         self.status, self.message = status, message
 
 
+class Answered(Exception):
+    """A request the guard answers itself (Gradio's route would do nothing with it)."""
+
+    def __init__(self, status: int, body: dict):
+        super().__init__(status)
+        self.status, self.body = status, body
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -263,6 +271,8 @@ class RequestGuard:
                 await _send_json(send, 503, {"detail": why}, headers=[(b"retry-after", b"5")])
                 return
             await self.app(scope, receive, send_tracked)
+        except Answered as e:
+            await _send_json(send, e.status, e.body)
         except Refused as e:  # raised by check(), before the app could start a response
             log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), e.message)
             await _send_json(send, e.status, {"detail": e.message})
@@ -301,11 +311,18 @@ class RequestGuard:
             if not ID.fullmatch(event_id) or not self.queue.has_event(event_id):
                 raise Refused(404, "No such event: POST to /gradio_api/call/<api_name> first (it may have ended).")
             return None
+        if method == "POST" and path == f"{API}/reset":
+            # gradio_client posts here when a job is cancelled; Gradio's route does nothing (the
+            # client's closed stream is what tells the server), so the guard answers for it.
+            data = _json_object(await _read_body(scope, receive, self.max_body))
+            check_id(data.get("event_id"), "event_id")
+            raise Answered(200, {"success": True})
         if method == "POST" and path in (f"{API}/queue/join", f"{API}/cancel") or (
                 method == "POST" and path.startswith(f"{API}/call/")):
             return await self._checked_post(path, scope, receive)
         if path in self.pages or path.startswith((f"{API}/file=", f"{API}/heartbeat/", f"{API}/queue/data",
-                                                  f"{API}/call/", f"{API}/queue/join", f"{API}/cancel")):
+                                                  f"{API}/call/", f"{API}/queue/join", f"{API}/cancel",
+                                                  f"{API}/reset")):
             raise Refused(405, f"{method} is not allowed here.")
         if path.startswith(f"{API}/upload"):
             raise Refused(403, "This app takes no file uploads.")
@@ -327,26 +344,35 @@ class RequestGuard:
 
     async def _checked_post(self, path: str, scope: dict, receive) -> bytes:
         body = await _read_body(scope, receive, self.max_body)
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            raise Refused(400, "The request body is not valid JSON.") from None
         if path == f"{API}/cancel":
-            if not isinstance(data, dict):
-                raise Refused(422, f"the request body must be a JSON object, got {json_type(data)}.")
+            data = _json_object(body)
             checked = {"session_hash": check_id(data.get("session_hash")),
                        "fn_index": check_fn_index(data.get("fn_index"), self.endpoints),
                        "event_id": check_id(data.get("event_id"), "event_id")}
         elif path == f"{API}/queue/join":
-            checked = check_envelope(data, self.endpoints)
+            checked = check_envelope(_json(body), self.endpoints)
             check_id(checked.get("session_hash"))
         else:
             api_name = path[len(f"{API}/call/"):].removesuffix("/")
-            checked = check_envelope(data, self.endpoints, fn_index=self._named(api_name).fn_index)
+            checked = check_envelope(_json(body), self.endpoints, fn_index=self._named(api_name).fn_index)
             if checked.get("session_hash") is not None:
                 check_id(checked["session_hash"])
         # Forward what was checked, re-encoded: Gradio parses exactly the values looked at here.
         return json.dumps(checked, ensure_ascii=True).encode()
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise Refused(400, "The request body is not valid JSON.") from None
+
+
+def _json_object(body: bytes) -> dict:
+    data = _json(body)
+    if not isinstance(data, dict):
+        raise Refused(422, f"the request body must be a JSON object, got {json_type(data)}.")
+    return data
 
 
 async def _read_body(scope: dict, receive, limit: int) -> bytes:

@@ -51,6 +51,8 @@ class Metrics:
         self.ready = Gauge("sdxl_ready", "1 while the server takes requests (warm, not draining)", registry=r)
         self.stage_seconds = Histogram("sdxl_stage_seconds", "Seconds per pipeline stage of a call", ["stage"],
                                        buckets=BUCKETS, registry=r)
+        for stage in STAGES:
+            self.stage_seconds.labels(stage)
         self.request_seconds = Histogram("sdxl_request_seconds", "Seconds from joining the queue to images saved",
                                          buckets=BUCKETS, registry=r)
         self.compiles = _Compiles()

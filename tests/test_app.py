@@ -89,9 +89,46 @@ def test_control_characters_are_cleaned_and_long_prompts_refused_not_cut(client)
         _generate(client, prompt="very " * 2000, steps=1)
 
 
+def metrics(app_server) -> dict[str, float]:
+    """GET /metrics, parsed: 'name{label="value"}' (or 'name') -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = get(app_server["url"] + "/metrics")
+    assert status == 200, text
+    return {sample.name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())) + "}"
+                           if sample.labels else ""): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def requests_total(values: dict[str, float], outcome: str) -> float:
+    return values[f'sdxl_requests_total{{outcome="{outcome}"}}']
+
+
+def test_metrics_count_outcomes_images_stages_and_no_compiles(app_server, client):
+    from gradio_client.exceptions import AppError
+
+    before = metrics(app_server)
+    for steps in (1, 3):  # other step counts, prompts and seeds: no compile
+        _generate(client, prompt=f"a cat, {steps} steps", seed=steps, steps=steps)
+    with pytest.raises(AppError):
+        _generate(client, steps=1.5)
+    after = metrics(app_server)
+    delta = lambda name: after[name] - before[name]
+    assert requests_total(after, "ok") - requests_total(before, "ok") == 2
+    assert requests_total(after, "user_error") - requests_total(before, "user_error") == 1
+    assert delta("sdxl_images_total") == 8 and delta("sdxl_pipeline_calls_total") == 2
+    assert delta("sdxl_request_seconds_count") == 2 and delta("sdxl_request_seconds_sum") > 0
+    for stage in ("text_encoding", "denoising", "decoding", "saving"):
+        assert delta(f'sdxl_stage_seconds_count{{stage="{stage}"}}') == 2
+    assert after["sdxl_compiles_total"] == before["sdxl_compiles_total"] > 0  # warm-up compiled; requests did not
+    assert after["sdxl_ready"] == 1 and after["sdxl_queue_depth"] == 0
+
+
 def test_queue_is_bounded_and_busy_requests_are_told_so(app_server, client):
     from gradio_client.exceptions import AppError
     from gradio_client.utils import QueueError
+
+    before = metrics(app_server)
 
     def call(i):
         try:
@@ -104,8 +141,58 @@ def test_queue_is_bounded_and_busy_requests_are_told_so(app_server, client):
         outcomes = list(pool.map(call, range(8)))
     print(outcomes)
     assert "ok" in outcomes
-    assert any("Queue is full" in o and "try again" in o for o in outcomes)
+    turned_away = sum("Queue is full" in o and "try again" in o for o in outcomes)
+    assert turned_away >= 1
     assert len(_generate(client, steps=1)[0]) == 4
+    after = metrics(app_server)
+    assert requests_total(after, "queue_full") - requests_total(before, "queue_full") == turned_away
+    assert requests_total(after, "ok") - requests_total(before, "ok") == outcomes.count("ok") + 1
+
+
+def test_abandoned_requests_stop_and_free_the_worker(app_server):
+    """A caller that cancels (gradio_client's job.cancel closes its stream, as a closing tab does)
+    stops its request between steps; one still queued is dropped without running."""
+    from gradio_client import Client
+
+    def new_client():
+        return Client(app_server["url"] + "/", verbose=False, download_files=False)
+
+    args = lambda seed, steps: ("a cat", "", "(No style)", seed, False, 5.0, steps, "96x64")
+    timer = lambda: time.perf_counter()
+    c = new_client()
+    start = timer()
+    c.predict(*args(1, 50), api_name="/generate")
+    full = timer() - start
+    start = timer()
+    c.predict(*args(2, 1), api_name="/generate")
+    one_step = timer() - start
+    before = metrics(app_server)
+    running, queued = new_client().submit(*args(3, 50), api_name="/generate"), None
+    cancel_at = min(1.0, full / 3)
+    time.sleep(cancel_at / 2)
+    queued_client = new_client()
+    queued = queued_client.submit(*args(4, 50), api_name="/generate")
+    time.sleep(cancel_at / 2)
+    queued.cancel()
+    running.cancel()
+    start = timer()
+    gallery, _ = new_client().predict(*args(5, 1), api_name="/generate")
+    after_cancel = timer() - start
+    print(f"50 steps {full:.2f} s, 1 step {one_step:.2f} s; 1 step after cancelling a 50-step call "
+          f"{cancel_at:.2f} s in: {after_cancel:.2f} s (it would wait {full - cancel_at:.2f} s for the rest)")
+    assert len(gallery) == 4
+    assert after_cancel < one_step + (full - cancel_at) / 2
+    # The running request counted as cancelled; the queued one never ran (one call: the 1-step one
+    # and the cancelled one).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # bounded: the cancelled call reports when it stops
+        after = metrics(app_server)
+        if requests_total(after, "cancelled") > requests_total(before, "cancelled"):
+            break
+        time.sleep(0.1)
+    assert requests_total(after, "cancelled") - requests_total(before, "cancelled") == 1
+    assert after["sdxl_pipeline_calls_total"] - before["sdxl_pipeline_calls_total"] == 2
+    assert requests_total(after, "ok") - requests_total(before, "ok") == 1
 
 
 def test_secure_defaults(app_server):

@@ -102,6 +102,15 @@ def test_settings_from_arguments_and_environment():
     assert parse_settings(["--model", "tiny"], env={}).sizes == [(256, 256)]  # quick to try on a CPU
     with pytest.raises(SystemExit):
         parse_settings(["--sizes", "huge"], env={})
+    s = parse_settings([], env={})
+    assert (s.drain_seconds, s.metrics) == (60.0, "public")
+    s = parse_settings(["--drain-seconds", "5", "--metrics", "127.0.0.1:9100"], env={})
+    assert (s.drain_seconds, s.metrics) == (5.0, "127.0.0.1:9100")
+    s = parse_settings([], env={"SDXL_DRAIN_SECONDS": "0", "SDXL_METRICS": "off"})
+    assert (s.drain_seconds, s.metrics) == (0.0, "off")
+    for bad in (["--metrics", "9100"], ["--metrics", "host:99999"], ["--metrics", "yes"], ["--drain-seconds", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_settings(bad, env={})
 
 
 def test_server_warm_up_states_and_errors():
@@ -160,3 +169,49 @@ def test_display_helpers_take_any_client_value():
 def test_the_length_limit_applies_to_what_the_user_typed_not_the_style():
     request = _validate(prompt="x" * 1000, style="Fantasy art")
     assert len(request.prompt) > 1000 and "x" * 1000 in request.prompt
+
+
+def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
+    """Server.drain: not ready at once; a request that finishes in time gets its images, one that
+    would outlast the deadline is cancelled there; afterwards new work is refused."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sdxl_tpu.pipeline import Cancelled, GenerationResult
+    from sdxl_tpu.serving import SHUTTING_DOWN
+
+    class SlowPipeline:
+        sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
+
+        def run_images(self, infos, progress=None, stop=None):
+            for step in range(infos[0].steps):
+                time.sleep(0.01)
+                if stop():
+                    raise Cancelled(f"stopped after step {step + 1}")
+            return GenerationResult(images=[], infos=list(infos), timings={})
+
+    def server_with(pipeline):
+        server = Server(Settings(model="tiny", sizes=SIZES), loader=lambda s: pipeline)
+        server.load()
+        server.generate = lambda request: server.batcher.submit(request.images(4))  # no image files here
+        return server
+
+    server = server_with(SlowPipeline())
+    with ThreadPoolExecutor(1) as pool:
+        short = pool.submit(server.generate, _validate(steps=10))
+        time.sleep(0.02)
+        assert server.drain(seconds=5) is True
+        assert short.result(5).seeds == [3, 4, 5, 6]
+    assert server.status == "draining" and not server.ready and server.metrics.registry.get_sample_value("sdxl_ready") == 0
+    with pytest.raises(RequestError, match=SHUTTING_DOWN):
+        server.generate(_validate())
+
+    server = server_with(SlowPipeline())
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(server.generate, _validate(steps=50))
+        time.sleep(0.05)
+        start = time.monotonic()
+        assert server.drain(seconds=0.1) is False
+        assert time.monotonic() - start < 0.4
+        with pytest.raises(Cancelled):
+            long.result(5)

@@ -331,7 +331,7 @@ def test_fuzz_raw_routes(app_server, http_client, fn_index, fuzz_log):
     cases.append(("POST", "/gradio_api/queue/join", json.dumps({**good, "session_hash": None}).encode(), {}))
     cases += [("POST", f"/gradio_api/call/{name}", json.dumps({"data": GENERATE}).encode(), {})
               for name in ("nope", "token_count", "reuse_seed", "lambda", "load_example", "%00", "..%2fgenerate", "")]
-    cases += [("POST", "/gradio_api/cancel", body, {}) for body in envelopes[:12]]
+    cases += [("POST", path, body, {}) for body in envelopes[:12] for path in ("/gradio_api/cancel", "/gradio_api/reset")]
     cases += [("GET", f"/gradio_api/queue/data?session_hash={s}", None, {})
               for s in ("", "%00", "a%20b", "x" * 65, uuid.uuid4().hex, "..%2f..%2f")]
     cases += [("GET", "/gradio_api/queue/data", None, {})]
