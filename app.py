@@ -25,11 +25,12 @@ from starlette.routing import Mount
 
 from sdxl_tpu.compilation import enable_compile_cache
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
+from sdxl_tpu.images import keep_image_memory
 from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, metrics_address,
                                  parse_settings, seed_at, style_description)
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, format_size
-from sdxl_tpu.scheduler import MAX_STEPS
+from sdxl_tpu.scheduler import MAX_STEPS, SAMPLERS
 from sdxl_tpu.serving import SHUTTING_DOWN, DrainingServer
 
 CSS = "#gallery {min-height: 420px} #status p {margin: 0}"
@@ -62,7 +63,9 @@ def build_demo(server: Server) -> gr.Blocks:
                 seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
                 randomize = gr.Checkbox(label="Randomize seed", value=True)
             guidance = gr.Slider(*GUIDANCE_RANGE, value=5.0, step=0.1, label="Guidance scale")
-            steps = gr.Slider(1, MAX_STEPS, value=20, step=1, label="Steps")
+            with gr.Row():
+                steps = gr.Slider(1, MAX_STEPS, value=20, step=1, label="Steps")
+                sampler = gr.Dropdown(list(SAMPLERS), value=server.default_sampler, label="Sampler")
             size = gr.Dropdown(sizes, value=sizes[0], label="Size (width x height)")
         # Examples fill the prompt in the browser: no server event, nothing to call.
         examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",
@@ -72,13 +75,14 @@ def build_demo(server: Server) -> gr.Blocks:
         # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
         # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
         # sdxl_tpu.playground checks each value and refuses, with a message, what is not right.
-        def generate(prompt, negative, style, seed, randomize, guidance, steps, size, progress=gr.Progress()):
+        def generate(prompt, negative, style, seed, randomize, guidance, steps, size, sampler=None,
+                     progress=gr.Progress()):
             # The request stops (waiting or between denoising steps) once Gradio no longer runs
             # its event: the page closed, the client cancelled or went away.
             queue, event_id = QueueView(demo), QueueView.current_event_id()
             event = queue.running_event(event_id)
             progress(0, desc="Encoding prompts")
-            return server.serve((prompt, negative, style, seed, randomize, guidance, steps, size),
+            return server.serve((prompt, negative, style, seed, randomize, guidance, steps, size, sampler),
                                 progress=lambda i, n: progress((i, n), desc="Denoising"),
                                 abandoned=lambda: queue.running_event(event_id) is None,
                                 queued_at=event.enqueue_time if event is not None else None)
@@ -86,7 +90,7 @@ def build_demo(server: Server) -> gr.Blocks:
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
         # more chips than a request has images); the rest wait in Gradio's bounded queue.
         gr.on([prompt.submit, negative.submit, run.click], gradio_handler(generate, "/generate"),
-              inputs=[prompt, negative, style, seed, randomize, guidance, steps, size],
+              inputs=[prompt, negative, style, seed, randomize, guidance, steps, size, sampler],
               outputs=[gallery, last_seeds, info], api_name="generate", concurrency_limit=server.requests_per_call,
               preprocess=False)
 
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
     enable_compile_cache(settings.compile_cache)  # once, for the process: a restart reuses compiled programs
+    keep_image_memory()  # every call makes images of the same few sizes: reuse their memory
     server = Server(settings)
     app, queue, end_streams = build_app(server)
     if settings.metrics not in ("public", "off"):  # a listener of its own, e.g. reachable only in the cluster

@@ -1,7 +1,8 @@
 """Command line.
 
     python -m sdxl_tpu generate "a photo of a cat" --negative "blurry" --seed 7 --steps 20 \\
-        --guidance 5 --size 1024x1024 --model stabilityai/stable-diffusion-xl-base-1.0 --out DIR
+        --guidance 5 --sampler "DPM++ 2M Karras" --size 1024x1024 \\
+        --model stabilityai/stable-diffusion-xl-base-1.0 --out DIR
     python -m sdxl_tpu make-tiny DIR
 """
 
@@ -35,6 +36,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="base seed; image i gets seed + i (default: random)")
     gen.add_argument("--steps", type=int, default=20)
     gen.add_argument("--guidance", type=float, default=5.0)
+    gen.add_argument("--sampler", default=None,
+                     help="Euler, Euler a, DPM++ 2M or DPM++ 2M Karras (default: the checkpoint's scheduler)")
     gen.add_argument("--size", default="1024x1024", help="WIDTHxHEIGHT")
     gen.add_argument("--images", type=int, default=4,
                      help="images to make in one call (the compiled batch is rounded up to the device count)")
@@ -61,7 +64,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     try:  # the request is checked before anything is loaded
         request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=args.guidance,
-                             steps=args.steps, size=args.size)
+                             steps=args.steps, size=args.size, sampler=args.sampler)
     except ValueError as e:
         return _fail(str(e))
     if args.images < 1:

@@ -31,7 +31,7 @@ from .layers import Precision
 from .pipeline import Pipeline, compute_dtype_for, load_pipeline
 from .presets import SCHEDULER_CONFIG, preset_configs
 from .request import format_size, parse_size
-from .scheduler import EulerDiscrete
+from .scheduler import SAMPLERS, samplers_for
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
 from .weights import read_json
@@ -105,7 +105,7 @@ def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False) -> 
                              attention=args.attention)
     precision = Precision.of(compute_dtype_for(args.dtype, args.compute_dtype), args.dtype, attention=args.attention)
     return Pipeline(random_models(preset_configs(args.preset), precision), random_tokenizers(),
-                    EulerDiscrete.from_config(SCHEDULER_CONFIG), sizes=[args.size], images_per_call=args.images,
+                    samplers_for(SCHEDULER_CONFIG)[0], sizes=[args.size], images_per_call=args.images,
                     model_name=args.preset, step_progress=step_progress)
 
 
@@ -130,7 +130,7 @@ def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int) -> list[tup
     calls = []
     for i in range(runs):
         start = time.perf_counter()
-        result = pipe.generate(PROMPT, NEGATIVE, seed=i, steps=args.steps, size=args.size)
+        result = pipe.generate(PROMPT, NEGATIVE, seed=i, steps=args.steps, size=args.size, sampler=args.sampler)
         calls.append((time.perf_counter() - start, result.timings))
     return calls
 
@@ -161,7 +161,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "preset": args.preset, "model": args.model, "random_weights": args.random_weights, "dtype": args.dtype,
         "compute_dtype": compute_dtype_for(args.dtype, args.compute_dtype),
-        "size": format_size(args.size), "steps": args.steps, "images": pipe.images_per_call,
+        "size": format_size(args.size), "steps": args.steps, "sampler": args.sampler or pipe.default_sampler,
+        "images": pipe.images_per_call,
         "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind, "platform": jax.default_backend(),
         "cold_compile_s": compile_s, "compile_cache": cache, "attention": args.attention,
     }
@@ -278,6 +279,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--random-weights", action="store_true", help="random weights of the preset's architecture")
     parser.add_argument("--size", default=None, help="WIDTHxHEIGHT (default: the preset's)")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--sampler", choices=SAMPLERS, default=None, help="default: the checkpoint's (Euler for presets)")
     parser.add_argument("--images", type=int, default=4)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float32"],

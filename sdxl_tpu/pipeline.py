@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -27,11 +27,11 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import sampling
+from . import sampling, scheduler
 from .checkpoint import Models, load_models, load_tokenizers, resolve
 from .compilation import enable_compile_cache
-from .request import ImageInfo, Request, RequestError, format_size, parse_size, size_input
-from .scheduler import MAX_STEPS, EulerDiscrete, Sampler, Tables
+from .request import ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, size_input
+from .scheduler import MAX_STEPS, Sampler, Tables, samplers_for
 from .weights import read_json
 
 BATCH = "batch"  # the mesh axis images are split over
@@ -67,18 +67,22 @@ class Pipeline:
     """SDXL compiled for a fixed set of image sizes and images per call, replicated on `mesh`.
 
     `params` holds each network's replicated parameter state (swap an entry for other weights of
-    the same architecture). `step_progress` compiles one program per step, so progress can be
+    the same architecture). `samplers` are the samplers a request may name (the first, or
+    `default_sampler`, when it names none). `step_progress` compiles one program per step, so progress can be
     reported (and a call stopped) per step; without it all steps run in one fused loop on the device.
     """
 
-    def __init__(self, models: Models, tokenizers: tuple, sampler: Sampler, *,
-                 sizes: Sequence[Any] = ((1024, 1024),), images_per_call: int = 4,
+    def __init__(self, models: Models, tokenizers: tuple, samplers: Sampler | Mapping[str, Sampler], *,
+                 default_sampler: str | None = None, sizes: Sequence[Any] = ((1024, 1024),), images_per_call: int = 4,
                  devices: Sequence[jax.Device] | None = None, model_name: str = "",
                  force_zeros_for_empty_prompt: bool = True, step_progress: bool = True):
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
         self.images_per_call = math.ceil(images_per_call / len(devices)) * len(devices)
-        self.tokenizers, self.sampler, self.model_name = tokenizers, sampler, model_name
+        # Samplers are tables for one compiled update (scheduler.py): any of them per request.
+        self.samplers = {samplers.name: samplers} if isinstance(samplers, Sampler) else dict(samplers)
+        self.default_sampler = default_sampler or next(iter(self.samplers))
+        self.tokenizers, self.model_name = tokenizers, model_name
         self.force_zeros_for_empty_prompt = force_zeros_for_empty_prompt
         self.stepwise = step_progress
         self.vae_factor = 2 ** (len(models.vae.config.block_out_channels) - 1)
@@ -116,22 +120,24 @@ class Pipeline:
         batch = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=self._batch)
         rep = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
         ids, latents = batch((b, 2, sampling.MAX_TOKENS), jnp.int32), batch((b, lh, lw, c))
-        tables = Tables(rep((MAX_STEPS,)), rep((MAX_STEPS + 1,)), rep(()))
+        tables = Tables(rep((MAX_STEPS,)), rep((MAX_STEPS,)), rep((MAX_STEPS, 6)), rep(()))
+        seeds = batch((b,), jnp.uint32)
         te1, te2, unet, vae = (partial(nnx.merge, self._graphs[n]) for n in NETWORKS)
-        sampler, bat = self.sampler, P(BATCH)
+        bat = P(BATCH)
         if name == "encode":
             fn = lambda p1, p2, *a: sampling.encode_text(te1(p1), te2(p2), *a)
             return self._shard(fn, (P(), P(), bat, bat, bat), (bat, bat)), (
                 self.params["text_encoder"], self.params["text_encoder_2"], ids, ids, batch((b,), jnp.bool_))
         if name == "noise":
-            fn = lambda seeds, t: sampler.init(sampling.get_noise(seeds, lh, lw, c), t)
-            return self._shard(fn, (bat, P()), bat), (batch((b,), jnp.uint32), tables)
+            fn = lambda s, t: scheduler.init(sampling.get_noise(s, lh, lw, c), s, t)
+            return self._shard(fn, (bat, P()), bat), (seeds, tables)
         if name == "init":  # the state from initial latents the caller gives
-            return self._shard(sampler.init, (bat, P()), bat), (latents, tables)
+            return self._shard(scheduler.init, (bat, bat, P()), bat), (latents, seeds, tables)
         if name == "denoise":  # one step (stepwise: the last argument is the step) or the whole loop
-            state = jax.tree.map(lambda s: batch(s.shape, s.dtype), jax.eval_shape(sampler.init, latents, tables))
+            state = jax.tree.map(lambda s: batch(s.shape, s.dtype),
+                                 jax.eval_shape(scheduler.init, latents, seeds, tables))
             loop = sampling.denoise_step if self.stepwise else sampling.denoise
-            fn = lambda params, *a: loop(unet(params), sampler, *a)
+            fn = lambda params, *a: loop(unet(params), *a)
             args = (self.params["unet"], state, batch((b, 2, sampling.MAX_TOKENS, self.context_dim)),
                     batch((b, 2, self.pooled_dim)), batch((b, 6)), batch((b,)), tables, rep((), jnp.int32))
             return self._shard(fn, (P(), bat, bat, bat, bat, bat, P(), P()), bat), args
@@ -170,27 +176,35 @@ class Pipeline:
 
     # -- requests -------------------------------------------------------------------------------
 
+    @property
+    def sampler(self) -> Sampler:
+        """The default sampler."""
+        return self.samplers[self.default_sampler]
+
     def request(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                 seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
-                steps: int = 20, size: Any = (1024, 1024)) -> Request:
+                steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None) -> Request:
         """A checked request for this pipeline (RequestError names what is wrong)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
-                          sizes=self.sizes)
+                          sizes=self.sizes, sampler=sampler, samplers=list(self.samplers))
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
-                 steps: int = 20, size: Any = (1024, 1024), latents: np.ndarray | None = None,
+                 steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None,
+                 latents: np.ndarray | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Generate `images_per_call` images.
 
         prompt / negative_prompt / guidance_scale: one value for every image, or one per image.
         seed: an int (image i gets seed + i), one per image, or None (random).
+        sampler: one of `samplers` by name (AUTOMATIC1111's: "Euler", "Euler a", "DPM++ 2M",
+            "DPM++ 2M Karras"); None: the default.
         latents: optional initial noise in diffusers' layout (images, 4, h, w), as diffusers' `latents=`.
         progress: called as progress(step, steps) after each denoising step (in this thread; with
             step_progress=False only once, at the end of the fused loop).
         """
         request = self.request(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps,
-                               size=size)
+                               size=size, sampler=sampler)
         return self.run(request, latents=latents, progress=progress)
 
     def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,
@@ -203,8 +217,8 @@ class Pipeline:
     def run_images(self, infos: Sequence[ImageInfo], *, latents: np.ndarray | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    stop: Callable[[], bool] | None = None) -> GenerationResult:
-        """Generate one image per entry of `infos` (1 to images_per_call, all of one size and step
-        count; they may come from different requests) in one call. Free slots of the compiled batch
+        """Generate one image per entry of `infos` (1 to images_per_call, all of one size, step
+        count and sampler; they may come from different requests) in one call. Free slots of the compiled batch
         are filled with copies of the last image and discarded: each device makes its images alone,
         so an image's pixels do not depend on its slot or on the other images of the call.
 
@@ -216,11 +230,13 @@ class Pipeline:
         n = len(infos)
         if not 1 <= n <= self.images_per_call:
             raise ValueError(f"a call makes 1 to {self.images_per_call} images, not {n}")
-        size, steps = infos[0].size, infos[0].steps
-        if any(i.size != size or i.steps != steps for i in infos):
-            raise ValueError("the images of one call must share their size and step count")
+        infos = [dataclasses.replace(info, sampler=info.sampler or self.default_sampler) for info in infos]
+        size, steps, name = infos[0].size, infos[0].steps, infos[0].sampler
+        if any((i.size, i.steps, i.sampler) != (size, steps, name) for i in infos):
+            raise ValueError("the images of one call must share their size, step count and sampler")
+        if name not in self.samplers:
+            raise RequestError(not_a_choice("Sampler", name, self.samplers))
         programs = self.compiled(size)
-        infos = [dataclasses.replace(info, sampler=self.sampler.name) for info in infos]
         slots = infos + [infos[-1]] * (self.images_per_call - n)
         text = sampling.prepare(self.tokenizers, slots, self.force_zeros_for_empty_prompt)
         if latents is not None:
@@ -231,16 +247,17 @@ class Pipeline:
                 raise RequestError(f"latents must have shape {shape}, got {latents.shape}.")
             latents = np.concatenate([latents, np.repeat(latents[-1:], self.images_per_call - n, axis=0)])
         put = lambda x: jax.device_put(x, self._batch)
-        tables = jax.device_put(self.sampler.padded_tables(steps), self._replicated)
+        tables = jax.device_put(self.samplers[name].padded_tables(steps), self._replicated)
+        seeds = put(np.array([i.seed for i in slots], np.uint32))
 
         with self._lock:
             start = time.perf_counter()
             context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
                                                  put(text.ids1), put(text.ids2), put(text.zero_negative))
             if latents is None:
-                state = programs["noise"](put(np.array([i.seed for i in slots], np.uint32)), tables)
+                state = programs["noise"](seeds, tables)
             else:
-                state = programs["init"](put(latents.transpose(0, 2, 3, 1)), tables)
+                state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
             jax.block_until_ready((context, pooled, state))
             t_text = time.perf_counter()
             conditioning = (context, pooled, put(text.time_ids), put(text.guidance), tables)
@@ -296,10 +313,11 @@ def compute_dtype_for(dtype: str, compute_dtype: str | None = None) -> str:
     return "float32" if jax.default_backend() == "cpu" else dtype
 
 
-def load_sampler(root: os.PathLike) -> Sampler:
-    """The checkpoint's scheduler (scheduler/scheduler_config.json), or SDXL base's Euler."""
+def load_samplers(root: os.PathLike) -> tuple[dict[str, Sampler], str]:
+    """Every sampler on the checkpoint's noise schedule (scheduler/scheduler_config.json, else SDXL
+    base's), and the name of the checkpoint's own scheduler, the default."""
     path = os.path.join(root, "scheduler", "scheduler_config.json")
-    return EulerDiscrete.from_config(dict(read_json(path))) if os.path.isfile(path) else EulerDiscrete()
+    return samplers_for(dict(read_json(path)) if os.path.isfile(path) else None)
 
 
 def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: Sequence[Any] = ((1024, 1024),),
@@ -319,8 +337,9 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     root = resolve(model)
     models = load_models(root, dtype=compute_dtype_for(dtype, compute_dtype), param_dtype=dtype, attention=attention)
     index = dict(read_json(root / "model_index.json")) if (root / "model_index.json").is_file() else {}
-    pipe = Pipeline(models, load_tokenizers(root), load_sampler(root), sizes=sizes, images_per_call=images_per_call,
-                    devices=devices, model_name=str(model),
+    samplers, default_sampler = load_samplers(root)
+    pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=sizes,
+                    images_per_call=images_per_call, devices=devices, model_name=str(model),
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
                     step_progress=step_progress)
     if warmup:

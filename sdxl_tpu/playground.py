@@ -23,9 +23,10 @@ from .compilation import DEFAULT_COMPILE_CACHE
 from .images import FORMATS, ImageStore
 from .metrics import Metrics
 from .pipeline import Cancelled, GenerationError, Pipeline, load_pipeline
-from .request import (MAX_SEED, Request, RequestError, format_size, json_type, not_a_choice,
+from .request import (MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
                       number_input, parse_size, text_input)
 from .sampling import MAX_TOKENS
+from .scheduler import SAMPLERS
 from .serving import SHUTTING_DOWN, Batcher
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-xl-base-1.0"
@@ -229,9 +230,7 @@ def model_not_found_message(model: str, reason: str) -> str:
 
 def style_entry(style: Any) -> tuple[str, str]:
     """(prompt template, negative prompt) of a style name as a client sent it."""
-    if not isinstance(style, str) or style not in STYLES:
-        raise RequestError(not_a_choice("Style", style, STYLES))
-    return STYLES[style]
+    return STYLES[choice_input(style, "Style", list(STYLES))]
 
 
 def apply_style(style: Any, prompt: str, negative: str) -> tuple[str, str]:
@@ -240,16 +239,17 @@ def apply_style(style: Any, prompt: str, negative: str) -> tuple[str, str]:
 
 
 def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, guidance: Any, steps: Any,
-             size: Any, sizes: Sequence[tuple[int, int]]) -> Request:
+             size: Any, sampler: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str] = SAMPLERS) -> Request:
     """The playground's fields, as a client sent them (JSON values), as one checked Request with
-    the style applied. A form has one value per field: lists are refused, not taken per image."""
+    the style applied. A form has one value per field: lists are refused, not taken per image.
+    A sampler of None (an API caller that leaves it out) is the model's default."""
     style_entry(style)  # an unknown style is refused before the rest is checked
     if not isinstance(randomize, bool):
         raise RequestError(f"Randomize seed must be true or false, got {json_type(randomize)}.")
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
         number_input(seed, "Seed", 0, MAX_SEED, whole=True)
     request = Request.of(prompt, negative, seed=None if randomize else seed, guidance_scale=guidance, steps=steps,
-                         size=size, sizes=sizes, per_image=False)
+                         size=size, sizes=sizes, sampler=sampler, samplers=samplers, per_image=False)
     # The style wraps what the user typed (their text is what the length limit applies to).
     prompt, negative = apply_style(style, request.prompt, request.negative_prompt)
     return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)
@@ -344,6 +344,15 @@ class Server:
     def sizes(self) -> list[tuple[int, int]]:
         return list(self.pipeline.sizes if self.pipeline else self.settings.sizes)
 
+    @property
+    def samplers(self) -> list[str]:
+        return list(self.pipeline.samplers if self.pipeline else SAMPLERS)
+
+    @property
+    def default_sampler(self) -> str:
+        """The model's own sampler (until it is loaded: SDXL base's, Euler)."""
+        return self.pipeline.default_sampler if self.pipeline else "Euler"
+
     def token_count(self, prompt: Any) -> str:
         """Markdown: how many of the 77 tokens the prompt uses, and a warning when it is truncated."""
         try:
@@ -369,7 +378,7 @@ class Server:
         queued_at = time.monotonic() if queued_at is None else queued_at
         outcome = "failed"
         try:
-            request = validate(*fields, self.sizes)
+            request = validate(*fields, self.sizes, self.samplers)
             result = self.generate(request, progress=progress, abandoned=abandoned)
             outcome = "ok"
             self.metrics.request_seconds.observe(time.monotonic() - queued_at)
@@ -405,7 +414,8 @@ class Server:
         gallery = [(path, f"seed {info.seed}") for path, info in zip(paths, result.infos)]
         t = result.timings
         info = (f"Generated {len(result.images)} images of {format_size(request.size)} in {t['total']:.2f} s "
-                f"(text {t['text_encoding']:.2f} s, denoising {t['denoising']:.2f} s for {request.steps} steps, "
+                f"(text {t['text_encoding']:.2f} s, denoising {t['denoising']:.2f} s for {request.steps} steps of "
+                f"{result.infos[0].sampler}, "
                 f"decoding {t['decoding']:.2f} s; {saving:.2f} s to save). "
                 f"Seeds: {', '.join(str(s) for s in result.seeds)}.")
         return gallery, result.seeds, info

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .scheduler import MAX_STEPS
+from .scheduler import MAX_STEPS, SAMPLERS
 
 MAX_SEED = 2**32 - 1
 MAX_PROMPT_CHARS = 1000
@@ -118,6 +118,13 @@ def format_size(size: tuple[int, int]) -> str:
     return f"{size[0]}x{size[1]}"
 
 
+def choice_input(value: Any, name: str, choices: Sequence[str]) -> str:
+    """One of `choices`, by name."""
+    if not isinstance(value, str) or value not in choices:
+        raise RequestError(not_a_choice(name, value, choices))
+    return value
+
+
 def size_input(value: Any, sizes: Sequence[tuple[int, int]]) -> tuple[int, int]:
     """One of the compiled `sizes`, named as text or as a pair."""
     choices = [format_size(s) for s in sizes]
@@ -143,7 +150,7 @@ class ImageInfo:
     guidance_scale: float
     steps: int
     size: tuple[int, int]  # (width, height)
-    sampler: str = "Euler"
+    sampler: str | None = None  # None: the pipeline's default (it fills it in)
 
     def parameters_text(self, model: str) -> str:
         """AUTOMATIC1111's "parameters" text (see images.py)."""
@@ -180,13 +187,15 @@ class Request:
     guidance_scale: float | tuple[float, ...]
     steps: int
     size: tuple[int, int]
+    sampler: str | None = None  # by name; None: the pipeline's default
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
            steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
-           per_image: bool = True) -> "Request":
-        """Check everything; `seed=None` draws a random seed; `sizes` are those available;
-        without `per_image`, lists are refused (a form has one value per field)."""
+           sampler: Any = None, samplers: Sequence[str] | None = None, per_image: bool = True) -> "Request":
+        """Check everything; `seed=None` draws a random seed; `sizes` and `samplers` are those
+        available (default: all of scheduler.SAMPLERS); without `per_image`, lists are refused (a
+        form has one value per field)."""
         def prompt_text(v: Any) -> str:
             text = text_input(v, "Prompt")
             if not text:
@@ -204,7 +213,8 @@ class Request:
             guidance_scale=field(guidance_scale, "Guidance scale",
                                  lambda v: float(number_input(v, "Guidance scale", *GUIDANCE_RANGE))),
             steps=int(number_input(steps, "Steps", 1, MAX_STEPS, whole=True)),
-            size=size_input(size, sizes) if sizes is not None else parse_size(size))
+            size=size_input(size, sizes) if sizes is not None else parse_size(size),
+            sampler=None if sampler is None else choice_input(sampler, "Sampler", SAMPLERS if samplers is None else samplers))
 
     def images(self, n: int) -> list[ImageInfo]:
         """The request spelled out for `n` images."""
@@ -213,5 +223,5 @@ class Request:
         columns = zip(seeds, per_image(self.prompt, n, "Prompt"),
                       per_image(self.negative_prompt, n, "Negative prompt"),
                       per_image(self.guidance_scale, n, "Guidance scale"))
-        return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size)
-                for s, p, q, g in columns]
+        return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
+                          sampler=self.sampler) for s, p, q, g in columns]

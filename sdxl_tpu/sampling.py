@@ -4,7 +4,7 @@
 
 Pure functions on batch-major arrays; along axis 1 of the text arrays, index 0 is the negative
 (unconditional) prompt and index 1 the prompt. How they are compiled, sharded and called is
-pipeline.py's business; which update a step makes is the sampler's (scheduler.py).
+pipeline.py's business; which update a step makes is in the sampler's tables (scheduler.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import scheduler
 from .request import ImageInfo
-from .scheduler import Sampler, State, Tables
+from .scheduler import State, Tables
 
 MAX_TOKENS = 77
 
@@ -69,7 +70,7 @@ def get_noise(seeds: jax.Array, height: int, width: int, channels: int) -> jax.A
     return jax.vmap(sample)(seeds)
 
 
-def denoise_step(unet, sampler: Sampler, state: State, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
+def denoise_step(unet, state: State, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
                  guidance: jax.Array, tables: Tables, i: jax.Array) -> State:
     """Step i with classifier-free guidance; latents and sampler math in float32.
 
@@ -77,20 +78,20 @@ def denoise_step(unet, sampler: Sampler, state: State, context: jax.Array, poole
     (image-major, so a device holding an image holds both of its passes).
     """
     b = state.x.shape[0]
-    x_in, t = sampler.model_input(state, i, tables)
+    x_in, t = scheduler.model_input(state, i, tables)
     eps = unet(jnp.repeat(x_in, 2, axis=0), t, context.reshape(2 * b, *context.shape[2:]), pooled.reshape(2 * b, -1),
                jnp.repeat(time_ids, 2, axis=0)).astype(jnp.float32)
     eps = eps.reshape(b, 2, *eps.shape[1:])
     # diffusers skips guidance when guidance_scale <= 1: that is the conditional prediction alone.
     g = jnp.where(guidance > 1.0, guidance, 1.0)[:, None, None, None]
-    return sampler.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
+    return scheduler.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
 
 
-def denoise(unet, sampler: Sampler, state: State, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
+def denoise(unet, state: State, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
             guidance: jax.Array, tables: Tables, num_steps: jax.Array) -> State:
     """All steps in one loop on the device. The bound `num_steps` is traced, so any step count
     up to the table size runs the same compiled program."""
-    step = lambda i, s: denoise_step(unet, sampler, s, context, pooled, time_ids, guidance, tables, i)
+    step = lambda i, s: denoise_step(unet, s, context, pooled, time_ids, guidance, tables, i)
     return jax.lax.fori_loop(0, num_steps, step, state)
 
 

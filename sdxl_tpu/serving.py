@@ -3,7 +3,7 @@ work stops, and the web server drains before it exits.
 
 `Batcher` owns the accelerator: one thread takes waiting requests and runs them through
 `Pipeline.run_images`. On a host with more chips than one request has images (v5e-8, 8 x H200),
-requests of the same size and step count are packed into one call; a lone request waits at
+requests of the same size, step count and sampler are packed into one call; a lone request waits at
 most `max_wait` for a partner. A request whose caller has gone is dropped while it waits and,
 once running, stopped between denoising steps (when every request of its call has gone).
 
@@ -49,7 +49,7 @@ class Job:
     @property
     def shape(self) -> tuple:
         """What a call's images must share."""
-        return self.infos[0].size, self.infos[0].steps
+        return self.infos[0].size, self.infos[0].steps, self.infos[0].sampler
 
 
 class Batcher:

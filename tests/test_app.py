@@ -26,8 +26,9 @@ def client(app_server):
 
 
 def _generate(client, prompt="a photo of a cat", negative="blurry", style="(No style)", seed=5, randomize=False,
-              guidance=5.0, steps=2, size="64x64"):
-    return client.predict(prompt, negative, style, seed, randomize, guidance, steps, size, api_name="/generate")
+              guidance=5.0, steps=2, size="64x64", *sampler):
+    return client.predict(prompt, negative, style, seed, randomize, guidance, steps, size, *sampler,
+                          api_name="/generate")
 
 
 def test_readyz_is_503_while_warming_up_then_200(app_server):
@@ -52,6 +53,11 @@ def test_client_gets_four_images_with_seeds(client):
     assert all(Image.open(item["image"]).format == "JPEG" for item in gallery)
     gallery, _ = _generate(client, size="96x64", style="Pixel art", randomize=True)
     assert Image.open(gallery[0]["image"]).size == (96, 64)
+    # The sampler is the last input; left out, it is the model's own (Euler for the tiny model).
+    for sampler in ("DPM++ 2M Karras", "Euler a"):
+        gallery, info = _generate(client, "a cat", "", "(No style)", 1, False, 5.0, 3, "64x64", sampler)
+        assert f"3 steps of {sampler}" in info
+        assert f"Sampler: {sampler}," in read_parameters(Image.open(gallery[0]["image"]))
     assert all(0 <= int(item["caption"].split()[1]) < 2**32 for item in gallery)
 
 

@@ -96,11 +96,11 @@ def test_attention_kernel_is_a_model_setting(tiny_checkpoint):
     """load_models(attention="xla") reaches every attention call of every network; the
     environment variable is only the entry points' default."""
     from sdxl_tpu import load_models
-    from sdxl_tpu.pipeline import Pipeline, load_sampler
+    from sdxl_tpu.pipeline import Pipeline, load_samplers
 
     for kernel, branches in (("auto", True), ("xla", False)):
         models = load_models(tiny_checkpoint, dtype="float32", attention=kernel)
-        pipe = Pipeline(models, (None, None), load_sampler(tiny_checkpoint), sizes=["256x256"])
+        pipe = Pipeline(models, (None, None), load_samplers(tiny_checkpoint)[0], sizes=["256x256"])
         for program in ("encode", "denoise", "decode"):
             jaxpr = str(pipe.trace(program, "256x256").jaxpr)
             assert ("platform_index" in jaxpr) == branches, (kernel, program)

@@ -24,14 +24,14 @@ def env(tmp_path_factory, compile_cache):
 
 def test_generate_writes_pngs_with_parameters(env, tmp_path):
     result = _run(["generate", "a photo of a cat", "--negative", "blurry", "--seed", "7", "--steps", "2",
-                   "--guidance", "5", "--size", "64x64", "--model", "tiny", "--dtype", "float32",
-                   "--out", str(tmp_path)], env)
+                   "--guidance", "5", "--sampler", "DPM++ 2M Karras", "--size", "64x64", "--model", "tiny",
+                   "--dtype", "float32", "--out", str(tmp_path)], env)
     assert result.returncode == 0, result.stderr[-3000:]
     files = sorted(tmp_path.glob("*.png"))
     assert [f.name for f in files] == ["10.png", "7.png", "8.png", "9.png"]
     image = Image.open(tmp_path / "8.png")
     assert image.size == (64, 64)
-    assert image.info["parameters"] == ("a photo of a cat\nNegative prompt: blurry\nSteps: 2, Sampler: Euler, "
+    assert image.info["parameters"] == ("a photo of a cat\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M Karras, "
                                         "CFG scale: 5, Seed: 8, Size: 64x64, Model: tiny")
     assert "denoising" in result.stdout and "total" in result.stdout
 
@@ -46,6 +46,8 @@ def test_generate_writes_pngs_with_parameters(env, tmp_path):
     (["generate", "x", "--model", "/nonexistent/model"], "neither an existing directory nor a Hub repo id"),
     (["generate", "x", "--model", "tiny", "--size", "64x64", "--seed", "-3", "--steps", "1"],
      "Seed must be a whole number between 0 and 4294967295."),
+    (["generate", "x", "--sampler", "DDIM"],
+     "Sampler 'DDIM' is not available; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_are_one_line_errors(env, args, message):

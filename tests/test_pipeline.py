@@ -44,16 +44,57 @@ def test_images_equal_diffusers(tiny_pipeline, reference_pipeline, steps, negati
     assert value >= 40
 
 
+SCHEDULERS = {"Euler": "EulerDiscreteScheduler", "Euler a": "EulerAncestralDiscreteScheduler",
+              "DPM++ 2M": "DPMSolverMultistepScheduler", "DPM++ 2M Karras": "DPMSolverMultistepScheduler"}
+
+
+@pytest.mark.parametrize("sampler", list(SCHEDULERS))
+def test_every_sampler_equals_diffusers_end_to_end(tiny_pipeline, reference_pipeline, sampler, monkeypatch):
+    """StableDiffusionXLPipeline with the same scheduler, switched as users do
+    (`Scheduler.from_config(pipe.scheduler.config)`); for Euler a, diffusers is fed the noise our
+    steps draw (each image's from its seed and the step index)."""
+    import diffusers
+    from diffusers.schedulers import scheduling_euler_ancestral_discrete
+
+    from sdxl_tpu.scheduler import step_noise
+
+    steps, seed = 6, 100  # first-order, second-order and final DPM++ steps
+    latents = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(7))
+    drawn = []
+
+    def our_noise(shape, **kwargs):
+        i = len(drawn)
+        drawn.append(i)
+        z = step_noise(np.arange(seed, seed + 4, dtype=np.uint32), np.int32(i), (shape[2], shape[3], shape[1]))
+        return torch.from_numpy(np.asarray(z).transpose(0, 3, 1, 2).copy())
+
+    monkeypatch.setattr(scheduling_euler_ancestral_discrete, "randn_tensor", our_noise)
+    scheduler = getattr(diffusers, SCHEDULERS[sampler]).from_config(reference_pipeline.scheduler.config,
+                                                                     use_karras_sigmas=sampler.endswith("Karras"))
+    reference = diffusers.StableDiffusionXLPipeline(**{**reference_pipeline.components, "scheduler": scheduler})
+    prompt = "a lighthouse in a storm"
+    result = tiny_pipeline.generate(prompt, "blurry", seed=seed, guidance_scale=5.0, steps=steps, size=(64, 64),
+                                    sampler=sampler, latents=latents.numpy())
+    assert [i.sampler for i in result.infos] == [sampler] * 4
+    ref = reference(prompt, negative_prompt="blurry", num_inference_steps=steps, guidance_scale=5.0, height=64,
+                    width=64, latents=latents, num_images_per_prompt=4, output_type="np").images
+    assert len(drawn) == (steps if sampler == "Euler a" else 0)
+    value = psnr(_images(result), np.round(ref * 255).astype(np.uint8))
+    print(f"{sampler}: PSNR {value:.1f} dB")
+    assert value >= 40
+
+
 def test_nothing_recompiles_after_warmup(tiny_pipeline):
     long_prompt = "a very detailed painting of a castle " * 20  # truncated at 77 tokens
     with CompileCounter() as counter:
-        for i, (prompt, negative, steps) in enumerate([
-            ("a cat", "", 1), ("a dog on a beach", "blurry", 2), (long_prompt, long_prompt, 7),
-            (["a", "b", "c", "d"], ["", "x", "", "y"], MAX_STEPS), ("neon city", "rain", 13),
+        for i, (prompt, negative, steps, sampler) in enumerate([
+            ("a cat", "", 1, "Euler"), ("a dog on a beach", "blurry", 2, "Euler a"),
+            (long_prompt, long_prompt, 7, "DPM++ 2M"), (["a", "b", "c", "d"], ["", "x", "", "y"], MAX_STEPS, "Euler"),
+            ("neon city", "rain", 13, "DPM++ 2M Karras"), ("a fox", "", 20, "Euler a"),
         ]):
             tiny_pipeline.generate(prompt, negative, seed=[i, 2**32 - 1, 0, 12345] if i % 2 else i * 1000,
                                    guidance_scale=[1.0, 3.5, 7.0, 12.0] if i % 2 else 5.0 + i, steps=steps,
-                                   size=(64, 64) if i % 2 else "96x64")
+                                   size=(64, 64) if i % 2 else "96x64", sampler=sampler)
     print(f"after warm-up: {counter.compiles} compilations, {counter.traces} traces")
     assert counter.compiles == 0 and counter.traces == 0
 

@@ -11,13 +11,13 @@ from sdxl_tpu.request import RequestError, clean_text, text_input
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
-          size="64x64")
+          size="64x64", sampler=None)
 
 
 def _validate(**overrides):
     args = {**OK, **overrides}
     return validate(args["prompt"], args["negative"], args["style"], args["seed"], args["randomize"],
-                    args["guidance"], args["steps"], args["size"], SIZES)
+                    args["guidance"], args["steps"], args["size"], args["sampler"], SIZES)
 
 
 def test_ten_styles_with_templates():
@@ -75,6 +75,8 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
     (dict(size="\ud800\x00" + "x" * 100), "Size '\\ud800\\u0000xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…' is not"),
     (dict(style="Bogus"), "Style 'Bogus' is not available; choose one of: (No style), Cinematic,"),
     (dict(style=3), "Style must be text, got a number; choose one of:"),
+    (dict(sampler="DDIM"), "Sampler 'DDIM' is not available; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
+    (dict(sampler=True), "Sampler must be text, got true/false; choose one of: Euler, Euler a,"),
 ])
 def test_validation_messages(overrides, message):
     with pytest.raises(RequestError) as info:
@@ -86,7 +88,8 @@ def test_validation_messages(overrides, message):
 def test_valid_request_and_random_seed():
     request = _validate(style="Pixel art", negative="blurry", steps=12.0, size="96x64", guidance=7)
     assert request.prompt.startswith("pixel-art a cat") and request.negative_prompt.endswith(", blurry")
-    assert (request.steps, request.size, request.seed) == (12, (96, 64), 3)
+    assert (request.steps, request.size, request.seed, request.sampler) == (12, (96, 64), 3, None)
+    assert _validate(sampler="DPM++ 2M Karras").sampler == "DPM++ 2M Karras"
     assert request.guidance_scale == 7.0 and isinstance(request.guidance_scale, float)
     seeds = {_validate(randomize=True).seed for _ in range(5)} | {_validate(randomize=True, seed=None).seed}
     assert len(seeds) > 1 and all(0 <= s < 2**32 for s in seeds)

@@ -67,14 +67,15 @@ def test_only_available_sizes_are_accepted():
 @pytest.mark.parametrize("field, value", [("seed", -1), ("seed", 1.5), ("seed", "7"), ("seed", True),
                                           ("guidance_scale", float("nan")), ("guidance_scale", 21),
                                           ("steps", 0), ("steps", 51), ("steps", 2.5), ("size", "1024x1024"),
-                                          ("prompt", 7), ("prompt", "\t"), ("negative_prompt", 3)])
+                                          ("prompt", 7), ("prompt", "\t"), ("negative_prompt", 3),
+                                          ("sampler", "DDIM"), ("sampler", 2), ("sampler", ["Euler"])])
 def test_the_playground_and_the_api_give_the_same_message(field, value):
-    api = dict(prompt="a cat", negative_prompt="", seed=3, guidance_scale=5.0, steps=20, size="64x64")
+    api = dict(prompt="a cat", negative_prompt="", seed=3, guidance_scale=5.0, steps=20, size="64x64", sampler=None)
     api[field] = value
     with pytest.raises(RequestError) as from_api:
         Request.of(api.pop("prompt"), api.pop("negative_prompt"), sizes=SIZES, **api)
     ui = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
-              size="64x64")
+              size="64x64", sampler=None)
     ui[{"negative_prompt": "negative", "guidance_scale": "guidance"}.get(field, field)] = value
     with pytest.raises(RequestError) as from_ui:
         validate(*ui.values(), SIZES)

@@ -1,103 +1,149 @@
-"""Euler discrete tables equal diffusers' EulerDiscreteScheduler for 1..50 steps."""
+"""Every sampler against diffusers' scheduler of the same name: the tables for 1..50 steps, and
+the latents after each step given the same model outputs (and, for Euler a, the same noise)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from sdxl_tpu.scheduler import MAX_STEPS, EulerDiscrete
 from sdxl_tpu.presets import SCHEDULER_CONFIG
+from sdxl_tpu.scheduler import MAX_STEPS, SAMPLERS, EulerDiscrete, sampler_named, samplers_for
+
+SPACINGS = ["leading", "trailing", "linspace"]
 
 
-@pytest.mark.parametrize("spacing", ["leading", "trailing", "linspace"])
-def test_tables_match_diffusers(spacing):
-    from diffusers import EulerDiscreteScheduler
+def reference(name: str, spacing: str):
+    """diffusers' scheduler for an A1111 sampler name, as one would switch SDXL base to it."""
+    from diffusers import DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler
 
     config = dict(SCHEDULER_CONFIG, timestep_spacing=spacing)
-    ref = EulerDiscreteScheduler.from_config(config)
-    ours = EulerDiscrete.from_config(config)
+    return {"Euler": lambda: EulerDiscreteScheduler.from_config(config),
+            "Euler a": lambda: EulerAncestralDiscreteScheduler.from_config(config),
+            "DPM++ 2M": lambda: DPMSolverMultistepScheduler.from_config(config),
+            "DPM++ 2M Karras": lambda: DPMSolverMultistepScheduler.from_config(config, use_karras_sigmas=True),
+            }[name]()
+
+
+@pytest.mark.parametrize("spacing", SPACINGS)
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_tables_match_diffusers(name, spacing):
+    ref = reference(name, spacing)
+    ours = sampler_named(name, dict(SCHEDULER_CONFIG, timestep_spacing=spacing))
+    assert ours.name == name
     for steps in range(1, MAX_STEPS + 1):
         ref.set_timesteps(steps)
-        timesteps, sigmas, init = ours.tables(steps)
-        np.testing.assert_array_equal(timesteps, ref.timesteps.numpy(), err_msg=f"{spacing}, {steps} steps")
-        np.testing.assert_allclose(sigmas, ref.sigmas.numpy(), rtol=2e-6, err_msg=f"{spacing}, {steps} steps")
+        timesteps, sigmas, init = ours.schedule(steps)
+        np.testing.assert_array_equal(timesteps, ref.timesteps.numpy().astype(np.float32),
+                                      err_msg=f"{name}, {spacing}, {steps} steps")
+        np.testing.assert_allclose(sigmas, ref.sigmas.numpy(), rtol=2e-6, err_msg=f"{name}, {spacing}, {steps} steps")
         np.testing.assert_allclose(init, float(ref.init_noise_sigma), rtol=2e-6)
 
 
 def test_padded_tables_and_step_range():
     sched = EulerDiscrete.from_config(SCHEDULER_CONFIG)
-    t, s, _ = sched.padded_tables(20)
-    assert t.shape == (MAX_STEPS,) and s.shape == (MAX_STEPS + 1,)
-    assert t[19] == 1.0 and t[20] == 0.0 and s[20] == 0.0 and s[19] > 0
+    t = sched.padded_tables(20)
+    assert t.timesteps.shape == (MAX_STEPS,) and t.input_scale.shape == (MAX_STEPS,)
+    assert t.update.shape == (MAX_STEPS, 6)
+    assert t.timesteps[19] == 1.0 and t.timesteps[20] == 0.0 and not t.update[20:].any()
     for bad in (0, MAX_STEPS + 1):
         with pytest.raises(ValueError, match="steps must be between 1 and 50"):
             sched.tables(bad)
 
 
-def test_unsupported_scheduler_config_names_key():
+def test_unsupported_scheduler_configs_name_the_key():
     with pytest.raises(ValueError, match="prediction_type='v_prediction'"):
         EulerDiscrete.from_config(dict(SCHEDULER_CONFIG, prediction_type="v_prediction"))
+    with pytest.raises(ValueError, match="solver_order=3"):
+        samplers_for({"_class_name": "DPMSolverMultistepScheduler", "solver_order": 3})
+    with pytest.raises(ValueError, match="use_karras_sigmas=True is supported with DPMSolverMultistepScheduler only"):
+        samplers_for(dict(SCHEDULER_CONFIG, use_karras_sigmas=True))
+    with pytest.raises(ValueError, match="no sampler 'DDIM'"):
+        sampler_named("DDIM")
+    # The checkpoint's own scheduler is the default sampler; an unknown one falls back to Euler.
+    assert samplers_for(SCHEDULER_CONFIG)[1] == "Euler"
+    assert samplers_for({"_class_name": "EulerAncestralDiscreteScheduler"})[1] == "Euler a"
+    assert samplers_for({"_class_name": "DPMSolverMultistepScheduler", "use_karras_sigmas": True})[1] == "DPM++ 2M Karras"
+    with pytest.warns(UserWarning, match="'UniPCMultistepScheduler' is not implemented"):
+        assert samplers_for({"_class_name": "UniPCMultistepScheduler"})[1] == "Euler"
 
 
-@pytest.mark.parametrize("spacing", ["leading", "trailing", "linspace"])
-def test_steps_through_the_interface_equal_diffusers(spacing):
-    """The sampler's jitted step on the padded tables, run through the same model outputs as
-    diffusers' scheduler.step: the latents after every step agree."""
+@pytest.mark.parametrize("spacing", SPACINGS)
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_steps_equal_diffusers(name, spacing, monkeypatch):
+    """The jitted step on the padded tables, fed the same model outputs as diffusers'
+    scheduler.step (and for Euler a the same noise, injected into both): the latents agree after
+    every step, through first- and second-order DPM++ steps and the final one."""
     import jax
     import torch
-    from diffusers import EulerDiscreteScheduler
+    from diffusers.schedulers import scheduling_euler_ancestral_discrete
 
-    config = dict(SCHEDULER_CONFIG, timestep_spacing=spacing)
-    ref = EulerDiscreteScheduler.from_config(config)
-    ours = EulerDiscrete.from_config(config)
-    steps = 7
-    ref.set_timesteps(steps)
+    from sdxl_tpu import scheduler
+
     rng = np.random.default_rng(0)
-    noise = rng.standard_normal((2, 8, 8, 4)).astype(np.float32)
-    tables = ours.padded_tables(steps)
-    state = ours.init(noise, tables)
-    ref_x = torch.from_numpy(noise.transpose(0, 3, 1, 2).copy()) * ref.init_noise_sigma
-    step = jax.jit(ours.step)
-    for i, t in enumerate(ref.timesteps):
-        x_in, timestep = ours.model_input(state, i, tables)
-        np.testing.assert_allclose(np.asarray(x_in).transpose(0, 3, 1, 2), ref.scale_model_input(ref_x, t).numpy(),
-                                   rtol=1e-5, atol=1e-6)
-        assert float(timestep) == float(t)
-        eps = rng.standard_normal(noise.shape).astype(np.float32)
-        state = step(state, eps, np.int32(i), tables)
-        ref_x = ref.step(torch.from_numpy(eps.transpose(0, 3, 1, 2).copy()), t, ref_x).prev_sample
-        ours_x = np.asarray(state.x).transpose(0, 3, 1, 2)
-        rel = np.linalg.norm(ours_x - ref_x.numpy()) / np.linalg.norm(ref_x.numpy())
-        assert rel <= 1e-5, (spacing, i, rel)
+    noises = []
+    monkeypatch.setattr(scheduling_euler_ancestral_discrete, "randn_tensor",
+                        lambda shape, **kw: torch.from_numpy(noises[-1].transpose(0, 3, 1, 2).copy()))
+    for steps in (1, 2, 7, 20):
+        ref = reference(name, spacing)
+        ours = sampler_named(name, dict(SCHEDULER_CONFIG, timestep_spacing=spacing))
+        ref.set_timesteps(steps)
+        noise = rng.standard_normal((2, 8, 8, 4)).astype(np.float32)
+        tables = ours.padded_tables(steps)
+        state = scheduler.init(noise, np.array([1, 2], np.uint32), tables)
+        ref_x = torch.from_numpy(noise.transpose(0, 3, 1, 2).copy()) * ref.init_noise_sigma
+        step = jax.jit(scheduler.step)
+        for i, t in enumerate(ref.timesteps):
+            x_in, timestep = scheduler.model_input(state, i, tables)
+            ref_in = ref.scale_model_input(ref_x, t).numpy()
+            rel_in = np.linalg.norm(np.asarray(x_in).transpose(0, 3, 1, 2) - ref_in) / np.linalg.norm(ref_in)
+            assert rel_in <= 1e-5, (name, spacing, steps, i, rel_in)
+            assert float(timestep) == float(t)
+            eps = rng.standard_normal(noise.shape).astype(np.float32)
+            noises.append(rng.standard_normal(noise.shape).astype(np.float32))
+            state = step(state, eps, np.int32(i), tables, noises[-1])
+            ref_x = ref.step(torch.from_numpy(eps.transpose(0, 3, 1, 2).copy()), t, ref_x).prev_sample
+            ours_x = np.asarray(state.x).transpose(0, 3, 1, 2)
+            rel = np.linalg.norm(ours_x - ref_x.numpy()) / np.linalg.norm(ref_x.numpy())
+            assert rel <= 1e-5, (name, spacing, steps, i, rel)
 
 
-def test_the_denoising_loop_knows_only_the_interface():
-    """sampling.denoise drives any Sampler: a sampler that counts in its state (as a multistep
-    method carries its previous prediction) gets every step, in order, inside the compiled loop."""
+def test_ancestral_noise_depends_on_the_seed_and_step_only():
+    import jax
+
+    from sdxl_tpu import scheduler
+
+    ours = sampler_named("Euler a")
+    tables = ours.padded_tables(4)
+    x = np.ones((3, 4, 4, 4), np.float32)
+    eps = np.zeros_like(x)
+    run = jax.jit(lambda seeds, i: scheduler.step(scheduler.init(x, seeds, tables), eps, i, tables).x)
+    a = np.asarray(run(np.array([5, 6, 7], np.uint32), 1))
+    b = np.asarray(run(np.array([7, 5, 9], np.uint32), 1))  # other slots, another batch
+    np.testing.assert_array_equal(a[2], b[0])
+    np.testing.assert_array_equal(a[0], b[1])
+    assert not np.array_equal(a[0], a[1])
+    assert not np.array_equal(a[0], np.asarray(run(np.array([5, 6, 7], np.uint32), 2))[0])  # another step
+    # Euler (no noise) draws none: its update has n = 0 at every step.
+    assert not sampler_named("Euler").tables(10).update[:, 3].any()
+
+
+def test_the_denoising_loop_applies_every_step_in_order():
+    """sampling.denoise runs the update of step i, for every i in order, inside the compiled loop:
+    tables whose step i adds 10^i times the model output give the digits of the steps run."""
     import jax
     import jax.numpy as jnp
 
-    from sdxl_tpu import sampling
-    from sdxl_tpu.scheduler import Sampler, State, Tables
+    from sdxl_tpu import sampling, scheduler
+    from sdxl_tpu.scheduler import Tables
 
-    class Counting(Sampler):
-        name = "counting"
-
-        def tables(self, steps):
-            return Tables(np.arange(steps, 0, -1, dtype=np.float32), np.linspace(1, 0, steps + 1, dtype=np.float32), 1.0)
-
-        def init(self, noise, tables):
-            return State(noise, jnp.zeros((), jnp.int32))
-
-        def step(self, state, model_output, i, tables):
-            return State(state.x + model_output, state.memory * 10 + i + 1)
-
-    unet = lambda x, t, context, pooled, time_ids: jnp.full_like(x, 1.0) * t  # "predicts" its timestep
-    sampler = Counting()
-    tables = sampler.padded_tables(3)
+    steps = 3
+    update = np.zeros((MAX_STEPS, 6), np.float32)
+    update[:steps, 0] = 1.0  # a: keep x
+    update[:steps, 1] = 10.0 ** np.arange(steps)  # b: add 10^i eps
+    tables = Tables(np.ones(MAX_STEPS, np.float32), np.ones(MAX_STEPS, np.float32), update, np.float32(1.0))
+    unet = lambda x, t, context, pooled, time_ids: jnp.ones_like(x)
     b = 2
-    state = sampler.init(jnp.zeros((b, 2, 2, 4)), tables)
-    out = jax.jit(lambda s, t, n: sampling.denoise(unet, sampler, s, jnp.zeros((b, 2, 77, 8)), jnp.zeros((b, 2, 4)),
-                                                   jnp.zeros((b, 6)), jnp.full((b,), 5.0), t, n))(state, tables, 3)
-    assert int(out.memory) == 123  # steps 1, 2, 3 in order
-    np.testing.assert_allclose(np.asarray(out.x), 3 + 2 + 1)  # guidance of equal halves = the prediction
+    state = scheduler.init(jnp.zeros((b, 2, 2, 4)), jnp.arange(b, dtype=jnp.uint32), tables)
+    out = jax.jit(lambda s, t, n: sampling.denoise(unet, s, jnp.zeros((b, 2, 77, 8)), jnp.zeros((b, 2, 4)),
+                                                   jnp.zeros((b, 6)), jnp.full((b,), 5.0), t, n))(state, tables, steps)
+    np.testing.assert_allclose(np.asarray(out.x), 111.0)  # steps 0, 1, 2; guidance of equal halves = the prediction

@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from served_app import ROOT, SIZES, get
+from sdxl_tpu.scheduler import SAMPLERS
 
-GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64"]  # a valid /generate call (1 step)
-FIELDS = ["prompt", "negative", "style", "seed", "randomize", "guidance", "steps", "size"]
+GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler"]  # a valid /generate call (1 step)
+FIELDS = ["prompt", "negative", "style", "seed", "randomize", "guidance", "steps", "size", "sampler"]
 OWN_SOURCE = "def build_demo(server: Server)"  # a line of app.py: must never be served
 
 
@@ -219,6 +220,7 @@ MALFORMED = {
     "steps": st.one_of(bad_number, st.floats(1.01, 49.99).filter(lambda v: v != int(v)), st.integers(51, 10**6),
                        st.just(0)),
     "size": st.one_of(not_text, text.filter(lambda s: s.strip() not in SIZES.split(","))),
+    "sampler": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s not in SAMPLERS)),
 }
 CASES = st.sampled_from(FIELDS).flatmap(lambda f: st.tuples(st.just(f), MALFORMED[f]))
 
@@ -245,7 +247,7 @@ def test_fuzz_gradio_client(fuzz_client, http_client, fuzz_log, case):
     message = str(info.value)
     assert message and "Traceback" not in message and " object at 0x" not in message, message
     assert any(name in message for name in ("Prompt", "prompt", "Negative prompt", "Style", "Seed", "Randomize",
-                                            "Guidance", "Steps", "Size")), message
+                                            "Guidance", "Steps", "Size", "Sampler")), message
     http_client.check("PREDICT", field, 200, message.encode())
 
 
@@ -254,8 +256,9 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
               '{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}', '{"path": "/etc/passwd"}',
               '{"url": "http://127.0.0.1:1/x"}', "[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]", "1" + "0" * 400,
               "true", "false", "null", "[]", "{}", '"' + "y" * 100_000 + '"']
-# (position, value) pairs among those that make a valid call: no negative prompt, randomize on or off.
-STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false")}
+# (position, value) pairs among those that make a valid call: no negative prompt, randomize on or off,
+# the default sampler.
+STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null")}
 
 
 def test_fuzz_raw_values_through_the_queue(http_client, fn_index, fuzz_log):
@@ -319,7 +322,7 @@ def test_fuzz_raw_routes(app_server, http_client, fn_index, fuzz_log):
         envelopes.append(('{"data": [], "fn_index": %s, "session_hash": "s"}' % fn).encode())
     for session_hash in ('""', "1", '"a b"', '"../x"', '"' + "s" * 65 + '"', '"\\ud800"', "[]"):
         envelopes.append(json.dumps({**good, "session_hash": 0}).replace("0}", session_hash + "}").encode())
-    for arity in (0, 1, 7, 9, 100):
+    for arity in (0, 1, len(GENERATE) - 1, len(GENERATE) + 1, 100):
         envelopes.append(json.dumps({**good, "data": (GENERATE * 20)[:arity]}).encode())
     for key, value in [("event_id", 5), ("trigger_id", "x"), ("trigger_id", True), ("simple_format", "yes"),
                        ("batched", 1), ("oauth_token", [1]), ("event_data", [[[[[[[[[[[[1]]]]]]]]]]]])]:
