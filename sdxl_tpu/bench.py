@@ -130,7 +130,8 @@ def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int) -> list[tup
     calls = []
     for i in range(runs):
         start = time.perf_counter()
-        result = pipe.generate(PROMPT, NEGATIVE, seed=i, steps=args.steps, size=args.size, sampler=args.sampler)
+        result = pipe.generate(PROMPT, NEGATIVE, seed=i, steps=args.steps, size=args.size, sampler=args.sampler,
+                               guidance_scale=args.guidance)
         calls.append((time.perf_counter() - start, result.timings))
     return calls
 
@@ -162,6 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "preset": args.preset, "model": args.model, "random_weights": args.random_weights, "dtype": args.dtype,
         "compute_dtype": compute_dtype_for(args.dtype, args.compute_dtype),
         "size": format_size(args.size), "steps": args.steps, "sampler": args.sampler or pipe.default_sampler,
+        "guidance": args.guidance,
         "images": pipe.images_per_call,
         "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind, "platform": jax.default_backend(),
         "cold_compile_s": compile_s, "compile_cache": cache, "attention": args.attention,
@@ -194,7 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     configs = architecture(args)
     flops = model_flops(configs["unet"], configs["vae"], args.size)
-    per_call = pipe.images_per_call * (2 * args.steps * flops["unet"] + flops["vae_decode"])
+    passes = 2 if args.guidance > 1 else 1  # guidance <= 1: the conditional pass alone
+    per_call = pipe.images_per_call * (passes * args.steps * flops["unet"] + flops["vae_decode"])
     achieved = per_call / median / 1e12
     peak = args.peak_tflops or _peak_tflops(jax.devices()[0])
     report["flops"] = {"unet_per_image_eval_tflop": flops["unet"] / 1e12, "vae_decode_per_image_tflop":
@@ -280,6 +283,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default=None, help="WIDTHxHEIGHT (default: the preset's)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sampler", choices=SAMPLERS, default=None, help="default: the checkpoint's (Euler for presets)")
+    parser.add_argument("--guidance", type=float, default=5.0,
+                        help="guidance scale; <= 1 runs the conditional pass alone (half the UNet batch)")
     parser.add_argument("--images", type=int, default=4)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float32"],

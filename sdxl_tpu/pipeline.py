@@ -36,7 +36,9 @@ from .weights import read_json
 
 BATCH = "batch"  # the mesh axis images are split over
 NETWORKS = ("text_encoder", "text_encoder_2", "unet", "vae")
-PROGRAMS = ("encode", "noise", "init", "denoise", "decode")
+# denoise: with classifier-free guidance; denoise_unguided: the conditional pass alone, for calls
+# whose every image has guidance <= 1 (distilled models): half the UNet batch.
+PROGRAMS = ("encode", "noise", "init", "denoise", "denoise_unguided", "decode")
 
 
 @dataclass
@@ -133,10 +135,10 @@ class Pipeline:
             return self._shard(fn, (bat, P()), bat), (seeds, tables)
         if name == "init":  # the state from initial latents the caller gives
             return self._shard(scheduler.init, (bat, bat, P()), bat), (latents, seeds, tables)
-        if name == "denoise":  # one step (stepwise: the last argument is the step) or the whole loop
+        if name in ("denoise", "denoise_unguided"):  # one step (stepwise: the last argument is the step) or all
             state = jax.tree.map(lambda s: batch(s.shape, s.dtype),
                                  jax.eval_shape(scheduler.init, latents, seeds, tables))
-            loop = sampling.denoise_step if self.stepwise else sampling.denoise
+            loop = partial(sampling.denoise_step if self.stepwise else sampling.denoise, guided=name == "denoise")
             fn = lambda params, *a: loop(unet(params), *a)
             args = (self.params["unet"], state, batch((b, 2, sampling.MAX_TOKENS, self.context_dim)),
                     batch((b, 2, self.pooled_dim)), batch((b, 6)), batch((b,)), tables, rep((), jnp.int32))
@@ -261,6 +263,7 @@ class Pipeline:
             jax.block_until_ready((context, pooled, state))
             t_text = time.perf_counter()
             conditioning = (context, pooled, put(text.time_ids), put(text.guidance), tables)
+            denoise = programs["denoise" if any(i.guidance_scale > 1 for i in infos) else "denoise_unguided"]
             if self.stepwise:
                 # Keep LOOKAHEAD steps queued on the device, report each step as it completes, and
                 # ask `stop` in between.
@@ -277,15 +280,14 @@ class Pipeline:
                         raise Cancelled(f"stopped after step {done} of {steps}")
 
                 for i in range(steps):
-                    state = programs["denoise"](self.params["unet"], state, *conditioning, self._step_index[i])
+                    state = denoise(self.params["unet"], state, *conditioning, self._step_index[i])
                     in_flight.append(state)
                     if len(in_flight) > LOOKAHEAD:
                         finish_oldest()
                 while in_flight:
                     finish_oldest()
             else:
-                state = jax.block_until_ready(programs["denoise"](self.params["unet"], state, *conditioning,
-                                                                  np.int32(steps)))
+                state = jax.block_until_ready(denoise(self.params["unet"], state, *conditioning, np.int32(steps)))
                 if progress is not None:
                     progress(steps, steps)
             t_denoise = time.perf_counter()

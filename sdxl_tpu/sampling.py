@@ -71,27 +71,30 @@ def get_noise(seeds: jax.Array, height: int, width: int, channels: int) -> jax.A
 
 
 def denoise_step(unet, state: State, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
-                 guidance: jax.Array, tables: Tables, i: jax.Array) -> State:
+                 guidance: jax.Array, tables: Tables, i: jax.Array, guided: bool = True) -> State:
     """Step i with classifier-free guidance; latents and sampler math in float32.
 
     Each image's unconditional and conditional pass run side by side in one UNet batch
-    (image-major, so a device holding an image holds both of its passes).
+    (image-major, so a device holding an image holds both of its passes). Unguided (every
+    image's guidance <= 1, as distilled models run) the conditional pass alone: half the batch.
     """
     b = state.x.shape[0]
     x_in, t = scheduler.model_input(state, i, tables)
+    if not guided:  # what diffusers does for guidance_scale <= 1: the conditional prediction alone
+        eps = unet(x_in, t, context[:, 1], pooled[:, 1], time_ids).astype(jnp.float32)
+        return scheduler.step(state, eps, i, tables)
     eps = unet(jnp.repeat(x_in, 2, axis=0), t, context.reshape(2 * b, *context.shape[2:]), pooled.reshape(2 * b, -1),
                jnp.repeat(time_ids, 2, axis=0)).astype(jnp.float32)
     eps = eps.reshape(b, 2, *eps.shape[1:])
-    # diffusers skips guidance when guidance_scale <= 1: that is the conditional prediction alone.
     g = jnp.where(guidance > 1.0, guidance, 1.0)[:, None, None, None]
     return scheduler.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
 
 
 def denoise(unet, state: State, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
-            guidance: jax.Array, tables: Tables, num_steps: jax.Array) -> State:
+            guidance: jax.Array, tables: Tables, num_steps: jax.Array, guided: bool = True) -> State:
     """All steps in one loop on the device. The bound `num_steps` is traced, so any step count
     up to the table size runs the same compiled program."""
-    step = lambda i, s: denoise_step(unet, s, context, pooled, time_ids, guidance, tables, i)
+    step = lambda i, s: denoise_step(unet, s, context, pooled, time_ids, guidance, tables, i, guided)
     return jax.lax.fori_loop(0, num_steps, step, state)
 
 

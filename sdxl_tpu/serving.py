@@ -3,7 +3,7 @@ work stops, and the web server drains before it exits.
 
 `Batcher` owns the accelerator: one thread takes waiting requests and runs them through
 `Pipeline.run_images`. On a host with more chips than one request has images (v5e-8, 8 x H200),
-requests of the same size, step count and sampler are packed into one call; a lone request waits at
+requests of the same size, step count, sampler and kind of guidance are packed into one call; a lone request waits at
 most `max_wait` for a partner. A request whose caller has gone is dropped while it waits and,
 once running, stopped between denoising steps (when every request of its call has gone).
 
@@ -48,8 +48,10 @@ class Job:
 
     @property
     def shape(self) -> tuple:
-        """What a call's images must share."""
-        return self.infos[0].size, self.infos[0].steps, self.infos[0].sampler
+        """What a call's images must share (and whether they are guided: a call of unguided images
+        runs the UNet on half the batch, so they are not mixed with guided ones)."""
+        first = self.infos[0]
+        return first.size, first.steps, first.sampler, any(i.guidance_scale > 1 for i in self.infos)
 
 
 class Batcher:

@@ -28,7 +28,7 @@ def reference_pipeline(tiny_checkpoint):
 
 
 @pytest.mark.parametrize("steps, negative, guidance", [(1, "blurry, low quality", 5.0), (4, "ugly", 7.5),
-                                                      (3, "", 5.0), (2, "text", 1.0)])
+                                                      (3, "", 5.0), (2, "text", 1.0), (3, "", 0.0)])
 def test_images_equal_diffusers(tiny_pipeline, reference_pipeline, steps, negative, guidance):
     latents = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(steps))
     prompt = "a photo of an astronaut riding a horse on the moon"
@@ -82,6 +82,36 @@ def test_every_sampler_equals_diffusers_end_to_end(tiny_pipeline, reference_pipe
     value = psnr(_images(result), np.round(ref * 255).astype(np.uint8))
     print(f"{sampler}: PSNR {value:.1f} dB")
     assert value >= 40
+
+
+def test_unguided_calls_run_the_conditional_pass_alone(tiny_pipeline):
+    """Guidance <= 1 for every image: the half-batch program; any image guided: the CFG one."""
+    programs = tiny_pipeline.compiled((64, 64))
+    calls = {"denoise": 0, "denoise_unguided": 0}
+    originals = {name: programs[name] for name in calls}
+
+    def counting(name):
+        def run(*args):
+            calls[name] += 1
+            return originals[name](*args)
+        return run
+
+    try:
+        for name in calls:
+            programs[name] = counting(name)
+        for guidance in (0.0, 1.0, [0.0, 1.0, 0.5, 1.0]):
+            tiny_pipeline.generate("a cat", seed=1, guidance_scale=guidance, steps=2, size=(64, 64))
+        assert calls == {"denoise": 0, "denoise_unguided": 6}
+        tiny_pipeline.generate("a cat", seed=1, guidance_scale=[1.0, 1.0, 1.5, 0.0], steps=2, size=(64, 64))
+        assert calls == {"denoise": 2, "denoise_unguided": 6}
+    finally:
+        programs.update(originals)
+    # The unguided program's UNet batch is half the guided one's.
+    shapes = {name: [v.shape for v in jax.tree.leaves(tiny_pipeline.trace(name, (64, 64)).jaxpr.in_avals)]
+              for name in ("denoise", "denoise_unguided")}
+    assert shapes["denoise"] == shapes["denoise_unguided"]  # the same arguments ...
+    text = {name: str(tiny_pipeline.trace(name, (64, 64)).jaxpr) for name in ("denoise", "denoise_unguided")}
+    assert "f32[8,8,8,4]" in text["denoise"] and "f32[8,8,8,4]" not in text["denoise_unguided"]  # ... half the batch
 
 
 def test_nothing_recompiles_after_warmup(tiny_pipeline):
