@@ -13,7 +13,8 @@ from PIL import Image
 from sdxl_tpu.images import ImageStore, encode, parameters_text, read_parameters, save_png
 from sdxl_tpu.request import ImageInfo
 
-INFO = ImageInfo(seed=7, prompt="a cät 🐈", negative_prompt="blurry", guidance_scale=5.5, steps=20, size=(64, 32))
+INFO = ImageInfo(seed=7, prompt="a cät 🐈", negative_prompt="blurry", guidance_scale=5.5, steps=20, size=(64, 32),
+                 sampler="Euler")
 TEXT = "a cät 🐈\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, CFG scale: 5.5, Seed: 7, Size: 64x32, Model: m"
 
 
