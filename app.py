@@ -25,7 +25,6 @@ from starlette.routing import Mount
 
 from sdxl_tpu.compilation import enable_compile_cache
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
-from sdxl_tpu.images import keep_image_memory
 from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, metrics_address,
                                  parse_settings, seed_at, style_description)
@@ -159,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
     enable_compile_cache(settings.compile_cache)  # once, for the process: a restart reuses compiled programs
-    keep_image_memory()  # every call makes images of the same few sizes: reuse their memory
     server = Server(settings)
     app, queue, end_streams = build_app(server)
     if settings.metrics not in ("public", "off"):  # a listener of its own, e.g. reachable only in the cluster

@@ -72,15 +72,6 @@ def read_parameters(image: "Image.Image") -> str | None:
     return None
 
 
-def keep_image_memory(blocks: int = 64) -> None:
-    """Process-wide: Pillow keeps up to `blocks` freed memory blocks (each at most 16 MB) for the
-    next images instead of returning them to the OS. Without it every call's images land on fresh
-    pages, whose first touch is slow on a busy host (page faults contend with XLA's threads)."""
-    from PIL import Image
-
-    Image.core.set_blocks_max(blocks)
-
-
 def save_png(image: "Image.Image", info: "ImageInfo", path: str | os.PathLike, *, model: str) -> None:
     """Write a PNG with the parameters in its "parameters" text chunk."""
     Path(path).write_bytes(encode(image, parameters_text(info, model), "png"))
