@@ -43,6 +43,10 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="images to make in one call (the compiled batch is rounded up to the device count)")
     gen.add_argument("--model", default="stabilityai/stable-diffusion-xl-base-1.0",
                      help="Hub repo id, local diffusers directory, or 'tiny'")
+    gen.add_argument("--unet", default=None,
+                     help="UNet weights file instead of the model's (local or owner/repo/file.safetensors)")
+    gen.add_argument("--spacing", default=None, choices=["leading", "trailing", "linspace"],
+                     help="timestep spacing instead of the scheduler config's (few-step models: trailing)")
     gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     gen.add_argument("--compile-cache", default=None, help="JAX compilation cache directory")
     gen.add_argument("--attention", default=os.environ.get("SDXL_TPU_ATTENTION", "auto"), choices=["auto", "xla"],
@@ -72,7 +76,8 @@ def _generate(args: argparse.Namespace) -> int:
     try:
         enable_compile_cache(args.compile_cache or DEFAULT_COMPILE_CACHE)
         pipe = load_pipeline(args.model, dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
-                             step_progress=False, attention=args.attention)
+                             step_progress=False, attention=args.attention, unet=args.unet,
+                             timestep_spacing=args.spacing)
         result = pipe.run(request, images=args.images)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))
@@ -80,7 +85,7 @@ def _generate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for image, info in zip(result.images, result.infos):
         path = out / f"{info.seed}.png"
-        save_png(image, info, path, model=args.model)
+        save_png(image, info, path, model=pipe.model_name)
         print(path)
     t = result.timings
     print(f"text encoding {t['text_encoding']:.3f} s, denoising {t['denoising']:.3f} s, "

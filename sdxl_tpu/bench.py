@@ -102,7 +102,7 @@ def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False) -> 
     if model is not None:  # the app's own loader: the checkpoint's scheduler, tokenizers and settings
         return load_pipeline(model, dtype=args.dtype, compute_dtype=args.compute_dtype, sizes=[args.size],
                              images_per_call=args.images, step_progress=step_progress, warmup=False,
-                             attention=args.attention)
+                             attention=args.attention, unet=args.unet, timestep_spacing=args.spacing)
     precision = Precision.of(compute_dtype_for(args.dtype, args.compute_dtype), args.dtype, attention=args.attention)
     return Pipeline(random_models(preset_configs(args.preset), precision), random_tokenizers(),
                     samplers_for(SCHEDULER_CONFIG)[0], sizes=[args.size], images_per_call=args.images,
@@ -146,6 +146,10 @@ def warm_compile_argv(args: argparse.Namespace, cache: str) -> list[str]:
         argv.append("--random-weights")
     if args.compute_dtype:
         argv += ["--compute-dtype", args.compute_dtype]
+    if args.unet:
+        argv += ["--unet", args.unet]
+    if args.spacing:
+        argv += ["--spacing", args.spacing]
     return argv + ["--compile-only", "--compile-cache", cache, "--json"]
 
 
@@ -280,6 +284,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=["tiny", "small", "sdxl"], default="tiny")
     parser.add_argument("--model", default=None, help="Hub id or local directory (overrides the preset's weights)")
     parser.add_argument("--random-weights", action="store_true", help="random weights of the preset's architecture")
+    parser.add_argument("--unet", default=None, help="UNet weights file instead of the checkpoint's")
+    parser.add_argument("--spacing", default=None, choices=["leading", "trailing", "linspace"],
+                        help="timestep spacing instead of the checkpoint's scheduler config's")
     parser.add_argument("--size", default=None, help="WIDTHxHEIGHT (default: the preset's)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sampler", choices=SAMPLERS, default=None, help="default: the checkpoint's (Euler for presets)")
@@ -309,6 +316,8 @@ def main(args: argparse.Namespace) -> int:
     """Run the benchmark `args` (parsed by a parser given add_arguments) describes and print its report."""
     size = parse_size(args.size) if args.size else preset_configs(args.preset)["size"]
     args = argparse.Namespace(**{**vars(args), "size": size})
+    if (args.unet or args.spacing) and checkpoint_name(args) is None:
+        raise ValueError("--unet and --spacing apply to a checkpoint (--model, or a preset without --random-weights)")
     report = run(args)
     print(json.dumps(report) if args.json else format_report(report))
     return 0

@@ -73,6 +73,21 @@ def resolve(model: str | os.PathLike, *, variant: str | None = "fp16") -> Path:
     return local
 
 
+def resolve_file(spec: str | os.PathLike) -> Path:
+    """A weights file: a local path, or `owner/repo/path/in/repo.safetensors` on the Hub
+    (downloaded, or taken from the HF cache; HF_HUB_OFFLINE=1 uses the cache only)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    parts = str(spec).split("/")
+    if str(spec).startswith((".", "/", "~")) or len(parts) < 3 or not str(spec).endswith(".safetensors"):
+        raise CheckpointError(f"weights file {str(spec)!r} is neither an existing file nor a Hub file "
+                              "(owner/repo/file.safetensors)")
+    from huggingface_hub import hf_hub_download
+
+    return Path(hf_hub_download("/".join(parts[:2]), "/".join(parts[2:])))
+
+
 def _config(path: Path) -> dict[str, Any]:
     f = path / "config.json"
     if not f.is_file():
@@ -96,10 +111,13 @@ def load_text_encoder(path: Path, precision: Precision, *, with_projection: bool
     return load_into(model, TensorSource(weight_files(path)), rename=normalize_clip_name, component=path.name)
 
 
-def load_unet(path: Path, precision: Precision) -> UNet2DConditionModel:
+def load_unet(path: Path, precision: Precision, weights: Path | None = None) -> UNet2DConditionModel:
+    """The UNet of `path` (config.json and weights), or with `weights` another UNet of the same
+    architecture in diffusers' names (one .safetensors file, as SDXL-Lightning's are published)."""
     config = UNetConfig.from_dict(_config(path))
     model = nnx.eval_shape(lambda: UNet2DConditionModel(config, precision))
-    return load_into(model, TensorSource(weight_files(path)), component="unet")
+    files = [weights] if weights is not None else weight_files(path)
+    return load_into(model, TensorSource(files), component=f"unet ({weights.name})" if weights else "unet")
 
 
 def load_vae(path: Path, precision: Precision) -> AutoencoderKL:
@@ -109,14 +127,16 @@ def load_vae(path: Path, precision: Precision) -> AutoencoderKL:
 
 
 def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtype: str | None = None,
-                attention: str = "auto") -> Models:
+                attention: str = "auto", unet: str | os.PathLike | None = None) -> Models:
     """All four networks of an SDXL checkpoint, weights cast to `param_dtype` (default: `dtype`),
-    computing in `dtype` with the `attention` kernel ("auto" or "xla")."""
+    computing in `dtype` with the `attention` kernel ("auto" or "xla"). `unet`: a UNet weights file
+    to use instead of the checkpoint's (see `load_unet` and `resolve_file`)."""
     root = resolve(model)
     p = Precision.of(dtype, param_dtype, attention=attention)
     return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False),
                   text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True),
-                  unet=load_unet(root / "unet", p), vae=load_vae(root / "vae", p))
+                  unet=load_unet(root / "unet", p, resolve_file(unet) if unet is not None else None),
+                  vae=load_vae(root / "vae", p))
 
 
 def load_tokenizers(model: str | os.PathLike):

@@ -144,6 +144,8 @@ class Settings:
     max_image_bytes: int = 1 << 30
     drain_seconds: float = DRAIN_SECONDS
     metrics: str = "public"
+    unet: str | None = None
+    timestep_spacing: str | None = None
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
@@ -161,6 +163,12 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     parser.add_argument("--sizes", default=env.get("SDXL_SIZES"),
                         help="comma-separated WIDTHxHEIGHT sizes to compile (env SDXL_SIZES; default 1024x1024, "
                              "256x256 for the tiny model)")
+    parser.add_argument("--unet", default=env.get("SDXL_UNET") or None,
+                        help="UNet weights file instead of the model's (diffusers names, one .safetensors; local or "
+                             "owner/repo/file.safetensors, e.g. SDXL-Lightning's) (env SDXL_UNET)")
+    parser.add_argument("--spacing", default=env.get("SDXL_SPACING") or None, choices=["leading", "trailing", "linspace"],
+                        help="timestep spacing instead of the scheduler config's (few-step models: trailing) "
+                             "(env SDXL_SPACING)")
     parser.add_argument("--dtype", default=env.get("SDXL_DTYPE", "bfloat16"), choices=["bfloat16", "float32"],
                         help="parameter and activation dtype (env SDXL_DTYPE)")
     parser.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -207,7 +215,8 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     return Settings(model=args.model, sizes=sizes, dtype=args.dtype, host=args.host, port=args.port,
                     compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size,
                     image_format=args.image_format, keep_images_seconds=args.keep_images,
-                    max_image_bytes=args.image_cache_mb << 20, drain_seconds=args.drain_seconds, metrics=args.metrics)
+                    max_image_bytes=args.image_cache_mb << 20, drain_seconds=args.drain_seconds, metrics=args.metrics,
+                    unet=args.unet, timestep_spacing=args.spacing)
 
 
 def metrics_address(text: str) -> tuple[str, int]:
@@ -290,7 +299,7 @@ class Server:
 
     def _load(self, s: Settings) -> Pipeline:
         return load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
-                             attention=s.attention)
+                             attention=s.attention, unet=s.unet, timestep_spacing=s.timestep_spacing)
 
     def load(self) -> None:
         """Load and compile (blocking). Sets status to "ready" or "error"."""
@@ -407,7 +416,7 @@ class Server:
         if self.images is None:
             self.images = self.image_store(Path(tempfile.gettempdir()))
         start = time.perf_counter()
-        paths = self.images.save(result.images, result.infos, model=self.settings.model)
+        paths = self.images.save(result.images, result.infos, model=self.pipeline.model_name)
         saving = time.perf_counter() - start
         self.metrics.stage_seconds.labels("saving").observe(saving)
         self.metrics.images.inc(len(paths))

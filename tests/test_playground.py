@@ -111,7 +111,12 @@ def test_settings_from_arguments_and_environment():
     assert (s.drain_seconds, s.metrics) == (5.0, "127.0.0.1:9100")
     s = parse_settings([], env={"SDXL_DRAIN_SECONDS": "0", "SDXL_METRICS": "off"})
     assert (s.drain_seconds, s.metrics) == (0.0, "off")
-    for bad in (["--metrics", "9100"], ["--metrics", "host:99999"], ["--metrics", "yes"], ["--drain-seconds", "-1"]):
+    assert (s.unet, s.timestep_spacing) == (None, None)
+    s = parse_settings(["--unet", "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors"],
+                       env={"SDXL_SPACING": "trailing"})
+    assert (s.unet, s.timestep_spacing) == ("ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors", "trailing")
+    for bad in (["--metrics", "9100"], ["--metrics", "host:99999"], ["--metrics", "yes"], ["--drain-seconds", "-1"],
+                ["--spacing", "even"]):
         with pytest.raises(SystemExit):
             parse_settings(bad, env={})
 
