@@ -47,6 +47,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="UNet weights file instead of the model's (local or owner/repo/file.safetensors)")
     gen.add_argument("--spacing", default=None, choices=["leading", "trailing", "linspace"],
                      help="timestep spacing instead of the scheduler config's (few-step models: trailing)")
+    gen.add_argument("--prediction-type", default=None, choices=["epsilon", "sample"],
+                     help="what the UNet predicts, instead of the scheduler config's (SDXL-Lightning 1-step: sample)")
     gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     gen.add_argument("--compile-cache", default=None, help="JAX compilation cache directory")
     gen.add_argument("--attention", default=os.environ.get("SDXL_TPU_ATTENTION", "auto"), choices=["auto", "xla"],
@@ -77,7 +79,7 @@ def _generate(args: argparse.Namespace) -> int:
         enable_compile_cache(args.compile_cache or DEFAULT_COMPILE_CACHE)
         pipe = load_pipeline(args.model, dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
                              step_progress=False, attention=args.attention, unet=args.unet,
-                             timestep_spacing=args.spacing)
+                             timestep_spacing=args.spacing, prediction_type=args.prediction_type)
         result = pipe.run(request, images=args.images)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))

@@ -316,16 +316,19 @@ def compute_dtype_for(dtype: str, compute_dtype: str | None = None) -> str:
     return "float32" if jax.default_backend() == "cpu" else dtype
 
 
-def load_samplers(root: os.PathLike, timestep_spacing: str | None = None) -> tuple[dict[str, Sampler], str]:
+def load_samplers(root: os.PathLike, timestep_spacing: str | None = None,
+                  prediction_type: str | None = None) -> tuple[dict[str, Sampler], str]:
     """Every sampler on the checkpoint's noise schedule (scheduler/scheduler_config.json, else SDXL
-    base's), and the name of the checkpoint's own scheduler, the default. `timestep_spacing`
-    overrides the config's (few-step models such as SDXL-Lightning need "trailing")."""
+    base's), and the name of the checkpoint's own scheduler, the default. `timestep_spacing` and
+    `prediction_type` override the config's (SDXL-Lightning: "trailing"; its 1-step UNet: "sample")."""
     from .presets import SCHEDULER_CONFIG
 
     path = os.path.join(root, "scheduler", "scheduler_config.json")
     config = dict(read_json(path)) if os.path.isfile(path) else dict(SCHEDULER_CONFIG)
     if timestep_spacing is not None:
         config["timestep_spacing"] = timestep_spacing
+    if prediction_type is not None:
+        config["prediction_type"] = prediction_type
     return samplers_for(config)
 
 
@@ -333,7 +336,7 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
                   images_per_call: int = 4, devices: Sequence[jax.Device] | None = None, warmup: bool = True,
                   step_progress: bool = True, compute_dtype: str | None = None, attention: str = "auto",
                   compile_cache: str | os.PathLike | None = None, unet: str | os.PathLike | None = None,
-                  timestep_spacing: str | None = None) -> Pipeline:
+                  timestep_spacing: str | None = None, prediction_type: str | None = None) -> Pipeline:
     """Load an SDXL checkpoint (Hub id, local diffusers directory, or "tiny") and compile it.
 
     With `warmup` every size in `sizes` is compiled before this returns; requests for other
@@ -342,7 +345,8 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     kernel per platform) or "xla". `compile_cache`, if given, is set as the process-wide JAX
     persistent compilation cache (entry points usually set it once themselves). `unet`: a UNet
     weights file instead of the checkpoint's (e.g. SDXL-Lightning's; local or
-    owner/repo/file.safetensors); `timestep_spacing` overrides the scheduler config's.
+    owner/repo/file.safetensors); `timestep_spacing` and `prediction_type` ("epsilon" or "sample")
+    override the scheduler config's.
     """
     if compile_cache is not None:
         enable_compile_cache(compile_cache)
@@ -350,7 +354,7 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     models = load_models(root, dtype=compute_dtype_for(dtype, compute_dtype), param_dtype=dtype, attention=attention,
                          unet=unet)
     index = dict(read_json(root / "model_index.json")) if (root / "model_index.json").is_file() else {}
-    samplers, default_sampler = load_samplers(root, timestep_spacing)
+    samplers, default_sampler = load_samplers(root, timestep_spacing, prediction_type)
     name = str(model) if unet is None else f"{model} + {Path(str(unet)).stem}"
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=sizes,
                     images_per_call=images_per_call, devices=devices, model_name=name,

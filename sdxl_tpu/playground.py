@@ -146,6 +146,7 @@ class Settings:
     metrics: str = "public"
     unet: str | None = None
     timestep_spacing: str | None = None
+    prediction_type: str | None = None
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
@@ -169,6 +170,10 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     parser.add_argument("--spacing", default=env.get("SDXL_SPACING") or None, choices=["leading", "trailing", "linspace"],
                         help="timestep spacing instead of the scheduler config's (few-step models: trailing) "
                              "(env SDXL_SPACING)")
+    parser.add_argument("--prediction-type", default=env.get("SDXL_PREDICTION_TYPE") or None,
+                        choices=["epsilon", "sample"],
+                        help="what the UNet predicts, instead of the scheduler config's (SDXL-Lightning's 1-step "
+                             "UNet: sample) (env SDXL_PREDICTION_TYPE)")
     parser.add_argument("--dtype", default=env.get("SDXL_DTYPE", "bfloat16"), choices=["bfloat16", "float32"],
                         help="parameter and activation dtype (env SDXL_DTYPE)")
     parser.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -216,7 +221,7 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
                     compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size,
                     image_format=args.image_format, keep_images_seconds=args.keep_images,
                     max_image_bytes=args.image_cache_mb << 20, drain_seconds=args.drain_seconds, metrics=args.metrics,
-                    unet=args.unet, timestep_spacing=args.spacing)
+                    unet=args.unet, timestep_spacing=args.spacing, prediction_type=args.prediction_type)
 
 
 def metrics_address(text: str) -> tuple[str, int]:
@@ -299,7 +304,8 @@ class Server:
 
     def _load(self, s: Settings) -> Pipeline:
         return load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
-                             attention=s.attention, unet=s.unet, timestep_spacing=s.timestep_spacing)
+                             attention=s.attention, unet=s.unet, timestep_spacing=s.timestep_spacing,
+                             prediction_type=s.prediction_type)
 
     def load(self) -> None:
         """Load and compile (blocking). Sets status to "ready" or "error"."""

@@ -76,7 +76,7 @@ def step(state: State, eps: jax.Array, i: jax.Array, tables: Tables, noise: jax.
 # Scheduler config keys whose value must be one of these (diffusers' defaults among them).
 _SUPPORTED = {
     "beta_schedule": ("scaled_linear", "linear"),
-    "prediction_type": ("epsilon",),
+    "prediction_type": ("epsilon", "sample"),
     "timestep_spacing": ("leading", "trailing", "linspace"),
     "interpolation_type": ("linear",),
     "use_exponential_sigmas": (False, None),
@@ -99,9 +99,12 @@ _SUPPORTED = {
 
 
 class Sampler(abc.ABC):
-    """A sampler is its tables. `name` is what image parameters call it (AUTOMATIC1111's name)."""
+    """A sampler is its tables. `name` is what image parameters call it (AUTOMATIC1111's name).
+    `prediction_type` is what the model predicts: "epsilon" (the noise, SDXL) or "sample" (the
+    clean latents, as SDXL-Lightning's 1-step UNet does); the tables turn either into eps."""
 
     name: str
+    prediction_type: str
     num_train_timesteps: int
     beta_start: float
     beta_end: float
@@ -137,6 +140,17 @@ class Sampler(abc.ABC):
         alphas_cumprod = np.cumprod((1.0 - betas).astype(np.float64)).astype(np.float32)
         return ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5
 
+    def _predicting(self, update: np.ndarray, to_eps: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Update coefficients for this model's prediction: with eps = u x + v output for a
+        sample-predicting model (`to_eps`: u, v per step), x' = a x + b eps + ... becomes
+        (a + b u) x + (b v) output + ..., and m' = p x + q eps likewise."""
+        if self.prediction_type == "epsilon":
+            return update
+        (u, v), out = to_eps, update.copy()
+        a, b, p, q = update[:, 0], update[:, 1], update[:, 4], update[:, 5]
+        out[:, 0], out[:, 1], out[:, 4], out[:, 5] = a + b * u, b * v, p + q * u, q * v
+        return out
+
     def _check_steps(self, steps: int) -> None:
         if not 1 <= steps <= MAX_STEPS:
             raise ValueError(f"steps must be between 1 and {MAX_STEPS}, got {steps}")
@@ -146,7 +160,7 @@ def _schedule_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return dict(num_train_timesteps=cfg.get("num_train_timesteps", 1000), beta_start=cfg.get("beta_start", 0.00085),
                 beta_end=cfg.get("beta_end", 0.012), beta_schedule=cfg.get("beta_schedule", "scaled_linear"),
                 timestep_spacing=cfg.get("timestep_spacing", "leading"),
-                steps_offset=cfg.get("steps_offset", 0))
+                steps_offset=cfg.get("steps_offset", 0), prediction_type=cfg.get("prediction_type", "epsilon"))
 
 
 @dataclass(frozen=True)
@@ -161,6 +175,7 @@ class EulerDiscrete(Sampler):
     timestep_spacing: str = "leading"
     steps_offset: int = 1
     ancestral: bool = False
+    prediction_type: str = "epsilon"
 
     @property
     def name(self) -> str:
@@ -169,6 +184,9 @@ class EulerDiscrete(Sampler):
     @staticmethod
     def from_config(cfg: dict[str, Any], ancestral: bool = False) -> "EulerDiscrete":
         check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, None)})
+        if ancestral and cfg.get("prediction_type") == "sample":  # as diffusers: not implemented there
+            raise ValueError("Euler a does not support prediction_type='sample' (diffusers' "
+                             "EulerAncestralDiscreteScheduler does not either)")
         return EulerDiscrete(**_schedule_fields(cfg), ancestral=ancestral)
 
     def timesteps(self, steps: int) -> np.ndarray:
@@ -200,6 +218,7 @@ class EulerDiscrete(Sampler):
         else:
             down, noise = t, np.zeros_like(t)
         update = np.stack([np.ones_like(s), down - s, 0 * s, noise, 0 * s, 0 * s], axis=1)
+        update = self._predicting(update, (1 / s, -1 / s))  # x = x0 + sigma eps
         return Tables(timesteps, (1 / np.sqrt(s ** 2 + 1)).astype(np.float32), update.astype(np.float32), init)
 
 
@@ -219,6 +238,7 @@ class DPMSolverMultistep(Sampler):
     timestep_spacing: str = "linspace"
     steps_offset: int = 0
     karras: bool = False
+    prediction_type: str = "epsilon"
 
     @property
     def name(self) -> str:
@@ -267,6 +287,8 @@ class DPMSolverMultistep(Sampler):
             if 0 < i < steps - 1:  # second order: - E/(2 r) (m0 - m1), r = h_prev / h
                 k = 0.5 * np.log(s / t) / np.log(sig[i - 1] / s)
             update[i] = [ratio - e * (1 + k) * p, -e * (1 + k) * q, e * k, 0.0, p, q]
+        s = sig[:-1]  # x = alpha x0 + sigma_vp eps, sigma_vp = sigma alpha
+        update = self._predicting(update, (1 / (s * alpha[:-1]), -1 / s))
         return Tables(timesteps, np.ones(steps, np.float32), update.astype(np.float32), init)
 
 
@@ -304,8 +326,9 @@ def sampler_named(name: str, cfg: dict[str, Any] | None = None) -> Sampler:
 
 
 def samplers_for(cfg: dict[str, Any] | None = None) -> tuple[dict[str, Sampler], str]:
-    """Every sampler on a scheduler config's noise schedule, and the name of the config's own
-    (its `_class_name`; Euler for classes not implemented here, with a warning)."""
+    """Every sampler on a scheduler config's noise schedule (those that support its prediction
+    type), and the name of the config's own (its `_class_name`; Euler for classes not implemented
+    here, with a warning)."""
     cfg = dict(cfg or {})
     check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, True, None)})
     default = _CLASSES.get(cfg.get("_class_name", "EulerDiscreteScheduler"))
@@ -318,7 +341,10 @@ def samplers_for(cfg: dict[str, Any] | None = None) -> tuple[dict[str, Sampler],
             raise ValueError(f"scheduler config: use_karras_sigmas=True is supported with DPMSolverMultistepScheduler "
                              f"only, not {cfg.get('_class_name')}")
         default = "DPM++ 2M Karras"
-    return {name: sampler_named(name, cfg) for name in SAMPLERS}, default
+    names = [n for n in SAMPLERS if not (n == "Euler a" and cfg.get("prediction_type") == "sample")]
+    if default not in names:
+        raise ValueError(f"scheduler config: {default} does not support prediction_type={cfg.get('prediction_type')!r}")
+    return {name: sampler_named(name, cfg) for name in names}, default
 
 
 __all__ = ["MAX_STEPS", "SAMPLERS", "DPMSolverMultistep", "EulerDiscrete", "Sampler", "State", "Tables", "init",

@@ -12,11 +12,11 @@ from sdxl_tpu.scheduler import MAX_STEPS, SAMPLERS, EulerDiscrete, sampler_named
 SPACINGS = ["leading", "trailing", "linspace"]
 
 
-def reference(name: str, spacing: str):
+def reference(name: str, spacing: str, prediction_type: str = "epsilon"):
     """diffusers' scheduler for an A1111 sampler name, as one would switch SDXL base to it."""
     from diffusers import DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler
 
-    config = dict(SCHEDULER_CONFIG, timestep_spacing=spacing)
+    config = dict(SCHEDULER_CONFIG, timestep_spacing=spacing, prediction_type=prediction_type)
     return {"Euler": lambda: EulerDiscreteScheduler.from_config(config),
             "Euler a": lambda: EulerAncestralDiscreteScheduler.from_config(config),
             "DPM++ 2M": lambda: DPMSolverMultistepScheduler.from_config(config),
@@ -51,7 +51,7 @@ def test_padded_tables_and_step_range():
 
 
 def test_unsupported_scheduler_configs_name_the_key():
-    with pytest.raises(ValueError, match="prediction_type='v_prediction'"):
+    with pytest.raises(ValueError, match=r"prediction_type='v_prediction' \(supported: \('epsilon', 'sample'\)\)"):
         EulerDiscrete.from_config(dict(SCHEDULER_CONFIG, prediction_type="v_prediction"))
     with pytest.raises(ValueError, match="solver_order=3"):
         samplers_for({"_class_name": "DPMSolverMultistepScheduler", "solver_order": 3})
@@ -67,25 +67,32 @@ def test_unsupported_scheduler_configs_name_the_key():
         assert samplers_for({"_class_name": "UniPCMultistepScheduler"})[1] == "Euler"
 
 
-@pytest.mark.parametrize("spacing", SPACINGS)
+@pytest.mark.parametrize("spacing, prediction_type", [(s, "epsilon") for s in SPACINGS] + [("trailing", "sample")])
 @pytest.mark.parametrize("name", SAMPLERS)
-def test_steps_equal_diffusers(name, spacing, monkeypatch):
+def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
     """The jitted step on the padded tables, fed the same model outputs as diffusers'
     scheduler.step (and for Euler a the same noise, injected into both): the latents agree after
-    every step, through first- and second-order DPM++ steps and the final one."""
+    every step, through first- and second-order DPM++ steps and the final one; for a model that
+    predicts the clean sample (SDXL-Lightning's 1-step UNet) as well as for one predicting noise."""
     import jax
     import torch
     from diffusers.schedulers import scheduling_euler_ancestral_discrete
 
     from sdxl_tpu import scheduler
 
+    if name == "Euler a" and prediction_type == "sample":  # diffusers has no such mode; neither do we
+        with pytest.raises(ValueError, match="Euler a does not support prediction_type='sample'"):
+            sampler_named(name, dict(SCHEDULER_CONFIG, prediction_type="sample"))
+        assert name not in samplers_for(dict(SCHEDULER_CONFIG, prediction_type="sample"))[0]
+        return
     rng = np.random.default_rng(0)
     noises = []
     monkeypatch.setattr(scheduling_euler_ancestral_discrete, "randn_tensor",
                         lambda shape, **kw: torch.from_numpy(noises[-1].transpose(0, 3, 1, 2).copy()))
     for steps in (1, 2, 7, 20):
-        ref = reference(name, spacing)
-        ours = sampler_named(name, dict(SCHEDULER_CONFIG, timestep_spacing=spacing))
+        ref = reference(name, spacing, prediction_type)
+        ours = sampler_named(name, dict(SCHEDULER_CONFIG, timestep_spacing=spacing, prediction_type=prediction_type))
+        assert ours.prediction_type == prediction_type
         ref.set_timesteps(steps)
         noise = rng.standard_normal((2, 8, 8, 4)).astype(np.float32)
         tables = ours.padded_tables(steps)
@@ -104,7 +111,7 @@ def test_steps_equal_diffusers(name, spacing, monkeypatch):
             ref_x = ref.step(torch.from_numpy(eps.transpose(0, 3, 1, 2).copy()), t, ref_x).prev_sample
             ours_x = np.asarray(state.x).transpose(0, 3, 1, 2)
             rel = np.linalg.norm(ours_x - ref_x.numpy()) / np.linalg.norm(ref_x.numpy())
-            assert rel <= 1e-5, (name, spacing, steps, i, rel)
+            assert rel <= 1e-5, (name, spacing, prediction_type, steps, i, rel)
 
 
 def test_ancestral_noise_depends_on_the_seed_and_step_only():
