@@ -61,10 +61,18 @@ def build_demo(server: Server) -> gr.Blocks:
             with gr.Row():
                 seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
                 randomize = gr.Checkbox(label="Randomize seed", value=True)
-            guidance = gr.Slider(*GUIDANCE_RANGE, value=5.0, step=0.1, label="Guidance scale")
+            start = server.settings.recipe
+            presets = {r.name: [r.steps, r.sampler, r.guidance] for r in server.presets}
+            preset = gr.Dropdown(list(presets), value=start.name if start else None, label="Preset",
+                                 info="; ".join(f"{r.name}: {r.summary}" for r in server.presets), elem_id="preset")
+            guidance = gr.Slider(*GUIDANCE_RANGE, value=start.guidance if start else 5.0, step=0.1,
+                                 label="Guidance scale")
             with gr.Row():
-                steps = gr.Slider(1, MAX_STEPS, value=20, step=1, label="Steps")
+                steps = gr.Slider(1, MAX_STEPS, value=start.steps if start else 20, step=1, label="Steps")
                 sampler = gr.Dropdown(list(SAMPLERS), value=server.default_sampler, label="Sampler")
+            # A preset fills steps, sampler and guidance in the browser: no server event.
+            preset.input(None, inputs=[preset], outputs=[steps, sampler, guidance],
+                         js=f"(p) => ({json.dumps(presets)})[p]")
             size = gr.Dropdown(sizes, value=sizes[0], label="Size (width x height)")
         # Examples fill the prompt in the browser: no server event, nothing to call.
         examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",

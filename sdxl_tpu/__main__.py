@@ -34,15 +34,18 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument("--negative", default="", help="negative prompt")
     gen.add_argument("--seed", type=int, default=None, help="base seed; image i gets seed + i (default: random)")
-    gen.add_argument("--steps", type=int, default=20)
-    gen.add_argument("--guidance", type=float, default=5.0)
+    gen.add_argument("--preset", default=None,
+                     help="settings that go together, e.g. 'Lightning 4-step', 'Turbo', 'Quality' (see README); "
+                          "options given explicitly win")
+    gen.add_argument("--steps", type=int, default=None, help="default 20")
+    gen.add_argument("--guidance", type=float, default=None, help="default 5")
     gen.add_argument("--sampler", default=None,
                      help="Euler, Euler a, DPM++ 2M or DPM++ 2M Karras (default: the checkpoint's scheduler)")
-    gen.add_argument("--size", default="1024x1024", help="WIDTHxHEIGHT")
+    gen.add_argument("--size", default=None, help="WIDTHxHEIGHT (default 1024x1024)")
     gen.add_argument("--images", type=int, default=4,
                      help="images to make in one call (the compiled batch is rounded up to the device count)")
-    gen.add_argument("--model", default="stabilityai/stable-diffusion-xl-base-1.0",
-                     help="Hub repo id, local diffusers directory, or 'tiny'")
+    gen.add_argument("--model", default=None,
+                     help="Hub repo id, local diffusers directory, or 'tiny' (default: SDXL base 1.0)")
     gen.add_argument("--unet", default=None,
                      help="UNet weights file instead of the model's (local or owner/repo/file.safetensors)")
     gen.add_argument("--spacing", default=None, choices=["leading", "trailing", "linspace"],
@@ -66,20 +69,24 @@ def _generate(args: argparse.Namespace) -> int:
     from .compilation import DEFAULT_COMPILE_CACHE, enable_compile_cache
     from .images import save_png
     from .pipeline import GenerationError, load_pipeline
+    from .recipes import recipe_named, settle
     from .request import Request
 
     try:  # the request is checked before anything is loaded
-        request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=args.guidance,
-                             steps=args.steps, size=args.size, sampler=args.sampler)
+        s = settle(recipe_named(args.preset) if args.preset else None, model=args.model, unet=args.unet,
+                   spacing=args.spacing, prediction_type=args.prediction_type, sampler=args.sampler, steps=args.steps,
+                   guidance=args.guidance, size=args.size)
+        request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=s["guidance"],
+                             steps=s["steps"], size=s["size"], sampler=s["sampler"])
     except ValueError as e:
         return _fail(str(e))
     if args.images < 1:
         return _fail("--images must be at least 1")
     try:
         enable_compile_cache(args.compile_cache or DEFAULT_COMPILE_CACHE)
-        pipe = load_pipeline(args.model, dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
-                             step_progress=False, attention=args.attention, unet=args.unet,
-                             timestep_spacing=args.spacing, prediction_type=args.prediction_type)
+        pipe = load_pipeline(s["model"], dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
+                             step_progress=False, attention=args.attention, unet=s["unet"],
+                             timestep_spacing=s["spacing"], prediction_type=s["prediction_type"])
         result = pipe.run(request, images=args.images)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))

@@ -23,13 +23,14 @@ from .compilation import DEFAULT_COMPILE_CACHE
 from .images import FORMATS, ImageStore
 from .metrics import Metrics
 from .pipeline import Cancelled, GenerationError, Pipeline, load_pipeline
+from .recipes import BASE, RECIPES, SAMPLING, Recipe, recipe_named, settle
 from .request import (MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
                       number_input, parse_size, text_input)
 from .sampling import MAX_TOKENS
 from .scheduler import SAMPLERS
 from .serving import SHUTTING_DOWN, Batcher
 
-DEFAULT_MODEL = "stabilityai/stable-diffusion-xl-base-1.0"
+DEFAULT_MODEL = BASE
 QUEUE_SIZE = 16
 DRAIN_SECONDS = 60.0
 TINY_DEFAULT_SIZE = "256x256"
@@ -147,6 +148,7 @@ class Settings:
     unet: str | None = None
     timestep_spacing: str | None = None
     prediction_type: str | None = None
+    recipe: Recipe | None = None  # the launch preset: the page's defaults for steps, guidance, sampler
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
@@ -159,8 +161,12 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
 def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
     env = dict(os.environ if env is None else env)
     parser = argparse.ArgumentParser(description="SDXL playground (Gradio), served from JAX.")
-    parser.add_argument("--model", default=env.get("SDXL_MODEL", DEFAULT_MODEL),
-                        help="Hub repo id, local diffusers directory, or 'tiny' (env SDXL_MODEL)")
+    parser.add_argument("--preset", default=env.get("SDXL_PRESET") or None, choices=list(RECIPES),
+                        help="settings that go together (weights, sampler, spacing, steps, guidance, size), e.g. "
+                             "'Lightning 4-step' or 'Turbo'; options given explicitly win (env SDXL_PRESET)")
+    parser.add_argument("--model", default=env.get("SDXL_MODEL") or None,
+                        help="Hub repo id, local diffusers directory, or 'tiny' (env SDXL_MODEL; default SDXL base "
+                             "1.0, or the preset's)")
     parser.add_argument("--sizes", default=env.get("SDXL_SIZES"),
                         help="comma-separated WIDTHxHEIGHT sizes to compile (env SDXL_SIZES; default 1024x1024, "
                              "256x256 for the tiny model)")
@@ -211,17 +217,21 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
         parser.error("--queue-size must be at least 1")
     if args.keep_images <= 0 or args.image_cache_mb < 1:
         parser.error("--keep-images and --image-cache-mb must be positive")
+    recipe = recipe_named(args.preset) if args.preset else None
+    chosen = settle(recipe, model=args.model, unet=args.unet, spacing=args.spacing,
+                    prediction_type=args.prediction_type)
     if args.sizes is None:  # the tiny model is for trying things out: keep it quick on a CPU
-        args.sizes = TINY_DEFAULT_SIZE if args.model == "tiny" else "1024x1024"
+        args.sizes = TINY_DEFAULT_SIZE if chosen["model"] == "tiny" else (recipe and recipe.size) or "1024x1024"
     try:
         sizes = parse_sizes(args.sizes)
     except ValueError as e:
         parser.error(str(e))
-    return Settings(model=args.model, sizes=sizes, dtype=args.dtype, host=args.host, port=args.port,
+    return Settings(model=chosen["model"], sizes=sizes, dtype=args.dtype, host=args.host, port=args.port,
                     compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size,
                     image_format=args.image_format, keep_images_seconds=args.keep_images,
                     max_image_bytes=args.image_cache_mb << 20, drain_seconds=args.drain_seconds, metrics=args.metrics,
-                    unet=args.unet, timestep_spacing=args.spacing, prediction_type=args.prediction_type)
+                    unet=chosen["unet"], timestep_spacing=chosen["spacing"], prediction_type=chosen["prediction_type"],
+                    recipe=recipe)
 
 
 def metrics_address(text: str) -> tuple[str, int]:
@@ -365,8 +375,19 @@ class Server:
 
     @property
     def default_sampler(self) -> str:
-        """The model's own sampler (until it is loaded: SDXL base's, Euler)."""
+        """The launch preset's sampler, else the model's own (until it is loaded: SDXL base's, Euler)."""
+        if self.settings.recipe is not None:
+            return self.settings.recipe.sampler
         return self.pipeline.default_sampler if self.pipeline else "Euler"
+
+    @property
+    def presets(self) -> list[Recipe]:
+        """The presets the page offers: the launch preset when it brought its own weights (a
+        distilled model has one way to run), else the sampling presets any SDXL model runs."""
+        recipe = self.settings.recipe
+        if recipe is not None and recipe.brings_weights:
+            return [recipe]
+        return [RECIPES[name] for name in SAMPLING]
 
     def token_count(self, prompt: Any) -> str:
         """Markdown: how many of the 77 tokens the prompt uses, and a warning when it is truncated."""

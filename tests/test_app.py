@@ -287,6 +287,15 @@ def test_browser_types_a_prompt_and_gets_four_images(app_server, tmp_path):
                 page.wait_for_timeout(250)
             assert seed_box.input_value() == caption.split()[1]
             assert not page.get_by_label("Randomize seed").is_checked()
+            # A preset fills steps, sampler and guidance in the page.
+            page.locator("#preset input").click()
+            page.get_by_role("option", name="Quality").click()
+            sampler_box = page.get_by_label("Sampler", exact=True)
+            deadline = time.monotonic() + 10
+            while sampler_box.input_value() != "DPM++ 2M Karras" and time.monotonic() < deadline:
+                page.wait_for_timeout(100)
+            assert sampler_box.input_value() == "DPM++ 2M Karras"
+            assert page.locator("input[type=number][aria-label='number input for Steps']").input_value() == "30"
         finally:
             browser.close()
     assert screenshot.stat().st_size > 10_000

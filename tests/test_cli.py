@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -36,6 +37,22 @@ def test_generate_writes_pngs_with_parameters(env, tmp_path):
     assert "denoising" in result.stdout and "total" in result.stdout
 
 
+def test_presets_fill_what_is_not_given(env, tmp_path):
+    """--preset: a sampling preset on any model; a model preset's weights replaced by local ones
+    (its UNet file from the Hub is not reachable here); options given explicitly win."""
+    result = _run(["generate", "a cat", "--preset", "Fast", "--seed", "1", "--size", "64x64", "--model", "tiny",
+                   "--dtype", "float32", "--images", "1", "--out", str(tmp_path / "fast")], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Steps: 12, Sampler: DPM++ 2M Karras, CFG scale: 5," in Image.open(tmp_path / "fast" / "1.png").info["parameters"]
+    unet = str(Path(env["SDXL_TPU_TINY_DIR"]) / "unet" / "diffusion_pytorch_model.safetensors")  # written above
+    result = _run(["generate", "a cat", "--preset", "Lightning 4-step", "--seed", "1", "--size", "64x64",
+                   "--model", "tiny", "--unet", unet, "--dtype", "float32", "--images", "1", "--out",
+                   str(tmp_path / "lightning")], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    parameters = Image.open(tmp_path / "lightning" / "1.png").info["parameters"]
+    assert "Steps: 4, Sampler: Euler, CFG scale: 0, Seed: 1, Size: 64x64, Model: tiny + diffusion_pytorch_model" in parameters
+
+
 @pytest.mark.parametrize("args, message", [
     # The same rules and messages as the API and the playground (sdxl_tpu.request), checked before loading.
     (["generate", "x", "--size", "64y64"], "Size must look like WIDTHxHEIGHT (e.g. 1024x1024), got '64y64'."),
@@ -48,6 +65,7 @@ def test_generate_writes_pngs_with_parameters(env, tmp_path):
      "Seed must be a whole number between 0 and 4294967295."),
     (["generate", "x", "--sampler", "DDIM"],
      "Sampler 'DDIM' is not available; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
+    (["generate", "x", "--preset", "Ultra"], "no preset 'Ultra'; presets: Quality, Balanced, Fast, Lightning 1-step"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_are_one_line_errors(env, args, message):

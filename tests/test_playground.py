@@ -115,7 +115,16 @@ def test_settings_from_arguments_and_environment():
     s = parse_settings(["--unet", "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors"],
                        env={"SDXL_SPACING": "trailing"})
     assert (s.unet, s.timestep_spacing) == ("ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors", "trailing")
-    for bad in (["--metrics", "9100"], ["--metrics", "host:99999"], ["--metrics", "yes"], ["--drain-seconds", "-1"],
+    s = parse_settings(["--preset", "Turbo"], env={})
+    assert (s.model, s.sizes, s.timestep_spacing, s.unet, s.recipe.sampler) == (
+        "stabilityai/sdxl-turbo", [(512, 512)], "trailing", None, "Euler a")
+    s = parse_settings(["--model", "/data/my-sdxl", "--sizes", "768x768"], env={"SDXL_PRESET": "Lightning 4-step"})
+    assert (s.model, s.sizes, s.timestep_spacing, s.recipe.steps, s.recipe.guidance) == (
+        "/data/my-sdxl", [(768, 768)], "trailing", 4, 0.0)
+    assert s.unet == "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors"
+    assert Server(s).presets == [s.recipe] and Server(s).default_sampler == "Euler"
+    assert [r.name for r in Server(parse_settings([], env={})).presets] == ["Quality", "Balanced", "Fast"]
+    for bad in (["--metrics", "9100"], ["--preset", "Ultra"], ["--metrics", "host:99999"], ["--metrics", "yes"], ["--drain-seconds", "-1"],
                 ["--spacing", "even"]):
         with pytest.raises(SystemExit):
             parse_settings(bad, env={})

@@ -1,0 +1,38 @@
+"""Presets: what each bundles, and which of them a sampler table and the request rules accept."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdxl_tpu.recipes import RECIPES, SAMPLING, recipe_named, settle
+from sdxl_tpu.request import Request
+from sdxl_tpu.scheduler import SAMPLERS, samplers_for
+
+
+def test_every_preset_is_a_valid_request_for_its_sampler_table():
+    for recipe in RECIPES.values():
+        assert recipe.sampler in SAMPLERS
+        Request.of("a cat", steps=recipe.steps, guidance_scale=recipe.guidance, sampler=recipe.sampler,
+                   size=recipe.size or "1024x1024")
+        config = {"timestep_spacing": recipe.spacing or "leading", "prediction_type": recipe.prediction_type or "epsilon"}
+        assert recipe.sampler in samplers_for(config)[0], recipe.name
+
+
+def test_lightning_and_turbo_as_published():
+    one, four = recipe_named("Lightning 1-step"), recipe_named("Lightning 4-step")
+    assert one.unet == "ByteDance/SDXL-Lightning/sdxl_lightning_1step_unet_x0.safetensors"
+    assert one.prediction_type == "sample" and four.prediction_type is None
+    assert (four.sampler, four.spacing, four.steps, four.guidance) == ("Euler", "trailing", 4, 0.0)
+    turbo = recipe_named("Turbo")
+    assert (turbo.model, turbo.sampler, turbo.spacing, turbo.size, turbo.guidance) == (
+        "stabilityai/sdxl-turbo", "Euler a", "trailing", "512x512", 0.0)
+    assert SAMPLING == ["Quality", "Balanced", "Fast"]
+    assert recipe_named("Quality").summary == "30 steps of DPM++ 2M Karras, guidance 5"
+    with pytest.raises(ValueError, match="no preset 'x'"):
+        recipe_named("x")
+
+
+def test_settle_prefers_what_is_given_then_the_preset_then_the_default():
+    assert settle(None)["steps"] == 20 and settle(None)["model"] == "stabilityai/stable-diffusion-xl-base-1.0"
+    s = settle(recipe_named("Turbo"), steps=3)
+    assert (s["steps"], s["model"], s["guidance"], s["size"]) == (3, "stabilityai/sdxl-turbo", 0.0, "512x512")
