@@ -98,19 +98,25 @@ _SUPPORTED = {
 }
 
 
+@dataclass(frozen=True)
 class Sampler(abc.ABC):
-    """A sampler is its tables. `name` is what image parameters call it (AUTOMATIC1111's name).
-    `prediction_type` is what the model predicts: "epsilon" (the noise, SDXL) or "sample" (the
-    clean latents, as SDXL-Lightning's 1-step UNet does); the tables turn either into eps."""
+    """A sampler is its tables, on a noise schedule (the fields, as in diffusers' scheduler
+    configs). `prediction_type` is what the model predicts: "epsilon" (the noise, SDXL) or
+    "sample" (the clean latents, as SDXL-Lightning's 1-step UNet does); the tables turn either
+    into eps."""
 
-    name: str
-    prediction_type: str
-    num_train_timesteps: int
-    beta_start: float
-    beta_end: float
-    beta_schedule: str
-    timestep_spacing: str
-    steps_offset: int
+    num_train_timesteps: int = 1000
+    beta_start: float = 0.00085
+    beta_end: float = 0.012
+    beta_schedule: str = "scaled_linear"
+    timestep_spacing: str = "leading"
+    steps_offset: int = 1
+    prediction_type: str = "epsilon"
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """What image parameters call it (AUTOMATIC1111's name)."""
 
     @abc.abstractmethod
     def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -168,14 +174,7 @@ class EulerDiscrete(Sampler):
     """diffusers' EulerDiscreteScheduler (s_churn = 0), or with `ancestral` its
     EulerAncestralDiscreteScheduler: Euler steps of the probability-flow ODE, dx/dsigma = eps."""
 
-    num_train_timesteps: int = 1000
-    beta_start: float = 0.00085
-    beta_end: float = 0.012
-    beta_schedule: str = "scaled_linear"
-    timestep_spacing: str = "leading"
-    steps_offset: int = 1
     ancestral: bool = False
-    prediction_type: str = "epsilon"
 
     @property
     def name(self) -> str:
@@ -231,14 +230,9 @@ class DPMSolverMultistep(Sampler):
     It works on variance-preserving latents (x = alpha x0 + sigma_vp eps, alpha = 1/sqrt(1 +
     sigma^2), sigma_vp = sigma alpha): the model sees x as is and the initial noise is unit."""
 
-    num_train_timesteps: int = 1000
-    beta_start: float = 0.00085
-    beta_end: float = 0.012
-    beta_schedule: str = "scaled_linear"
-    timestep_spacing: str = "linspace"
+    timestep_spacing: str = "linspace"  # diffusers' defaults for this scheduler
     steps_offset: int = 0
     karras: bool = False
-    prediction_type: str = "epsilon"
 
     @property
     def name(self) -> str:

@@ -47,14 +47,27 @@ class FakePipeline:
                                 timings={"total": 0.0})
 
 
+def wait_until(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds  # bounded
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def started(pool, batcher, pipe, *args):
+    """Submit a job and wait until the fake pipeline has begun its call."""
+    calls = len(pipe.calls)
+    future = pool.submit(batcher.submit, *args)
+    wait_until(lambda: len(pipe.calls) > calls)
+    return future
+
+
 def test_concurrent_requests_share_a_call_and_each_gets_its_own_images():
     pipe = FakePipeline(images_per_call=8)
     pipe.hold.clear()
     batcher = Batcher(pipe, max_wait=0.02)
     with ThreadPoolExecutor(3) as pool:
-        first = pool.submit(batcher.submit, infos(100))  # runs alone (held), the next two wait together
-        while not pipe.calls:
-            time.sleep(0.001)
+        first = started(pool, batcher, pipe, infos(100))  # runs alone (held), the next two wait together
         a, b = pool.submit(batcher.submit, infos(200)), pool.submit(batcher.submit, infos(300))
         time.sleep(0.05)
         pipe.hold.set()
@@ -89,9 +102,7 @@ def test_a_full_call_does_not_wait_and_shapes_do_not_mix():
     pipe.hold.clear()
     batcher = Batcher(pipe, max_wait=0.02)
     with ThreadPoolExecutor(3) as pool:
-        held = pool.submit(batcher.submit, infos(0))
-        while not pipe.calls:
-            time.sleep(0.001)
+        held = started(pool, batcher, pipe, infos(0))
         other_steps = pool.submit(batcher.submit, infos(10, steps=3))
         other_size = pool.submit(batcher.submit, infos(20, size=(96, 64)))
         time.sleep(0.05)
@@ -107,9 +118,7 @@ def test_an_abandoned_request_is_dropped_while_waiting_and_stopped_while_running
     batcher = Batcher(pipe)
     gone = threading.Event()
     with ThreadPoolExecutor(2) as pool:
-        running = pool.submit(batcher.submit, infos(0, steps=50), None, gone.is_set)
-        while not pipe.calls:
-            time.sleep(0.001)
+        running = started(pool, batcher, pipe, infos(0, steps=50), None, gone.is_set)
         waiting = pool.submit(batcher.submit, infos(10), None, gone.is_set)
         time.sleep(0.05)
         gone.set()
@@ -128,9 +137,7 @@ def test_a_call_goes_on_while_one_of_its_callers_remains():
     batcher = Batcher(pipe)
     gone = threading.Event()
     with ThreadPoolExecutor(3) as pool:
-        first = pool.submit(batcher.submit, infos(0))
-        while not pipe.calls:
-            time.sleep(0.001)
+        first = started(pool, batcher, pipe, infos(0))
         leaving = pool.submit(batcher.submit, infos(10, steps=20), None, gone.is_set)
         staying = pool.submit(batcher.submit, infos(20, steps=20))
         time.sleep(0.05)
@@ -170,8 +177,7 @@ def test_close_with_stop_running_cancels_the_call_in_flight():
     batcher = Batcher(pipe)
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(batcher.submit, infos(0, steps=500))
-        while not pipe.steps_run:
-            time.sleep(0.001)
+        wait_until(lambda: pipe.steps_run)
         batcher.close(stop_running=True)
         with pytest.raises(Cancelled):
             running.result(10)
