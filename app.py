@@ -91,7 +91,7 @@ def build_demo(server: Server) -> gr.Blocks:
             progress(0, desc="Encoding prompts")
             return server.serve((prompt, negative, style, seed, randomize, guidance, steps, size, sampler),
                                 progress=lambda i, n: progress((i, n), desc="Denoising"),
-                                abandoned=lambda: queue.running_event(event_id) is None,
+                                abandoned=(lambda: queue.running_event(event_id) is None) if event_id else None,
                                 queued_at=event.enqueue_time if event is not None else None)
 
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
