@@ -318,7 +318,8 @@ def test_fuzz_raw_routes(app_server, http_client, fn_index, fuzz_log):
     cases += [(method, path, b"{}", {}) for method, path in OTHER_ROUTES]
     envelopes = [b"", b"{", b"[]", b"null", b'"x"', b"\xff\xfe\x00", b"{" * 5000 + b"}" * 5000, b'{"data": 1}',
                  b'{"fn_index": 1}', b'{"data": [], "fn_index": "1", "session_hash": "s"}']
-    for fn in (-1, 7, 999, 2**31, 2**63, "NaN", "1e999", "1.5", "true", '"1"', "null", "[]"):
+    beyond = 1 + max(dep["id"] for dep in json.loads(get(app_server["url"] + "/config")[1])["dependencies"])
+    for fn in (-1, beyond, 999, 2**31, 2**63, "NaN", "1e999", "1.5", "true", '"1"', "null", "[]"):
         envelopes.append(('{"data": [], "fn_index": %s, "session_hash": "s"}' % fn).encode())
     for session_hash in ('""', "1", '"a b"', '"../x"', '"' + "s" * 65 + '"', '"\\ud800"', "[]"):
         envelopes.append(json.dumps({**good, "session_hash": 0}).replace("0}", session_hash + "}").encode())
