@@ -260,9 +260,11 @@ class RequestGuard:
             await send(message)
 
         try:
-            body = await self.check(scope, receive)
-            if body is not None:
-                fn_index = json.loads(body).get("fn_index") if joining else None
+            checked = await self.check(scope, receive)
+            if checked is not None:
+                # Forward what was checked, re-encoded: Gradio parses exactly the values looked at here.
+                body = json.dumps(checked, ensure_ascii=True).encode()
+                fn_index = checked.get("fn_index") if joining else None
                 receive = _replay(body, receive)
                 scope = _with_body_length(scope, len(body))
             if fn_index is not None and (why := self.closed()):
@@ -285,8 +287,9 @@ class RequestGuard:
             else:  # end the response the app began (uvicorn would log an incomplete one again)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def check(self, scope: dict, receive) -> bytes | None:
-        """Raises Refused, or returns the body to forward (None: forward the request as it is)."""
+    async def check(self, scope: dict, receive) -> dict | None:
+        """Raises Refused, or returns the checked JSON body to forward (None: forward the request
+        as it is)."""
         method, path = scope["method"], scope["path"]
         query = scope.get("query_string", b"").decode("latin-1")
         if any(unicodedata.category(ch) == "Cc" for ch in path + query):
@@ -342,7 +345,7 @@ class RequestGuard:
                 return endpoint
         raise Refused(404, f"No endpoint named {shown(api_name)}; this app's API has /generate.")
 
-    async def _checked_post(self, path: str, scope: dict, receive) -> bytes:
+    async def _checked_post(self, path: str, scope: dict, receive) -> dict:
         body = await _read_body(scope, receive, self.max_body)
         if path == f"{API}/cancel":
             data = _json_object(body)
@@ -357,8 +360,7 @@ class RequestGuard:
             checked = check_envelope(_json(body), self.endpoints, fn_index=self._named(api_name).fn_index)
             if checked.get("session_hash") is not None:
                 check_id(checked["session_hash"])
-        # Forward what was checked, re-encoded: Gradio parses exactly the values looked at here.
-        return json.dumps(checked, ensure_ascii=True).encode()
+        return checked
 
 
 def _json(body: bytes) -> Any:

@@ -53,6 +53,17 @@ class GenerationResult:
         return [i.seed for i in self.infos]
 
 
+def call_batch(images: int, devices: int) -> int:
+    """The compiled batch for `images` per call: rounded up so every device gets as many."""
+    return math.ceil(images / devices) * devices
+
+
+def guided(infos: Sequence[ImageInfo]) -> bool:
+    """Whether a call needs classifier-free guidance (any image's guidance above 1); without it
+    the UNet runs the conditional pass alone."""
+    return any(i.guidance_scale > 1 for i in infos)
+
+
 class GenerationError(RuntimeError):
     """The pipeline produced something that is not an image (e.g. NaN)."""
 
@@ -81,7 +92,7 @@ class Pipeline:
                  force_zeros_for_empty_prompt: bool = True, step_progress: bool = True):
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
-        self.images_per_call = math.ceil(images_per_call / len(devices)) * len(devices)
+        self.images_per_call = call_batch(images_per_call, len(devices))
         # Samplers are tables for one compiled update (scheduler.py): any of them per request.
         self.samplers = {samplers.name: samplers} if isinstance(samplers, Sampler) else dict(samplers)
         self.default_sampler = default_sampler or next(iter(self.samplers))
@@ -264,7 +275,7 @@ class Pipeline:
             jax.block_until_ready((context, pooled, state))
             t_text = time.perf_counter()
             conditioning = (context, pooled, put(text.time_ids), put(text.guidance), tables)
-            denoise = programs["denoise" if any(i.guidance_scale > 1 for i in infos) else "denoise_unguided"]
+            denoise = programs["denoise" if guided(infos) else "denoise_unguided"]
             if self.stepwise:
                 # Keep LOOKAHEAD steps queued on the device, report each step as it completes, and
                 # ask `stop` in between.

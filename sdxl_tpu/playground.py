@@ -22,7 +22,7 @@ from .checkpoint import CheckpointError
 from .compilation import DEFAULT_COMPILE_CACHE
 from .images import FORMATS, ImageStore
 from .metrics import Metrics
-from .pipeline import Cancelled, GenerationError, Pipeline, load_pipeline
+from .pipeline import Cancelled, GenerationError, Pipeline, call_batch, load_pipeline
 from .recipes import BASE, RECIPES, SAMPLING, Recipe, recipe_named, settle
 from .request import (MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
                       number_input, parse_size, text_input)
@@ -361,9 +361,7 @@ class Server:
         chips than a request has images (images are split evenly over the chips)."""
         import jax
 
-        devices = len(jax.devices())
-        per_call = -(-self.settings.images_per_call // devices) * devices
-        return max(1, per_call // self.settings.images_per_call)
+        return max(1, call_batch(self.settings.images_per_call, len(jax.devices())) // self.settings.images_per_call)
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
@@ -475,9 +473,10 @@ class Server:
         log.info("draining: finishing the requests already accepted (at most %.0f s)",
                  self.settings.drain_seconds if seconds is None else seconds)
         deadline = time.monotonic() + (self.settings.drain_seconds if seconds is None else seconds)
-        while (busy() or (self.batcher is not None and self.batcher.busy)) and time.monotonic() < deadline:
+        working = lambda: busy() or (self.batcher is not None and self.batcher.busy)
+        while working() and time.monotonic() < deadline:
             time.sleep(poll)
-        finished = not busy() and not (self.batcher is not None and self.batcher.busy)
+        finished = not working()
         if self.batcher is not None:
             self.batcher.close(stop_running=not finished)
             self.batcher.join(timeout=30)

@@ -16,6 +16,7 @@ and the denoising loop knows no method's details.
 from __future__ import annotations
 
 import abc
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -127,12 +128,15 @@ class Sampler(abc.ABC):
     def tables(self, steps: int) -> Tables:
         """Tables for `steps` steps (host, float32, unpadded)."""
 
+    @functools.lru_cache(maxsize=4 * MAX_STEPS)  # asked for on every request; a few per sampler
     def padded_tables(self, steps: int) -> Tables:
-        """The tables padded to MAX_STEPS, as the compiled loop takes them."""
+        """The tables padded to MAX_STEPS, as the compiled loop takes them (read-only: shared)."""
         t = self.tables(steps)
         timesteps, scale = np.zeros(MAX_STEPS, np.float32), np.zeros(MAX_STEPS, np.float32)
         update = np.zeros((MAX_STEPS, 6), np.float32)
         timesteps[:steps], scale[:steps], update[:steps] = t.timesteps, t.input_scale, t.update
+        for array in (timesteps, scale, update):
+            array.setflags(write=False)
         return Tables(timesteps, scale, update, np.float32(t.init_sigma))
 
     def train_sigmas(self) -> np.ndarray:

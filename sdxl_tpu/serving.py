@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from .pipeline import Cancelled, GenerationResult
+from .pipeline import Cancelled, GenerationResult, guided
 from .request import ImageInfo, RequestError
 
 log = logging.getLogger("sdxl_tpu.serving")
@@ -51,7 +51,7 @@ class Job:
         """What a call's images must share (and whether they are guided: a call of unguided images
         runs the UNet on half the batch, so they are not mixed with guided ones)."""
         first = self.infos[0]
-        return first.size, first.steps, first.sampler, any(i.guidance_scale > 1 for i in self.infos)
+        return first.size, first.steps, first.sampler, guided(self.infos)
 
 
 class Batcher:

@@ -47,6 +47,13 @@ class FakePipeline:
                                 timings={"total": 0.0})
 
 
+def held_batcher(images_per_call: int, step_seconds: float = 0.0, **options) -> tuple[FakePipeline, Batcher]:
+    """A fake pipeline whose calls wait until `pipe.hold` is set, and a batcher over it."""
+    pipe = FakePipeline(images_per_call=images_per_call, step_seconds=step_seconds)
+    pipe.hold.clear()
+    return pipe, Batcher(pipe, **options)
+
+
 def wait_until(condition, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds  # bounded
     while not condition():
@@ -63,9 +70,7 @@ def started(pool, batcher, pipe, *args):
 
 
 def test_concurrent_requests_share_a_call_and_each_gets_its_own_images():
-    pipe = FakePipeline(images_per_call=8)
-    pipe.hold.clear()
-    batcher = Batcher(pipe, max_wait=0.02)
+    pipe, batcher = held_batcher(images_per_call=8, max_wait=0.02)
     with ThreadPoolExecutor(3) as pool:
         first = started(pool, batcher, pipe, infos(100))  # runs alone (held), the next two wait together
         a, b = pool.submit(batcher.submit, infos(200)), pool.submit(batcher.submit, infos(300))
@@ -98,9 +103,7 @@ def test_a_full_call_does_not_wait_and_shapes_do_not_mix():
     start = time.monotonic()
     batcher.submit(infos(1))
     assert pipe.calls[-1][0] - start < 0.5
-    pipe = FakePipeline(images_per_call=8)
-    pipe.hold.clear()
-    batcher = Batcher(pipe, max_wait=0.02)
+    pipe, batcher = held_batcher(images_per_call=8, max_wait=0.02)
     with ThreadPoolExecutor(3) as pool:
         held = started(pool, batcher, pipe, infos(0))
         other_steps = pool.submit(batcher.submit, infos(10, steps=3))
@@ -113,9 +116,7 @@ def test_a_full_call_does_not_wait_and_shapes_do_not_mix():
 
 
 def test_an_abandoned_request_is_dropped_while_waiting_and_stopped_while_running():
-    pipe = FakePipeline(images_per_call=4, step_seconds=0.01)
-    pipe.hold.clear()
-    batcher = Batcher(pipe)
+    pipe, batcher = held_batcher(images_per_call=4, step_seconds=0.01)
     gone = threading.Event()
     with ThreadPoolExecutor(2) as pool:
         running = started(pool, batcher, pipe, infos(0, steps=50), None, gone.is_set)
@@ -132,9 +133,7 @@ def test_an_abandoned_request_is_dropped_while_waiting_and_stopped_while_running
 
 
 def test_a_call_goes_on_while_one_of_its_callers_remains():
-    pipe = FakePipeline(images_per_call=8, step_seconds=0.005)
-    pipe.hold.clear()
-    batcher = Batcher(pipe)
+    pipe, batcher = held_batcher(images_per_call=8, step_seconds=0.005)
     gone = threading.Event()
     with ThreadPoolExecutor(3) as pool:
         first = started(pool, batcher, pipe, infos(0))
