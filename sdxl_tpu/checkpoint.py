@@ -6,7 +6,8 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from flax import nnx
 
@@ -14,8 +15,12 @@ from .clip import CLIPTextConfig, CLIPTextModel
 from .layers import Precision
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
+from .single_file import SingleFileView, check_single_file, is_single_file_unet
 from .weights import (CheckpointError, TensorSource, load_into, normalize_clip_name, normalize_vae_name, read_json,
-                      weight_files)
+                      torch_shapes, weight_files)
+
+M = TypeVar("M", bound=nnx.Module)
+SDXL_BASE = "stabilityai/stable-diffusion-xl-base-1.0"  # where a single file's configs and tokenizers come from
 
 COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
 _SMALL_FILES = ["model_index.json", "*/config.json", "scheduler/scheduler_config.json", "tokenizer/*",
@@ -41,12 +46,13 @@ def tiny_checkpoint_dir() -> Path:
     return directory
 
 
-def resolve(model: str | os.PathLike, *, variant: str | None = "fp16") -> Path:
+def resolve(model: str | os.PathLike, *, variant: str | None = "fp16", weights: bool = True) -> Path:
     """"tiny" (the built-in tiny checkpoint), a local directory as is, or a Hub repo id,
     downloaded (or taken from the HF cache).
 
     Only the files SDXL needs are fetched, and each component's `variant` weights (fp16) when the
-    repo has them. HF_HUB_OFFLINE=1 makes this use the cache only.
+    repo has them; with `weights=False` only configs, tokenizers and the scheduler config (what a
+    single-file checkpoint lacks). HF_HUB_OFFLINE=1 makes this use the cache only.
     """
     if str(model) == "tiny":
         return tiny_checkpoint_dir()
@@ -61,6 +67,8 @@ def resolve(model: str | os.PathLike, *, variant: str | None = "fp16") -> Path:
 
     repo = str(model)
     patterns = list(_SMALL_FILES)
+    if not weights:
+        return Path(snapshot_download(repo, allow_patterns=patterns))
     if variant:
         patterns += [f"{c}/*.{variant}.safetensors" for c in COMPONENTS]
         patterns += [f"{c}/*.{variant}-*.safetensors" for c in COMPONENTS]
@@ -103,40 +111,73 @@ class Models:
     vae: AutoencoderKL
 
 
-def load_text_encoder(path: Path, precision: Precision, *, with_projection: bool) -> CLIPTextModel:
-    config = CLIPTextConfig.from_dict(_config(path), with_projection=with_projection)
+def _fill(model: M, path: Path, raw_config: dict[str, Any], *, single_file: TensorSource | None = None,
+          rename: Callable[[str], str] = lambda k: k, label: str | None = None) -> M:
+    """Load the weights of an abstract model: the component directory's own, or its part of a
+    single-file checkpoint."""
+    component = path.name
+    if single_file is None:
+        source, rename = TensorSource(weight_files(path)), rename
+    else:
+        source, rename = SingleFileView(single_file, component, torch_shapes(model), raw_config), lambda k: k
+    return load_into(model, source, rename=rename, component=label or component)
+
+
+def load_text_encoder(path: Path, precision: Precision, *, with_projection: bool,
+                      single_file: TensorSource | None = None) -> CLIPTextModel:
+    raw = _config(path)
+    config = CLIPTextConfig.from_dict(raw, with_projection=with_projection)
     if with_projection and not config.projection_dim:
         raise CheckpointError(f"{path}/config.json: projection_dim is required for text_encoder_2")
     model = nnx.eval_shape(lambda: CLIPTextModel(config, precision))
-    return load_into(model, TensorSource(weight_files(path)), rename=normalize_clip_name, component=path.name)
+    return _fill(model, path, raw, single_file=single_file, rename=normalize_clip_name)
 
 
-def load_unet(path: Path, precision: Precision, weights: Path | None = None) -> UNet2DConditionModel:
+def load_unet(path: Path, precision: Precision, weights: Path | None = None,
+              single_file: TensorSource | None = None) -> UNet2DConditionModel:
     """The UNet of `path` (config.json and weights), or with `weights` another UNet of the same
-    architecture in diffusers' names (one .safetensors file, as SDXL-Lightning's are published)."""
-    config = UNetConfig.from_dict(_config(path))
-    model = nnx.eval_shape(lambda: UNet2DConditionModel(config, precision))
-    files = [weights] if weights is not None else weight_files(path)
-    return load_into(model, TensorSource(files), component=f"unet ({weights.name})" if weights else "unet")
+    architecture in one .safetensors file: diffusers names (as SDXL-Lightning's UNets are
+    published) or the single-file layout (a whole single-file checkpoint's UNet included)."""
+    raw = _config(path)
+    model = nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(raw), precision))
+    if weights is None:
+        return _fill(model, path, raw, single_file=single_file)
+    file = TensorSource([weights])
+    if is_single_file_unet(file):
+        return _fill(model, path, raw, single_file=file, label=f"unet ({weights.name})")
+    return load_into(model, file, component=f"unet ({weights.name})")
 
 
-def load_vae(path: Path, precision: Precision) -> AutoencoderKL:
-    config = VAEConfig.from_dict(_config(path))
-    model = nnx.eval_shape(lambda: AutoencoderKL(config, precision))
-    return load_into(model, TensorSource(weight_files(path)), rename=normalize_vae_name, component="vae")
+def load_vae(path: Path, precision: Precision, single_file: TensorSource | None = None) -> AutoencoderKL:
+    raw = _config(path)
+    model = nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(raw), precision))
+    return _fill(model, path, raw, single_file=single_file, rename=normalize_vae_name)
+
+
+def is_single_file(model: str | os.PathLike) -> bool:
+    """Whether `model` names one .safetensors file (a single-file checkpoint) rather than a directory or repo."""
+    return str(model).endswith(".safetensors")
 
 
 def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtype: str | None = None,
-                attention: str = "auto", unet: str | os.PathLike | None = None) -> Models:
+                attention: str = "auto", unet: str | os.PathLike | None = None,
+                config: str | os.PathLike | None = None) -> Models:
     """All four networks of an SDXL checkpoint, weights cast to `param_dtype` (default: `dtype`),
-    computing in `dtype` with the `attention` kernel ("auto" or "xla"). `unet`: a UNet weights file
-    to use instead of the checkpoint's (see `load_unet` and `resolve_file`)."""
-    root = resolve(model)
+    computing in `dtype` with the `attention` kernel ("auto" or "xla"). `model`: a diffusers
+    checkpoint (see `resolve`) or a single-file one (see `single_file`), whose architecture comes
+    from `config` (a diffusers checkpoint's configs; default SDXL base 1.0's). `unet`: a UNet
+    weights file to use instead of the checkpoint's (see `load_unet` and `resolve_file`)."""
+    root = resolve(config or SDXL_BASE, weights=False) if is_single_file(model) else resolve(model)
     p = Precision.of(dtype, param_dtype, attention=attention)
-    return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False),
-                  text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True),
-                  unet=load_unet(root / "unet", p, resolve_file(unet) if unet is not None else None),
-                  vae=load_vae(root / "vae", p))
+    file = None
+    if is_single_file(model):
+        path = resolve_file(model)
+        file = TensorSource([path])
+        check_single_file(file, path, COMPONENTS)
+    return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False, single_file=file),
+                  text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True, single_file=file),
+                  unet=load_unet(root / "unet", p, resolve_file(unet) if unet is not None else None, single_file=file),
+                  vae=load_vae(root / "vae", p, single_file=file))
 
 
 def load_tokenizers(model: str | os.PathLike):

@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import sampling, scheduler
-from .checkpoint import Models, load_models, load_tokenizers, resolve
+from .checkpoint import SDXL_BASE, Models, is_single_file, load_models, load_tokenizers, resolve
 from .compilation import enable_compile_cache
 from .request import ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, size_input
 from .scheduler import MAX_STEPS, Sampler, Tables, samplers_for
@@ -347,8 +347,11 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
                   images_per_call: int = 4, devices: Sequence[jax.Device] | None = None, warmup: bool = True,
                   step_progress: bool = True, compute_dtype: str | None = None, attention: str = "auto",
                   compile_cache: str | os.PathLike | None = None, unet: str | os.PathLike | None = None,
-                  timestep_spacing: str | None = None, prediction_type: str | None = None) -> Pipeline:
-    """Load an SDXL checkpoint (Hub id, local diffusers directory, or "tiny") and compile it.
+                  timestep_spacing: str | None = None, prediction_type: str | None = None,
+                  config: str | os.PathLike | None = None) -> Pipeline:
+    """Load an SDXL checkpoint (Hub id, local diffusers directory, "tiny", or a single-file
+    .safetensors with `config`: where its configs and tokenizers come from, default SDXL base
+    1.0's) and compile it.
 
     With `warmup` every size in `sizes` is compiled before this returns; requests for other
     sizes are refused rather than compiled. `dtype` is the parameter dtype; activations use
@@ -361,12 +364,14 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     """
     if compile_cache is not None:
         enable_compile_cache(compile_cache)
-    root = resolve(model)
-    models = load_models(root, dtype=compute_dtype_for(dtype, compute_dtype), param_dtype=dtype, attention=attention,
-                         unet=unet)
+    root = resolve(config or SDXL_BASE, weights=False) if is_single_file(model) else resolve(model)
+    models = load_models(model if is_single_file(model) else root, dtype=compute_dtype_for(dtype, compute_dtype),
+                         param_dtype=dtype, attention=attention, unet=unet, config=root)
     index = dict(read_json(root / "model_index.json")) if (root / "model_index.json").is_file() else {}
     samplers, default_sampler = load_samplers(root, timestep_spacing, prediction_type)
-    name = str(model) if unet is None else f"{model} + {Path(str(unet)).stem}"
+    name = Path(str(model)).stem if is_single_file(model) else str(model)
+    if unet is not None:
+        name += f" + {Path(str(unet)).stem}"
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=sizes,
                     images_per_call=images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),

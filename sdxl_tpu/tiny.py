@@ -132,12 +132,16 @@ def write_tokenizers(root: str | os.PathLike) -> int:
     return len(vocab)
 
 
-def write_checkpoint(directory: str | os.PathLike, preset: str = "tiny", *, seed: int = 0) -> Path:
-    """Write a random checkpoint of `preset` in diffusers format to `directory` and return its path."""
+def write_checkpoint(directory: str | os.PathLike, preset: str = "tiny", *, seed: int = 0,
+                     overrides: dict[str, dict[str, Any]] | None = None) -> Path:
+    """Write a random checkpoint of `preset` in diffusers format to `directory` and return its path.
+    `overrides`: config entries to change per component, e.g. {"text_encoder_2": {"hidden_size": 48}}."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     configs = preset_configs(preset, vocab_size=write_tokenizers(root))
+    for component, changes in (overrides or {}).items():
+        configs[component] = {**configs[component], **changes}
     builders = {
         "text_encoder": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c, with_projection=False)),
         "text_encoder_2": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c, with_projection=True)),

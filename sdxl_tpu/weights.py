@@ -81,6 +81,10 @@ class TensorSource:
     def keys(self) -> list[str]:
         return list(self._entries)
 
+    def label(self, key: str) -> str:
+        """How errors name a tensor (views onto other layouts name it as their file does)."""
+        return key
+
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._entries[key][1]["shape"])
 
@@ -119,9 +123,9 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
             continue
         ckpt[rename(key)] = key
     expected = {name: _torch_shape(path, tuple(var.get_value().shape)) for name, (path, var) in by_name.items()}
-    missing = sorted(set(expected) - set(ckpt))
-    unexpected = sorted(set(ckpt) - set(expected))
-    wrong = sorted(f"{name} (checkpoint {source.shape(ckpt[name])}, model {expected[name]})"
+    missing = sorted(source.label(name) for name in set(expected) - set(ckpt))
+    unexpected = sorted(source.label(ckpt[name]) for name in set(ckpt) - set(expected))
+    wrong = sorted(f"{source.label(ckpt[name])} (checkpoint {source.shape(ckpt[name])}, model {expected[name]})"
                    for name in set(expected) & set(ckpt) if source.shape(ckpt[name]) != expected[name])
     problems = []
     for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
