@@ -6,7 +6,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from flax import nnx
@@ -15,6 +15,7 @@ from .clip import CLIPTextConfig, CLIPTextModel
 from .layers import Precision
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
+from .lora import LoRA, combined_deltas, read_loras
 from .single_file import SingleFileView, check_single_file, is_single_file_unet
 from .weights import (CheckpointError, TensorSource, load_into, normalize_clip_name, normalize_vae_name, read_json,
                       torch_shapes, weight_files)
@@ -112,46 +113,48 @@ class Models:
 
 
 def _fill(model: M, path: Path, raw_config: dict[str, Any], *, single_file: TensorSource | None = None,
-          rename: Callable[[str], str] = lambda k: k, label: str | None = None) -> M:
-    """Load the weights of an abstract model: the component directory's own, or its part of a
-    single-file checkpoint."""
-    component = path.name
-    if single_file is None:
-        source, rename = TensorSource(weight_files(path)), rename
-    else:
-        source, rename = SingleFileView(single_file, component, torch_shapes(model), raw_config), lambda k: k
-    return load_into(model, source, rename=rename, component=label or component)
+          rename: Callable[[str], str] = lambda k: k, label: str | None = None, loras: Sequence[LoRA] = (),
+          source: TensorSource | None = None) -> M:
+    """Load the weights of an abstract model: from `source`, else the component directory's own,
+    or its part of a single-file checkpoint; with `loras` fused in."""
+    component, shapes = path.name, torch_shapes(model)
+    if single_file is not None:
+        source, rename = SingleFileView(single_file, component, shapes, raw_config), lambda k: k
+    elif source is None:
+        source = TensorSource(weight_files(path))
+    deltas = combined_deltas(list(loras), component, shapes, raw_config) if loras else None
+    return load_into(model, source, rename=rename, component=label or component, deltas=deltas)
 
 
 def load_text_encoder(path: Path, precision: Precision, *, with_projection: bool,
-                      single_file: TensorSource | None = None) -> CLIPTextModel:
+                      single_file: TensorSource | None = None, loras: Sequence[LoRA] = ()) -> CLIPTextModel:
     raw = _config(path)
     config = CLIPTextConfig.from_dict(raw, with_projection=with_projection)
     if with_projection and not config.projection_dim:
         raise CheckpointError(f"{path}/config.json: projection_dim is required for text_encoder_2")
     model = nnx.eval_shape(lambda: CLIPTextModel(config, precision))
-    return _fill(model, path, raw, single_file=single_file, rename=normalize_clip_name)
+    return _fill(model, path, raw, single_file=single_file, rename=normalize_clip_name, loras=loras)
 
 
 def load_unet(path: Path, precision: Precision, weights: Path | None = None,
-              single_file: TensorSource | None = None) -> UNet2DConditionModel:
+              single_file: TensorSource | None = None, loras: Sequence[LoRA] = ()) -> UNet2DConditionModel:
     """The UNet of `path` (config.json and weights), or with `weights` another UNet of the same
     architecture in one .safetensors file: diffusers names (as SDXL-Lightning's UNets are
     published) or the single-file layout (a whole single-file checkpoint's UNet included)."""
     raw = _config(path)
     model = nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(raw), precision))
     if weights is None:
-        return _fill(model, path, raw, single_file=single_file)
+        return _fill(model, path, raw, single_file=single_file, loras=loras)
     file = TensorSource([weights])
-    if is_single_file_unet(file):
-        return _fill(model, path, raw, single_file=file, label=f"unet ({weights.name})")
-    return load_into(model, file, component=f"unet ({weights.name})")
+    return _fill(model, path, raw, single_file=file if is_single_file_unet(file) else None, source=file,
+                 label=f"unet ({weights.name})", loras=loras)
 
 
-def load_vae(path: Path, precision: Precision, single_file: TensorSource | None = None) -> AutoencoderKL:
+def load_vae(path: Path, precision: Precision, single_file: TensorSource | None = None,
+             loras: Sequence[LoRA] = ()) -> AutoencoderKL:
     raw = _config(path)
     model = nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(raw), precision))
-    return _fill(model, path, raw, single_file=single_file, rename=normalize_vae_name)
+    return _fill(model, path, raw, single_file=single_file, rename=normalize_vae_name, loras=loras)
 
 
 def is_single_file(model: str | os.PathLike) -> bool:
@@ -161,12 +164,13 @@ def is_single_file(model: str | os.PathLike) -> bool:
 
 def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtype: str | None = None,
                 attention: str = "auto", unet: str | os.PathLike | None = None,
-                config: str | os.PathLike | None = None) -> Models:
+                config: str | os.PathLike | None = None, loras: Sequence[str | tuple] | None = None) -> Models:
     """All four networks of an SDXL checkpoint, weights cast to `param_dtype` (default: `dtype`),
     computing in `dtype` with the `attention` kernel ("auto" or "xla"). `model`: a diffusers
     checkpoint (see `resolve`) or a single-file one (see `single_file`), whose architecture comes
     from `config` (a diffusers checkpoint's configs; default SDXL base 1.0's). `unet`: a UNet
-    weights file to use instead of the checkpoint's (see `load_unet` and `resolve_file`)."""
+    weights file to use instead of the checkpoint's (see `load_unet` and `resolve_file`). `loras`:
+    "file[:scale]" specs or (file, scale) pairs fused into the weights (see `lora`)."""
     root = resolve(config or SDXL_BASE, weights=False) if is_single_file(model) else resolve(model)
     p = Precision.of(dtype, param_dtype, attention=attention)
     file = None
@@ -174,10 +178,14 @@ def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtyp
         path = resolve_file(model)
         file = TensorSource([path])
         check_single_file(file, path, COMPONENTS)
-    return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False, single_file=file),
-                  text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True, single_file=file),
-                  unet=load_unet(root / "unet", p, resolve_file(unet) if unet is not None else None, single_file=file),
-                  vae=load_vae(root / "vae", p, single_file=file))
+    adapters = read_loras(loras)  # read (and refused) before any network is loaded
+    return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False, single_file=file,
+                                                 loras=adapters),
+                  text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True, single_file=file,
+                                                   loras=adapters),
+                  unet=load_unet(root / "unet", p, resolve_file(unet) if unet is not None else None, single_file=file,
+                                 loras=adapters),
+                  vae=load_vae(root / "vae", p, single_file=file, loras=adapters))
 
 
 def load_tokenizers(model: str | os.PathLike):

@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 from . import sampling, scheduler
 from .checkpoint import SDXL_BASE, Models, is_single_file, load_models, load_tokenizers, resolve
 from .compilation import enable_compile_cache
+from .lora import lora_spec
 from .request import ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, size_input
 from .scheduler import MAX_STEPS, Sampler, Tables, samplers_for
 from .weights import read_json
@@ -348,7 +349,7 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
                   step_progress: bool = True, compute_dtype: str | None = None, attention: str = "auto",
                   compile_cache: str | os.PathLike | None = None, unet: str | os.PathLike | None = None,
                   timestep_spacing: str | None = None, prediction_type: str | None = None,
-                  config: str | os.PathLike | None = None) -> Pipeline:
+                  config: str | os.PathLike | None = None, loras: Sequence[str | tuple] | None = None) -> Pipeline:
     """Load an SDXL checkpoint (Hub id, local diffusers directory, "tiny", or a single-file
     .safetensors with `config`: where its configs and tokenizers come from, default SDXL base
     1.0's) and compile it.
@@ -360,18 +361,22 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     persistent compilation cache (entry points usually set it once themselves). `unet`: a UNet
     weights file instead of the checkpoint's (e.g. SDXL-Lightning's; local or
     owner/repo/file.safetensors); `timestep_spacing` and `prediction_type` ("epsilon" or "sample")
-    override the scheduler config's.
+    override the scheduler config's. `loras`: LoRA files fused into the weights, as "file[:scale]"
+    or (file, scale) (kohya or diffusers format; see `sdxl_tpu.lora`).
     """
     if compile_cache is not None:
         enable_compile_cache(compile_cache)
     root = resolve(config or SDXL_BASE, weights=False) if is_single_file(model) else resolve(model)
     models = load_models(model if is_single_file(model) else root, dtype=compute_dtype_for(dtype, compute_dtype),
-                         param_dtype=dtype, attention=attention, unet=unet, config=root)
+                         param_dtype=dtype, attention=attention, unet=unet, config=root, loras=loras)
     index = dict(read_json(root / "model_index.json")) if (root / "model_index.json").is_file() else {}
     samplers, default_sampler = load_samplers(root, timestep_spacing, prediction_type)
     name = Path(str(model)).stem if is_single_file(model) else str(model)
     if unet is not None:
         name += f" + {Path(str(unet)).stem}"
+    for spec in loras or []:
+        path, scale = lora_spec(spec)
+        name += f" + {Path(str(path)).stem}" + (f":{scale:g}" if scale != 1 else "")
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=sizes,
                     images_per_call=images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),

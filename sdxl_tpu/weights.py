@@ -110,10 +110,11 @@ def weight_files(component_dir: str | os.PathLike, prefer_variant: str | None = 
 
 
 def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = lambda k: k,
-              component: str = "model") -> M:
+              component: str = "model", deltas: Mapping[str, Callable[[], np.ndarray]] | None = None) -> M:
     """Fill every parameter of `model` (abstract, e.g. from nnx.eval_shape) from `source`.
 
-    Fails, naming the tensors, if any is missing, unexpected or of the wrong shape. Weights are
+    Fails, naming the tensors, if any is missing, unexpected or of the wrong shape. `deltas`
+    (by PyTorch name, in PyTorch layout: fused LoRA updates) are added in float32. Weights are
     cast to each parameter's dtype on the host, then placed on the default device.
     """
     by_name = {torch_name(path): (path, var) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
@@ -136,6 +137,8 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
         raise CheckpointError(f"{component} checkpoint does not match the model: " + "; ".join(problems))
     for name, (path, var) in by_name.items():
         array = source.get(ckpt[name])
+        if deltas and name in deltas:
+            array = np.asarray(array, np.float32) + deltas[name]()
         if path[-1] == "kernel":
             array = array.T if array.ndim == 2 else array.transpose(2, 3, 1, 0)
         var.set_value(jax.device_put(np.asarray(array, dtype=var.get_value().dtype)))
