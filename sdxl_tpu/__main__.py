@@ -2,7 +2,7 @@
 
     python -m sdxl_tpu generate "a photo of a cat" --negative "blurry" --seed 7 --steps 20 \\
         --guidance 5 --sampler "DPM++ 2M Karras" --size 1024x1024 \\
-        --model stabilityai/stable-diffusion-xl-base-1.0 --out DIR
+        --model stabilityai/stable-diffusion-xl-base-1.0 --lora style.safetensors:0.8 --out DIR
     python -m sdxl_tpu make-tiny DIR
 """
 
@@ -45,9 +45,17 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--images", type=int, default=4,
                      help="images to make in one call (the compiled batch is rounded up to the device count)")
     gen.add_argument("--model", default=None,
-                     help="Hub repo id, local diffusers directory, or 'tiny' (default: SDXL base 1.0)")
+                     help="Hub repo id, local diffusers directory, single-file .safetensors (A1111/ComfyUI layout; "
+                          "local or owner/repo/file.safetensors), or 'tiny' (default: SDXL base 1.0)")
+    gen.add_argument("--config", default=None,
+                     help="for a single-file --model: the diffusers checkpoint (Hub id or directory) whose configs "
+                          "and tokenizers it uses (default: SDXL base 1.0's; only those small files are fetched)")
     gen.add_argument("--unet", default=None,
-                     help="UNet weights file instead of the model's (local or owner/repo/file.safetensors)")
+                     help="UNet weights file instead of the model's (diffusers or single-file layout; local or "
+                          "owner/repo/file.safetensors)")
+    gen.add_argument("--lora", action="append", default=None, metavar="FILE[:SCALE]",
+                     help="LoRA fused into the weights at load, kohya or diffusers format, scale default 1 "
+                          "(repeatable)")
     gen.add_argument("--spacing", default=None, choices=["leading", "trailing", "linspace"],
                      help="timestep spacing instead of the scheduler config's (few-step models: trailing)")
     gen.add_argument("--prediction-type", default=None, choices=["epsilon", "sample"],
@@ -86,7 +94,8 @@ def _generate(args: argparse.Namespace) -> int:
         enable_compile_cache(args.compile_cache or DEFAULT_COMPILE_CACHE)
         pipe = load_pipeline(s["model"], dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
                              step_progress=False, attention=args.attention, unet=s["unet"],
-                             timestep_spacing=s["spacing"], prediction_type=s["prediction_type"])
+                             timestep_spacing=s["spacing"], prediction_type=s["prediction_type"], config=args.config,
+                             loras=args.lora)
         result = pipe.run(request, images=args.images)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))

@@ -23,20 +23,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .checkpoint import Models, resolve
+from .checkpoint import SDXL_BASE, Models, config_root
 from .clip import CLIPTextConfig, CLIPTextModel
 from .compilation import enable_compile_cache
 from .flops import model_flops
 from .layers import Precision
 from .pipeline import Pipeline, compute_dtype_for, load_pipeline
 from .presets import SCHEDULER_CONFIG, preset_configs
+from .recipes import RECIPES, settle
 from .request import format_size, parse_size
 from .scheduler import SAMPLERS, samplers_for
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
 from .weights import read_json
 
-SDXL_BASE = "stabilityai/stable-diffusion-xl-base-1.0"
+ARCHITECTURES = ("tiny", "small", "sdxl")
 PROMPT, NEGATIVE = "a photo of an astronaut riding a horse on the moon", "blurry"
 
 
@@ -93,7 +94,7 @@ def architecture(args: argparse.Namespace) -> dict[str, Any]:
     model = checkpoint_name(args)
     if model is None:
         return preset_configs(args.preset)
-    root = resolve(model)
+    root = config_root(model, args.config)
     return {name: dict(read_json(root / name / "config.json")) for name in ("unet", "vae")}
 
 
@@ -102,7 +103,8 @@ def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False) -> 
     if model is not None:  # the app's own loader: the checkpoint's scheduler, tokenizers and settings
         return load_pipeline(model, dtype=args.dtype, compute_dtype=args.compute_dtype, sizes=[args.size],
                              images_per_call=args.images, step_progress=step_progress, warmup=False,
-                             attention=args.attention, unet=args.unet, timestep_spacing=args.spacing)
+                             attention=args.attention, unet=args.unet, timestep_spacing=args.spacing,
+                             prediction_type=args.prediction_type, config=args.config, loras=args.lora)
     precision = Precision.of(compute_dtype_for(args.dtype, args.compute_dtype), args.dtype, attention=args.attention)
     return Pipeline(random_models(preset_configs(args.preset), precision), random_tokenizers(),
                     samplers_for(SCHEDULER_CONFIG)[0], sizes=[args.size], images_per_call=args.images,
@@ -146,10 +148,12 @@ def warm_compile_argv(args: argparse.Namespace, cache: str) -> list[str]:
         argv.append("--random-weights")
     if args.compute_dtype:
         argv += ["--compute-dtype", args.compute_dtype]
-    if args.unet:
-        argv += ["--unet", args.unet]
-    if args.spacing:
-        argv += ["--spacing", args.spacing]
+    for flag, value in (("--unet", args.unet), ("--spacing", args.spacing), ("--config", args.config),
+                        ("--prediction-type", args.prediction_type)):
+        if value:
+            argv += [flag, value]
+    for lora in args.lora or []:
+        argv += ["--lora", lora]
     return argv + ["--compile-only", "--compile-cache", cache, "--json"]
 
 
@@ -281,17 +285,28 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=["tiny", "small", "sdxl"], default="tiny")
-    parser.add_argument("--model", default=None, help="Hub id or local directory (overrides the preset's weights)")
+    parser.add_argument("--preset", choices=[*ARCHITECTURES, *RECIPES], default="tiny", metavar="PRESET",
+                        help="an architecture (tiny, small, sdxl) or a generation preset of the app ("
+                             + ", ".join(RECIPES) + "; its weights, sampler, steps, guidance and size; options "
+                             "given explicitly win)")
+    parser.add_argument("--model", default=None, help="Hub id, local directory or single-file .safetensors "
+                                                      "(overrides the preset's weights)")
+    parser.add_argument("--config", default=None,
+                        help="for a single-file --model: where its configs and tokenizers come from (default SDXL base)")
     parser.add_argument("--random-weights", action="store_true", help="random weights of the preset's architecture")
     parser.add_argument("--unet", default=None, help="UNet weights file instead of the checkpoint's")
+    parser.add_argument("--lora", action="append", default=None, metavar="FILE[:SCALE]",
+                        help="LoRA fused into the weights (repeatable)")
     parser.add_argument("--spacing", default=None, choices=["leading", "trailing", "linspace"],
                         help="timestep spacing instead of the checkpoint's scheduler config's")
+    parser.add_argument("--prediction-type", default=None, choices=["epsilon", "sample"],
+                        help="what the UNet predicts, instead of the scheduler config's")
     parser.add_argument("--size", default=None, help="WIDTHxHEIGHT (default: the preset's)")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=None, help="default 20, or the preset's")
     parser.add_argument("--sampler", choices=SAMPLERS, default=None, help="default: the checkpoint's (Euler for presets)")
-    parser.add_argument("--guidance", type=float, default=5.0,
-                        help="guidance scale; <= 1 runs the conditional pass alone (half the UNet batch)")
+    parser.add_argument("--guidance", type=float, default=None,
+                        help="guidance scale (default 5, or the preset's); <= 1 runs the conditional pass alone "
+                             "(half the UNet batch)")
     parser.add_argument("--images", type=int, default=4)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float32"],
@@ -312,12 +327,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "1024x1024 fit a 16 GB chip?)")
 
 
+def with_recipe(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with a generation preset (--preset "Lightning 4-step") spelled out as the options it
+    stands for (explicit options win), and steps and guidance defaulted."""
+    recipe = RECIPES.get(args.preset)
+    chosen = settle(recipe, model=args.model if recipe else None, unet=args.unet, spacing=args.spacing,
+                    prediction_type=args.prediction_type, sampler=args.sampler, steps=args.steps,
+                    guidance=args.guidance, size=args.size)
+    if recipe is None:  # an architecture: its own weights (or --model), size and sampler
+        return argparse.Namespace(**{**vars(args), "steps": chosen["steps"], "guidance": chosen["guidance"]})
+    if args.random_weights:
+        raise ValueError(f"--preset {recipe.name!r} brings its weights; --random-weights takes an architecture")
+    return argparse.Namespace(**{**vars(args), "preset": "sdxl", "model": chosen["model"], "unet": chosen["unet"],
+                                 "spacing": chosen["spacing"], "prediction_type": chosen["prediction_type"],
+                                 "sampler": chosen["sampler"], "steps": chosen["steps"],
+                                 "guidance": chosen["guidance"], "size": chosen["size"]})
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark `args` (parsed by a parser given add_arguments) describes and print its report."""
+    args = with_recipe(args)
     size = parse_size(args.size) if args.size else preset_configs(args.preset)["size"]
     args = argparse.Namespace(**{**vars(args), "size": size})
-    if (args.unet or args.spacing) and checkpoint_name(args) is None:
-        raise ValueError("--unet and --spacing apply to a checkpoint (--model, or a preset without --random-weights)")
+    if (args.unet or args.spacing or args.lora) and checkpoint_name(args) is None:
+        raise ValueError("--unet, --lora and --spacing apply to a checkpoint (--model, or a preset without "
+                         "--random-weights)")
     report = run(args)
     print(json.dumps(report) if args.json else format_report(report))
     return 0

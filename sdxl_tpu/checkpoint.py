@@ -97,6 +97,12 @@ def resolve_file(spec: str | os.PathLike) -> Path:
     return Path(hf_hub_download("/".join(parts[:2]), "/".join(parts[2:])))
 
 
+def config_root(model: str | os.PathLike, config: str | os.PathLike | None = None) -> Path:
+    """Where `model`'s configs, tokenizers and scheduler config are: its own directory, or for a
+    single-file checkpoint `config`'s (default SDXL base 1.0's, without its weights)."""
+    return resolve(config or SDXL_BASE, weights=False) if is_single_file(model) else resolve(model)
+
+
 def _config(path: Path) -> dict[str, Any]:
     f = path / "config.json"
     if not f.is_file():
@@ -171,7 +177,7 @@ def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtyp
     from `config` (a diffusers checkpoint's configs; default SDXL base 1.0's). `unet`: a UNet
     weights file to use instead of the checkpoint's (see `load_unet` and `resolve_file`). `loras`:
     "file[:scale]" specs or (file, scale) pairs fused into the weights (see `lora`)."""
-    root = resolve(config or SDXL_BASE, weights=False) if is_single_file(model) else resolve(model)
+    root = config_root(model, config)
     p = Precision.of(dtype, param_dtype, attention=attention)
     file = None
     if is_single_file(model):

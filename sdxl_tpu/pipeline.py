@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import sampling, scheduler
-from .checkpoint import SDXL_BASE, Models, is_single_file, load_models, load_tokenizers, resolve
+from .checkpoint import Models, config_root, is_single_file, load_models, load_tokenizers
 from .compilation import enable_compile_cache
 from .lora import lora_spec
 from .request import ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, size_input
@@ -366,7 +366,7 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     """
     if compile_cache is not None:
         enable_compile_cache(compile_cache)
-    root = resolve(config or SDXL_BASE, weights=False) if is_single_file(model) else resolve(model)
+    root = config_root(model, config)
     models = load_models(model if is_single_file(model) else root, dtype=compute_dtype_for(dtype, compute_dtype),
                          param_dtype=dtype, attention=attention, unet=unet, config=root, loras=loras)
     index = dict(read_json(root / "model_index.json")) if (root / "model_index.json").is_file() else {}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BASE = "stabilityai/stable-diffusion-xl-base-1.0"
+from .checkpoint import SDXL_BASE as BASE
+
 LIGHTNING = "ByteDance/SDXL-Lightning"
 
 

@@ -109,6 +109,28 @@ def test_warm_compile_child_compiles_the_same_workload(argv):
     assert child.compile_only and child.json and child.compile_cache == "/tmp/cache"
 
 
+def test_bench_takes_the_apps_generation_presets():
+    """--preset names an architecture or one of the app's presets, spelled out as its options;
+    options given explicitly win."""
+    from sdxl_tpu.bench import with_recipe
+
+    args = with_recipe(_parse("--preset", "Lightning 4-step", "--lora", "style.safetensors:0.5"))
+    assert (args.model, args.unet, args.spacing, args.sampler, args.steps, args.guidance, args.size) == (
+        "stabilityai/stable-diffusion-xl-base-1.0", "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors",
+        "trailing", "Euler", 4, 0.0, "1024x1024")
+    assert args.lora == ["style.safetensors:0.5"]
+    args = with_recipe(_parse("--preset", "Turbo", "--steps", "2", "--size", "256x256"))
+    assert (args.model, args.sampler, args.steps, args.size) == ("stabilityai/sdxl-turbo", "Euler a", 2, "256x256")
+    args = with_recipe(_parse("--preset", "small", "--random-weights"))
+    assert (args.preset, args.steps, args.guidance, args.model) == ("small", 20, 5.0, None)
+    child = _parse(*warm_compile_argv(argparse.Namespace(**{**vars(with_recipe(_parse(
+        "--preset", "Lightning 1-step", "--lora", "a.safetensors", "--config", "cfg"))), "size": (64, 64)}), "/c")[4:])
+    assert (child.unet, child.prediction_type, child.lora, child.config) == (
+        "ByteDance/SDXL-Lightning/sdxl_lightning_1step_unet_x0.safetensors", "sample", ["a.safetensors"], "cfg")
+    with pytest.raises(ValueError, match="brings its weights"):
+        with_recipe(_parse("--preset", "Turbo", "--random-weights"))
+
+
 def test_attention_argument_defaults_to_the_environment(monkeypatch):
     monkeypatch.setenv("SDXL_TPU_ATTENTION", "xla")
     assert _parse().attention == "xla"

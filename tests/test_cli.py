@@ -53,6 +53,34 @@ def test_presets_fill_what_is_not_given(env, tmp_path):
     assert "Steps: 4, Sampler: Euler, CFG scale: 0, Seed: 1, Size: 64x64, Model: tiny + diffusion_pytorch_model" in parameters
 
 
+def test_single_file_model_with_loras(env, tmp_path):
+    """--model FILE.safetensors (configs and tokenizers from --config) and --lora FILE[:SCALE],
+    repeatable: the LoRAs change the images and are named in their parameters."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from sdxl_tpu.single_file import write_single_file
+    from sdxl_tpu.tiny import write_tiny_checkpoint
+
+    root = write_tiny_checkpoint(tmp_path / "tiny")
+    model = write_single_file(root, tmp_path / "my-finetune.safetensors")
+    rng = np.random.default_rng(0)
+    module = "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q"
+    save_file({f"{module}.lora_down.weight": rng.standard_normal((2, 64)).astype(np.float32),
+               f"{module}.lora_up.weight": rng.standard_normal((64, 2)).astype(np.float32)},
+              str(tmp_path / "style.safetensors"))
+    common = ["generate", "a cat", "--seed", "3", "--steps", "2", "--size", "64x64", "--dtype", "float32",
+              "--images", "1", "--model", str(model), "--config", str(root)]
+    plain = _run([*common, "--out", str(tmp_path / "plain")], env)
+    styled = _run([*common, "--lora", f"{tmp_path / 'style.safetensors'}:0.7", "--lora", str(tmp_path / "style.safetensors"),
+                   "--out", str(tmp_path / "styled")], env)
+    assert plain.returncode == 0 and styled.returncode == 0, (plain.stderr + styled.stderr)[-3000:]
+    plain_image, styled_image = Image.open(tmp_path / "plain" / "3.png"), Image.open(tmp_path / "styled" / "3.png")
+    assert plain_image.info["parameters"].endswith("Model: my-finetune")
+    assert styled_image.info["parameters"].endswith("Model: my-finetune + style:0.7 + style")
+    assert np.asarray(plain_image).tolist() != np.asarray(styled_image).tolist()
+
+
 @pytest.mark.parametrize("args, message", [
     # The same rules and messages as the API and the playground (sdxl_tpu.request), checked before loading.
     (["generate", "x", "--size", "64y64"], "Size must look like WIDTHxHEIGHT (e.g. 1024x1024), got '64y64'."),
@@ -67,6 +95,8 @@ def test_presets_fill_what_is_not_given(env, tmp_path):
      "Sampler 'DDIM' is not available; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
     (["generate", "x", "--preset", "Ultra"], "no preset 'Ultra'; presets: Quality, Balanced, Fast, Lightning 1-step"),
     (["frobnicate"], "invalid choice"),
+    (["generate", "x", "--model", "tiny", "--size", "64x64", "--lora", "/nonexistent/style.safetensors"],
+     "weights file '/nonexistent/style.safetensors' is neither an existing file"),
 ])
 def test_bad_arguments_are_one_line_errors(env, args, message):
     result = _run(args, env)
