@@ -137,6 +137,7 @@ def test_server_warm_up_states_and_errors():
         sizes = SIZES
         images_per_call = 4
         tokenizers = (None, None)
+        model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
 
     def slow_loader(settings):
         release.wait(10)
@@ -199,6 +200,7 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
 
     class SlowPipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
+        model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
 
         def run_images(self, infos, progress=None, stop=None):
             for step in range(infos[0].steps):
