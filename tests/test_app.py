@@ -4,7 +4,6 @@ driven through gradio_client, plain HTTP and a real headless Chromium."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from served_app import ROOT, free_port, get  # the app_server fixture is in conftest.py
+from served_app import ROOT, free_port, get, launch_chromium, read_metrics, requests_total  # app_server: conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -96,18 +95,7 @@ def test_control_characters_are_cleaned_and_long_prompts_refused_not_cut(client)
 
 
 def metrics(app_server) -> dict[str, float]:
-    """GET /metrics, parsed: 'name{label="value"}' (or 'name') -> value."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    status, text = get(app_server["url"] + "/metrics")
-    assert status == 200, text
-    return {sample.name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())) + "}"
-                           if sample.labels else ""): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
-def requests_total(values: dict[str, float], outcome: str) -> float:
-    return values[f'sdxl_requests_total{{outcome="{outcome}"}}']
+    return read_metrics(app_server["url"] + "/metrics")
 
 
 def test_metrics_count_outcomes_images_stages_and_no_compiles(app_server, client):
@@ -233,19 +221,13 @@ def test_app_without_model_exits_with_one_paragraph(tmp_path):
     assert len(errors) == 1 and "nobody/no-such-model" in errors[0] and "--model tiny" in errors[0]
 
 
-CHROMIUM = "/usr/bin/chromium"
-
-
 def test_browser_types_a_prompt_and_gets_four_images(app_server, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    assert shutil.which(CHROMIUM) or os.path.exists(CHROMIUM), "Debian's chromium is not installed (see .ci/run)"
     screenshot = Path(os.environ.get("SDXL_TPU_ARTIFACTS", tmp_path)) / "playground.png"
     screenshot.parent.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--no-first-run", "--disable-sync", "--disable-quic"])
+        browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 1400})
             page.goto(app_server["url"] + "/", timeout=60_000)
