@@ -3,6 +3,7 @@ that drive it over HTTP (test_app.py, test_security.py share one server: it take
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -60,6 +61,52 @@ def launch_chromium(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
         "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--no-first-run", "--disable-sync", "--disable-quic"])
+
+
+@contextlib.contextmanager
+def playground_page(url: str, ready_text: str):
+    """The playground at `url` in headless Chromium, once it shows `ready_text` (bounded: 1 minute)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 1400})
+            page.goto(url + "/", timeout=60_000)
+            page.get_by_text(ready_text).wait_for(timeout=60_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def artifact(tmp_path: Path, name: str) -> Path:
+    """Where a test leaves a file for people to look at ($SDXL_TPU_ARTIFACTS, else `tmp_path`)."""
+    path = Path(os.environ.get("SDXL_TPU_ARTIFACTS", tmp_path)) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def generate_in_page(page, prompt: str, negative: str):
+    """Types a prompt and a negative prompt in the playground page, clicks Generate and waits
+    (bounded: 2 minutes) for the four images and the line that reports them; returns the images."""
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#negative textarea").fill(negative)
+    page.locator("#generate").click()
+    images = page.locator("#gallery img")
+    deadline = time.monotonic() + 120
+    while images.count() < 4 and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    assert images.count() == 4
+    page.get_by_text("Generated 4 images").wait_for(timeout=30_000)
+    return images
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    """Polls `condition()` until it holds; fails with `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():  # bounded
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
 
 
 def start_server(argv: list[str], env: dict[str, str], log: Path, port: int, wait: float = 600.0):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from served_app import ROOT, free_port, get, launch_chromium, read_metrics, requests_total  # app_server: conftest.py
+from served_app import (ROOT, artifact, free_port, generate_in_page, get, playground_page,  # app_server: conftest
+                        read_metrics, requests_total)
 
 
 @pytest.fixture(scope="module")
@@ -222,62 +223,44 @@ def test_app_without_model_exits_with_one_paragraph(tmp_path):
 
 
 def test_browser_types_a_prompt_and_gets_four_images(app_server, tmp_path):
-    from playwright.sync_api import sync_playwright
+    screenshot = artifact(tmp_path, "playground.png")
+    with playground_page(app_server["url"], "Ready (") as page:
+        page.locator("#examples").get_by_text("An astronaut riding a green horse").click()  # filled in the page
+        deadline = time.monotonic() + 10
+        while page.locator("#prompt textarea").input_value() != "An astronaut riding a green horse":
+            assert time.monotonic() < deadline, "clicking an example did not fill the prompt"
+            page.wait_for_timeout(100)
+        generate_in_page(page, "a lighthouse on a cliff during a storm", "blurry")
+        assert "tokens" in page.locator("#token-count").inner_text()
+        page.screenshot(path=str(screenshot), full_page=True)
+        # Clicking an image puts its seed in the seed field and turns randomize off.
+        caption = page.locator("#gallery").get_by_text("seed ").first.inner_text()
+        page.locator("#gallery img").first.click()
+        # The preview's download button gives the file with its parameters in it.
+        with page.expect_download(timeout=30_000) as download:
+            page.locator("#gallery").get_by_label("Download", exact=True).click()
+        downloaded = Path(download.value.path())
+        from PIL import Image
 
-    screenshot = Path(os.environ.get("SDXL_TPU_ARTIFACTS", tmp_path)) / "playground.png"
-    screenshot.parent.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1400})
-            page.goto(app_server["url"] + "/", timeout=60_000)
-            page.get_by_text("Ready (").wait_for(timeout=60_000)
-            page.locator("#examples").get_by_text("An astronaut riding a green horse").click()  # filled in the page
-            deadline = time.monotonic() + 10
-            while page.locator("#prompt textarea").input_value() != "An astronaut riding a green horse":
-                assert time.monotonic() < deadline, "clicking an example did not fill the prompt"
-                page.wait_for_timeout(100)
-            page.locator("#prompt textarea").fill("a lighthouse on a cliff during a storm")
-            page.locator("#negative textarea").fill("blurry")
-            page.locator("#generate").click()
-            images = page.locator("#gallery img")
-            deadline = time.monotonic() + 120
-            while images.count() < 4 and time.monotonic() < deadline:
-                page.wait_for_timeout(250)
-            assert images.count() == 4
-            page.get_by_text("Generated 4 images").wait_for(timeout=30_000)
-            assert "tokens" in page.locator("#token-count").inner_text()
-            page.screenshot(path=str(screenshot), full_page=True)
-            # Clicking an image puts its seed in the seed field and turns randomize off.
-            caption = page.locator("#gallery").get_by_text("seed ").first.inner_text()
-            page.locator("#gallery img").first.click()
-            # The preview's download button gives the file with its parameters in it.
-            with page.expect_download(timeout=30_000) as download:
-                page.locator("#gallery").get_by_label("Download", exact=True).click()
-            downloaded = Path(download.value.path())
-            from PIL import Image
+        from sdxl_tpu.images import read_parameters
 
-            from sdxl_tpu.images import read_parameters
-
-            parameters = read_parameters(Image.open(downloaded))
-            assert parameters.startswith("a lighthouse on a cliff during a storm\nNegative prompt: blurry\nSteps: 20,")
-            assert f"Seed: {caption.split()[1]}," in parameters and download.value.suggested_filename.endswith(".jpg")
-            page.get_by_text("Advanced").click()
-            seed_box = page.get_by_label("Seed", exact=True)
-            deadline = time.monotonic() + 30
-            while seed_box.input_value() != caption.split()[1] and time.monotonic() < deadline:
-                page.wait_for_timeout(250)
-            assert seed_box.input_value() == caption.split()[1]
-            assert not page.get_by_label("Randomize seed").is_checked()
-            # A preset fills steps, sampler and guidance in the page.
-            page.locator("#preset input").click()
-            page.get_by_role("option", name="Quality").click()
-            sampler_box = page.get_by_label("Sampler", exact=True)
-            deadline = time.monotonic() + 10
-            while sampler_box.input_value() != "DPM++ 2M Karras" and time.monotonic() < deadline:
-                page.wait_for_timeout(100)
-            assert sampler_box.input_value() == "DPM++ 2M Karras"
-            assert page.locator("input[type=number][aria-label='number input for Steps']").input_value() == "30"
-        finally:
-            browser.close()
+        parameters = read_parameters(Image.open(downloaded))
+        assert parameters.startswith("a lighthouse on a cliff during a storm\nNegative prompt: blurry\nSteps: 20,")
+        assert f"Seed: {caption.split()[1]}," in parameters and download.value.suggested_filename.endswith(".jpg")
+        page.get_by_text("Advanced").click()
+        seed_box = page.get_by_label("Seed", exact=True)
+        deadline = time.monotonic() + 30
+        while seed_box.input_value() != caption.split()[1] and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+        assert seed_box.input_value() == caption.split()[1]
+        assert not page.get_by_label("Randomize seed").is_checked()
+        # A preset fills steps, sampler and guidance in the page.
+        page.locator("#preset input").click()
+        page.get_by_role("option", name="Quality").click()
+        sampler_box = page.get_by_label("Sampler", exact=True)
+        deadline = time.monotonic() + 10
+        while sampler_box.input_value() != "DPM++ 2M Karras" and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert sampler_box.input_value() == "DPM++ 2M Karras"
+        assert page.locator("input[type=number][aria-label='number input for Steps']").input_value() == "30"
     assert screenshot.stat().st_size > 10_000

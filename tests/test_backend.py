@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from served_app import get, read_metrics, requests_total, start_backend
+from served_app import get, read_metrics, requests_total, start_backend, wait_for
 
 QUEUE_SIZE = 1
 
@@ -143,13 +143,6 @@ def test_no_recompile_across_requests(backend):
     assert after["sdxl_pipeline_calls_total"] - before["sdxl_pipeline_calls_total"] == 3
 
 
-def _wait_for(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():  # bounded
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 def test_full_queue_answers_503_with_retry_after_at_once(backend):
     before = metrics(backend)
     long = {"prompt": "a cat", "steps": 50}
@@ -157,7 +150,7 @@ def test_full_queue_answers_503_with_retry_after_at_once(backend):
         running = pool.submit(post, backend, long)
         time.sleep(0.3)  # the first is running (a call starts within 20 ms; 50 steps take seconds)
         waiting = pool.submit(post, backend, long)
-        _wait_for(lambda: metrics(backend)["sdxl_queue_depth"] == QUEUE_SIZE, 30, "the second request did not queue")
+        wait_for(lambda: metrics(backend)["sdxl_queue_depth"] == QUEUE_SIZE, 30, "the second request did not queue")
         start = time.monotonic()
         status, headers, body = post(backend, {"prompt": "a dog", "steps": 1})
         refused_in = time.monotonic() - start
@@ -185,10 +178,10 @@ def test_sigterm_drains_accepted_work_then_exits_zero(draining_backend):
     for thread in threads:
         thread.start()
         time.sleep(0.3)
-    _wait_for(lambda: metrics(backend)["sdxl_queue_depth"] == 1, 30, "the second request did not queue")
+    wait_for(lambda: metrics(backend)["sdxl_queue_depth"] == 1, 30, "the second request did not queue")
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    _wait_for(lambda: get(backend["url"] + "/readyz")[0] == 503, 5, "readyz did not turn 503")
+    wait_for(lambda: get(backend["url"] + "/readyz")[0] == 503, 5, "readyz did not turn 503")
     not_ready_after = time.monotonic() - sent
     assert json.loads(get(backend["url"] + "/readyz")[1])["status"] == "draining"
     status, headers, body = post(backend, {"prompt": "a dog", "steps": 1})  # new work: refused at once
