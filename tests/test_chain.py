@@ -132,6 +132,10 @@ def test_requests_survive_a_killed_and_a_drained_back_end(chain):
         with lock:
             return len(done)
 
+    def busy(backend) -> bool:
+        """A request is waiting on `backend` (so one is running there too)."""
+        return read_metrics(backend["url"] + "/metrics")["sdxl_queue_depth"] >= 1
+
     timeline = []
     start = time.monotonic()
     clients = [threading.Thread(target=client_loop) for _ in range(CLIENTS)]
@@ -139,14 +143,16 @@ def test_requests_survive_a_killed_and_a_drained_back_end(chain):
         thread.start()
     try:
         wait_for(lambda: count_done() >= 6, 300, "the first requests did not finish")
+        wait_for(lambda: busy(a), 60, "A never had a request waiting")
         served["A"] = requests_total(read_metrics(a["url"] + "/metrics"), "ok")
-        a["proc"].send_signal(signal.SIGKILL)  # with requests in flight on it
+        a["proc"].send_signal(signal.SIGKILL)  # one request running on it, one waiting
         timeline.append(f"A killed at {time.monotonic() - start:.1f} s, {count_done()} done")
         chain["backends"]["C"] = c = next(chain["starters"]["C"])
         nginx.reload([b["port"], c["port"]])
         timeline.append(f"C joined at {time.monotonic() - start:.1f} s, {count_done()} done")
         c_joined.set()
         wait_for(lambda: count_done() >= 28, 300, "requests after C joined did not finish")
+        wait_for(lambda: busy(b), 60, "B never had a request waiting")
         served["B"] = requests_total(read_metrics(b["url"] + "/metrics"), "ok")
         b["proc"].send_signal(signal.SIGTERM)
         terminated = time.monotonic()
@@ -171,6 +177,7 @@ def test_requests_survive_a_killed_and_a_drained_back_end(chain):
     assert requests_total(after, "ok") - requests_total(before, "ok") == REQUESTS
     assert requests_total(after, "failed") == requests_total(before, "failed")
     assert served["A"] > 0 and served["B"] > 0 and served["C"] > 0  # the load was spread over every back end
+    assert retries >= 1  # A's requests broke off when it was killed and were sent again
     for name in ("B", "C"):
         assert "Traceback" not in chain["backends"][name]["log"].read_text()
     assert "Traceback" not in front["log"].read_text()
