@@ -2,6 +2,7 @@
 
     python app.py                      # SDXL base 1.0 (downloaded on first run)
     python app.py --model tiny         # offline, the built-in tiny checkpoint
+    python app.py --backend URL        # no model here: back ends (python -m sdxl_tpu serve) make the images
 
 UI and wiring only; everything testable lives in sdxl_tpu/playground.py.
 """
@@ -20,14 +21,13 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from gradio.utils import get_upload_folder
-from prometheus_client import start_http_server
 from starlette.routing import Mount
 
 from sdxl_tpu.compilation import enable_compile_cache
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
 from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, metrics_address,
-                                 parse_settings, seed_at, style_description)
+from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, parse_settings,
+                                 seed_at, serve_metrics_apart, style_description)
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, format_size
 from sdxl_tpu.scheduler import MAX_STEPS, SAMPLERS
 from sdxl_tpu.serving import SHUTTING_DOWN, DrainingServer
@@ -61,7 +61,7 @@ def build_demo(server: Server) -> gr.Blocks:
             with gr.Row():
                 seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
                 randomize = gr.Checkbox(label="Randomize seed", value=True)
-            start = server.settings.recipe
+            start = server.recipe
             presets = {r.name: [r.steps, r.sampler, r.guidance] for r in server.presets}
             preset = gr.Dropdown(list(presets), value=start.name if start else None, label="Preset",
                                  info="; ".join(f"{r.name}: {r.summary}" for r in server.presets), elem_id="preset")
@@ -98,7 +98,7 @@ def build_demo(server: Server) -> gr.Blocks:
         # more chips than a request has images); the rest wait in Gradio's bounded queue.
         gr.on([prompt.submit, negative.submit, run.click], gradio_handler(generate, "/generate"),
               inputs=[prompt, negative, style, seed, randomize, guidance, steps, size, sampler],
-              outputs=[gallery, last_seeds, info], api_name="generate", concurrency_limit=server.requests_per_call,
+              outputs=[gallery, last_seeds, info], api_name="generate", concurrency_limit=server.concurrency,
               preprocess=False)
 
         def reuse_seed(seeds: list[int], evt: gr.SelectData):
@@ -133,8 +133,8 @@ def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], Non
 
     @app.get("/readyz")
     def readyz():
-        body = {"status": server.status, "message": server.message}
-        return JSONResponse(body, status_code=200 if server.ready else 503)
+        body, status = server.readiness()
+        return JSONResponse(body, status_code=status)
 
     if server.settings.metrics == "public":
         routes.append("/metrics")
@@ -165,12 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
-    enable_compile_cache(settings.compile_cache)  # once, for the process: a restart reuses compiled programs
     server = Server(settings)
+    if settings.backend is not None:
+        # A front end builds its page from what the back ends offer (sizes, samplers, presets):
+        # it waits for them first (bounded), then answers at once.
+        print(f"waiting for the back end at {settings.backend}", flush=True)
+        server.load()
+        if server.status == "error":
+            print(f"error: {server.error}", file=sys.stderr, flush=True)
+            return 1
+    else:
+        enable_compile_cache(settings.compile_cache)  # once, for the process: a restart reuses compiled programs
     app, queue, end_streams = build_app(server)
-    if settings.metrics not in ("public", "off"):  # a listener of its own, e.g. reachable only in the cluster
-        host, port = metrics_address(settings.metrics)
-        start_http_server(port, addr=host, registry=server.metrics.registry)
+    serve_metrics_apart(server)
     # SIGTERM drains: /readyz says 503 at once, new calls are refused, accepted ones finish (at most
     # --drain-seconds), then Gradio's heartbeat streams are ended so open pages do not hold the exit.
     web = DrainingServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
@@ -185,9 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"ready: http://{settings.host}:{settings.port} ({server.message})", flush=True)
 
-    server.start()
+    if settings.backend is None:
+        server.start()
     threading.Thread(target=stop_on_error, daemon=True).start()
-    print(f"serving on http://{settings.host}:{settings.port} (loading {settings.model})", flush=True)
+    print(f"serving on http://{settings.host}:{settings.port} "
+          f"({f'back end {settings.backend}' if settings.backend else f'loading {settings.model}'})", flush=True)
     web.run()
     server.images.close()
     print("stopped", flush=True)

@@ -4,6 +4,7 @@
         --guidance 5 --sampler "DPM++ 2M Karras" --size 1024x1024 \\
         --model stabilityai/stable-diffusion-xl-base-1.0 --lora style.safetensors:0.8 --out DIR
     python -m sdxl_tpu make-tiny DIR
+    python -m sdxl_tpu serve --model tiny --host 127.0.0.1 --port 8000   # the HTTP back end
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--attention", default=os.environ.get("SDXL_TPU_ATTENTION", "auto"), choices=["auto", "xla"],
                      help="attention kernel: auto (best per platform) or xla (env SDXL_TPU_ATTENTION)")
     gen.add_argument("--out", default="outputs", help="output directory")
+    serve = commands.add_parser("serve", help="serve the pipeline over plain HTTP: a back end for a load balancer "
+                                              "(POST /v1/generate, /healthz, /readyz, /metrics)")
+    from .playground import add_settings_arguments
+
+    add_settings_arguments(serve, dict(os.environ))
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
+    serve.add_argument("--port", type=int, default=8000, help="port")
     bench = commands.add_parser("bench", help="benchmark compile time, latency, memory and FLOP utilisation")
     from .bench import add_arguments
 
@@ -117,7 +125,8 @@ def _fail(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
     if args.command == "make-tiny":
         from .tiny import write_checkpoint
 
@@ -127,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"cannot write {args.directory}: {e.strerror or e}")
         print(f"wrote {'tiny' if args.preset == 'tiny' else args.preset} SDXL checkpoint to {path}")
         return 0
+    if args.command == "serve":
+        from .backend import main as serve_main
+        from .playground import settings_from_arguments
+
+        return serve_main(settings_from_arguments(parser, args))
     if args.command == "bench":
         from .bench import main as bench_main
 

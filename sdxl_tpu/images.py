@@ -72,14 +72,27 @@ def read_parameters(image: "Image.Image") -> str | None:
     return None
 
 
+_encoders: ThreadPoolExecutor | None = None
+_encoders_lock = threading.Lock()
+
+
+def encode_all(images: Sequence["Image.Image"], parameters: Sequence[str], fmt: str) -> list[bytes]:
+    """One call's images as files of format `fmt`, each with its `parameters` text, encoded in
+    parallel (Pillow's encoders release the GIL): what the playground writes and the back end sends."""
+    global _encoders
+    with _encoders_lock:
+        if _encoders is None:
+            _encoders = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sdxl-encode")
+    return list(_encoders.map(lambda pair: encode(pair[0], pair[1], fmt), zip(images, parameters, strict=True)))
+
+
 def save_png(image: "Image.Image", info: "ImageInfo", path: str | os.PathLike, *, model: str) -> None:
     """Write a PNG with the parameters in its "parameters" text chunk."""
     Path(path).write_bytes(encode(image, parameters_text(info, model), "png"))
 
 
 class ImageStore:
-    """Generated images as files under `root`, each call's in its own folder, encoded in parallel
-    (Pillow's encoders release the GIL). Folders older than `keep_seconds`, and the oldest beyond
+    """Generated images as files under `root`, each call's in its own folder. Folders older than `keep_seconds`, and the oldest beyond
     `max_bytes` in all, are deleted as new ones arrive, so a server's disk use stays bounded;
     `on_delete(paths)` is told which files went (e.g. to forget them in Gradio's file sets)."""
 
@@ -93,17 +106,20 @@ class ImageStore:
         self._calls: deque[tuple[float, Path, list[str], int]] = deque()  # (time, folder, files, bytes), oldest first
         self._bytes = 0
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sdxl-encode")
 
     def save(self, images: Sequence["Image.Image"], infos: Sequence["ImageInfo"], model: str) -> list[str]:
         """Encode and write one call's images; returns their paths."""
-        data = list(self._pool.map(lambda pair: encode(pair[0], parameters_text(pair[1], model), self.fmt),
-                                   zip(images, infos)))
+        return self.write(encode_all(images, [parameters_text(i, model) for i in infos], self.fmt),
+                          [info.seed for info in infos])
+
+    def write(self, data: Sequence[bytes], seeds: Sequence[int]) -> list[str]:
+        """Write one call's images, already encoded in this store's format (see `encode_all`);
+        returns their paths. The names are this store's own (folder and seed), never a caller's."""
         folder = self.root / uuid.uuid4().hex
         folder.mkdir()
         paths = []
-        for info, blob in zip(infos, data):
-            path = folder / f"sdxl-{info.seed}.{FORMATS[self.fmt]}"
+        for seed, blob in zip(seeds, data, strict=True):
+            path = folder / f"sdxl-{int(seed)}.{FORMATS[self.fmt]}"
             path.write_bytes(blob)
             paths.append(str(path))
         with self._lock:
@@ -134,5 +150,4 @@ class ImageStore:
 
     def close(self) -> None:
         """Delete everything this store wrote."""
-        self._pool.shutdown(wait=True)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -4,6 +4,7 @@ checks, the warm-up state and the request handler. app.py only builds the UI and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -13,22 +14,23 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .checkpoint import CheckpointError
 from .compilation import DEFAULT_COMPILE_CACHE
-from .images import FORMATS, ImageStore
+from .images import FORMATS, ImageStore, encode_all
 from .metrics import Metrics
 from .pipeline import Cancelled, GenerationError, Pipeline, call_batch, load_pipeline
 from .recipes import BASE, RECIPES, SAMPLING, Recipe, recipe_named, settle
-from .request import (MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
+from .request import (MAX_PROMPT_CHARS, MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
                       number_input, parse_size, text_input)
 from .sampling import MAX_TOKENS
 from .scheduler import SAMPLERS
-from .serving import SHUTTING_DOWN, Batcher
+from .remote import Unavailable, check_backend_url
+from .serving import SHUTTING_DOWN, Batcher, Generated, Job, QueueFull, ShuttingDown, never
 
 DEFAULT_MODEL = BASE
 QUEUE_SIZE = 16
@@ -149,6 +151,7 @@ class Settings:
     timestep_spacing: str | None = None
     prediction_type: str | None = None
     recipe: Recipe | None = None  # the launch preset: the page's defaults for steps, guidance, sampler
+    backend: str | None = None  # a front end's back-end URL: generations are sent there, no model is loaded
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
@@ -158,9 +161,9 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return list(dict.fromkeys(sizes))
 
 
-def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
-    env = dict(os.environ if env is None else env)
-    parser = argparse.ArgumentParser(description="SDXL playground (Gradio), served from JAX.")
+def add_settings_arguments(parser: argparse.ArgumentParser, env: dict[str, str]) -> None:
+    """The model and serving options the playground (app.py) and the back end (`python -m sdxl_tpu
+    serve`) share, each with its environment variable as default (for Spaces and containers)."""
     parser.add_argument("--preset", default=env.get("SDXL_PRESET") or None, choices=list(RECIPES),
                         help="settings that go together (weights, sampler, spacing, steps, guidance, size), e.g. "
                              "'Lightning 4-step' or 'Turbo'; options given explicitly win (env SDXL_PRESET)")
@@ -182,10 +185,6 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
                              "UNet: sample) (env SDXL_PREDICTION_TYPE)")
     parser.add_argument("--dtype", default=env.get("SDXL_DTYPE", "bfloat16"), choices=["bfloat16", "float32"],
                         help="parameter and activation dtype (env SDXL_DTYPE)")
-    parser.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-                        help="address to listen on (env GRADIO_SERVER_NAME; 0.0.0.0 on Spaces)")
-    parser.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT", "7860")),
-                        help="port (env GRADIO_SERVER_PORT)")
     parser.add_argument("--compile-cache", default=env.get("SDXL_TPU_COMPILE_CACHE", str(DEFAULT_COMPILE_CACHE)),
                         help="JAX persistent compilation cache directory (env SDXL_TPU_COMPILE_CACHE)")
     parser.add_argument("--attention", default=env.get("SDXL_TPU_ATTENTION", "auto"), choices=["auto", "xla"],
@@ -195,17 +194,17 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     parser.add_argument("--image-format", default=env.get("SDXL_IMAGE_FORMAT", "jpeg"), choices=list(FORMATS),
                         help="format of served images, parameters embedded (env SDXL_IMAGE_FORMAT; jpeg: quality 95, "
                              "fastest; png: lossless)")
-    parser.add_argument("--keep-images", type=float, default=float(env.get("SDXL_KEEP_IMAGES", 3600)),
-                        help="seconds a served image stays downloadable (env SDXL_KEEP_IMAGES)")
-    parser.add_argument("--image-cache-mb", type=int, default=int(env.get("SDXL_IMAGE_CACHE_MB", 1024)),
-                        help="most disk the served images may take; the oldest go first (env SDXL_IMAGE_CACHE_MB)")
     parser.add_argument("--drain-seconds", type=float, default=float(env.get("SDXL_DRAIN_SECONDS", DRAIN_SECONDS)),
                         help="on SIGTERM, how long requests already accepted may take to finish before the "
                              "process exits (env SDXL_DRAIN_SECONDS)")
     parser.add_argument("--metrics", default=env.get("SDXL_METRICS", "public"),
                         help="where GET /metrics (Prometheus) is served: 'public' (on --port), 'off', or "
                              "HOST:PORT for a listener of its own, e.g. 127.0.0.1:9100 (env SDXL_METRICS)")
-    args = parser.parse_args(argv)
+
+
+def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+    """Settings from what `add_settings_arguments` (plus --host and --port, and the playground's
+    own options where given) parsed; a bad value ends the program through `parser.error`."""
     if args.metrics not in ("public", "off"):
         try:
             metrics_address(args.metrics)
@@ -215,8 +214,6 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
         parser.error("--drain-seconds must not be negative")
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
-    if args.keep_images <= 0 or args.image_cache_mb < 1:
-        parser.error("--keep-images and --image-cache-mb must be positive")
     recipe = recipe_named(args.preset) if args.preset else None
     chosen = settle(recipe, model=args.model, unet=args.unet, spacing=args.spacing,
                     prediction_type=args.prediction_type)
@@ -228,10 +225,39 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
         parser.error(str(e))
     return Settings(model=chosen["model"], sizes=sizes, dtype=args.dtype, host=args.host, port=args.port,
                     compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size,
-                    image_format=args.image_format, keep_images_seconds=args.keep_images,
-                    max_image_bytes=args.image_cache_mb << 20, drain_seconds=args.drain_seconds, metrics=args.metrics,
+                    image_format=args.image_format, drain_seconds=args.drain_seconds, metrics=args.metrics,
                     unet=chosen["unet"], timestep_spacing=chosen["spacing"], prediction_type=chosen["prediction_type"],
                     recipe=recipe)
+
+
+def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
+    """The playground's settings (app.py): the shared ones, where to listen, how long served
+    images are kept, and `--backend` (a front end that sends generations to back ends)."""
+    env = dict(os.environ if env is None else env)
+    parser = argparse.ArgumentParser(description="SDXL playground (Gradio), served from JAX.")
+    add_settings_arguments(parser, env)
+    parser.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                        help="address to listen on (env GRADIO_SERVER_NAME; 0.0.0.0 on Spaces)")
+    parser.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT", "7860")),
+                        help="port (env GRADIO_SERVER_PORT)")
+    parser.add_argument("--keep-images", type=float, default=float(env.get("SDXL_KEEP_IMAGES", 3600)),
+                        help="seconds a served image stays downloadable (env SDXL_KEEP_IMAGES)")
+    parser.add_argument("--image-cache-mb", type=int, default=int(env.get("SDXL_IMAGE_CACHE_MB", 1024)),
+                        help="most disk the served images may take; the oldest go first (env SDXL_IMAGE_CACHE_MB)")
+    parser.add_argument("--backend", default=env.get("SDXL_BACKEND") or None,
+                        help="URL of back ends (`python -m sdxl_tpu serve`, usually behind a load balancer): the page "
+                             "sends each generation there and loads no model; the model options are then the back "
+                             "end's and unused here (env SDXL_BACKEND)")
+    args = parser.parse_args(argv)
+    if args.keep_images <= 0 or args.image_cache_mb < 1:
+        parser.error("--keep-images and --image-cache-mb must be positive")
+    if args.backend is not None:
+        try:
+            check_backend_url(args.backend)
+        except ValueError as e:
+            parser.error(str(e))
+    return dataclasses.replace(settings_from_arguments(parser, args), keep_images_seconds=args.keep_images,
+                               max_image_bytes=args.image_cache_mb << 20, backend=args.backend)
 
 
 def metrics_address(text: str) -> tuple[str, int]:
@@ -240,6 +266,15 @@ def metrics_address(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"--metrics must be 'public', 'off' or HOST:PORT (e.g. 127.0.0.1:9100), got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def serve_metrics_apart(server: "Server") -> None:
+    """--metrics HOST:PORT: /metrics on a listener of its own (e.g. reachable only in the cluster)."""
+    if server.settings.metrics not in ("public", "off"):
+        from prometheus_client import start_http_server
+
+        host, port = metrics_address(server.settings.metrics)
+        start_http_server(port, addr=host, registry=server.metrics.registry)
 
 
 def model_not_found_message(model: str, reason: str) -> str:
@@ -279,16 +314,82 @@ def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, 
     return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)
 
 
+# The longest prompt a server takes from another program (a front end sends the text with its
+# style applied): what a user may type plus the longest style's additions.
+MAX_STYLED_PROMPT_CHARS = MAX_PROMPT_CHARS + max(max(len(t), len(n) + 2) for t, n in STYLES.values())
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a server offers (the back end's `GET /v1/info`): a front end builds its page from it."""
+    model: str
+    sizes: list[tuple[int, int]]
+    samplers: list[str]
+    default_sampler: str
+    preset: str | None  # the launch preset (page defaults for steps, sampler, guidance)
+    presets: list[str]  # the presets the page offers
+    images_per_call: int
+    image_format: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes]}
+
+    @staticmethod
+    def from_json(data: Any) -> "ModelInfo":
+        """A server's description as it came over the network; ValueError names what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"the description must be a JSON object, got {json_type(data)}")
+        names = [f.name for f in dataclasses.fields(ModelInfo)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise ValueError(f"the description lacks {', '.join(missing)}")
+
+        def names_in(value: Any, known: Sequence[str], what: str) -> list[str]:
+            if not isinstance(value, list) or not all(isinstance(v, str) and v in known for v in value):
+                raise ValueError(f"{what} must be a list of: {', '.join(known)}")
+            return list(value)
+
+        try:
+            sizes = [parse_size(v) for v in data["sizes"]] if isinstance(data["sizes"], list) else None
+        except RequestError:
+            sizes = None
+        if not sizes:
+            raise ValueError("sizes must be a non-empty list of WIDTHxHEIGHT")
+        samplers = names_in(data["samplers"], list(SAMPLERS), "samplers")
+        if data["default_sampler"] not in samplers or data["preset"] not in (None, *RECIPES):
+            raise ValueError("default_sampler must be one of the samplers, preset null or a known preset")
+        count = data["images_per_call"]
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1024:
+            raise ValueError("images_per_call must be a whole number from 1 to 1024")
+        if data["image_format"] not in FORMATS or not isinstance(data["model"], str):
+            raise ValueError(f"image_format must be one of {', '.join(FORMATS)} and model text")
+        return ModelInfo(model=data["model"], sizes=sizes, samplers=samplers, default_sampler=data["default_sampler"],
+                         preset=data["preset"], presets=names_in(data["presets"], list(RECIPES), "presets"),
+                         images_per_call=count, image_format=data["image_format"])
+
+
+def offered_presets(recipe: Recipe | None) -> list[str]:
+    """The presets a page offers with launch preset `recipe`: that one when it brought its own
+    weights (a distilled model has one way to run), else the sampling presets any SDXL model runs."""
+    return [recipe.name] if recipe is not None and recipe.brings_weights else list(SAMPLING)
+
+
 # ---------------------------------------------------------------------------------------------
-# The served model: loaded and warmed up in the background while the page already answers
+# The served model: loaded and warmed up in the background while the page already answers,
+# or, for a front end, a back end's
 # ---------------------------------------------------------------------------------------------
 
 class Server:
     """Holds the pipeline, its warm-up state ("loading" -> "ready", or "error"; "draining" once
-    asked to stop), the batcher that feeds it, and what it counts (`metrics`)."""
+    asked to stop), the batcher that feeds it, and what it counts (`metrics`). With
+    `settings.backend` it holds no model: generations go to that back end (sdxl_tpu.remote), and
+    everything else (checks, counting, saving, the page) is the same.
+
+    `max_waiting` bounds the batcher's queue (the back end's; the playground's web server has a
+    bounded queue of its own)."""
 
     def __init__(self, settings: Settings, loader: Callable[[Settings], Pipeline] | None = None,
-                 images: ImageStore | None = None):
+                 images: ImageStore | None = None, max_waiting: int | None = None):
         self.settings = settings
         self.images = images  # where served images are written (app.py: in Gradio's cache folder)
         self.status = "loading"
@@ -296,6 +397,9 @@ class Server:
         self.error: str | None = None
         self.pipeline: Pipeline | None = None
         self.batcher: Batcher | None = None
+        self.remote = None  # sdxl_tpu.remote.Backend, for a front end
+        self.info: ModelInfo | None = None  # once loaded (or connected)
+        self.max_waiting = max_waiting
         self.tokenizer = None
         self.warmup_seconds: float | None = None
         self.queue_waiting: Callable[[], int] = lambda: 0  # requests waiting in the web server's queue
@@ -309,7 +413,7 @@ class Server:
     def image_store(self, folder: Path, on_delete: Callable[[list[str]], None] | None = None) -> ImageStore:
         """A store for this server's images in a folder of its own under `folder`."""
         s = self.settings
-        return ImageStore(folder / f"sdxl-{uuid.uuid4().hex[:12]}", fmt=s.image_format,
+        return ImageStore(folder / f"sdxl-{uuid.uuid4().hex[:12]}", fmt=self.image_format,
                           keep_seconds=s.keep_images_seconds, max_bytes=s.max_image_bytes, on_delete=on_delete)
 
     def _load(self, s: Settings) -> Pipeline:
@@ -318,26 +422,59 @@ class Server:
                              prediction_type=s.prediction_type)
 
     def load(self) -> None:
-        """Load and compile (blocking). Sets status to "ready" or "error"."""
+        """Load and compile (blocking), or, for a front end, wait (bounded) until the back end
+        describes itself. Sets status to "ready" or "error"."""
         start = time.perf_counter()
         try:
-            pipe = self._loader(self.settings)
+            if self.settings.backend is not None:
+                self._connect()
+            else:
+                pipe = self._loader(self.settings)
+                self.pipeline, self.tokenizer = pipe, pipe.tokenizers[0]
+                self.batcher = Batcher(pipe, on_call=lambda images, result: self._count_call(
+                    result.timings if result is not None else None), max_waiting=self.max_waiting)
+                self.info = self._describe(pipe)
         except (CheckpointError, OSError, ValueError) as e:
-            self._fail(model_not_found_message(self.settings.model, str(e).rstrip(".")))
+            self._fail(model_not_found_message(self.settings.model, str(e).rstrip(".")) if self.settings.backend is None
+                       else f"Could not reach the back end at {self.settings.backend}: {str(e).rstrip('.')}.")
         except Exception as e:  # anything else: still no traceback for the user, but keep it in the log
             traceback.print_exc()
             self._fail(model_not_found_message(self.settings.model, f"{type(e).__name__}: {e}"))
         else:
-            self.pipeline, self.tokenizer = pipe, pipe.tokenizers[0]
-            self.batcher = Batcher(pipe, on_call=self._count_call)
             self.warmup_seconds = time.perf_counter() - start
             if self.status == "loading":  # (a drain may have begun meanwhile)
                 self.status = "ready"
-                self.message = f"Ready ({self.warmup_seconds:.0f} s to load and compile)."
+                self.message = (f"Ready ({self.warmup_seconds:.0f} s to load and compile)." if self.remote is None
+                                else f"Ready: images are made by {self.info.model} on the back ends.")
                 self.metrics.ready.set(1)
             self.ready_event.set()
         finally:
             self.done_event.set()
+
+    def _describe(self, pipe: Pipeline) -> ModelInfo:
+        recipe = self.settings.recipe
+        return ModelInfo(model=pipe.model_name, sizes=list(pipe.sizes), samplers=list(pipe.samplers),
+                         default_sampler=recipe.sampler if recipe is not None else pipe.default_sampler,
+                         preset=recipe.name if recipe is not None else None, presets=offered_presets(recipe),
+                         images_per_call=self.settings.images_per_call, image_format=self.settings.image_format)
+
+    def _connect(self) -> None:
+        from .remote import Backend
+
+        self.message = f"Connecting to the back end at {self.settings.backend}; this page will work once it answers."
+        self.remote = Backend(self.settings.backend)
+        self.info = ModelInfo.from_json(self.remote.describe())
+        # Token counts need only the model's tokenizer files, which a front end may not reach
+        # (a back end's local path, no network): then the page goes without them.
+        threading.Thread(target=self._load_tokenizer, name="sdxl-tokenizer", daemon=True).start()
+
+    def _load_tokenizer(self) -> None:
+        from .checkpoint import load_tokenizer
+
+        try:  # (a model with another UNet is named "BASE + UNET"; the tokenizer is the base's)
+            self.tokenizer = load_tokenizer(self.info.model.split(" + ")[0])
+        except Exception as e:  # best effort: the page works without token counts
+            log.info("no tokenizer for %s (token counts are not shown): %s", self.info.model, e)
 
     def _fail(self, message: str) -> None:
         self.status, self.error, self.message = "error", message, message
@@ -351,41 +488,55 @@ class Server:
     def ready(self) -> bool:
         return self.status == "ready"
 
+    def readiness(self) -> tuple[dict[str, str], int]:
+        """GET /readyz: the body and status code (200 once warm, 503 while loading or draining)."""
+        return {"status": self.status, "message": self.message}, 200 if self.ready else 503
+
     @property
     def draining(self) -> bool:
         return self.status == "draining"
 
     @property
-    def requests_per_call(self) -> int:
-        """How many requests one pipeline call can serve: more than one where the host has more
-        chips than a request has images (images are split evenly over the chips)."""
+    def concurrency(self) -> int:
+        """How many requests run at once: as many as one pipeline call can serve (more than one
+        where the host has more chips than a request has images: images are split evenly over the
+        chips); a front end, as many as its queue holds (the back ends queue and balance them)."""
+        if self.settings.backend is not None:
+            return self.settings.queue_size
         import jax
 
         return max(1, call_batch(self.settings.images_per_call, len(jax.devices())) // self.settings.images_per_call)
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
-        return list(self.pipeline.sizes if self.pipeline else self.settings.sizes)
+        return list(self.info.sizes if self.info else self.settings.sizes)
 
     @property
     def samplers(self) -> list[str]:
-        return list(self.pipeline.samplers if self.pipeline else SAMPLERS)
+        return list(self.info.samplers if self.info else SAMPLERS)
+
+    @property
+    def image_format(self) -> str:
+        return self.info.image_format if self.info else self.settings.image_format
+
+    @property
+    def recipe(self) -> Recipe | None:
+        """The launch preset (the back end's, for a front end)."""
+        if self.info is not None:
+            return RECIPES[self.info.preset] if self.info.preset else None
+        return self.settings.recipe
 
     @property
     def default_sampler(self) -> str:
         """The launch preset's sampler, else the model's own (until it is loaded: SDXL base's, Euler)."""
-        if self.settings.recipe is not None:
-            return self.settings.recipe.sampler
-        return self.pipeline.default_sampler if self.pipeline else "Euler"
+        if self.info is not None:
+            return self.info.default_sampler
+        return self.settings.recipe.sampler if self.settings.recipe is not None else "Euler"
 
     @property
     def presets(self) -> list[Recipe]:
-        """The presets the page offers: the launch preset when it brought its own weights (a
-        distilled model has one way to run), else the sampling presets any SDXL model runs."""
-        recipe = self.settings.recipe
-        if recipe is not None and recipe.brings_weights:
-            return [recipe]
-        return [RECIPES[name] for name in SAMPLING]
+        """The presets the page offers (see `offered_presets`)."""
+        return [RECIPES[name] for name in (self.info.presets if self.info else offered_presets(self.settings.recipe))]
 
     def token_count(self, prompt: Any) -> str:
         """Markdown: how many of the 77 tokens the prompt uses, and a warning when it is truncated."""
@@ -395,7 +546,10 @@ class Server:
             log_refusal("token count", e)
             return f"⚠️ {e}"
         if self.tokenizer is None:
-            return "" if not text else "Token count available once the model is loaded."
+            if not text:
+                return ""
+            return ("No token count here (the front end has no tokenizer for this model)." if self.remote is not None
+                    else "Token count available once the model is loaded.")
         n = len(self.tokenizer(text).input_ids)  # includes start and end tokens
         if n > MAX_TOKENS:
             return (f"⚠️ **{n} / {MAX_TOKENS} tokens**: the prompt will be truncated after token "
@@ -404,19 +558,23 @@ class Server:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def serve(self, fields: Sequence[Any], progress: Callable[[int, int], None] | None = None,
-              abandoned: Callable[[], bool] | None = None, queued_at: float | None = None):
-        """One /generate call, from the form's fields as the client sent them (see `validate`) to
-        the gallery; counted in `metrics` by outcome. `queued_at` (time.monotonic()) is when the
-        request joined the queue; `abandoned()` says whether its caller has gone."""
-        queued_at = time.monotonic() if queued_at is None else queued_at
+    @contextlib.contextmanager
+    def counted(self, queued_at: float) -> Iterator[None]:
+        """Counts the request run inside in `metrics` by outcome (and, when it succeeds, the
+        seconds since `queued_at`, time.monotonic() when it arrived)."""
         outcome = "failed"
         try:
-            request = validate(*fields, self.sizes, self.samplers)
-            result = self.generate(request, progress=progress, abandoned=abandoned)
+            yield
             outcome = "ok"
             self.metrics.request_seconds.observe(time.monotonic() - queued_at)
-            return result
+        except QueueFull:
+            outcome = "queue_full"
+            raise
+        except ShuttingDown:
+            outcome = "draining"
+            raise
+        except Unavailable:  # no back end could serve it: the user is told, but it is no user error
+            raise
         except RequestError:
             outcome = "user_error"
             raise
@@ -426,39 +584,78 @@ class Server:
         finally:
             self.metrics.count(outcome)
 
+    def serve(self, fields: Sequence[Any], progress: Callable[[int, int], None] | None = None,
+              abandoned: Callable[[], bool] | None = None, queued_at: float | None = None):
+        """One /generate call, from the form's fields as the client sent them (see `validate`) to
+        the gallery; counted in `metrics` by outcome. `queued_at` (time.monotonic()) is when the
+        request joined the queue; `abandoned()` says whether its caller has gone."""
+        with self.counted(time.monotonic() if queued_at is None else queued_at):
+            request = validate(*fields, self.sizes, self.samplers)
+            return self.generate(request, progress=progress, abandoned=abandoned)
+
     def generate(self, request: Request, progress: Callable[[int, int], None] | None = None,
                  abandoned: Callable[[], bool] | None = None):
         """Returns ([(image, caption)], seeds, info markdown). Raises RequestError for the user,
         Cancelled when `abandoned()` turned true before the images were made."""
-        if self.batcher is None:
-            raise RequestError(self.error or "The model is still warming up; please try again in a moment.")
-        try:
-            result = self.batcher.submit(request.images(self.settings.images_per_call), progress=progress,
-                                         abandoned=abandoned or (lambda: False))
-        except GenerationError as e:
-            raise RequestError(str(e)) from None
-        # Encoded once, with their parameters, where Gradio serves them from (no copy, no second encode).
+        made = self.make(request, progress=progress, abandoned=abandoned)
+        # Written once, as encoded with their parameters, where Gradio serves them from (no copy).
         if self.images is None:
             self.images = self.image_store(Path(tempfile.gettempdir()))
         start = time.perf_counter()
-        paths = self.images.save(result.images, result.infos, model=self.pipeline.model_name)
-        saving = time.perf_counter() - start
-        self.metrics.stage_seconds.labels("saving").observe(saving)
-        self.metrics.images.inc(len(paths))
-        gallery = [(path, f"seed {info.seed}") for path, info in zip(paths, result.infos)]
-        t = result.timings
-        info = (f"Generated {len(result.images)} images of {format_size(request.size)} in {t['total']:.2f} s "
+        paths = self.images.write(made.files, made.seeds)
+        saving = made.timings.get("encoding", 0.0) + time.perf_counter() - start
+        self.count_images(len(paths), saving)
+        gallery = [(path, f"seed {seed}") for path, seed in zip(paths, made.seeds)]
+        t = made.timings
+        info = (f"Generated {len(paths)} images of {format_size(request.size)} in {t['total']:.2f} s "
                 f"(text {t['text_encoding']:.2f} s, denoising {t['denoising']:.2f} s for {request.steps} steps of "
-                f"{result.infos[0].sampler}, "
+                f"{made.sampler}, "
                 f"decoding {t['decoding']:.2f} s; {saving:.2f} s to save). "
-                f"Seeds: {', '.join(str(s) for s in result.seeds)}.")
-        return gallery, result.seeds, info
+                f"Seeds: {', '.join(str(s) for s in made.seeds)}.")
+        return gallery, made.seeds, info
 
-    def _count_call(self, images: int, result) -> None:
+    def make(self, request: Request, progress: Callable[[int, int], None] | None = None,
+             abandoned: Callable[[], bool] | None = None) -> Generated:
+        """The request's images, encoded (blocking): by this process's pipeline, or a back end's."""
+        if self.remote is not None:
+            made = self.remote.generate(request, progress=progress, abandoned=abandoned, image_format=self.image_format)
+            self._count_call(made.timings)
+            return made
+        job = self.enqueue(request, progress=progress, abandoned=abandoned)
+        job.done.wait()
+        return self.finish(job)
+
+    def enqueue(self, request: Request, progress: Callable[[int, int], None] | None = None,
+                abandoned: Callable[[], bool] | None = None, on_done: Callable[[], None] | None = None) -> Job:
+        """The request, accepted for the pipeline (see Batcher.enqueue); `finish` it once done."""
+        if self.batcher is None:
+            raise RequestError(self.error or "The model is still warming up; please try again in a moment.")
+        return self.batcher.enqueue(request.images(self.settings.images_per_call), progress=progress,
+                                    abandoned=abandoned or never, on_done=on_done)
+
+    def finish(self, job: Job) -> Generated:
+        """A finished job's images, encoded in the server's format with their parameters (or what
+        stopped them, raised)."""
+        try:
+            result = job.outcome()
+        except GenerationError as e:
+            raise RequestError(str(e)) from None
+        start = time.perf_counter()
+        parameters = [info.parameters_text(self.pipeline.model_name) for info in result.infos]
+        files = encode_all(result.images, parameters, self.settings.image_format)
+        return Generated(files, parameters, result.seeds, result.infos[0].sampler,
+                         dict(result.timings, encoding=time.perf_counter() - start))
+
+    def count_images(self, images: int, saving_seconds: float) -> None:
+        """Images handed to a caller, and the seconds it took to encode (and write) them."""
+        self.metrics.stage_seconds.labels("saving").observe(saving_seconds)
+        self.metrics.images.inc(images)
+
+    def _count_call(self, timings: dict[str, float] | None) -> None:
         self.metrics.calls.inc()
-        if result is not None:
+        if timings is not None:
             for stage in ("text_encoding", "denoising", "decoding"):
-                self.metrics.stage_seconds.labels(stage).observe(result.timings[stage])
+                self.metrics.stage_seconds.labels(stage).observe(timings[stage])
 
     # -- stopping -------------------------------------------------------------------------------
 

@@ -192,12 +192,13 @@ class Request:
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
            steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
-           sampler: Any = None, samplers: Sequence[str] | None = None, per_image: bool = True) -> "Request":
+           sampler: Any = None, samplers: Sequence[str] | None = None, per_image: bool = True,
+           max_chars: int = MAX_PROMPT_CHARS) -> "Request":
         """Check everything; `seed=None` draws a random seed; `sizes` and `samplers` are those
         available (default: all of scheduler.SAMPLERS); without `per_image`, lists are refused (a
-        form has one value per field)."""
+        form has one value per field); prompts are at most `max_chars` characters."""
         def prompt_text(v: Any) -> str:
-            text = text_input(v, "Prompt")
+            text = text_input(v, "Prompt", max_chars)
             if not text:
                 raise RequestError("Please enter a prompt.")
             return text
@@ -207,7 +208,7 @@ class Request:
 
         return Request(
             prompt=field(prompt, "Prompt", prompt_text),
-            negative_prompt=field(negative_prompt, "Negative prompt", lambda v: text_input(v, "Negative prompt")),
+            negative_prompt=field(negative_prompt, "Negative prompt", lambda v: text_input(v, "Negative prompt", max_chars)),
             seed=secrets.randbelow(MAX_SEED + 1) if seed is None else field(
                 seed, "Seed", lambda v: int(number_input(v, "Seed", 0, MAX_SEED, whole=True))),
             guidance_scale=field(guidance_scale, "Guidance scale",

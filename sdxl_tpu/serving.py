@@ -29,11 +29,34 @@ from .request import ImageInfo, RequestError
 log = logging.getLogger("sdxl_tpu.serving")
 
 SHUTTING_DOWN = "The server is shutting down; please try again in a moment."
+BUSY = "The server is busy (its queue is full); please try again in a moment."
 MAX_WAIT_SECONDS = 0.02
+
+
+class QueueFull(Exception):
+    """Turned away at the door: as many requests wait as the queue holds (try another server)."""
+
+
+class ShuttingDown(RequestError):
+    """Turned away at the door: the server is draining (try another server)."""
+
+    def __init__(self, message: str = SHUTTING_DOWN):
+        super().__init__(message)
 
 
 def never() -> bool:
     return False
+
+
+@dataclass
+class Generated:
+    """One request's images as files (format chosen by the server, parameters embedded), wherever
+    they were made: by this process's pipeline or by a back end."""
+    files: list[bytes]
+    parameters: list[str]  # AUTOMATIC1111's text, as embedded in each file
+    seeds: list[int]
+    sampler: str
+    timings: dict[str, float]  # seconds: text_encoding, denoising, decoding, total, encoding
 
 
 @dataclass(eq=False)
@@ -45,6 +68,13 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     result: GenerationResult | None = None
     error: BaseException | None = None
+    on_done: Callable[[], None] | None = None  # told (on the accelerator's thread) once `done` is set
+
+    def outcome(self) -> GenerationResult:
+        """The images, or what stopped them (raised); call once `done` is set."""
+        if self.error is not None:
+            raise self.error
+        return self.result
 
     @property
     def shape(self) -> tuple:
@@ -59,8 +89,10 @@ class Batcher:
     `run_images(infos, progress=, stop=)`) on one thread, several callers per call when they fit."""
 
     def __init__(self, pipeline, max_wait: float = MAX_WAIT_SECONDS,
-                 on_call: Callable[[int, GenerationResult | None], None] | None = None):
+                 on_call: Callable[[int, GenerationResult | None], None] | None = None,
+                 max_waiting: int | None = None):
         self.pipeline, self.max_wait, self.on_call = pipeline, max_wait, on_call
+        self.max_waiting = max_waiting  # None: unbounded (the web server's queue bounds it)
         self.capacity = pipeline.images_per_call
         self.calls = 0  # pipeline calls made (a call may serve several callers)
         self._jobs: collections.deque[Job] = collections.deque()
@@ -75,19 +107,27 @@ class Batcher:
     def submit(self, infos: Sequence[ImageInfo], progress: Callable[[int, int], None] | None = None,
                abandoned: Callable[[], bool] = never) -> GenerationResult:
         """Blocks until the images are made. Raises Cancelled if `abandoned()` turned true (or the
-        server stopped everything), RequestError once closed, or what the pipeline raised."""
+        server stopped everything), RequestError once closed, QueueFull when `max_waiting`
+        callers already wait, or what the pipeline raised."""
+        job = self.enqueue(infos, progress, abandoned)
+        job.done.wait()
+        return job.outcome()
+
+    def enqueue(self, infos: Sequence[ImageInfo], progress: Callable[[int, int], None] | None = None,
+                abandoned: Callable[[], bool] = never, on_done: Callable[[], None] | None = None) -> Job:
+        """`submit` without waiting: the accepted job (its `done` is set, and `on_done()` called,
+        when it ends). Raises at once what `submit` raises at the door."""
         if not 1 <= len(infos) <= self.capacity:
             raise ValueError(f"a request makes 1 to {self.capacity} images, not {len(infos)}")
-        job = Job(list(infos), progress, abandoned)
+        job = Job(list(infos), progress, abandoned, on_done=on_done)
         with self._cond:
             if self._closed:
-                raise RequestError(SHUTTING_DOWN)
+                raise ShuttingDown()
+            if self.max_waiting is not None and len(self._jobs) >= self.max_waiting:
+                raise QueueFull(BUSY)
             self._jobs.append(job)
             self._cond.notify_all()
-        job.done.wait()
-        if job.error is not None:
-            raise job.error
-        return job.result
+        return job
 
     @property
     def waiting(self) -> int:
@@ -128,6 +168,11 @@ class Batcher:
     def _finish(job: Job, result: GenerationResult | None = None, error: BaseException | None = None) -> None:
         job.result, job.error = result, error
         job.done.set()
+        if job.on_done is not None:
+            try:
+                job.on_done()
+            except Exception:  # a caller's notification must not stop the accelerator's thread
+                log.exception("on_done failed")
 
     def _next_call(self) -> list[Job] | None:
         """The jobs of the next call: the oldest, plus later ones of the same shape that fit, for

@@ -4,7 +4,6 @@ driven through gradio_client, plain HTTP and a real headless Chromium."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from served_app import ROOT, free_port, get  # the app_server fixture is in conftest.py
+from served_app import (ROOT, artifact, free_port, generate_in_page, get, playground_page,  # app_server: conftest
+                        read_metrics, requests_total)
 
 
 @pytest.fixture(scope="module")
@@ -96,18 +96,7 @@ def test_control_characters_are_cleaned_and_long_prompts_refused_not_cut(client)
 
 
 def metrics(app_server) -> dict[str, float]:
-    """GET /metrics, parsed: 'name{label="value"}' (or 'name') -> value."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    status, text = get(app_server["url"] + "/metrics")
-    assert status == 200, text
-    return {sample.name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())) + "}"
-                           if sample.labels else ""): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
-def requests_total(values: dict[str, float], outcome: str) -> float:
-    return values[f'sdxl_requests_total{{outcome="{outcome}"}}']
+    return read_metrics(app_server["url"] + "/metrics")
 
 
 def test_metrics_count_outcomes_images_stages_and_no_compiles(app_server, client):
@@ -233,69 +222,45 @@ def test_app_without_model_exits_with_one_paragraph(tmp_path):
     assert len(errors) == 1 and "nobody/no-such-model" in errors[0] and "--model tiny" in errors[0]
 
 
-CHROMIUM = "/usr/bin/chromium"
-
-
 def test_browser_types_a_prompt_and_gets_four_images(app_server, tmp_path):
-    from playwright.sync_api import sync_playwright
+    screenshot = artifact(tmp_path, "playground.png")
+    with playground_page(app_server["url"], "Ready (") as page:
+        page.locator("#examples").get_by_text("An astronaut riding a green horse").click()  # filled in the page
+        deadline = time.monotonic() + 10
+        while page.locator("#prompt textarea").input_value() != "An astronaut riding a green horse":
+            assert time.monotonic() < deadline, "clicking an example did not fill the prompt"
+            page.wait_for_timeout(100)
+        generate_in_page(page, "a lighthouse on a cliff during a storm", "blurry")
+        assert "tokens" in page.locator("#token-count").inner_text()
+        page.screenshot(path=str(screenshot), full_page=True)
+        # Clicking an image puts its seed in the seed field and turns randomize off.
+        caption = page.locator("#gallery").get_by_text("seed ").first.inner_text()
+        page.locator("#gallery img").first.click()
+        # The preview's download button gives the file with its parameters in it.
+        with page.expect_download(timeout=30_000) as download:
+            page.locator("#gallery").get_by_label("Download", exact=True).click()
+        downloaded = Path(download.value.path())
+        from PIL import Image
 
-    assert shutil.which(CHROMIUM) or os.path.exists(CHROMIUM), "Debian's chromium is not installed (see .ci/run)"
-    screenshot = Path(os.environ.get("SDXL_TPU_ARTIFACTS", tmp_path)) / "playground.png"
-    screenshot.parent.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--no-first-run", "--disable-sync", "--disable-quic"])
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1400})
-            page.goto(app_server["url"] + "/", timeout=60_000)
-            page.get_by_text("Ready (").wait_for(timeout=60_000)
-            page.locator("#examples").get_by_text("An astronaut riding a green horse").click()  # filled in the page
-            deadline = time.monotonic() + 10
-            while page.locator("#prompt textarea").input_value() != "An astronaut riding a green horse":
-                assert time.monotonic() < deadline, "clicking an example did not fill the prompt"
-                page.wait_for_timeout(100)
-            page.locator("#prompt textarea").fill("a lighthouse on a cliff during a storm")
-            page.locator("#negative textarea").fill("blurry")
-            page.locator("#generate").click()
-            images = page.locator("#gallery img")
-            deadline = time.monotonic() + 120
-            while images.count() < 4 and time.monotonic() < deadline:
-                page.wait_for_timeout(250)
-            assert images.count() == 4
-            page.get_by_text("Generated 4 images").wait_for(timeout=30_000)
-            assert "tokens" in page.locator("#token-count").inner_text()
-            page.screenshot(path=str(screenshot), full_page=True)
-            # Clicking an image puts its seed in the seed field and turns randomize off.
-            caption = page.locator("#gallery").get_by_text("seed ").first.inner_text()
-            page.locator("#gallery img").first.click()
-            # The preview's download button gives the file with its parameters in it.
-            with page.expect_download(timeout=30_000) as download:
-                page.locator("#gallery").get_by_label("Download", exact=True).click()
-            downloaded = Path(download.value.path())
-            from PIL import Image
+        from sdxl_tpu.images import read_parameters
 
-            from sdxl_tpu.images import read_parameters
-
-            parameters = read_parameters(Image.open(downloaded))
-            assert parameters.startswith("a lighthouse on a cliff during a storm\nNegative prompt: blurry\nSteps: 20,")
-            assert f"Seed: {caption.split()[1]}," in parameters and download.value.suggested_filename.endswith(".jpg")
-            page.get_by_text("Advanced").click()
-            seed_box = page.get_by_label("Seed", exact=True)
-            deadline = time.monotonic() + 30
-            while seed_box.input_value() != caption.split()[1] and time.monotonic() < deadline:
-                page.wait_for_timeout(250)
-            assert seed_box.input_value() == caption.split()[1]
-            assert not page.get_by_label("Randomize seed").is_checked()
-            # A preset fills steps, sampler and guidance in the page.
-            page.locator("#preset input").click()
-            page.get_by_role("option", name="Quality").click()
-            sampler_box = page.get_by_label("Sampler", exact=True)
-            deadline = time.monotonic() + 10
-            while sampler_box.input_value() != "DPM++ 2M Karras" and time.monotonic() < deadline:
-                page.wait_for_timeout(100)
-            assert sampler_box.input_value() == "DPM++ 2M Karras"
-            assert page.locator("input[type=number][aria-label='number input for Steps']").input_value() == "30"
-        finally:
-            browser.close()
+        parameters = read_parameters(Image.open(downloaded))
+        assert parameters.startswith("a lighthouse on a cliff during a storm\nNegative prompt: blurry\nSteps: 20,")
+        assert f"Seed: {caption.split()[1]}," in parameters and download.value.suggested_filename.endswith(".jpg")
+        page.get_by_text("Advanced").click()
+        seed_box = page.get_by_label("Seed", exact=True)
+        deadline = time.monotonic() + 30
+        while seed_box.input_value() != caption.split()[1] and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+        assert seed_box.input_value() == caption.split()[1]
+        assert not page.get_by_label("Randomize seed").is_checked()
+        # A preset fills steps, sampler and guidance in the page.
+        page.locator("#preset input").click()
+        page.get_by_role("option", name="Quality").click()
+        sampler_box = page.get_by_label("Sampler", exact=True)
+        deadline = time.monotonic() + 10
+        while sampler_box.input_value() != "DPM++ 2M Karras" and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert sampler_box.input_value() == "DPM++ 2M Karras"
+        assert page.locator("input[type=number][aria-label='number input for Steps']").input_value() == "30"
     assert screenshot.stat().st_size > 10_000

@@ -102,7 +102,7 @@ equal = all(np.array_equal(np.asarray(x), np.asarray(y)) for s, t in zip(solo, t
 print(json.dumps({"images_per_call": pipe.images_per_call, "calls_alone": calls_alone,
                   "calls_together": batcher.calls - 5 - calls_alone, "equal": equal,
                   "seeds": [t.seeds for t in together], "compiles": counter.compiles,
-                  "requests_per_call": Server(Settings(model="tiny")).requests_per_call,
+                  "requests_per_call": Server(Settings(model="tiny")).concurrency,
                   "lone_extra_ms": 1000 * (float(np.median(batched)) - float(np.median(direct)))}))
 """
 

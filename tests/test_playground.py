@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from sdxl_tpu.playground import STYLES, Server, Settings, apply_style, parse_settings, seed_at, style_description, validate
+from sdxl_tpu.playground import (STYLES, ModelInfo, Server, Settings, apply_style, parse_settings, seed_at,
+                                 style_description, validate)
 from sdxl_tpu.request import RequestError, clean_text, text_input
 
 SIZES = [(64, 64), (96, 64)]
@@ -130,6 +131,33 @@ def test_settings_from_arguments_and_environment():
             parse_settings(bad, env={})
 
 
+def test_front_end_settings_and_what_it_takes_from_a_back_end():
+    assert parse_settings([], env={}).backend is None
+    assert parse_settings(["--backend", "http://127.0.0.1:8080/"], env={}).backend == "http://127.0.0.1:8080/"
+    assert parse_settings([], env={"SDXL_BACKEND": "https://lb.example"}).backend == "https://lb.example"
+    for bad in ("127.0.0.1:8080", "file:///etc/passwd", "http://", "http://lb/?x=1"):
+        with pytest.raises(SystemExit):
+            parse_settings(["--backend", bad], env={})
+    info = {"model": "tiny", "sizes": ["64x64"], "samplers": ["Euler", "Euler a"], "default_sampler": "Euler a",
+            "preset": "Turbo", "presets": ["Turbo"], "images_per_call": 4, "image_format": "png"}
+    parsed = ModelInfo.from_json(info)
+    assert parsed.sizes == [(64, 64)] and parsed.to_json() == info
+    server = Server(Settings(model="ignored", backend="http://lb"))
+    server.info = parsed
+    assert (server.sizes, server.samplers, server.default_sampler, server.image_format) == (
+        [(64, 64)], ["Euler", "Euler a"], "Euler a", "png")
+    assert server.recipe.name == "Turbo" and [r.name for r in server.presets] == ["Turbo"]
+    for key, value in [("sizes", []), ("sizes", ["huge"]), ("samplers", ["Mystery"]), ("default_sampler", "LMS"),
+                       ("preset", "Ultra"), ("presets", "Turbo"), ("images_per_call", True), ("image_format", "gif"),
+                       ("model", None)]:
+        with pytest.raises(ValueError):
+            ModelInfo.from_json({**info, key: value})
+    with pytest.raises(ValueError, match="lacks images_per_call"):
+        ModelInfo.from_json({k: v for k, v in info.items() if k != "images_per_call"})
+    with pytest.raises(ValueError):
+        ModelInfo.from_json(["not", "an", "object"])
+
+
 def test_server_warm_up_states_and_errors():
     release = threading.Event()
 
@@ -137,6 +165,7 @@ def test_server_warm_up_states_and_errors():
         sizes = SIZES
         images_per_call = 4
         tokenizers = (None, None)
+        model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
 
     def slow_loader(settings):
         release.wait(10)
@@ -199,6 +228,7 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
 
     class SlowPipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
+        model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
 
         def run_images(self, infos, progress=None, stop=None):
             for step in range(infos[0].steps):

@@ -1,0 +1,281 @@
+"""The back end: one compiled pipeline served over plain HTTP, stateless per request, for a load
+balancer to spread requests over many hosts (`python -m sdxl_tpu serve`).
+
+    POST /v1/generate   JSON {prompt, negative_prompt, seed, guidance_scale, steps, size, sampler}
+                        -> {images: [base64 files], parameters: [text], seeds, sampler, timings, format}
+                        (Accept: text/event-stream: progress events, then the result as an event)
+    GET  /v1/info       what it serves: model, sizes, samplers, presets, images per call (503 until warm)
+    GET  /healthz       the process is alive
+    GET  /readyz        200 once warm; 503 while loading and while draining
+    GET  /metrics       Prometheus text (--metrics)
+
+The model, its warm-up, the queue, the checks and the counting are the playground's (`Server`,
+`Batcher`, `Request`, `Metrics`); only the HTTP in front differs. A request is either refused at
+once (4xx naming the problem; 503 with Retry-After when warming up, draining or the queue is full,
+so a load balancer tries the next host) or accepted and run to its end. SIGTERM drains
+(`DrainingServer`): not ready at once, accepted work finishes, new work is refused, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .compilation import enable_compile_cache
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .pipeline import Cancelled
+from .playground import MAX_STYLED_PROMPT_CHARS, Server, Settings, log_refusal, serve_metrics_apart
+from .request import Request, RequestError, json_type, shown
+from .serving import DrainingServer, Generated, QueueFull, ShuttingDown
+
+log = logging.getLogger("sdxl_tpu.backend")
+
+FIELDS = ("prompt", "negative_prompt", "seed", "guidance_scale", "steps", "size", "sampler")
+MAX_BODY_BYTES = 64 << 10  # two prompts of at most ~1,300 characters, JSON-escaped, fit many times over
+KEEPALIVE_SECONDS = 1.0  # a streaming caller hears from us this often (and can tell we are alive)
+RETRY_AFTER = {"busy": 1, "draining": 1, "loading": 5}  # seconds, for 503s
+
+
+class Refused(RequestError):
+    """A request refused before it is read as fields: the body itself is wrong (status code)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def error_response(status: int, message: str, retry_after: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def read_body(http: HTTPRequest, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refused (413) past `limit` bytes without reading the rest."""
+    declared = http.headers.get("content-length")
+    too_large = Refused(413, f"The request body is over {limit:,} bytes; a generation request is a small JSON object.")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise too_large
+    body = bytearray()
+    try:
+        async for chunk in http.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+    except ClientDisconnect:
+        raise Cancelled("the caller left while sending the request") from None
+    return bytes(body)
+
+
+def parse_request(body: bytes, server: Server) -> Request:
+    """The body as one checked Request (fields named as Pipeline.generate's arguments); what is
+    left out takes the server's defaults (the launch preset's steps, guidance and sampler)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
+        message = e.msg if isinstance(e, json.JSONDecodeError) else "not valid UTF-8 JSON" if isinstance(
+            e, UnicodeDecodeError) else "nested too deeply"
+        raise Refused(400, f"The request body must be a JSON object: {message}.") from None
+    if not isinstance(data, dict):
+        raise Refused(400, f"The request body must be a JSON object, got {json_type(data)}.")
+    unknown = [key for key in data if key not in FIELDS]
+    if unknown:
+        raise Refused(422, f"Unknown field {shown(unknown[0])}; the fields are: {', '.join(FIELDS)}.")
+    if "prompt" not in data:
+        raise Refused(422, "The field 'prompt' is required.")
+    recipe = server.recipe
+    sampler = data.get("sampler")
+    return Request.of(data["prompt"], data.get("negative_prompt", ""), seed=data.get("seed"),
+                      guidance_scale=data.get("guidance_scale", recipe.guidance if recipe else 5.0),
+                      steps=data.get("steps", recipe.steps if recipe else 20),
+                      size=data.get("size", server.sizes[0]), sizes=server.sizes,
+                      sampler=server.default_sampler if sampler is None else sampler, samplers=server.samplers,
+                      max_chars=MAX_STYLED_PROMPT_CHARS)
+
+
+def result_json(made: Generated, image_format: str) -> dict[str, Any]:
+    return {"images": [base64.b64encode(f).decode("ascii") for f in made.files], "parameters": made.parameters,
+            "seeds": made.seeds, "sampler": made.sampler, "format": image_format,
+            "timings": {k: round(v, 4) for k, v in made.timings.items()}}
+
+
+def status_of(error: BaseException) -> tuple[int, str, int | None]:
+    """(HTTP status, message, Retry-After) for what stopped a request."""
+    if isinstance(error, Refused):
+        return error.status, str(error), None
+    if isinstance(error, QueueFull):
+        return 503, str(error), RETRY_AFTER["busy"]
+    if isinstance(error, ShuttingDown):
+        return 503, str(error), RETRY_AFTER["draining"]
+    if isinstance(error, RequestError):
+        return 422, str(error), None
+    if isinstance(error, Cancelled):  # the caller left, or the drain's deadline passed: another host may serve it
+        return 503, "The request was cancelled before its images were ready.", RETRY_AFTER["draining"]
+    return 500, "Something went wrong on the server; it has been logged.", None
+
+
+class Generation:
+    """One POST /v1/generate, run as a task that reports to the HTTP side through `events`:
+    ("accepted",) once queued, ("progress", step, steps), then ("result", json) or ("error",
+    status, message, retry_after). `gone` set means nobody waits for it any more."""
+
+    def __init__(self, server: Server, http: HTTPRequest):
+        self.server, self.http = server, http
+        self.events: asyncio.Queue[tuple] = asyncio.Queue()
+        self.gone = threading.Event()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        put = lambda *event: loop.call_soon_threadsafe(self.events.put_nowait, event)
+        server = self.server
+        try:
+            with server.counted(time.monotonic()):
+                request = parse_request(await read_body(self.http), server)
+                if server.draining:
+                    raise ShuttingDown()
+                done = asyncio.Event()
+                job = server.enqueue(request, progress=lambda step, steps: put("progress", step, steps),
+                                     abandoned=self.gone.is_set, on_done=lambda: loop.call_soon_threadsafe(done.set))
+                put("accepted")
+                await done.wait()
+                made = await asyncio.to_thread(server.finish, job)
+                server.count_images(len(made.files), made.timings["encoding"])
+                put("result", await asyncio.to_thread(result_json, made, server.image_format))
+        except Exception as e:
+            status, message, retry = status_of(e)
+            if status == 500:
+                log.exception("a generation failed")
+            elif isinstance(e, RequestError):
+                log_refusal("/v1/generate", e)
+            put("error", status, message, retry)
+
+    async def next_event(self, watch_disconnect: bool) -> tuple:
+        """The next event; with `watch_disconnect`, the caller leaving sets `gone` meanwhile."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.events.get(), 0.25 if watch_disconnect else KEEPALIVE_SECONDS)
+            except TimeoutError:
+                if watch_disconnect and await self.http.is_disconnected():
+                    self.gone.set()
+                if not watch_disconnect:
+                    return ("keepalive",)
+
+    async def stream(self):
+        """Server-sent events: progress, then the result or an error; a comment every second."""
+        try:
+            while True:
+                event = await self.next_event(watch_disconnect=False)
+                if event[0] == "keepalive":
+                    yield ": working\n\n"
+                elif event[0] == "progress":
+                    yield f"event: progress\ndata: {json.dumps({'step': event[1], 'steps': event[2]})}\n\n"
+                elif event[0] == "result":
+                    yield f"event: result\ndata: {json.dumps(event[1])}\n\n"
+                    return
+                elif event[0] == "error":
+                    yield f"event: error\ndata: {json.dumps({'status': event[1], 'error': event[2]})}\n\n"
+                    return
+        finally:  # finished, or the caller left (Starlette cancels the stream): stop the work if any
+            self.gone.set()
+
+
+def build_backend(server: Server) -> tuple[Starlette, Callable[[], bool]]:
+    """The ASGI app, and whether a generation is still in progress (for the drain)."""
+    tasks: set[asyncio.Task] = set()  # running generations (the event loop keeps only weak references)
+
+    async def generate(http: HTTPRequest) -> Response:
+        if server.status in ("loading", "error"):  # not counted: readiness says so; a balancer goes elsewhere
+            return error_response(503, server.message, RETRY_AFTER["loading"])
+        generation = Generation(server, http)
+        task = asyncio.create_task(generation.run())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        streaming = "text/event-stream" in http.headers.get("accept", "")
+        event = await generation.next_event(watch_disconnect=False)
+        while event[0] == "keepalive":  # reading and checking the body (a slow sender is bounded by the server)
+            event = await generation.next_event(watch_disconnect=False)
+        if event[0] == "error":
+            return error_response(*event[1:])
+        if streaming:
+            return StreamingResponse(generation.stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        while (event := await generation.next_event(watch_disconnect=True))[0] == "progress":
+            pass
+        if event[0] == "error":
+            return error_response(*event[1:])
+        return JSONResponse(event[1])
+
+    async def info(http: HTTPRequest) -> Response:
+        if server.info is None:
+            return error_response(503, server.message, RETRY_AFTER["loading"])
+        return JSONResponse(server.info.to_json())
+
+    async def healthz(http: HTTPRequest) -> Response:
+        return JSONResponse({"status": "alive"})
+
+    async def readyz(http: HTTPRequest) -> Response:
+        body, status = server.readiness()
+        return JSONResponse(body, status_code=status)
+
+    routes = [Route("/v1/generate", generate, methods=["POST"]), Route("/v1/info", info, methods=["GET"]),
+              Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
+    if server.settings.metrics == "public":
+        async def metrics(http: HTTPRequest) -> Response:
+            return Response(server.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+        routes.append(Route("/metrics", metrics, methods=["GET"]))
+
+    async def not_found(http: HTTPRequest, exc: Exception) -> Response:
+        return error_response(404, f"Not found; this server answers: {', '.join(r.path for r in routes)}.")
+
+    async def wrong_method(http: HTTPRequest, exc: Exception) -> Response:
+        return error_response(405, f"{shown(http.method)} is not allowed on {shown(http.url.path)}.")
+
+    async def server_error(http: HTTPRequest, exc: Exception) -> Response:
+        log.error("error on %s: %s", http.url.path, exc, exc_info=exc)
+        return error_response(500, "Something went wrong on the server; it has been logged.")
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: wrong_method, 500: server_error})
+    return app, lambda: bool(tasks)
+
+
+def main(settings: Settings) -> int:
+    """`python -m sdxl_tpu serve`: load and compile in the background (readiness says when), serve
+    until SIGTERM, drain, exit 0 (1 when the model could not be loaded)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
+    enable_compile_cache(settings.compile_cache)
+    server = Server(settings, max_waiting=settings.queue_size)
+    serve_metrics_apart(server)
+    app, generating = build_backend(server)
+    web = DrainingServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                        timeout_graceful_shutdown=10),
+                         drain=lambda: server.drain(busy=generating))
+
+    def stop_on_error() -> None:
+        server.done_event.wait()
+        if server.status == "error":
+            print(f"error: {server.error}", file=sys.stderr, flush=True)
+            web.should_exit = True
+        elif server.ready:
+            print(f"ready: http://{settings.host}:{settings.port} ({server.message})", flush=True)
+
+    server.start()
+    threading.Thread(target=stop_on_error, daemon=True).start()
+    print(f"back end on http://{settings.host}:{settings.port} (loading {settings.model})", flush=True)
+    web.run()
+    print("stopped", flush=True)
+    return 1 if server.status == "error" else 0

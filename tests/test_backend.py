@@ -1,0 +1,202 @@
+"""The back end (`python -m sdxl_tpu serve --model tiny`) over plain HTTP on 127.0.0.1: its API,
+its refusals (4xx naming the problem, 503 + Retry-After when full or draining), no recompiles,
+and a drain on SIGTERM with work in flight."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from served_app import get, read_metrics, requests_total, start_backend, wait_for
+
+QUEUE_SIZE = 1
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory, compile_cache):
+    yield from start_backend(tmp_path_factory.mktemp("backend"), compile_cache,
+                             extra_args=("--queue-size", str(QUEUE_SIZE)))
+
+
+def post(backend, body: bytes | str | dict, headers: dict[str, str] | None = None,
+         timeout: float = 120) -> tuple[int, dict[str, str], bytes]:
+    """POST /v1/generate: (status, headers, body)."""
+    data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", backend["port"], timeout=timeout)
+    try:
+        connection.request("POST", "/v1/generate", body=data,
+                           headers={"Content-Type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def metrics(backend) -> dict[str, float]:
+    return read_metrics(backend["url"] + "/metrics")
+
+
+def test_ready_after_warm_up_and_describes_itself(backend):
+    assert backend["readiness"][0] == 503 and backend["readiness"][-1] == 200
+    assert get(backend["url"] + "/healthz") == (200, '{"status":"alive"}')
+    status, text = get(backend["url"] + "/v1/info")
+    assert status == 200
+    assert json.loads(text) == {"model": "tiny", "sizes": ["64x64"], "samplers": ["Euler", "Euler a", "DPM++ 2M",
+                                "DPM++ 2M Karras"], "default_sampler": "Euler", "preset": None,
+                                "presets": ["Quality", "Balanced", "Fast"], "images_per_call": 4, "image_format": "jpeg"}
+
+
+def test_generate_answers_four_images_with_their_parameters(backend):
+    from PIL import Image
+
+    from sdxl_tpu.images import read_parameters
+
+    status, headers, body = post(backend, {"prompt": "a cat", "negative_prompt": "blurry", "seed": 7,
+                                           "guidance_scale": 4.5, "steps": 2, "size": "64x64",
+                                           "sampler": "DPM++ 2M Karras"})
+    assert status == 200 and headers["content-type"] == "application/json", body
+    answer = json.loads(body)
+    assert set(answer) == {"images", "parameters", "seeds", "sampler", "format", "timings"}
+    expected = [f"a cat\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M Karras, CFG scale: 4.5, Seed: {seed}, "
+                "Size: 64x64, Model: tiny" for seed in (7, 8, 9, 10)]
+    assert answer["parameters"] == expected and answer["seeds"] == [7, 8, 9, 10]
+    images = [Image.open(io.BytesIO(base64.b64decode(data, validate=True))) for data in answer["images"]]
+    assert [(i.format, i.size) for i in images] == [("JPEG", (64, 64))] * 4
+    assert [read_parameters(i) for i in images] == expected  # embedded in each file
+    assert answer["sampler"] == "DPM++ 2M Karras" and answer["format"] == "jpeg"
+    assert set(answer["timings"]) == {"text_encoding", "denoising", "decoding", "total", "encoding"}
+    assert all(v >= 0 for v in answer["timings"].values())
+    # Only the prompt is needed: the rest takes the server's defaults (Euler, its one size).
+    status, _, body = post(backend, {"prompt": "a dog", "steps": 1})
+    answer = json.loads(body)
+    assert status == 200 and len(answer["images"]) == 4 and answer["sampler"] == "Euler"
+    assert all(0 <= s < 2**32 for s in answer["seeds"])
+
+
+def test_progress_is_streamed_as_server_sent_events(backend):
+    status, headers, body = post(backend, {"prompt": "a cat", "seed": 1, "steps": 3},
+                                 headers={"Accept": "text/event-stream"})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [(block.split("\n")[0], block.split("\n")[1]) for block in body.decode().split("\n\n")
+              if block.startswith("event:")]
+    assert [json.loads(data[5:]) for name, data in events if name == "event: progress"] == [
+        {"step": 1, "steps": 3}, {"step": 2, "steps": 3}, {"step": 3, "steps": 3}]
+    assert events[-1][0] == "event: result"
+    result = json.loads(events[-1][1][5:])
+    assert result["seeds"] == [1, 2, 3, 4] and len(result["images"]) == 4
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b'{"prompt": "a cat",', 400, "The request body must be a JSON object: Expecting"),
+    (b"\xff\xfe\x00", 400, "The request body must be a JSON object"),
+    (b"[" * 20000, 400, "The request body must be a JSON object"),
+    (b'["a cat"]', 400, "The request body must be a JSON object, got a list."),
+    (b'"a cat"', 400, "The request body must be a JSON object, got text."),
+    ({"prompt": "a cat", "stpes": 3}, 422, "Unknown field 'stpes'; the fields are: prompt, negative_prompt, seed,"),
+    ({"steps": 3}, 422, "The field 'prompt' is required."),
+    ({"prompt": 5}, 422, "Prompt must be text, got a number."),
+    ({"prompt": "a cat", "steps": "3"}, 422, "Steps must be a whole number between 1 and 50, got text."),
+    ({"prompt": "a cat", "steps": 2.5}, 422, "Steps must be a whole number between 1 and 50."),
+    ({"prompt": "a cat", "seed": True}, 422, "Seed must be a whole number between 0 and 4294967295, got true/false."),
+    ({"prompt": "a cat", "guidance_scale": [1, 2]}, 422, "Guidance scale: got 2 values for 4 images."),
+    ({"prompt": "a cat", "size": "1024x1024"}, 422, "Size '1024x1024' is not available; choose one of: 64x64."),
+    ({"prompt": "a cat", "sampler": "LMS"}, 422, "Sampler 'LMS' is not available; choose one of: Euler,"),
+    ({"prompt": "x" * 3000}, 422, "Prompt is 3,000 characters long"),
+    (b'{"prompt": "a cat", "seed": NaN}', 422, "Seed must be a finite number"),
+    ({"prompt": "x" * 70_000}, 413, "The request body is over 65,536 bytes"),
+])
+def test_bad_requests_are_4xx_naming_the_problem(backend, body, status, message):
+    before = metrics(backend)
+    code, headers, answer = post(backend, body)
+    assert code == status and headers["content-type"] == "application/json", answer
+    assert json.loads(answer)["error"].startswith(message), answer
+    assert b"Traceback" not in answer
+    assert requests_total(metrics(backend), "user_error") - requests_total(before, "user_error") == 1
+
+
+def test_routes_and_methods_it_does_not_serve_are_4xx(backend):
+    for path in ("/", "/v1/generate/../../etc/passwd", "/gradio_api/file=/etc/passwd", "/docs"):
+        status, text = get(backend["url"] + path)
+        assert status == 404 and "Not found; this server answers" in text and "root:" not in text, (path, text)
+    status, text = get(backend["url"] + "/v1/generate")
+    assert status == 405 and json.loads(text)["error"] == "'GET' is not allowed on '/v1/generate'."
+
+
+def test_no_recompile_across_requests(backend):
+    before = metrics(backend)
+    for steps, sampler, guidance in ((1, "Euler", 5.0), (4, "Euler a", 7.0), (3, "DPM++ 2M", 0.0)):
+        status, _, body = post(backend, {"prompt": f"a cat, {steps} steps", "steps": steps, "sampler": sampler,
+                                         "guidance_scale": guidance})
+        assert status == 200, body
+    after = metrics(backend)
+    assert after["sdxl_compiles_total"] == before["sdxl_compiles_total"] > 0  # warm-up compiled; requests did not
+    assert requests_total(after, "ok") - requests_total(before, "ok") == 3
+    assert after["sdxl_images_total"] - before["sdxl_images_total"] == 12
+    assert after["sdxl_pipeline_calls_total"] - before["sdxl_pipeline_calls_total"] == 3
+
+
+def test_full_queue_answers_503_with_retry_after_at_once(backend):
+    before = metrics(backend)
+    long = {"prompt": "a cat", "steps": 50}
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(post, backend, long)
+        time.sleep(0.3)  # the first is running (a call starts within 20 ms; 50 steps take seconds)
+        waiting = pool.submit(post, backend, long)
+        wait_for(lambda: metrics(backend)["sdxl_queue_depth"] == QUEUE_SIZE, 30, "the second request did not queue")
+        start = time.monotonic()
+        status, headers, body = post(backend, {"prompt": "a dog", "steps": 1})
+        refused_in = time.monotonic() - start
+        assert status == 503 and int(headers["retry-after"]) >= 1
+        assert "busy" in json.loads(body)["error"]
+        assert refused_in < 1.0, f"refusing took {refused_in:.2f} s"
+        assert running.result(120)[0] == 200 and waiting.result(120)[0] == 200  # accepted work is served
+    after = metrics(backend)
+    assert requests_total(after, "queue_full") - requests_total(before, "queue_full") == 1
+    assert requests_total(after, "ok") - requests_total(before, "ok") == 2
+
+
+@pytest.fixture(scope="module")
+def draining_backend(tmp_path_factory, compile_cache):
+    yield from start_backend(tmp_path_factory.mktemp("draining-backend"), compile_cache,
+                             extra_args=("--drain-seconds", "60"))
+
+
+def test_sigterm_drains_accepted_work_then_exits_zero(draining_backend):
+    backend = draining_backend
+    proc, long = backend["proc"], {"prompt": "a cat", "steps": 50, "seed": 3}
+    results: dict[str, tuple] = {}
+    threads = [threading.Thread(target=lambda name=name: results.__setitem__(name, post(backend, long)))
+               for name in ("running", "queued")]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.3)
+    wait_for(lambda: metrics(backend)["sdxl_queue_depth"] == 1, 30, "the second request did not queue")
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: get(backend["url"] + "/readyz")[0] == 503, 5, "readyz did not turn 503")
+    not_ready_after = time.monotonic() - sent
+    assert json.loads(get(backend["url"] + "/readyz")[1])["status"] == "draining"
+    status, headers, body = post(backend, {"prompt": "a dog", "steps": 1})  # new work: refused at once
+    assert status == 503 and headers["retry-after"] and "shutting down" in json.loads(body)["error"]
+    draining = metrics(backend)
+    assert draining["sdxl_ready"] == 0 and requests_total(draining, "draining") == 1
+    for thread in threads:
+        thread.join(120)
+    finished = time.monotonic() - sent
+    assert [results[name][0] for name in ("running", "queued")] == [200, 200]
+    assert all(len(json.loads(results[name][2])["images"]) == 4 for name in results)
+    code = proc.wait(timeout=60)
+    exited = time.monotonic() - sent
+    print(f"back end SIGTERM with 2 requests accepted: not ready after {not_ready_after:.2f} s, "
+          f"accepted requests done after {finished:.2f} s, exit {code} after {exited:.2f} s")
+    assert not_ready_after < 1.0 and code == 0 and exited - finished < 15
+    log = backend["log"].read_text()
+    assert "drained" in log and "Traceback" not in log
