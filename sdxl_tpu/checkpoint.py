@@ -196,19 +196,10 @@ def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtyp
 
 def load_tokenizer(model: str | os.PathLike):
     """The first CLIPTokenizer of `model` alone (a front end's token counts): "tiny", a local
-    directory, or a Hub repo's tokenizer/ files (a few MB, not the weights)."""
+    directory, or a Hub repo's small files (configs and tokenizers, not the weights)."""
     from transformers import CLIPTokenizer
 
-    path = Path(str(model)).expanduser()
-    if str(model) == "tiny" or path.is_dir():
-        root = resolve(model)
-    elif str(model).count("/") == 1 and not str(model).startswith((".", "/", "~")):
-        from huggingface_hub import snapshot_download
-
-        root = Path(snapshot_download(str(model), allow_patterns=["tokenizer/*"]))
-    else:
-        raise CheckpointError(f"no tokenizer for {str(model)!r} here (neither a local directory nor a Hub repo id)")
-    return CLIPTokenizer.from_pretrained(str(root / "tokenizer"))
+    return CLIPTokenizer.from_pretrained(str(resolve(model, weights=False) / "tokenizer"))
 
 
 def load_tokenizers(model: str | os.PathLike):

@@ -148,6 +148,8 @@ class Settings:
     drain_seconds: float = DRAIN_SECONDS
     metrics: str = "public"
     unet: str | None = None
+    config: str | None = None  # where a single-file model's configs and tokenizers come from
+    loras: list[str] = field(default_factory=list)  # "file[:scale]", fused at load
     timestep_spacing: str | None = None
     prediction_type: str | None = None
     recipe: Recipe | None = None  # the launch preset: the page's defaults for steps, guidance, sampler
@@ -168,8 +170,16 @@ def add_settings_arguments(parser: argparse.ArgumentParser, env: dict[str, str])
                         help="settings that go together (weights, sampler, spacing, steps, guidance, size), e.g. "
                              "'Lightning 4-step' or 'Turbo'; options given explicitly win (env SDXL_PRESET)")
     parser.add_argument("--model", default=env.get("SDXL_MODEL") or None,
-                        help="Hub repo id, local diffusers directory, or 'tiny' (env SDXL_MODEL; default SDXL base "
-                             "1.0, or the preset's)")
+                        help="Hub repo id, local diffusers directory, single-file .safetensors (A1111/ComfyUI layout, "
+                             "local or owner/repo/file.safetensors), or 'tiny' (env SDXL_MODEL; default SDXL base 1.0, "
+                             "or the preset's)")
+    parser.add_argument("--config", default=env.get("SDXL_CONFIG") or None,
+                        help="for a single-file --model: the diffusers checkpoint whose configs and tokenizers it uses "
+                             "(env SDXL_CONFIG; default SDXL base 1.0's)")
+    parser.add_argument("--lora", action="append", default=None, metavar="FILE[:SCALE]",
+                        help="LoRA fused into the weights at load, kohya or diffusers format, scale default 1; "
+                             "repeatable (env SDXL_LORA, comma-separated)")
+    parser.set_defaults(lora_env=env.get("SDXL_LORA", ""))  # used when no --lora is given
     parser.add_argument("--sizes", default=env.get("SDXL_SIZES"),
                         help="comma-separated WIDTHxHEIGHT sizes to compile (env SDXL_SIZES; default 1024x1024, "
                              "256x256 for the tiny model)")
@@ -217,6 +227,7 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
     recipe = recipe_named(args.preset) if args.preset else None
     chosen = settle(recipe, model=args.model, unet=args.unet, spacing=args.spacing,
                     prediction_type=args.prediction_type)
+    loras = args.lora or [spec.strip() for spec in args.lora_env.split(",") if spec.strip()]
     if args.sizes is None:  # the tiny model is for trying things out: keep it quick on a CPU
         args.sizes = TINY_DEFAULT_SIZE if chosen["model"] == "tiny" else (recipe and recipe.size) or "1024x1024"
     try:
@@ -227,6 +238,7 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
                     compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size,
                     image_format=args.image_format, drain_seconds=args.drain_seconds, metrics=args.metrics,
                     unet=chosen["unet"], timestep_spacing=chosen["spacing"], prediction_type=chosen["prediction_type"],
+                    config=args.config, loras=loras,
                     recipe=recipe)
 
 
@@ -419,7 +431,7 @@ class Server:
     def _load(self, s: Settings) -> Pipeline:
         return load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
                              attention=s.attention, unet=s.unet, timestep_spacing=s.timestep_spacing,
-                             prediction_type=s.prediction_type)
+                             prediction_type=s.prediction_type, config=s.config, loras=s.loras)
 
     def load(self) -> None:
         """Load and compile (blocking), or, for a front end, wait (bounded) until the back end

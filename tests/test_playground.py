@@ -125,6 +125,13 @@ def test_settings_from_arguments_and_environment():
     assert s.unet == "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors"
     assert Server(s).presets == [s.recipe] and Server(s).default_sampler == "Euler"
     assert [r.name for r in Server(parse_settings([], env={})).presets] == ["Quality", "Balanced", "Fast"]
+    s = parse_settings(["--model", "/m/juggernaut.safetensors", "--config", "/m/sdxl-base"],
+                       env={"SDXL_LORA": "a.safetensors:0.5, owner/repo/b.safetensors"})
+    assert (s.model, s.config, s.loras) == ("/m/juggernaut.safetensors", "/m/sdxl-base",
+                                            ["a.safetensors:0.5", "owner/repo/b.safetensors"])
+    s = parse_settings(["--lora", "c.safetensors", "--lora", "d.safetensors:2"], env={"SDXL_LORA": "a.safetensors"})
+    assert (s.config, s.loras) == (None, ["c.safetensors", "d.safetensors:2"])  # given options win
+    assert parse_settings([], env={}).loras == []
     for bad in (["--metrics", "9100"], ["--preset", "Ultra"], ["--metrics", "host:99999"], ["--metrics", "yes"], ["--drain-seconds", "-1"],
                 ["--spacing", "even"]):
         with pytest.raises(SystemExit):
