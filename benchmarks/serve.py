@@ -3,8 +3,13 @@
     python benchmarks/serve.py --size 1024x1024 --calls 5
 
 Starts `python app.py --model tiny` once per configuration, then alternates calls between them
-(gradio_client, files downloaded as a user's client does) and reports, per configuration, the
-median of (client's time - the pipeline's own total, read from the reply). Configurations:
+and reports, per configuration and client, the median of (client's time - the pipeline's own
+total, read from the reply), the client holding every image's bytes. Two clients:
+  - page: as the browser page gets them: the reply over Gradio's queue, then the gallery's files
+    fetched together over keep-alive connections;
+  - gradio_client: its `predict` with downloads, which fetches the files one after another, each
+    through a new httpx client (about 40 ms each here, whatever the server does).
+Configurations:
   - baseline: app.py of an earlier commit (`--baseline REV`, unpacked with `git archive`): the path
     before images were encoded by the app (Gradio encoded PNG itself, then the client fetched them);
   - jpeg / png / webp: today's app with `--image-format`;
@@ -33,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "65755319f51dcfbc9793c5ced6179aa0a03b8573"  # the last commit before the app encoded images itself
+CLIENTS = ("page", "gradio_client")
 MALLOC_KEEP = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
 
 
@@ -70,21 +76,31 @@ class App:
                     if r.status == 200:
                         from gradio_client import Client
 
+                        import httpx
+
                         self.client = Client(self.url + "/", verbose=False,
                                              download_files=tempfile.mkdtemp(prefix=f"serve-{self.name}-"))
+                        self.page = Client(self.url + "/", verbose=False, download_files=False)
+                        self.http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=8))
                         return
             except OSError:
                 pass
             time.sleep(1)
         raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s:\n{self.log.read_text()[-2000:]}")
 
-    def call(self, size: str, seed: int) -> float:
+    def call(self, size: str, seed: int, client: str = "gradio_client") -> float:
         """One call: the client's time minus the pipeline's own total."""
+        fields = ("a photo of a cat", "blurry", "(No style)", seed, False, 5.0, 1, size)
         start = time.perf_counter()
-        gallery, info = self.client.predict("a photo of a cat", "blurry", "(No style)", seed, False, 5.0, 1, size,
-                                            api_name="/generate")
+        if client == "page":
+            gallery, info = self.page.predict(*fields, api_name="/generate")
+            with ThreadPoolExecutor(len(gallery)) as pool:
+                sizes = list(pool.map(lambda item: len(self.http.get(item["image"]["url"]).content), gallery))
+        else:
+            gallery, info = self.client.predict(*fields, api_name="/generate")
+            sizes = [os.path.getsize(item["image"]) for item in gallery]
         elapsed = time.perf_counter() - start
-        assert len(gallery) == 4 and all(os.path.getsize(item["image"]) > 0 for item in gallery)
+        assert len(sizes) == 4 and all(sizes)
         return elapsed - float(re.search(r" in ([0-9.]+) s", info).group(1))
 
     def stop(self) -> None:
@@ -145,11 +161,13 @@ def main() -> int:
         for app in apps:
             app.wait_ready(900)
             app.call(args.size, 0)  # warm-up
-        overhead = {app.name: [] for app in apps}
+        overhead = {f"{app.name} ({client})": [] for app in apps for client in CLIENTS}
         for i in range(args.calls):  # alternate, so drift on a noisy machine hits all alike
             for app in apps:
-                overhead[app.name].append(app.call(args.size, i + 1))
-                print(f"{app.name}: call {i + 1} overhead {overhead[app.name][-1]:.3f} s", file=sys.stderr, flush=True)
+                for client in CLIENTS:
+                    name = f"{app.name} ({client})"
+                    overhead[name].append(app.call(args.size, i + 1, client))
+                    print(f"{name}: call {i + 1} overhead {overhead[name][-1]:.3f} s", file=sys.stderr, flush=True)
     finally:
         for app in apps:
             app.stop()
@@ -162,7 +180,7 @@ def main() -> int:
         print(json.dumps(report))
     else:
         for name, o in report["overhead_s"].items():
-            print(f"{name:<12} overhead median {o['median']:.3f} s (min {o['min']:.3f}, max {o['max']:.3f})")
+            print(f"{name:<28} overhead median {o['median']:.3f} s (min {o['min']:.3f}, max {o['max']:.3f})")
         for lever, seconds in report["encoding_s"].items():
             print(f"encode 4 x {args.size} {lever:<18} {seconds:.3f} s")
     return 0
