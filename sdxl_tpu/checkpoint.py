@@ -16,7 +16,7 @@ from .layers import Precision
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
 from .lora import LoRA, combined_deltas, read_loras
-from .single_file import SingleFileView, check_single_file, is_single_file_unet
+from .single_file import SingleFileView, check_single_file, in_single_file_layout
 from .weights import (CheckpointError, TensorSource, load_into, normalize_clip_name, normalize_vae_name, read_json,
                       torch_shapes, weight_files)
 
@@ -118,49 +118,48 @@ class Models:
     vae: AutoencoderKL
 
 
-def _fill(model: M, path: Path, raw_config: dict[str, Any], *, single_file: TensorSource | None = None,
-          rename: Callable[[str], str] = lambda k: k, label: str | None = None, loras: Sequence[LoRA] = (),
-          source: TensorSource | None = None) -> M:
-    """Load the weights of an abstract model: from `source`, else the component directory's own,
-    or its part of a single-file checkpoint; with `loras` fused in."""
+def _fill(model: M, path: Path, raw_config: dict[str, Any], *, weights: TensorSource | None = None,
+          rename: Callable[[str], str] = lambda k: k, loras: Sequence[LoRA] = ()) -> M:
+    """Load the weights of an abstract model: the component directory's own, or those of
+    `weights` (a file in diffusers names, or in the single-file layout: then its part of it);
+    with `loras` fused in."""
     component, shapes = path.name, torch_shapes(model)
-    if single_file is not None:
-        source, rename = SingleFileView(single_file, component, shapes, raw_config), lambda k: k
-    elif source is None:
+    label = component if weights is None else f"{component} ({Path(weights.files[0]).name})"
+    if weights is None:
         source = TensorSource(weight_files(path))
+    elif in_single_file_layout(weights, component):
+        source, rename = SingleFileView(weights, component, shapes, raw_config), lambda k: k
+    else:
+        source = weights
     deltas = combined_deltas(list(loras), component, shapes, raw_config) if loras else None
-    return load_into(model, source, rename=rename, component=label or component, deltas=deltas)
+    return load_into(model, source, rename=rename, component=label, deltas=deltas)
 
 
 def load_text_encoder(path: Path, precision: Precision, *, with_projection: bool,
-                      single_file: TensorSource | None = None, loras: Sequence[LoRA] = ()) -> CLIPTextModel:
+                      weights: TensorSource | None = None, loras: Sequence[LoRA] = ()) -> CLIPTextModel:
     raw = _config(path)
     config = CLIPTextConfig.from_dict(raw, with_projection=with_projection)
     if with_projection and not config.projection_dim:
         raise CheckpointError(f"{path}/config.json: projection_dim is required for text_encoder_2")
     model = nnx.eval_shape(lambda: CLIPTextModel(config, precision))
-    return _fill(model, path, raw, single_file=single_file, rename=normalize_clip_name, loras=loras)
+    return _fill(model, path, raw, weights=weights, rename=normalize_clip_name, loras=loras)
 
 
-def load_unet(path: Path, precision: Precision, weights: Path | None = None,
-              single_file: TensorSource | None = None, loras: Sequence[LoRA] = ()) -> UNet2DConditionModel:
+def load_unet(path: Path, precision: Precision, weights: TensorSource | None = None,
+              loras: Sequence[LoRA] = ()) -> UNet2DConditionModel:
     """The UNet of `path` (config.json and weights), or with `weights` another UNet of the same
-    architecture in one .safetensors file: diffusers names (as SDXL-Lightning's UNets are
-    published) or the single-file layout (a whole single-file checkpoint's UNet included)."""
+    architecture: in diffusers names (as SDXL-Lightning's UNets are published) or the single-file
+    layout (a whole single-file checkpoint's UNet included)."""
     raw = _config(path)
     model = nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(raw), precision))
-    if weights is None:
-        return _fill(model, path, raw, single_file=single_file, loras=loras)
-    file = TensorSource([weights])
-    return _fill(model, path, raw, single_file=file if is_single_file_unet(file) else None, source=file,
-                 label=f"unet ({weights.name})", loras=loras)
+    return _fill(model, path, raw, weights=weights, loras=loras)
 
 
-def load_vae(path: Path, precision: Precision, single_file: TensorSource | None = None,
+def load_vae(path: Path, precision: Precision, weights: TensorSource | None = None,
              loras: Sequence[LoRA] = ()) -> AutoencoderKL:
     raw = _config(path)
     model = nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(raw), precision))
-    return _fill(model, path, raw, single_file=single_file, rename=normalize_vae_name, loras=loras)
+    return _fill(model, path, raw, weights=weights, rename=normalize_vae_name, loras=loras)
 
 
 def is_single_file(model: str | os.PathLike) -> bool:
@@ -185,13 +184,13 @@ def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtyp
         file = TensorSource([path])
         check_single_file(file, path, COMPONENTS)
     adapters = read_loras(loras)  # read (and refused) before any network is loaded
-    return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False, single_file=file,
+    return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False, weights=file,
                                                  loras=adapters),
-                  text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True, single_file=file,
+                  text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True, weights=file,
                                                    loras=adapters),
-                  unet=load_unet(root / "unet", p, resolve_file(unet) if unet is not None else None, single_file=file,
+                  unet=load_unet(root / "unet", p, TensorSource([resolve_file(unet)]) if unet is not None else file,
                                  loras=adapters),
-                  vae=load_vae(root / "vae", p, single_file=file, loras=adapters))
+                  vae=load_vae(root / "vae", p, weights=file, loras=adapters))
 
 
 def load_tokenizer(model: str | os.PathLike):

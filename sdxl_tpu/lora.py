@@ -73,10 +73,11 @@ class LoRA:
             raise CheckpointError(f"{path} is a DoRA (dora_scale / magnitude vectors), which is not supported")
         lora = cls(Path(path), scale, kohya=any(k.startswith(tuple(_KOHYA)) for k in keys))
         prefixes = _KOHYA if lora.kohya else _PEFT
+        longest_first = sorted(prefixes, key=len, reverse=True)  # text_encoder_2. before text_encoder.
         parts: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         unknown = []
         for key in keys:
-            prefix = next((p for p in sorted(prefixes, key=len, reverse=True) if key.startswith(p)), None)
+            prefix = next((p for p in longest_first if key.startswith(p)), None)
             m = _KEY.match(key[len(prefix):]) if prefix else None
             if m is None:
                 unknown.append(key)

@@ -176,9 +176,9 @@ class Backend:
                 raise _Retry("the back end's stream ended without the images")
         except httpx.TransportError as e:  # refused, reset, timed out, or broken off mid-stream
             raise _Retry(f"{type(e).__name__}: {e}") from None
+        except RequestError:  # the back end's refusal, for the user (a ValueError, but not malformed)
+            raise
         except (ValueError, KeyError, TypeError) as e:  # a malformed answer: better another back end
-            if isinstance(e, RequestError):
-                raise
             raise _Retry(f"malformed answer: {e}") from None
 
 
@@ -240,6 +240,7 @@ def _generated(data: dict[str, Any], image_format: str):
             isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ValueError("images, seeds and parameters do not match")
     timings = {k: float(v) for k, v in data["timings"].items()}
-    for stage in ("text_encoding", "denoising", "decoding", "total"):
-        timings[stage]  # noqa: B018 (KeyError when missing)
+    missing = [stage for stage in ("text_encoding", "denoising", "decoding", "total") if stage not in timings]
+    if missing:
+        raise ValueError(f"timings lack {', '.join(missing)}")
     return Generated(files, [str(p) for p in parameters], seeds, str(data["sampler"]), timings)

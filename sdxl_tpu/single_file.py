@@ -213,9 +213,9 @@ def check_single_file(source: TensorSource, path: os.PathLike | str, components:
         raise CheckpointError(f"{path}: unexpected tensors outside the four SDXL networks: {shown}")
 
 
-def is_single_file_unet(source: TensorSource) -> bool:
-    """Whether a UNet weights file is in the single-file layout (else: diffusers names)."""
-    return any(k.startswith(PREFIXES["unet"]) for k in source.keys())
+def in_single_file_layout(source: TensorSource, component: str) -> bool:
+    """Whether `source` holds `component` in the single-file layout (else: in diffusers names)."""
+    return any(k.startswith(PREFIXES[component]) for k in source.keys())
 
 
 def write_single_file(root: os.PathLike | str, path: os.PathLike | str) -> Path:
