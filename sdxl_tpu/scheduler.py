@@ -2,7 +2,8 @@
 
 Every sampler here (Euler, Euler ancestral, DPM++ 2M with or without Karras sigmas) makes, at
 step i, a linear combination of the latents x, the model's noise prediction eps, the previous
-step's data prediction m, and fresh unit noise z:
+step's data prediction m (the current estimate of the clean latents, which previews show), and
+fresh unit noise z:
 
     x' = a x + b eps + c m + n z        m' = p x + q eps
 
@@ -220,7 +221,8 @@ class EulerDiscrete(Sampler):
             down, noise = np.sqrt(t ** 2 - up ** 2), up
         else:
             down, noise = t, np.zeros_like(t)
-        update = np.stack([np.ones_like(s), down - s, 0 * s, noise, 0 * s, 0 * s], axis=1)
+        # m' = x0 = x - sigma eps: the data prediction, unused by the update but shown as a preview.
+        update = np.stack([np.ones_like(s), down - s, 0 * s, noise, np.ones_like(s), -s], axis=1)
         update = self._predicting(update, (1 / s, -1 / s))  # x = x0 + sigma eps
         return Tables(timesteps, (1 / np.sqrt(s ** 2 + 1)).astype(np.float32), update.astype(np.float32), init)
 

@@ -108,10 +108,17 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
             eps = rng.standard_normal(noise.shape).astype(np.float32)
             noises.append(rng.standard_normal(noise.shape).astype(np.float32))
             state = step(state, eps, np.int32(i), tables, noises[-1])
-            ref_x = ref.step(torch.from_numpy(eps.transpose(0, 3, 1, 2).copy()), t, ref_x).prev_sample
+            out = ref.step(torch.from_numpy(eps.transpose(0, 3, 1, 2).copy()), t, ref_x)
+            ref_x = out.prev_sample
             ours_x = np.asarray(state.x).transpose(0, 3, 1, 2)
             rel = np.linalg.norm(ours_x - ref_x.numpy()) / np.linalg.norm(ref_x.numpy())
             assert rel <= 1e-5, (name, spacing, prediction_type, steps, i, rel)
+            # The state's data prediction is the step's estimate of the clean latents (what a
+            # preview shows): diffusers' pred_original_sample, or DPM++'s converted model output.
+            x0 = (out.pred_original_sample if name.startswith("Euler") else ref.model_outputs[-1]).numpy()
+            ours_x0 = np.asarray(state.prediction).transpose(0, 3, 1, 2)
+            rel = np.linalg.norm(ours_x0 - x0) / np.linalg.norm(x0)
+            assert rel <= 1e-5, ("x0", name, spacing, prediction_type, steps, i, rel)
 
 
 def test_ancestral_noise_depends_on_the_seed_and_step_only():
