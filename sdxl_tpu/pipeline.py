@@ -29,10 +29,25 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import sampling, scheduler
-from .checkpoint import Models, config_root, is_single_file, load_models, load_tokenizers
+from .checkpoint import (
+    Models,
+    config_root,
+    is_single_file,
+    load_models,
+    load_tokenizers,
+)
 from .compilation import enable_compile_cache
 from .lora import lora_spec
-from .request import ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, size_input
+from .preview import Previews, decode_taesd, preview_size
+from .request import (
+    ImageInfo,
+    Request,
+    RequestError,
+    format_size,
+    not_a_choice,
+    parse_size,
+    size_input,
+)
 from .scheduler import MAX_STEPS, Sampler, Tables, samplers_for
 from .weights import read_json
 
@@ -74,8 +89,9 @@ class Cancelled(Exception):
 
 
 # Denoising steps dispatched ahead of the one being waited for: enough that the device never waits
-# for the host, few enough that a stopped call ends within LOOKAHEAD + 1 steps.
-LOOKAHEAD = 2
+# for the host (dispatching a step takes far less than running one), few enough that a stopped call
+# ends within LOOKAHEAD + 1 steps.
+LOOKAHEAD = 1
 
 
 class Pipeline:
@@ -90,7 +106,8 @@ class Pipeline:
     def __init__(self, models: Models, tokenizers: tuple, samplers: Sampler | Mapping[str, Sampler], *,
                  default_sampler: str | None = None, sizes: Sequence[Any] = ((1024, 1024),), images_per_call: int = 4,
                  devices: Sequence[jax.Device] | None = None, model_name: str = "",
-                 force_zeros_for_empty_prompt: bool = True, step_progress: bool = True):
+                 force_zeros_for_empty_prompt: bool = True, step_progress: bool = True,
+                 preview_decoder: nnx.Module | None = None):
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
         self.images_per_call = call_batch(images_per_call, len(devices))
@@ -117,6 +134,11 @@ class Pipeline:
         for name in NETWORKS:
             self._graphs[name], state = nnx.split(getattr(models, name))
             self.params[name] = jax.device_put(state, self._replicated)
+        # Live previews: TAESD on the device when given, else the linear approximation on the host.
+        self.preview_decoder = "taesd" if preview_decoder is not None else "approx"
+        if preview_decoder is not None:
+            self._graphs["taesd"], state = nnx.split(preview_decoder)
+            self.params["taesd"] = jax.device_put(state, self._replicated)
         self._compiled: dict[Any, Any] = {}
         # Step indices live on the devices already, so the stepwise loop transfers nothing per step.
         self._step_index = [jax.device_put(np.int32(i), self._replicated) for i in range(MAX_STEPS)]
@@ -159,6 +181,10 @@ class Pipeline:
         if name == "decode":
             fn = lambda params, x: sampling.decode(vae(params), x)
             return self._shard(fn, (P(), bat), (bat, bat)), (self.params["vae"], latents)
+        if name == "preview":  # TAESD's image of the current clean-latents estimate, at preview size
+            taesd = partial(nnx.merge, self._graphs["taesd"])
+            fn = lambda params, x: decode_taesd(taesd(params), x, preview_size((w, h), self.vae_factor))
+            return self._shard(fn, (P(), bat), bat), (self.params["taesd"], latents)
         raise ValueError(f"no program {name!r}; programs: {', '.join(PROGRAMS)}")
 
     def trace(self, name: str, size: Any) -> jax.stages.Traced:
@@ -173,17 +199,20 @@ class Pipeline:
             # The text encoders do not depend on the size: compiled once, shared by every size.
             encode = next((p["encode"] for p in self._compiled.values() if "encode" in p), None)
             programs = {"encode": encode} if encode else {}
-            for name in PROGRAMS:
+            for name in PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ()):
                 if name not in programs:
                     fn, args = self._program(name, size)
                     programs[name] = fn.lower(*args).compile()
             self._compiled[size] = programs
         return self._compiled[size]
 
-    def warmup(self) -> dict[str, float]:
-        """Compile every size; returns seconds per size."""
+    def is_compiled(self, size: tuple[int, int]) -> bool:
+        return size in self._compiled
+
+    def warmup(self, sizes: Sequence[tuple[int, int]] | None = None) -> dict[str, float]:
+        """Compile every size (or those of `sizes`); returns seconds per size."""
         seconds = {}
-        for size in self.sizes:
+        for size in self.sizes if sizes is None else sizes:
             start = time.perf_counter()
             self.compiled(size)
             seconds[format_size(size)] = time.perf_counter() - start
@@ -231,7 +260,9 @@ class Pipeline:
 
     def run_images(self, infos: Sequence[ImageInfo], *, latents: np.ndarray | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   stop: Callable[[], bool] | None = None) -> GenerationResult:
+                   stop: Callable[[], bool] | None = None,
+                   preview: Callable[[int, int, np.ndarray], None] | None = None,
+                   preview_every: int = 0) -> GenerationResult:
         """Generate one image per entry of `infos` (1 to images_per_call, all of one size, step
         count and sampler; they may come from different requests) in one call. Free slots of the compiled batch
         are filled with copies of the last image and discarded: each device makes its images alone,
@@ -239,6 +270,10 @@ class Pipeline:
 
         stop: polled after each denoising step (stepwise pipelines); when it returns True the call
             ends there and raises Cancelled.
+        preview: called as preview(step, steps, images) every `preview_every` steps (stepwise
+            pipelines; not after the last), images (n, h, w, 3) uint8: the current estimate of each
+            image (see preview.py). A TAESD preview is decoded on the device while the next steps
+            run, and handed over once ready.
         """
         from PIL import Image
 
@@ -282,13 +317,16 @@ class Pipeline:
                 # ask `stop` in between.
                 in_flight: collections.deque = collections.deque()
                 done = 0
+                on_device = partial(programs["preview"], self.params["taesd"]) if "preview" in programs else None
+                previews = Previews(on_device, n, steps, preview, preview_every)
 
                 def finish_oldest() -> None:
                     nonlocal done
-                    jax.block_until_ready(in_flight.popleft())
+                    finished = jax.block_until_ready(in_flight.popleft())
                     done += 1
                     if progress is not None:
                         progress(done, steps)
+                    previews.after_step(done, finished.prediction)
                     if done < steps and stop is not None and stop():
                         raise Cancelled(f"stopped after step {done} of {steps}")
 
@@ -305,7 +343,7 @@ class Pipeline:
                     progress(steps, steps)
             t_denoise = time.perf_counter()
             images, finite = programs["decode"](self.params["vae"], state.x)
-            images, finite = np.asarray(images[:n]), np.asarray(finite[:n])
+            images, finite = np.asarray(images)[:n], np.asarray(finite)[:n]  # (slicing on the device would compile)
             t_decode = time.perf_counter()
         if not finite.all():
             bad = [infos[i].seed for i in np.flatnonzero(~finite)]
@@ -349,7 +387,8 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
                   step_progress: bool = True, compute_dtype: str | None = None, attention: str = "auto",
                   compile_cache: str | os.PathLike | None = None, unet: str | os.PathLike | None = None,
                   timestep_spacing: str | None = None, prediction_type: str | None = None,
-                  config: str | os.PathLike | None = None, loras: Sequence[str | tuple] | None = None) -> Pipeline:
+                  config: str | os.PathLike | None = None, loras: Sequence[str | tuple] | None = None,
+                  preview: str = "approx") -> Pipeline:
     """Load an SDXL checkpoint (Hub id, local diffusers directory, "tiny", or a single-file
     .safetensors with `config`: where its configs and tokenizers come from, default SDXL base
     1.0's) and compile it.
@@ -362,7 +401,8 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     weights file instead of the checkpoint's (e.g. SDXL-Lightning's; local or
     owner/repo/file.safetensors); `timestep_spacing` and `prediction_type` ("epsilon" or "sample")
     override the scheduler config's. `loras`: LoRA files fused into the weights, as "file[:scale]"
-    or (file, scale) (kohya or diffusers format; see `sdxl_tpu.lora`).
+    or (file, scale) (kohya or diffusers format; see `sdxl_tpu.lora`). `preview`: how live previews
+    are decoded, "approx" (no weights) or "taesd" / a TAESD checkpoint directory or repo (see preview.py).
     """
     if compile_cache is not None:
         enable_compile_cache(compile_cache)
@@ -377,10 +417,16 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     for spec in loras or []:
         path, scale = lora_spec(spec)
         name += f" + {Path(str(path)).stem}" + (f":{scale:g}" if scale != 1 else "")
+    taesd = None
+    if preview != "approx":
+        from .layers import Precision
+        from .taesd import load_taesd
+
+        taesd = load_taesd(preview, Precision.of(compute_dtype_for(dtype, compute_dtype), dtype, attention=attention))
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=sizes,
                     images_per_call=images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
-                    step_progress=step_progress)
+                    step_progress=step_progress, preview_decoder=taesd)
     if warmup:
         pipe.warmup()
     return pipe

@@ -161,3 +161,31 @@ def write_checkpoint(directory: str | os.PathLike, preset: str = "tiny", *, seed
 def write_tiny_checkpoint(directory: str | os.PathLike, *, seed: int = 0) -> Path:
     """Write the tiny SDXL checkpoint to `directory` (created if needed) and return its path."""
     return write_checkpoint(directory, "tiny", seed=seed)
+
+
+def tiny_taesd_config() -> dict[str, Any]:
+    """A small AutoencoderTiny config, as diffusers writes it, whose decoder upsamples by the tiny VAE's factor."""
+    from .presets import DIFFUSERS_VERSION
+
+    stages = len(preset_configs("tiny")["vae"]["block_out_channels"])  # the VAE scales by 2 ** (stages - 1)
+    widths = [8] * stages
+    return {
+        "_class_name": "AutoencoderTiny", "_diffusers_version": DIFFUSERS_VERSION, "act_fn": "relu",
+        "block_out_channels": widths, "decoder_block_out_channels": widths, "encoder_block_out_channels": widths,
+        "force_upcast": False, "in_channels": 3, "latent_channels": 4, "latent_magnitude": 3, "latent_shift": 0.5,
+        "num_decoder_blocks": [3] * (stages - 1) + [1], "num_encoder_blocks": [1] + [3] * (stages - 1),
+        "out_channels": 3, "scaling_factor": 1.0, "shift_factor": 0.0, "upsample_fn": "nearest",
+        "upsampling_scaling_factor": 2,
+    }
+
+
+def write_tiny_taesd(directory: str | os.PathLike, seed: int = 0) -> Path:
+    """Write a tiny random TAESD (AutoencoderTiny) checkpoint in diffusers format to `directory`; return its path."""
+    from .taesd import AutoencoderTiny, TAESDConfig
+
+    config = tiny_taesd_config()
+    model = nnx.eval_shape(lambda: AutoencoderTiny(TAESDConfig.from_dict(config)))
+    root = Path(directory)
+    _write_component(root, config, random_weights(model, np.random.default_rng(seed)),
+                     "diffusion_pytorch_model.safetensors")
+    return root
