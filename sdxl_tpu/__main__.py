@@ -127,6 +127,9 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
+    from .compilation import quiet_platforms
+
+    quiet_platforms()  # no TPU error messages on a machine without TPU chips
     if args.command == "make-tiny":
         from .tiny import write_checkpoint
 

@@ -36,11 +36,18 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .compilation import enable_compile_cache
+from .images import encode_preview
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .pipeline import Cancelled
-from .playground import MAX_STYLED_PROMPT_CHARS, Server, Settings, log_refusal, serve_metrics_apart
+from .playground import (
+    MAX_STYLED_PROMPT_CHARS,
+    Server,
+    Settings,
+    log_refusal,
+    serve_metrics_apart,
+)
 from .request import Request, RequestError, json_type, shown
-from .serving import DrainingServer, Generated, QueueFull, ShuttingDown
+from .serving import DrainingServer, Generated, QueueFull, ShuttingDown, StillCompiling
 
 log = logging.getLogger("sdxl_tpu.backend")
 
@@ -96,6 +103,7 @@ def parse_request(body: bytes, server: Server) -> Request:
         raise Refused(422, f"Unknown field {shown(unknown[0])}; the fields are: {', '.join(FIELDS)}.")
     if "prompt" not in data:
         raise Refused(422, "The field 'prompt' is required.")
+    server.check_size(data.get("size"))
     recipe = server.recipe
     sampler = data.get("sampler")
     return Request.of(data["prompt"], data.get("negative_prompt", ""), seed=data.get("seed"),
@@ -120,6 +128,8 @@ def status_of(error: BaseException) -> tuple[int, str, int | None]:
         return 503, str(error), RETRY_AFTER["busy"]
     if isinstance(error, ShuttingDown):
         return 503, str(error), RETRY_AFTER["draining"]
+    if isinstance(error, StillCompiling):  # another host may have the size already
+        return 503, str(error), RETRY_AFTER["loading"]
     if isinstance(error, RequestError):
         return 422, str(error), None
     if isinstance(error, Cancelled):  # the caller left, or the drain's deadline passed: another host may serve it
@@ -132,8 +142,8 @@ class Generation:
     ("accepted",) once queued, ("progress", step, steps), then ("result", json) or ("error",
     status, message, retry_after). `gone` set means nobody waits for it any more."""
 
-    def __init__(self, server: Server, http: HTTPRequest):
-        self.server, self.http = server, http
+    def __init__(self, server: Server, http: HTTPRequest, previews: bool = False):
+        self.server, self.http, self.previews = server, http, previews
         self.events: asyncio.Queue[tuple] = asyncio.Queue()
         self.gone = threading.Event()
 
@@ -147,8 +157,10 @@ class Generation:
                 if server.draining:
                     raise ShuttingDown()
                 done = asyncio.Event()
+                preview = (lambda step, steps, images: put("preview", step, steps, images)) if self.previews else None
                 job = server.enqueue(request, progress=lambda step, steps: put("progress", step, steps),
-                                     abandoned=self.gone.is_set, on_done=lambda: loop.call_soon_threadsafe(done.set))
+                                     abandoned=self.gone.is_set, on_done=lambda: loop.call_soon_threadsafe(done.set),
+                                     preview=preview)
                 put("accepted")
                 await done.wait()
                 made = await asyncio.to_thread(server.finish, job)
@@ -182,6 +194,9 @@ class Generation:
                     yield ": working\n\n"
                 elif event[0] == "progress":
                     yield f"event: progress\ndata: {json.dumps({'step': event[1], 'steps': event[2]})}\n\n"
+                elif event[0] == "preview":  # small JPEGs, a few times a run
+                    images = [base64.b64encode(encode_preview(image)).decode("ascii") for image in event[3]]
+                    yield f"event: preview\ndata: {json.dumps({'step': event[1], 'steps': event[2], 'images': images})}\n\n"
                 elif event[0] == "result":
                     yield f"event: result\ndata: {json.dumps(event[1])}\n\n"
                     return
@@ -199,11 +214,11 @@ def build_backend(server: Server) -> tuple[Starlette, Callable[[], bool]]:
     async def generate(http: HTTPRequest) -> Response:
         if server.status in ("loading", "error"):  # not counted: readiness says so; a balancer goes elsewhere
             return error_response(503, server.message, RETRY_AFTER["loading"])
-        generation = Generation(server, http)
+        streaming = "text/event-stream" in http.headers.get("accept", "")
+        generation = Generation(server, http, previews=streaming)  # previews only for a caller who sees them
         task = asyncio.create_task(generation.run())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-        streaming = "text/event-stream" in http.headers.get("accept", "")
         event = await generation.next_event(watch_disconnect=False)
         while event[0] == "keepalive":  # reading and checking the body (a slow sender is bounded by the server)
             event = await generation.next_event(watch_disconnect=False)
@@ -212,7 +227,7 @@ def build_backend(server: Server) -> tuple[Starlette, Callable[[], bool]]:
         if streaming:
             return StreamingResponse(generation.stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        while (event := await generation.next_event(watch_disconnect=True))[0] == "progress":
+        while (event := await generation.next_event(watch_disconnect=True))[0] in ("progress", "preview"):
             pass
         if event[0] == "error":
             return error_response(*event[1:])

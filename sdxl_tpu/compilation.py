@@ -1,7 +1,11 @@
-"""JAX compilation: the persistent cache, and a counter that proves nothing recompiles."""
+"""JAX set-up: which platforms to start, the persistent cache, and a counter that proves nothing
+recompiles."""
 
 from __future__ import annotations
 
+import glob
+import importlib.util
+import logging
 import os
 from pathlib import Path
 
@@ -15,6 +19,30 @@ _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
 _CACHE_HITS = "/jax/compilation_cache/cache_hits"
 _CACHE_MISSES = "/jax/compilation_cache/cache_misses"
+
+
+def quiet_platforms(environ: dict[str, str] | None = None) -> str | None:
+    """On a machine without TPU chips, start JAX without its TPU platform.
+
+    jax[tpu] (requirements.txt) installs libtpu, which on a machine without TPU chips logs its
+    failed search for them as errors ("could not determine TPU accelerator type", "unexpected
+    worker hostname ...") before JAX falls back to the CPU: harmless, but alarming at start-up.
+    Where JAX_PLATFORMS is unset, libtpu is installed and no TPU device exists (/dev/accel*,
+    /dev/vfio/N), this sets JAX_PLATFORMS to the CPU (with CUDA first where a CUDA plugin is
+    installed) and returns it; otherwise it changes nothing and returns None. Call it before JAX
+    starts its backends (the first computation or jax.devices()).
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("JAX_PLATFORMS") or environ.get("TPU_ACCELERATOR_TYPE") or importlib.util.find_spec("libtpu") is None:
+        return None
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return None
+    cuda = any(importlib.util.find_spec(name) is not None for name in ("jax_cuda13_plugin", "jax_cuda12_plugin"))
+    platforms = "cuda,cpu" if cuda else "cpu"
+    environ["JAX_PLATFORMS"] = platforms
+    jax.config.update("jax_platforms", platforms)
+    logging.getLogger("sdxl_tpu").info("no TPU chips here: JAX runs on %s (set JAX_PLATFORMS to choose)", platforms)
+    return platforms
 
 
 def enable_compile_cache(directory: str | os.PathLike | None) -> None:
@@ -59,7 +87,7 @@ class CompileCounter:
         elif event == _TRACE:
             self.traces += 1
 
-    def __enter__(self) -> "CompileCounter":
+    def __enter__(self) -> CompileCounter:
         self._active = True
         jax.monitoring.register_event_duration_secs_listener(self._listener)
         jax.monitoring.register_event_listener(self._event)

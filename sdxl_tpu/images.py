@@ -62,6 +62,15 @@ def encode(image: "Image.Image", parameters: str, fmt: str = "png") -> bytes:
     return out.getvalue()
 
 
+def encode_preview(pixels) -> bytes:
+    """A live preview ((h, w, 3) uint8) as a small JPEG: no parameters, it is not the image."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=85)
+    return out.getvalue()
+
+
 def read_parameters(image: "Image.Image") -> str | None:
     """The parameters an image file carries (PNG text chunk or EXIF UserComment), if any."""
     if "parameters" in image.info:
@@ -112,14 +121,16 @@ class ImageStore:
         return self.write(encode_all(images, [parameters_text(i, model) for i in infos], self.fmt),
                           [info.seed for info in infos])
 
-    def write(self, data: Sequence[bytes], seeds: Sequence[int]) -> list[str]:
-        """Write one call's images, already encoded in this store's format (see `encode_all`);
-        returns their paths. The names are this store's own (folder and seed), never a caller's."""
+    def write(self, data: Sequence[bytes], seeds: Sequence[int], *, name: str = "sdxl",
+              extension: str | None = None) -> list[str]:
+        """Write one call's images, already encoded in this store's format (see `encode_all`; or
+        as `extension` says, e.g. previews); returns their paths. The names are this store's own
+        (folder, `name` and seed), never a caller's."""
         folder = self.root / uuid.uuid4().hex
         folder.mkdir()
         paths = []
         for seed, blob in zip(seeds, data, strict=True):
-            path = folder / f"sdxl-{int(seed)}.{FORMATS[self.fmt]}"
+            path = folder / f"{name}-{int(seed)}.{extension or FORMATS[self.fmt]}"
             path.write_bytes(blob)
             paths.append(str(path))
         with self._lock:

@@ -7,8 +7,10 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import os
+import queue
 import tempfile
 import threading
 import time
@@ -21,16 +23,35 @@ from typing import Any
 
 from .checkpoint import CheckpointError
 from .compilation import DEFAULT_COMPILE_CACHE
-from .images import FORMATS, ImageStore, encode_all
+from .images import FORMATS, ImageStore, encode_all, encode_preview
 from .metrics import Metrics
 from .pipeline import Cancelled, GenerationError, Pipeline, call_batch, load_pipeline
 from .recipes import BASE, RECIPES, SAMPLING, Recipe, recipe_named, settle
-from .request import (MAX_PROMPT_CHARS, MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
-                      number_input, parse_size, text_input)
+from .remote import Unavailable, check_backend_url
+from .request import (
+    MAX_PROMPT_CHARS,
+    MAX_SEED,
+    Request,
+    RequestError,
+    choice_input,
+    format_size,
+    json_type,
+    number_input,
+    parse_size,
+    text_input,
+)
 from .sampling import MAX_TOKENS
 from .scheduler import SAMPLERS
-from .remote import Unavailable, check_backend_url
-from .serving import SHUTTING_DOWN, Batcher, Generated, Job, QueueFull, ShuttingDown, never
+from .serving import (
+    SHUTTING_DOWN,
+    Batcher,
+    Generated,
+    Job,
+    QueueFull,
+    ShuttingDown,
+    StillCompiling,
+    never,
+)
 
 DEFAULT_MODEL = BASE
 QUEUE_SIZE = 16
@@ -84,28 +105,48 @@ def log_refusal(where: str, error: Exception) -> None:
     log.info("refused input to %s: %s", where, error)
 
 
-def gradio_handler(fn: Callable, where: str) -> Callable:
-    """An event handler as Gradio calls it: a RequestError reaches the user as its message (one
-    log line); anything else is a bug, logged with its traceback, and the user is told it failed,
-    without internals."""
+def user_message(error: Exception, where: str) -> str:
+    """What the user is told of an error raised by a handler (logged here, once): a RequestError
+    is their message; anything else is a bug, logged with its traceback, told without internals."""
+    if isinstance(error, RequestError):
+        log_refusal(where, error)
+        return str(error)
+    if isinstance(error, Cancelled):  # the caller has gone (or the server is stopping): nobody to tell
+        log.info("%s cancelled: %s", where, error)
+        return "The request was cancelled."
+    log.error("%s failed", where, exc_info=error)
+    return "Something went wrong on the server; it has been logged. Please try again."
+
+
+def gradio_handler(fn: Callable, where: str, refused: Callable[[str], Any] | None = None) -> Callable:
+    """An event handler as Gradio calls it (a function, or a generator that streams updates):
+    errors reach the user as `user_message` says, as a gr.Error (an error event for API clients, a
+    toast in the page). A generator first yields `refused(message)`, if given: what the page shows
+    of it (e.g. the message in a status line, the other outputs kept)."""
     import gradio as gr
+
+    def error(e: Exception) -> gr.Error:
+        return e if isinstance(e, gr.Error) else gr.Error(user_message(e, where), print_exception=False)
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def streaming(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except Exception as e:
+                failure = error(e)
+                if refused is not None:
+                    yield refused(failure.message)
+                raise failure from None
+
+        return streaming
 
     @functools.wraps(fn)
     def handler(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except RequestError as e:
-            log_refusal(where, e)
-            raise gr.Error(str(e), print_exception=False) from None
-        except Cancelled as e:  # the caller has gone (or the server is stopping): nobody to tell
-            log.info("%s cancelled: %s", where, e)
-            raise gr.Error("The request was cancelled.", print_exception=False) from None
-        except gr.Error:
-            raise
-        except Exception:
-            log.exception("%s failed", where)
-            raise gr.Error("Something went wrong on the server; it has been logged. Please try again.",
-                           print_exception=False) from None
+        except Exception as e:
+            raise error(e) from None
 
     return handler
 
@@ -153,10 +194,21 @@ class Settings:
     timestep_spacing: str | None = None
     prediction_type: str | None = None
     recipe: Recipe | None = None  # the launch preset: the page's defaults for steps, guidance, sampler
+    preview_every: int | None = None  # steps between live previews (None: about four a run; 0: none)
+    preview: str = "approx"  # how previews are decoded: approx, taesd, or a TAESD checkpoint
     backend: str | None = None  # a front end's back-end URL: generations are sent there, no model is loaded
 
 
+# SDXL's trained sizes (about a megapixel each): the first is compiled before the app is ready, the
+# others in the background.
+SDXL_SIZES = ("1024x1024", "1152x896", "896x1152", "1216x832", "832x1216", "1344x768", "768x1344", "1536x640",
+              "640x1536")
+
+
 def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """--sizes: comma-separated WIDTHxHEIGHT, or "sdxl" for SDXL_SIZES."""
+    if text.strip().lower() == "sdxl":
+        text = ",".join(SDXL_SIZES)
     sizes = [parse_size(part) for part in text.split(",") if part.strip()]
     if not sizes:
         raise ValueError("--sizes needs at least one WIDTHxHEIGHT")
@@ -181,8 +233,16 @@ def add_settings_arguments(parser: argparse.ArgumentParser, env: dict[str, str])
                              "repeatable (env SDXL_LORA, comma-separated)")
     parser.set_defaults(lora_env=env.get("SDXL_LORA", ""))  # used when no --lora is given
     parser.add_argument("--sizes", default=env.get("SDXL_SIZES"),
-                        help="comma-separated WIDTHxHEIGHT sizes to compile (env SDXL_SIZES; default 1024x1024, "
-                             "256x256 for the tiny model)")
+                        help="comma-separated WIDTHxHEIGHT sizes to compile, or 'sdxl' for SDXL's nine trained sizes; "
+                             "ready once the first is compiled, the others follow in the background (env SDXL_SIZES; "
+                             "default 1024x1024, 256x256 for the tiny model)")
+    parser.add_argument("--preview-every", default=env.get("SDXL_PREVIEW_EVERY", "auto"), type=preview_every_argument,
+                        metavar="N", help="live previews every N denoising steps; 'auto' (default): about four a run; "
+                                          "0: none (env SDXL_PREVIEW_EVERY)")
+    parser.add_argument("--preview", default=env.get("SDXL_PREVIEW", "approx"),
+                        help="how live previews are decoded: 'approx' (a linear latent-to-RGB map, no weights), "
+                             "'taesd' (the tiny autoencoder madebyollin/taesdxl, downloaded once) or a local TAESD "
+                             "directory in diffusers format (env SDXL_PREVIEW)")
     parser.add_argument("--unet", default=env.get("SDXL_UNET") or None,
                         help="UNet weights file instead of the model's (diffusers names, one .safetensors; local or "
                              "owner/repo/file.safetensors, e.g. SDXL-Lightning's) (env SDXL_UNET)")
@@ -212,6 +272,15 @@ def add_settings_arguments(parser: argparse.ArgumentParser, env: dict[str, str])
                              "HOST:PORT for a listener of its own, e.g. 127.0.0.1:9100 (env SDXL_METRICS)")
 
 
+def preview_every_argument(text: str) -> int | None:
+    """--preview-every: 'auto' (None) or a whole number of steps, 0 for none."""
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a whole number of steps (0: no previews), got {text!r}")
+    return int(text)
+
+
 def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
     """Settings from what `add_settings_arguments` (plus --host and --port, and the playground's
     own options where given) parsed; a bad value ends the program through `parser.error`."""
@@ -238,8 +307,8 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
                     compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size,
                     image_format=args.image_format, drain_seconds=args.drain_seconds, metrics=args.metrics,
                     unet=chosen["unet"], timestep_spacing=chosen["spacing"], prediction_type=chosen["prediction_type"],
-                    config=args.config, loras=loras,
-                    recipe=recipe)
+                    config=args.config, loras=loras, recipe=recipe, preview_every=args.preview_every,
+                    preview=args.preview)
 
 
 def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
@@ -280,7 +349,7 @@ def metrics_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def serve_metrics_apart(server: "Server") -> None:
+def serve_metrics_apart(server: Server) -> None:
     """--metrics HOST:PORT: /metrics on a listener of its own (e.g. reachable only in the cluster)."""
     if server.settings.metrics not in ("public", "off"):
         from prometheus_client import start_http_server
@@ -347,7 +416,7 @@ class ModelInfo:
         return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes]}
 
     @staticmethod
-    def from_json(data: Any) -> "ModelInfo":
+    def from_json(data: Any) -> ModelInfo:
         """A server's description as it came over the network; ValueError names what is wrong."""
         if not isinstance(data, dict):
             raise ValueError(f"the description must be a JSON object, got {json_type(data)}")
@@ -421,6 +490,7 @@ class Server:
         self._loader = loader or self._load
         self.ready_event = threading.Event()
         self.done_event = threading.Event()
+        self.compiled_event = threading.Event()  # every size compiled (set at once when they all were at start)
 
     def image_store(self, folder: Path, on_delete: Callable[[list[str]], None] | None = None) -> ImageStore:
         """A store for this server's images in a folder of its own under `folder`."""
@@ -429,9 +499,13 @@ class Server:
                           keep_seconds=s.keep_images_seconds, max_bytes=s.max_image_bytes, on_delete=on_delete)
 
     def _load(self, s: Settings) -> Pipeline:
-        return load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
+        """The pipeline, compiled for the first size (the others follow in the background)."""
+        pipe = load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
                              attention=s.attention, unet=s.unet, timestep_spacing=s.timestep_spacing,
-                             prediction_type=s.prediction_type, config=s.config, loras=s.loras)
+                             prediction_type=s.prediction_type, config=s.config, loras=s.loras, preview=s.preview,
+                             warmup=False)
+        pipe.warmup(pipe.sizes[:1])
+        return pipe
 
     def load(self) -> None:
         """Load and compile (blocking), or, for a front end, wait (bounded) until the back end
@@ -444,8 +518,11 @@ class Server:
                 pipe = self._loader(self.settings)
                 self.pipeline, self.tokenizer = pipe, pipe.tokenizers[0]
                 self.batcher = Batcher(pipe, on_call=lambda images, result: self._count_call(
-                    result.timings if result is not None else None), max_waiting=self.max_waiting)
+                    result.timings if result is not None else None), max_waiting=self.max_waiting,
+                    preview_every=self.settings.preview_every)
                 self.info = self._describe(pipe)
+                if self.compiling:
+                    threading.Thread(target=self._compile_the_rest, name="sdxl-compile", daemon=True).start()
         except (CheckpointError, OSError, ValueError) as e:
             self._fail(model_not_found_message(self.settings.model, str(e).rstrip(".")) if self.settings.backend is None
                        else f"Could not reach the back end at {self.settings.backend}: {str(e).rstrip('.')}.")
@@ -456,12 +533,61 @@ class Server:
             self.warmup_seconds = time.perf_counter() - start
             if self.status == "loading":  # (a drain may have begun meanwhile)
                 self.status = "ready"
-                self.message = (f"Ready ({self.warmup_seconds:.0f} s to load and compile)." if self.remote is None
-                                else f"Ready: images are made by {self.info.model} on the back ends.")
+                self.message = (f"Ready ({self.warmup_seconds:.0f} s to load and compile "
+                                f"{format_size(self.sizes[0]) if self.compiling else 'every size'})."
+                                if self.remote is None else f"Ready: images are made by {self.info.model} on the back ends.")
                 self.metrics.ready.set(1)
             self.ready_event.set()
+            if not self.compiling:
+                self.compiled_event.set()
         finally:
             self.done_event.set()
+
+    def _compile_the_rest(self) -> None:
+        """Compile the sizes still missing, one by one (each is offered once compiled)."""
+        for size in self.compiling:
+            if self.draining:
+                return
+            start = time.perf_counter()
+            try:
+                self.pipeline.warmup([size])
+            except Exception:  # the sizes compiled so far keep serving
+                log.exception("compiling %s failed", format_size(size))
+                return
+            log.info("compiled %s in %.1f s", format_size(size), time.perf_counter() - start)
+        self.compiled_event.set()
+
+    @property
+    def compiling(self) -> list[tuple[int, int]]:
+        """Offered sizes not compiled yet (in the order they will be)."""
+        if self.pipeline is None:
+            return []
+        return [size for size in self.sizes if not self.pipeline.is_compiled(size)]
+
+    @property
+    def ready_sizes(self) -> list[tuple[int, int]]:
+        """The sizes a request may ask for now."""
+        compiling = self.compiling
+        return [size for size in self.sizes if size not in compiling]
+
+    @property
+    def status_line(self) -> str:
+        """What the page says of the server: its message, and how many sizes are still compiling."""
+        compiling = self.compiling if self.ready else []
+        if not compiling:
+            return self.message
+        return (f"{self.message} {len(compiling)} more size{'s' if len(compiling) > 1 else ''} compiling "
+                f"({', '.join(format_size(s) for s in compiling)}); they join the size menu when ready.")
+
+    def check_size(self, size: Any) -> None:
+        """Refuses a size that is offered but not compiled yet (StillCompiling), before anything else."""
+        try:
+            wanted = parse_size(size)
+        except RequestError:
+            return  # the field's own check names the problem
+        if wanted in self.compiling:
+            raise StillCompiling(f"Size {format_size(wanted)} is still being compiled; it will be available in a "
+                                 "moment (the sizes ready now: " + ", ".join(map(format_size, self.ready_sizes)) + ").")
 
     def _describe(self, pipe: Pipeline) -> ModelInfo:
         recipe = self.settings.recipe
@@ -500,9 +626,11 @@ class Server:
     def ready(self) -> bool:
         return self.status == "ready"
 
-    def readiness(self) -> tuple[dict[str, str], int]:
-        """GET /readyz: the body and status code (200 once warm, 503 while loading or draining)."""
-        return {"status": self.status, "message": self.message}, 200 if self.ready else 503
+    def readiness(self) -> tuple[dict[str, Any], int]:
+        """GET /readyz: the body and status code (200 once warm, 503 while loading or draining), with
+        the sizes still compiling."""
+        return ({"status": self.status, "message": self.status_line,
+                 "compiling": [format_size(s) for s in self.compiling]}, 200 if self.ready else 503)
 
     @property
     def draining(self) -> bool:
@@ -550,23 +678,27 @@ class Server:
         """The presets the page offers (see `offered_presets`)."""
         return [RECIPES[name] for name in (self.info.presets if self.info else offered_presets(self.settings.recipe))]
 
-    def token_count(self, prompt: Any) -> str:
-        """Markdown: how many of the 77 tokens the prompt uses, and a warning when it is truncated."""
+    def token_count(self, prompt: Any, style: Any = DEFAULT_STYLE) -> str:
+        """Markdown: how many of the encoder's tokens the prompt takes with the style's template
+        applied (as it will be encoded; start and end tokens not counted, as A1111 counts), and a
+        warning when it will be cut or is too long to be accepted."""
         try:
             text = text_input(prompt, "Prompt")
+            template = style_entry(style)[0]
         except RequestError as e:
             log_refusal("token count", e)
             return f"⚠️ {e}"
+        limit = MAX_TOKENS - 2
+        if not text:
+            return f"0 / {limit} tokens"
         if self.tokenizer is None:
-            if not text:
-                return ""
             return ("No token count here (the front end has no tokenizer for this model)." if self.remote is not None
                     else "Token count available once the model is loaded.")
-        n = len(self.tokenizer(text).input_ids)  # includes start and end tokens
-        if n > MAX_TOKENS:
-            return (f"⚠️ **{n} / {MAX_TOKENS} tokens**: the prompt will be truncated after token "
-                    f"{MAX_TOKENS - 2}; the rest is ignored.")
-        return f"{n} / {MAX_TOKENS} tokens"
+        # verbose=False: no "sequence length is longer than" warning per keystroke in the log.
+        n = len(self.tokenizer(template.replace("{prompt}", text), verbose=False).input_ids) - 2
+        if n > limit:
+            return f"⚠️ **{n} / {limit} tokens**: the prompt will be cut after token {limit}; the rest is ignored."
+        return f"{n} / {limit} tokens"
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -590,31 +722,90 @@ class Server:
         except RequestError:
             outcome = "user_error"
             raise
-        except Cancelled:
+        except (Cancelled, GeneratorExit):  # (GeneratorExit: a page's stream closed by the web server)
             outcome = "cancelled"
             raise
         finally:
             self.metrics.count(outcome)
 
-    def serve(self, fields: Sequence[Any], progress: Callable[[int, int], None] | None = None,
-              abandoned: Callable[[], bool] | None = None, queued_at: float | None = None):
-        """One /generate call, from the form's fields as the client sent them (see `validate`) to
-        the gallery; counted in `metrics` by outcome. `queued_at` (time.monotonic()) is when the
-        request joined the queue; `abandoned()` says whether its caller has gone."""
+    def stream(self, fields: Sequence[Any], abandoned: Callable[[], bool] | None = None,
+               queued_at: float | None = None, previews: bool = True) -> Iterator[tuple]:
+        """One /generate call, from the form's fields as the client sent them (see `validate`),
+        as what the page shows while it runs, in order:
+            ("progress", step, steps)            after each denoising step
+            ("preview", [(path, caption)])       live previews of the four images (if `previews`)
+            ("done", [(path, caption)], seeds, info markdown, the sampler used)
+        Counted in `metrics` by outcome. `queued_at` (time.monotonic()) is when the request joined
+        the queue; `abandoned()` says whether its caller has gone (so does closing the stream)."""
+        closed = threading.Event()
+        gone = lambda: closed.is_set() or (abandoned is not None and bool(abandoned()))
         with self.counted(time.monotonic() if queued_at is None else queued_at):
-            request = validate(*fields, self.sizes, self.samplers)
-            return self.generate(request, progress=progress, abandoned=abandoned)
+            try:
+                self.check_size(fields[7] if len(fields) > 7 else None)
+                request = validate(*fields, self.sizes, self.samplers)
+                yield from self._updates(request, gone, previews)
+            except GeneratorExit:
+                closed.set()
+                raise
 
     def generate(self, request: Request, progress: Callable[[int, int], None] | None = None,
                  abandoned: Callable[[], bool] | None = None):
-        """Returns ([(image, caption)], seeds, info markdown). Raises RequestError for the user,
-        Cancelled when `abandoned()` turned true before the images were made."""
-        made = self.make(request, progress=progress, abandoned=abandoned)
-        # Written once, as encoded with their parameters, where Gradio serves them from (no copy).
-        if self.images is None:
+        """A checked request's images, without previews: ([(path, caption)], seeds, info markdown).
+        Raises RequestError for the user, Cancelled when `abandoned()` turned true first."""
+        for update in self._updates(request, abandoned or never, previews=False):
+            if update[0] == "progress" and progress is not None:
+                progress(*update[1:])
+        return update[1:4]
+
+    def _updates(self, request: Request, gone: Callable[[], bool], previews: bool) -> Iterator[tuple]:
+        """`stream`'s updates for a checked request: the work runs on the batcher's thread (or a
+        back end's), and what it reports is handed over in the caller's thread, where the web
+        framework's progress display has its context."""
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        put_progress = lambda step, steps: events.put(("progress", step, steps))
+        put_preview = (lambda step, steps, images: events.put(("preview", step, steps, images))) if previews else None
+        if self.remote is not None:
+            def ask_the_back_end() -> None:
+                try:
+                    events.put(("made", self.remote.generate(request, progress=put_progress, abandoned=gone,
+                                                             image_format=self.image_format, preview=put_preview)))
+                except BaseException as e:  # handed to the caller, raised there
+                    events.put(("error", e))
+
+            threading.Thread(target=ask_the_back_end, name="sdxl-remote", daemon=True).start()
+        else:
+            job = self.enqueue(request, progress=put_progress, abandoned=gone, preview=put_preview,
+                               on_done=lambda: events.put(("job",)))
+        while True:  # every job ends (done, failed or cancelled), and says so
+            kind, *args = events.get()
+            if kind == "progress":
+                yield ("progress", *args)
+            elif kind == "preview":
+                yield ("preview", self._preview_gallery(request, *args))
+            elif kind == "error":
+                raise args[0]
+            else:
+                made = self.finish(job) if kind == "job" else args[0]
+                if kind == "made":
+                    self._count_call(made.timings)
+                break
+        yield ("done", *self._gallery(request, made), made.sampler)
+
+    def _store(self) -> ImageStore:
+        if self.images is None:  # (app.py gives the store in Gradio's cache folder, where it serves from)
             self.images = self.image_store(Path(tempfile.gettempdir()))
+        return self.images
+
+    def _preview_gallery(self, request: Request, step: int, steps: int, images) -> list[tuple[str, str]]:
+        """Previews (uint8 arrays, or JPEG files from a back end) as small files in the store."""
+        files = [image if isinstance(image, bytes) else encode_preview(image) for image in images]
+        paths = self._store().write(files, range(len(files)), name="preview", extension="jpg")
+        return [(path, f"preview · step {step} / {steps}") for path in paths]
+
+    def _gallery(self, request: Request, made: Generated) -> tuple[list[tuple[str, str]], list[int], str]:
+        # Written once, as encoded with their parameters, where Gradio serves them from (no copy).
         start = time.perf_counter()
-        paths = self.images.write(made.files, made.seeds)
+        paths = self._store().write(made.files, made.seeds)
         saving = made.timings.get("encoding", 0.0) + time.perf_counter() - start
         self.count_images(len(paths), saving)
         gallery = [(path, f"seed {seed}") for path, seed in zip(paths, made.seeds)]
@@ -626,24 +817,14 @@ class Server:
                 f"Seeds: {', '.join(str(s) for s in made.seeds)}.")
         return gallery, made.seeds, info
 
-    def make(self, request: Request, progress: Callable[[int, int], None] | None = None,
-             abandoned: Callable[[], bool] | None = None) -> Generated:
-        """The request's images, encoded (blocking): by this process's pipeline, or a back end's."""
-        if self.remote is not None:
-            made = self.remote.generate(request, progress=progress, abandoned=abandoned, image_format=self.image_format)
-            self._count_call(made.timings)
-            return made
-        job = self.enqueue(request, progress=progress, abandoned=abandoned)
-        job.done.wait()
-        return self.finish(job)
-
     def enqueue(self, request: Request, progress: Callable[[int, int], None] | None = None,
-                abandoned: Callable[[], bool] | None = None, on_done: Callable[[], None] | None = None) -> Job:
+                abandoned: Callable[[], bool] | None = None, on_done: Callable[[], None] | None = None,
+                preview: Callable[[int, int, Any], None] | None = None) -> Job:
         """The request, accepted for the pipeline (see Batcher.enqueue); `finish` it once done."""
         if self.batcher is None:
             raise RequestError(self.error or "The model is still warming up; please try again in a moment.")
         return self.batcher.enqueue(request.images(self.settings.images_per_call), progress=progress,
-                                    abandoned=abandoned or never, on_done=on_done)
+                                    abandoned=abandoned or never, on_done=on_done, preview=preview)
 
     def finish(self, job: Job) -> Generated:
         """A finished job's images, encoded in the server's format with their parameters (or what

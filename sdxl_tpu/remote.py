@@ -119,10 +119,12 @@ class Backend:
     # -- one generation -------------------------------------------------------------------------
 
     def generate(self, request: Request, progress: Callable[[int, int], None] | None = None,
-                 abandoned: Callable[[], bool] | None = None, image_format: str = "jpeg"):
+                 abandoned: Callable[[], bool] | None = None, image_format: str = "jpeg",
+                 preview: Callable[[int, int, list[bytes]], None] | None = None):
         """The request's images (a serving.Generated), made by some back end. Raises RequestError
         with the back end's message for a request it refused, Cancelled when `abandoned()` turned
-        true, Unavailable when no back end served it in `attempts` tries or `retry_seconds`."""
+        true, Unavailable when no back end served it in `attempts` tries or `retry_seconds`.
+        `preview(step, steps, files)` is given the back end's live previews (JPEG files)."""
         from .pipeline import Cancelled
 
         abandoned = abandoned or never
@@ -133,7 +135,7 @@ class Backend:
             if abandoned():
                 raise Cancelled("the caller has gone")
             try:
-                return self._attempt(body, progress, abandoned, image_format)
+                return self._attempt(body, progress, abandoned, image_format, preview)
             except _Retry as e:
                 reason = str(e)
                 pause = min(MAX_PAUSE, e.pause if e.pause is not None else 0.1 * 2 ** attempt)
@@ -149,7 +151,7 @@ class Backend:
         raise Unavailable(UNAVAILABLE)
 
     def _attempt(self, body: bytes, progress: Callable[[int, int], None] | None, abandoned: Callable[[], bool],
-                 image_format: str):
+                 image_format: str, preview: Callable[[int, int, list[bytes]], None] | None):
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         try:
             with self._http.stream("POST", self.url + "/v1/generate", content=body, headers=headers) as response:
@@ -165,6 +167,9 @@ class Backend:
                     if event == "progress":
                         if progress is not None:
                             progress(int(data["step"]), int(data["steps"]))
+                    elif event == "preview":
+                        if preview is not None:
+                            preview(int(data["step"]), int(data["steps"]), _files(data["images"], "jpeg"))
                     elif event == "result":
                         return _generated(data, image_format)
                     elif event == "error":
@@ -222,12 +227,12 @@ def _events(response: httpx.Response, abandoned: Callable[[], bool]) -> Iterator
             data.append(line[5:].lstrip(" "))
 
 
-def _generated(data: dict[str, Any], image_format: str):
-    """The result event as a serving.Generated; ValueError when it is not what a back end sends."""
-    from .serving import Generated
-
+def _files(images: Any, image_format: str) -> list[bytes]:
+    """Base64 image files as a back end sends them; ValueError when they are anything else."""
+    if not isinstance(images, list) or len(images) > 1024:
+        raise ValueError("images must be a list of base64 files")
     files = []
-    for text in data["images"]:
+    for text in images:
         try:
             blob = base64.b64decode(text, validate=True)
         except (binascii.Error, TypeError) as e:
@@ -235,6 +240,14 @@ def _generated(data: dict[str, Any], image_format: str):
         if not blob.startswith(MAGIC[image_format]):
             raise ValueError(f"an image is not a {image_format} file")
         files.append(blob)
+    return files
+
+
+def _generated(data: dict[str, Any], image_format: str):
+    """The result event as a serving.Generated; ValueError when it is not what a back end sends."""
+    from .serving import Generated
+
+    files = _files(data["images"], image_format)
     seeds, parameters = data["seeds"], data["parameters"]
     if not files or not (len(files) == len(seeds) == len(parameters)) or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in seeds):

@@ -20,10 +20,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import uvicorn
 
+if TYPE_CHECKING:
+    import numpy as np
+
 from .pipeline import Cancelled, GenerationResult, guided
+from .preview import every
 from .request import ImageInfo, RequestError
 
 log = logging.getLogger("sdxl_tpu.serving")
@@ -42,6 +47,10 @@ class ShuttingDown(RequestError):
 
     def __init__(self, message: str = SHUTTING_DOWN):
         super().__init__(message)
+
+
+class StillCompiling(RequestError):
+    """A size this server offers but has not compiled yet (it will shortly; another server may have it)."""
 
 
 def never() -> bool:
@@ -69,6 +78,7 @@ class Job:
     result: GenerationResult | None = None
     error: BaseException | None = None
     on_done: Callable[[], None] | None = None  # told (on the accelerator's thread) once `done` is set
+    preview: Callable[[int, int, np.ndarray], None] | None = None  # (step, steps, its images' previews)
 
     def outcome(self) -> GenerationResult:
         """The images, or what stopped them (raised); call once `done` is set."""
@@ -90,8 +100,9 @@ class Batcher:
 
     def __init__(self, pipeline, max_wait: float = MAX_WAIT_SECONDS,
                  on_call: Callable[[int, GenerationResult | None], None] | None = None,
-                 max_waiting: int | None = None):
+                 max_waiting: int | None = None, preview_every: int | None = None):
         self.pipeline, self.max_wait, self.on_call = pipeline, max_wait, on_call
+        self.preview_every = preview_every  # steps between previews (None: about four a run; 0: none)
         self.max_waiting = max_waiting  # None: unbounded (the web server's queue bounds it)
         self.capacity = pipeline.images_per_call
         self.calls = 0  # pipeline calls made (a call may serve several callers)
@@ -114,12 +125,14 @@ class Batcher:
         return job.outcome()
 
     def enqueue(self, infos: Sequence[ImageInfo], progress: Callable[[int, int], None] | None = None,
-                abandoned: Callable[[], bool] = never, on_done: Callable[[], None] | None = None) -> Job:
+                abandoned: Callable[[], bool] = never, on_done: Callable[[], None] | None = None,
+                preview: Callable[[int, int, np.ndarray], None] | None = None) -> Job:
         """`submit` without waiting: the accepted job (its `done` is set, and `on_done()` called,
-        when it ends). Raises at once what `submit` raises at the door."""
+        when it ends). Raises at once what `submit` raises at the door. `preview(step, steps,
+        images)` is given live previews of its images (see preview.py), if any are made."""
         if not 1 <= len(infos) <= self.capacity:
             raise ValueError(f"a request makes 1 to {self.capacity} images, not {len(infos)}")
-        job = Job(list(infos), progress, abandoned, on_done=on_done)
+        job = Job(list(infos), progress, abandoned, on_done=on_done, preview=preview)
         with self._cond:
             if self._closed:
                 raise ShuttingDown()
@@ -207,20 +220,36 @@ class Batcher:
             finally:
                 self._running = []
 
+    def _tell(self, job: Job, what: str, *args) -> None:
+        callback = getattr(job, what)
+        if callback is not None and not self._gone(job):
+            try:
+                callback(*args)
+            except Exception:  # a caller's progress display must not fail the others
+                log.exception("%s callback failed", what)
+
     def _run(self, batch: list[Job]) -> None:
         def progress(done: int, steps: int) -> None:
             for job in batch:
-                if job.progress is not None and not self._gone(job):
-                    try:
-                        job.progress(done, steps)
-                    except Exception:  # a caller's progress display must not fail the others
-                        log.exception("progress callback failed")
+                self._tell(job, "progress", done, steps)
+
+        def preview(step: int, steps: int, images) -> None:
+            start = 0
+            for job in batch:
+                self._tell(job, "preview", step, steps, images[start:start + len(job.infos)])
+                start += len(job.infos)
 
         images = sum(len(j.infos) for j in batch)
+        # Previews only when a caller shows them (an API caller that waits for the result does not).
+        previews = {}
+        if any(job.preview is not None for job in batch):
+            previews = dict(preview=preview, preview_every=every(self.preview_every, batch[0].infos[0].steps))
         try:
             result = self.pipeline.run_images([i for j in batch for i in j.infos], progress=progress,
-                                              stop=lambda: all(self._gone(j) for j in batch))
+                                              stop=lambda: all(self._gone(j) for j in batch), **previews)
         except BaseException as e:  # every caller of the call learns what happened
+            if isinstance(e, Cancelled):
+                log.info("call %s", e)
             self.calls += 1
             self._report(images, None)
             for job in batch:

@@ -81,17 +81,29 @@ def test_generate_answers_four_images_with_their_parameters(backend):
     assert all(0 <= s < 2**32 for s in answer["seeds"])
 
 
-def test_progress_is_streamed_as_server_sent_events(backend):
+def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
+    """Each step's progress, a live preview of the four images every few steps (small JPEGs; for 3
+    steps after steps 1 and 2), then the result; a caller who does not stream gets the same images."""
+    from PIL import Image
+
     status, headers, body = post(backend, {"prompt": "a cat", "seed": 1, "steps": 3},
                                  headers={"Accept": "text/event-stream"})
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
-    events = [(block.split("\n")[0], block.split("\n")[1]) for block in body.decode().split("\n\n")
-              if block.startswith("event:")]
-    assert [json.loads(data[5:]) for name, data in events if name == "event: progress"] == [
-        {"step": 1, "steps": 3}, {"step": 2, "steps": 3}, {"step": 3, "steps": 3}]
-    assert events[-1][0] == "event: result"
-    result = json.loads(events[-1][1][5:])
+    events = [(block.split("\n")[0][len("event: "):], json.loads(block.split("\n")[1][5:]))
+              for block in body.decode().split("\n\n") if block.startswith("event:")]
+    assert [(name, data["step"]) for name, data in events[:-1]] == [
+        ("progress", 1), ("preview", 1), ("progress", 2), ("preview", 2), ("progress", 3)]
+    assert all(data["steps"] == 3 for _, data in events[:-1])
+    for _, preview in (e for e in events if e[0] == "preview"):
+        assert len(preview["images"]) == 4
+        for text in preview["images"]:
+            with Image.open(io.BytesIO(base64.b64decode(text))) as image:
+                assert image.format == "JPEG" and image.size == (8, 8)  # latent resolution: 64 / 8
+    assert events[-1][0] == "result"
+    result = events[-1][1]
     assert result["seeds"] == [1, 2, 3, 4] and len(result["images"]) == 4
+    status, _, plain = post(backend, {"prompt": "a cat", "seed": 1, "steps": 3})
+    assert status == 200 and json.loads(plain)["images"] == result["images"]
 
 
 @pytest.mark.parametrize("body, status, message", [

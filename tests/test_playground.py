@@ -174,6 +174,9 @@ def test_server_warm_up_states_and_errors():
         tokenizers = (None, None)
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
 
+        def is_compiled(self, size):
+            return True
+
     def slow_loader(settings):
         release.wait(10)
         return FakePipeline()
@@ -196,15 +199,24 @@ def test_server_warm_up_states_and_errors():
     assert "nobody/nothing" in broken.error and "--model tiny" in broken.error and "\n" not in broken.error
 
 
-def test_token_count_warns_when_truncated(tiny_checkpoint):
+def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint, capfd):
     from sdxl_tpu import load_tokenizers
 
     server = Server(Settings(model="tiny"))
     assert "once the model is loaded" in server.token_count("a cat")
-    server.tokenizer = load_tokenizers(tiny_checkpoint)[0]
-    assert server.token_count("a cat").endswith("/ 77 tokens") and "⚠️" not in server.token_count("a cat")
+    assert server.token_count("") == server.token_count("  \t") == "0 / 75 tokens"  # nothing to encode
+    tokenizer = server.tokenizer = load_tokenizers(tiny_checkpoint)[0]
+    ids = lambda text: len(tokenizer(text).input_ids) - 2  # without the start and end tokens, as A1111 counts
+    assert server.token_count("a cat") == f"{ids('a cat')} / 75 tokens"
+    # The style's template is part of what is encoded, so it is counted.
+    styled = STYLES["Anime"][0].replace("{prompt}", "a cat")
+    assert server.token_count("a cat", "Anime") == f"{ids(styled)} / 75 tokens" and ids(styled) > ids("a cat")
+    assert server.token_count("", "Anime") == "0 / 75 tokens"
+    server.tokenizer = load_tokenizers(tiny_checkpoint)[0]  # (transformers warns once per tokenizer)
+    capfd.readouterr()
     long = server.token_count("a photo of a cat " * 40)
-    assert "⚠️" in long and "truncated" in long
+    assert "sequence length is longer" not in capfd.readouterr().err  # transformers' warning, not logged
+    assert long.startswith(f"⚠️ **{ids('a photo of a cat ' * 40)} / 75 tokens**") and "cut after token 75" in long
 
 
 def test_display_helpers_take_any_client_value():
@@ -236,6 +248,9 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
     class SlowPipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
+
+        def is_compiled(self, size):
+            return True
 
         def run_images(self, infos, progress=None, stop=None):
             for step in range(infos[0].steps):

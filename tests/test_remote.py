@@ -143,3 +143,19 @@ def test_stops_when_the_caller_has_gone(request_):
         assert time.monotonic() - start < 2  # not the 3 s Retry-After
     finally:
         fake.close()
+
+
+def test_previews_are_relayed_and_a_malformed_one_is_not(request_):
+    """The back end's preview events reach the caller as JPEG files; a preview that is not one is
+    a malformed answer (another back end is asked), never handed on."""
+    preview = {"step": 1, "steps": 2, "images": [base64.b64encode(JPEG).decode()] * 4}
+    bad = dict(preview, images=[base64.b64encode(b"<script>").decode()])
+    good = sse(("progress", {"step": 1, "steps": 2}), ("preview", preview), ("result", RESULT))
+    fake = FakeBackend([(200, {"Content-Type": "text/event-stream"}, sse(("preview", bad))),
+                        (200, {"Content-Type": "text/event-stream"}, good)])
+    try:
+        seen = []
+        made = Backend(fake.url).generate(request_, preview=lambda i, n, files: seen.append((i, n, files)))
+    finally:
+        fake.close()
+    assert seen == [(1, 2, [JPEG] * 4)] and made.files == [JPEG] * 4 and len(fake.bodies) == 2
