@@ -23,99 +23,212 @@ from fastapi.responses import JSONResponse, Response
 from gradio.utils import get_upload_folder
 from starlette.routing import Mount
 
-from sdxl_tpu.compilation import enable_compile_cache
+from sdxl_tpu.compilation import enable_compile_cache, quiet_platforms
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
 from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, parse_settings,
-                                 seed_at, serve_metrics_apart, style_description)
-from sdxl_tpu.request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, format_size
-from sdxl_tpu.scheduler import MAX_STEPS, SAMPLERS
+from sdxl_tpu.page import (
+    CUSTOM,
+    HISTORY_PER_PAGE,
+    MATCHING_PRESET_JS,
+    RESTORE_HISTORY_JS,
+    history_after,
+    history_rows,
+    matching_preset,
+    size_choices,
+)
+from sdxl_tpu.playground import (
+    DEFAULT_STYLE,
+    EXAMPLES,
+    STYLES,
+    Server,
+    gradio_handler,
+    parse_settings,
+    seed_at,
+    serve_metrics_apart,
+    style_description,
+)
+from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
+from sdxl_tpu.scheduler import MAX_STEPS
+
+GENERATE, WARMING_UP = "Generate", "Warming up…"
 from sdxl_tpu.serving import SHUTTING_DOWN, DrainingServer
 
-CSS = "#gallery {min-height: 420px} #status p {margin: 0}"
+# Four images in view: on a desktop the form and the results sit side by side and the 2 x 2 grid is
+# sized to the viewport (square cells, each image whole inside its cell, never a scrollbar inside
+# the gallery); on a phone they stack and the grid takes the width. The run status line carries
+# Gradio's progress bar, and its error pill is hidden: the message is in the line itself.
+CSS = """
+#layout {display: grid; grid-template-columns: minmax(0, 5fr) minmax(0, 6fr); align-items: start;
+         grid-template-areas: "form results" "more results"}
+#form {grid-area: form} #results {grid-area: results} #more {grid-area: more}
+@media (max-width: 767px) {  /* a phone: the results right under the Generate button */
+  #layout {grid-template-columns: minmax(0, 1fr); grid-template-areas: "form" "results" "more"}
+}
+#status p, #run-status p, #info p {margin: 0}
+#run-status {min-height: 2.6em}
+#run-status .error, #run-status .clear-status {display: none}
+#gallery .grid-wrap {overflow: visible; min-height: 0; max-height: none; height: auto}
+#gallery .grid-container {grid-template-columns: repeat(2, minmax(0, 1fr)); grid-template-rows: none;
+                          grid-auto-rows: auto; margin: 0 auto}
+#gallery .thumbnail-item {aspect-ratio: 1 / 1; height: auto}
+#gallery .thumbnail-item img {object-fit: contain}
+@media (min-width: 768px) {
+  #gallery .grid-container {width: min(100%, calc(100vh - 230px))}
+}
+"""
 
 
 def build_demo(server: Server) -> gr.Blocks:
-    sizes = [format_size(s) for s in server.sizes]
+    ready = server.ready
+    presets = {r.name: [r.steps, r.sampler, r.guidance] for r in server.presets}
+    start = server.recipe
+    steps0, sampler0, guidance0 = (start.steps, start.sampler, start.guidance) if start else (20, server.default_sampler, 5.0)
     with gr.Blocks(title="SDXL on JAX", analytics_enabled=False) as demo:
-        gr.Markdown("# Stable Diffusion XL, served from JAX\nFour images per run, one compiled pipeline on every chip.")
-        status = gr.Markdown(server.message, elem_id="status")
-        with gr.Row(equal_height=True):
-            prompt = gr.Textbox(label="Prompt", placeholder="Describe the image", max_lines=3, scale=5,
-                                max_length=MAX_PROMPT_CHARS, elem_id="prompt")
-            run = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
-        tokens = gr.Markdown(elem_id="token-count")
-        negative = gr.Textbox(label="Negative prompt", placeholder="What to leave out", max_lines=2,
-                              max_length=MAX_PROMPT_CHARS, elem_id="negative")
-        gallery = gr.Gallery(label="Images", columns=2, preview=False, buttons=["download", "fullscreen"],
-                             elem_id="gallery")
+        gr.Markdown("## Stable Diffusion XL, served from JAX")
+        status = gr.Markdown(server.status_line, elem_id="status")
+        with gr.Row(equal_height=False, elem_id="layout"):
+            with gr.Column(min_width=0, elem_id="form"):
+                prompt = gr.Textbox(label="Prompt", placeholder="Describe the image", lines=2, max_lines=6,
+                                    elem_id="prompt")
+                tokens = gr.Markdown(server.token_count(""), elem_id="token-count")
+                negative = gr.Textbox(label="Negative prompt", placeholder="What to leave out", max_lines=3,
+                                      elem_id="negative")
+                with gr.Row():
+                    run = gr.Button(GENERATE if ready else WARMING_UP, variant="primary", interactive=ready, scale=3,
+                                    min_width=120, elem_id="generate")
+                    stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop")
+                sizes = size_choices(server.ready_sizes)
+                size = gr.Dropdown(sizes, value=sizes[0][1] if sizes else None, label="Size (aspect ratio · pixels)",
+                                   elem_id="size")
+            with gr.Column(min_width=0, elem_id="results"):
+                run_status = gr.Markdown("", elem_id="run-status")
+                gallery = gr.Gallery(label="Images", columns=2, height="auto", object_fit="contain", preview=False,
+                                     buttons=["download", "fullscreen"], elem_id="gallery")
+                info = gr.Markdown("Four images per run, from one compiled pipeline on every chip. Click an image to "
+                                   "reuse its seed.", elem_id="info")
+            with gr.Column(min_width=0, elem_id="more"):
+                with gr.Accordion("Advanced", open=False):
+                    style = gr.Dropdown(list(STYLES), value=DEFAULT_STYLE, label="Style", elem_id="style")
+                    style_info = gr.Markdown(style_description(DEFAULT_STYLE))
+                    with gr.Row():
+                        seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed",
+                                         info="With Randomize on, each run draws new seeds; this shows the last run's.")
+                        randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
+                    preset = gr.Dropdown([*presets, CUSTOM], value=matching_preset(presets, steps0, sampler0, guidance0),
+                                         label="Preset", elem_id="preset",
+                                         info="; ".join(f"{r.name}: {r.summary}" for r in server.presets))
+                    guidance = gr.Slider(*GUIDANCE_RANGE, value=guidance0, step=0.1, label="Guidance scale",
+                                         elem_id="guidance")
+                    with gr.Row():
+                        steps = gr.Slider(1, MAX_STEPS, value=steps0, step=1, label="Steps", elem_id="steps")
+                        sampler = gr.Dropdown(list(server.samplers), value=sampler0, label="Sampler", elem_id="sampler")
+                # Examples fill the prompt in the browser: no server event, nothing to call.
+                examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",
+                                      type="index", elem_id="examples")
+                history = gr.BrowserState([], storage_key="sdxl-tpu-history")
+                history_table = gr.Dataset(components=[gr.Textbox(visible=False), gr.Textbox(visible=False)],
+                                           headers=["Prompt", "Settings"], samples=[], type="index", layout="table",
+                                           samples_per_page=HISTORY_PER_PAGE, elem_id="history",
+                                           label="History (kept in this browser; click a run to restore its settings)")
         # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery
         # serves them without a copy; the store deletes old ones and Gradio forgets them too.
         server.images = server.image_store(Path(get_upload_folder()),
                                            on_delete=lambda paths: gallery.temp_files.difference_update(paths))
-        info = gr.Markdown("Click an image to reuse its seed.", elem_id="info")
-        last_seeds = gr.State([])
-        with gr.Accordion("Advanced", open=False):
-            style = gr.Dropdown(list(STYLES), value=DEFAULT_STYLE, label="Style")
-            style_info = gr.Markdown(style_description(DEFAULT_STYLE))
-            with gr.Row():
-                seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
-                randomize = gr.Checkbox(label="Randomize seed", value=True)
-            start = server.recipe
-            presets = {r.name: [r.steps, r.sampler, r.guidance] for r in server.presets}
-            preset = gr.Dropdown(list(presets), value=start.name if start else None, label="Preset",
-                                 info="; ".join(f"{r.name}: {r.summary}" for r in server.presets), elem_id="preset")
-            guidance = gr.Slider(*GUIDANCE_RANGE, value=start.guidance if start else 5.0, step=0.1,
-                                 label="Guidance scale")
-            with gr.Row():
-                steps = gr.Slider(1, MAX_STEPS, value=start.steps if start else 20, step=1, label="Steps")
-                sampler = gr.Dropdown(list(SAMPLERS), value=server.default_sampler, label="Sampler")
-            # A preset fills steps, sampler and guidance in the browser: no server event.
-            preset.input(None, inputs=[preset], outputs=[steps, sampler, guidance],
-                         js=f"(p) => ({json.dumps(presets)})[p]")
-            size = gr.Dropdown(sizes, value=sizes[0], label="Size (width x height)")
-        # Examples fill the prompt in the browser: no server event, nothing to call.
-        examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",
-                              type="index", elem_id="examples")
-        examples.click(None, inputs=[examples], outputs=[prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
+        last_seeds, last_run = gr.State([]), gr.State(None)
+        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size]
 
         # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
         # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
         # sdxl_tpu.playground checks each value and refuses, with a message, what is not right.
-        def generate(prompt, negative, style, seed, randomize, guidance, steps, size, sampler=None,
-                     progress=gr.Progress()):
+        def run_updates(fields, progress, previews: bool):
             # The request stops (waiting or between denoising steps) once Gradio no longer runs
-            # its event: the page closed, the client cancelled or went away.
+            # its event: Stop, the page closed, the client cancelled or went away.
             queue, event_id = QueueView(demo), QueueView.current_event_id()
             event = queue.running_event(event_id)
-            progress(0, desc="Encoding prompts")
-            return server.serve((prompt, negative, style, seed, randomize, guidance, steps, size, sampler),
-                                progress=lambda i, n: progress((i, n), desc="Denoising"),
-                                abandoned=(lambda: queue.running_event(event_id) is None) if event_id else None,
-                                queued_at=event.enqueue_time if event is not None else None)
+            progress(0, desc="Encoding the prompts")
+            for update in server.stream(fields, queued_at=event.enqueue_time if event is not None else None,
+                                        abandoned=(lambda: queue.running_event(event_id) is None) if event_id else None,
+                                        previews=previews):
+                if update[0] == "progress":
+                    progress(update[1:], desc="Denoising", unit="steps")
+                else:
+                    yield update
+
+        def generate_in_page(prompt, negative, style, seed, randomize, guidance, steps, size, sampler,
+                             progress=gr.Progress()):
+            fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler)
+            for update in run_updates(fields, progress, previews=True):
+                if update[0] == "preview":
+                    yield update[1], gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                else:
+                    images, seeds, text, used_sampler = update[1:]
+                    run = dict(prompt=prompt, negative=negative or "", style=style, seed=seeds[0], guidance=guidance,
+                               steps=steps, sampler=used_sampler, size=size)  # for the history, in the browser
+                    yield images, seeds, text, "", seeds[0], run
+
+        def generate(prompt, negative, style, seed, randomize, guidance, steps, size, sampler=None,
+                     progress=gr.Progress()):
+            """The API: the four images and the timing line (progress per step; no previews)."""
+            fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler)
+            for _, images, _, text, _ in run_updates(fields, progress, previews=False):
+                yield images, text
+
+        def refused(message: str):  # shown in the run status line; the images and the timing line stay
+            return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {message}", gr.skip(), gr.skip()
 
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
-        # more chips than a request has images); the rest wait in Gradio's bounded queue.
-        gr.on([prompt.submit, negative.submit, run.click], gradio_handler(generate, "/generate"),
-              inputs=[prompt, negative, style, seed, randomize, guidance, steps, size, sampler],
-              outputs=[gallery, last_seeds, info], api_name="generate", concurrency_limit=server.concurrency,
-              preprocess=False)
+        # more chips than a request has images); the rest wait in Gradio's bounded queue. The page
+        # and the API are two events of one queue; the page's also updates the form and the history.
+        queued = dict(inputs=[prompt, negative, style, seed, randomize, guidance, steps, size, sampler],
+                      preprocess=False, concurrency_id="generate", concurrency_limit=server.concurrency,
+                      show_progress_on=[run_status])
+        generating = gr.on([prompt.submit, negative.submit, run.click],
+                           gradio_handler(generate_in_page, "the page's /generate", refused),
+                           outputs=[gallery, last_seeds, info, run_status, seed, last_run], api_name="generate_in_page",
+                           api_visibility="private", **queued)
+        api_trigger = gr.Button(visible=False)  # the API's event has no button in the page
+        api_trigger.click(gradio_handler(generate, "/generate"), outputs=[gallery, info], api_name="generate", **queued)
+        light = dict(api_visibility="private", concurrency_limit=None, show_progress="hidden", preprocess=False)
+        def remember_run(history, run):  # the browser keeps the history; nothing is stored here
+            kept = history_after(history, run)
+            return kept, gr.Dataset(samples=history_rows(kept))
+
+        generating.success(gradio_handler(remember_run, "history"), inputs=[history, last_run],
+                           outputs=[history, history_table], **light)
+        # Stop: Gradio cancels the event; the request ends within two denoising steps and the page
+        # keeps what it showed.
+        stop.click(None, outputs=[run_status], js="() => 'Stopped.'", cancels=[generating])
+
+        # In the browser, no server event: presets fill the fields, the preset menu follows the
+        # fields, examples fill the prompt, a history row fills the form.
+        preset.input(None, inputs=[preset, steps, sampler, guidance], outputs=[steps, sampler, guidance],
+                     js=f"(p, s, sa, g) => ({json.dumps(presets)})[p] || [s, sa, g]")
+        for field in (steps, sampler, guidance):
+            field.change(None, inputs=[steps, sampler, guidance], outputs=[preset],
+                         js=MATCHING_PRESET_JS.replace("PRESETS", json.dumps(presets)).replace('"CUSTOM"', json.dumps(CUSTOM)))
+        examples.click(None, inputs=[examples], outputs=[prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
+        history_table.click(None, inputs=[history_table, history, *form], outputs=form, js=RESTORE_HISTORY_JS)
 
         def reuse_seed(seeds: list[int], evt: gr.SelectData):
             chosen = seed_at(seeds, evt.index)
             return (chosen, False) if chosen is not None else (gr.skip(), gr.skip())
 
-        light = dict(api_visibility="private", concurrency_limit=None, show_progress="hidden", preprocess=False)
         gallery.select(gradio_handler(reuse_seed, "reuse seed"), inputs=[last_seeds], outputs=[seed, randomize],
                        **light)
-        prompt.change(server.token_count, inputs=[prompt], outputs=[tokens], **light)
-        style.change(style_description, inputs=[style], outputs=[style_info], **light)
+        prompt.change(server.token_count, inputs=[prompt, style], outputs=[tokens], **light)
+        style.change(lambda prompt, style: (style_description(style), server.token_count(prompt, style)),
+                     inputs=[prompt, style], outputs=[style_info, tokens], api_name="style_description", **light)
 
-        # While warming up the page says so, and refreshes until the model is ready.
-        timer = gr.Timer(2.0, active=not server.done_event.is_set())
-        timer.tick(lambda: (server.message, gr.Timer(active=not server.done_event.is_set())),
-                   outputs=[status, timer], **light)
-        demo.load(lambda: server.message, outputs=[status], **light)
+        # While warming up (and while sizes compile) the page says so and refreshes.
+        def refresh():
+            sizes = size_choices(server.ready_sizes)
+            return (server.status_line, gr.Timer(active=not server.compiled_event.is_set()),
+                    gr.Button(GENERATE if server.ready else WARMING_UP, interactive=server.ready), gr.Dropdown(sizes))
+
+        timer = gr.Timer(2.0, active=not server.compiled_event.is_set())
+        timer.tick(refresh, outputs=[status, timer, run, size], **light)
+        demo.load(lambda h: (*refresh(), gr.Dataset(samples=history_rows(h))), inputs=[history],
+                  outputs=[status, timer, run, size, history_table], **light)
     demo.queue(default_concurrency_limit=1, max_size=server.settings.queue_size, api_open=False)
     return demo
 
@@ -149,10 +262,10 @@ def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], Non
     mark_launched(demo)
     queue, endpoints = QueueView(demo), endpoints_of(demo.config)
     server.queue_waiting = queue.waiting
-    generate_fn = next(e.fn_index for e in endpoints.values() if e.api_name == "generate")
+    generations = {e.fn_index for e in endpoints.values() if e.api_name in ("generate", "generate_in_page")}
 
     def count_turned_away(fn_index: int, status: int) -> None:
-        if fn_index == generate_fn and status == 503:
+        if fn_index in generations and status == 503:
             server.metrics.count("draining" if server.draining else "queue_full")
 
     guard = RequestGuard(app, endpoints, queue, cache_dir=get_upload_folder(), app_routes=routes,
@@ -165,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
+    if settings.backend is None:
+        quiet_platforms()  # no TPU error messages on a machine without TPU chips
     server = Server(settings)
     if settings.backend is not None:
         # A front end builds its page from what the back ends offer (sizes, samplers, presets):

@@ -40,6 +40,9 @@ API = "/gradio_api"
 STATIC_PAGES = frozenset(["/", "/config", "/config/", "/theme.css", "/favicon.ico", "/manifest.json", "/robots.txt",
                           f"{API}/info", f"{API}/info/", f"{API}/theme.css"])
 STATIC_PREFIXES = ("/assets/", "/static/", "/svelte/")
+# What the page's "Use via API" panel asks for although this app serves neither (monitoring and MCP
+# are off): refused like anything else, but not logged, so opening the panel leaves the log quiet.
+UNLOGGED = frozenset(["/monitoring/summary", f"{API}/mcp/schema"])
 ENVELOPE_KEYS = {  # Gradio's PredictBody fields: key -> (JSON type check, what it must be)
     "session_hash": (lambda v: v is None or isinstance(v, str), "a string"),
     "event_id": (lambda v: v is None or isinstance(v, str) and ID.fullmatch(v), "an event id"),
@@ -276,7 +279,8 @@ class RequestGuard:
         except Answered as e:
             await _send_json(send, e.status, e.body)
         except Refused as e:  # raised by check(), before the app could start a response
-            log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), e.message)
+            if path not in UNLOGGED:
+                log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), e.message)
             await _send_json(send, e.status, {"detail": e.message})
         except Exception as e:  # a bug, not a client's fault: one line, no traceback to the client
             where = _innermost_frame(e)

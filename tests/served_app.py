@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE_SIZE = 2
-SIZES = "64x64,96x64"
+SIZES = "64x64,96x64,64x96"  # square, wide, tall
 
 
 def free_port() -> int:
@@ -64,14 +64,14 @@ def launch_chromium(playwright):
 
 
 @contextlib.contextmanager
-def playground_page(url: str, ready_text: str):
+def playground_page(url: str, ready_text: str, viewport: tuple[int, int] = (1280, 800)):
     """The playground at `url` in headless Chromium, once it shows `ready_text` (bounded: 1 minute)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = launch_chromium(p)
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1400})
+            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
             page.goto(url + "/", timeout=60_000)
             page.get_by_text(ready_text).wait_for(timeout=60_000)
             yield page
@@ -86,19 +86,113 @@ def artifact(tmp_path: Path, name: str) -> Path:
     return path
 
 
-def generate_in_page(page, prompt: str, negative: str):
-    """Types a prompt and a negative prompt in the playground page, clicks Generate and waits
-    (bounded: 2 minutes) for the four images and the line that reports them; returns the images."""
-    page.locator("#prompt textarea").fill(prompt)
-    page.locator("#negative textarea").fill(negative)
+# Records what a person would see change while a run goes: each change of the run status line
+# (Gradio's progress bar lives there) and of the gallery's captions, with its time.
+WATCH_JS = """() => {
+  window.__seen = [];
+  const t0 = performance.now();
+  const record = () => {
+    const status = document.querySelector('#run-status')?.innerText || '';
+    const captions = [...document.querySelectorAll('#gallery .caption-label')].map(c => c.innerText);
+    const images = document.querySelectorAll('#gallery .grid-container img').length;
+    const last = window.__seen[window.__seen.length - 1];
+    const now = {t: performance.now() - t0, status, captions: captions.join('|'), images,
+                 info: document.querySelector('#info')?.innerText || ''};
+    if (!last || last.status !== now.status || last.captions !== now.captions || last.info !== now.info)
+      window.__seen.push(now);
+  };
+  window.__watch = new MutationObserver(record);
+  window.__watch.observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
+  record();
+}"""
+
+
+def steps_seen(seen: list[dict]) -> list[int]:
+    """The step counts the progress bar showed ("7/20 steps"), in order, each once."""
+    import re
+
+    steps = []
+    for s in seen:
+        m = re.search(r"(\d+)/(\d+) steps", s["status"])
+        if m and (not steps or steps[-1] != int(m.group(1))):
+            steps.append(int(m.group(1)))
+    return steps
+
+
+def generate_in_page(page, prompt: str | None, negative: str | None = None, seconds: float = 120) -> list[dict]:
+    """Types a prompt and a negative prompt (None: leaves the field as it is) in the playground page,
+    clicks Generate and waits (bounded) for the four final images and the line that reports them.
+    Returns what the page showed meanwhile (see WATCH_JS): dicts of t, status, captions, images, info."""
+    if prompt is not None:
+        page.locator("#prompt textarea").fill(prompt)
+    if negative is not None:
+        page.locator("#negative textarea").fill(negative)
+    before = page.locator("#info").inner_text()
+    page.evaluate(WATCH_JS)
     page.locator("#generate").click()
-    images = page.locator("#gallery img")
-    deadline = time.monotonic() + 120
-    while images.count() < 4 and time.monotonic() < deadline:
-        page.wait_for_timeout(250)
-    assert images.count() == 4
-    page.get_by_text("Generated 4 images").wait_for(timeout=30_000)
-    return images
+    deadline = time.monotonic() + seconds
+    while True:  # bounded: the final images replace the previews, and the timing line is new
+        info = page.locator("#info").inner_text()
+        captions = page.locator("#gallery .grid-container .caption-label").all_inner_texts()
+        if info != before and "Generated 4 images" in info and len(captions) == 4 and \
+                all(c.startswith("seed ") for c in captions):
+            break
+        assert time.monotonic() < deadline, f"no images after {seconds:.0f} s: {info!r} {captions}"
+        page.wait_for_timeout(50)
+    page.wait_for_timeout(100)
+    return page.evaluate("() => { window.__watch.disconnect(); return window.__seen; }")
+
+
+def assert_progress_and_previews(seen: list[dict], steps: int) -> None:
+    """What a person watching a run sees: the step count advancing to the last step, the four
+    previews before the four final images."""
+    shown = steps_seen(seen)
+    assert len(shown) >= min(steps, 5) and shown == sorted(shown) and shown[-1] >= steps - 1, shown
+    first_final = next(i for i, s in enumerate(seen) if s["captions"].startswith("seed "))
+    previews = [s for s in seen[:first_final] if s["captions"].startswith("preview · step ")]
+    assert previews and all(p["captions"].count("preview") == 4 and p["images"] == 4 for p in previews), seen
+    assert seen[first_final]["images"] == 4
+
+
+LAYOUT_JS = """() => {
+  const gallery = document.querySelector('#gallery');
+  const box = r => ({left: r.left, top: r.top, right: r.right, bottom: r.bottom, width: r.width, height: r.height});
+  const wrap = gallery.querySelector('.grid-wrap');
+  const images = [...gallery.querySelectorAll('.grid-container img')].map(img => {
+    const r = img.getBoundingClientRect();
+    const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+    return {...box(r), hit: hit === img, natural: [img.naturalWidth, img.naturalHeight]};
+  });
+  const captions = [...gallery.querySelectorAll('.grid-container .caption-label')].map(c => {
+    const r = c.getBoundingClientRect();
+    const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+    return {...box(r), text: c.innerText, hit: c.contains(hit)};
+  });
+  return {gallery: box(gallery.getBoundingClientRect()), viewport: {width: innerWidth, height: innerHeight},
+          inner_scroll: wrap ? wrap.scrollHeight - wrap.clientHeight : 0, images, captions};
+}"""
+
+
+def assert_four_images_in_view(page, desktop: bool) -> dict:
+    """All four images and their captions entirely visible, with nothing over them, once the page is
+    scrolled to the gallery (no scrolling inside it); on a desktop the gallery fits the viewport."""
+    page.locator("#gallery").scroll_into_view_if_needed()
+    page.wait_for_timeout(100)
+    layout = page.evaluate(LAYOUT_JS)
+    viewport, gallery = layout["viewport"], layout["gallery"]
+    inside = lambda r, outer, margin=0.5: (r["left"] >= outer.get("left", 0) - margin and
+                                           r["top"] >= outer.get("top", 0) - margin and
+                                           r["right"] <= outer.get("right", viewport["width"]) + margin and
+                                           r["bottom"] <= outer.get("bottom", viewport["height"]) + margin)
+    assert len(layout["images"]) == 4 and len(layout["captions"]) == 4, layout
+    assert layout["inner_scroll"] <= 1, layout
+    for image in layout["images"]:
+        assert image["width"] > 40 and image["hit"] and inside(image, {}) and inside(image, gallery), (image, layout)
+    for caption in layout["captions"]:
+        assert caption["text"].startswith("seed ") and caption["hit"] and inside(caption, {}), (caption, layout)
+    if desktop:
+        assert gallery["height"] <= viewport["height"], layout
+    return layout
 
 
 def wait_for(condition, seconds: float, what: str) -> None:
@@ -111,8 +205,11 @@ def wait_for(condition, seconds: float, what: str) -> None:
 
 def start_server(argv: list[str], env: dict[str, str], log: Path, port: int, wait: float = 600.0):
     """Starts `argv` (a server listening on 127.0.0.1:`port`) in ROOT and waits (bounded, `wait`
-    seconds) until /readyz answers 200. Yields (proc, base URL, the /readyz codes seen); stops
-    the process (SIGTERM, then SIGKILL) afterwards if it still runs."""
+    seconds) until /readyz answers 200 with every size compiled (it answers 200 once the first
+    is). Yields (proc, base URL, the /readyz codes seen); stops the process (SIGTERM, then
+    SIGKILL) afterwards if it still runs."""
+    import json
+
     import pytest
 
     with open(log, "w") as out:
@@ -124,9 +221,9 @@ def start_server(argv: list[str], env: dict[str, str], log: Path, port: int, wai
         while time.monotonic() < deadline:  # bounded
             assert proc.poll() is None, log.read_text()[-3000:]
             if get(base + "/healthz")[0] == 200:
-                code = get(base + "/readyz")[0]
+                code, body = get(base + "/readyz")
                 readiness.append(code)
-                if code == 200:
+                if code == 200 and not json.loads(body).get("compiling"):
                     break
             time.sleep(0.5)
         else:
@@ -170,8 +267,10 @@ def start_app(workdir: Path, compile_cache: Path, extra_args: tuple[str, ...] = 
     secret_file.parent.mkdir(parents=True)
     secret_file.write_text(secret)
     cache_dir = workdir / "gradio"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_TPU_TINY_DIR=str(workdir / "tiny"), SDXL_TPU_TEST_SECRET=secret,
-               SDXL_QUEUE_SIZE=str(QUEUE_SIZE), GRADIO_TEMP_DIR=str(cache_dir), **(env_extra or {}))
+    # No JAX_PLATFORMS: the app starts as on a machine without an accelerator (see quiet_platforms).
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env.update(SDXL_TPU_TINY_DIR=str(workdir / "tiny"), SDXL_TPU_TEST_SECRET=secret, SDXL_QUEUE_SIZE=str(QUEUE_SIZE),
+               GRADIO_TEMP_DIR=str(cache_dir), **(env_extra or {}))
     argv = [sys.executable, "app.py", "--model", "tiny", "--sizes", SIZES, "--dtype", "float32", "--host", "127.0.0.1",
             "--port", str(port), "--compile-cache", str(compile_cache), *extra_args]
     for proc, base, readiness in start_server(argv, env, log, port):

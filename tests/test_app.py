@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from served_app import (ROOT, artifact, free_port, generate_in_page, get, playground_page,  # app_server: conftest
-                        read_metrics, requests_total)
+from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view,  # app_server: conftest
+                        assert_progress_and_previews, free_port, generate_in_page, get, playground_page, read_metrics,
+                        requests_total, steps_seen, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_client_gets_four_images_with_seeds(client):
     (dict(steps=0), r"Steps must be a whole number between 1 and 50\."),
     (dict(steps=51), r"Steps must be a whole number between 1 and 50\."),
     (dict(steps=True), r"Steps must be a whole number between 1 and 50, got true/false\."),
-    (dict(size="1024x1024"), r"Size '1024x1024' is not available; choose one of: 64x64, 96x64\."),
+    (dict(size="1024x1024"), r"Size '1024x1024' is not available; choose one of: 64x64, 96x64, 64x96\."),
     (dict(style="Bogus"), r"Style 'Bogus' is not available"),
 ])
 def test_bad_inputs_are_clear_errors_and_the_server_survives(client, overrides, message):
@@ -212,6 +213,30 @@ def test_secure_defaults(app_server):
     assert "Running on public URL" not in log
 
 
+def test_start_up_is_quiet_without_an_accelerator(app_server):
+    """jax[tpu] on a machine without TPU chips: libtpu's search for chips would log errors before
+    JAX falls back to the CPU; the app starts JAX without its TPU platform instead, and says so."""
+    import importlib.util
+
+    log = app_server["log"].read_text()
+    assert "TPU" not in log.replace("no TPU chips here: JAX runs on cpu", "") and "E0000" not in log, log[:3000]
+    if importlib.util.find_spec("libtpu") is not None:  # (what would have been printed: see the next test)
+        assert "no TPU chips here: JAX runs on cpu" in log
+
+
+def test_without_quiet_platforms_libtpu_would_log_errors():
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed here (jax[tpu] brings it): nothing would be logged")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    run = lambda code: subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                                      timeout=300)
+    noisy = run("import jax; jax.devices()")
+    quiet = run("from sdxl_tpu.compilation import quiet_platforms; quiet_platforms(); import jax; print(jax.devices())")
+    assert "TPU" in noisy.stderr and quiet.returncode == 0 and "TPU" not in quiet.stderr and "Cpu" in quiet.stdout
+
+
 def test_app_without_model_exits_with_one_paragraph(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty-cache"))
     result = subprocess.run([sys.executable, "app.py", "--model", "nobody/no-such-model", "--port",
@@ -222,45 +247,294 @@ def test_app_without_model_exits_with_one_paragraph(tmp_path):
     assert len(errors) == 1 and "nobody/no-such-model" in errors[0] and "--model tiny" in errors[0]
 
 
-def test_browser_types_a_prompt_and_gets_four_images(app_server, tmp_path):
-    screenshot = artifact(tmp_path, "playground.png")
+def compiles(app_server) -> float:
+    return metrics(app_server)["sdxl_compiles_total"]
+
+
+def set_field(page, elem_id: str, value) -> None:
+    """Sets a number, slider or dropdown of the form as a person does (typing, then Enter)."""
+    box = page.locator(f"#{elem_id} input").first
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def choose(page, elem_id: str, option: str) -> None:
+    """Picks a dropdown's option as a person does: opens the menu, clicks the entry that shows `option`."""
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=option, exact=True).click()
+    page.keyboard.press("Escape")
+
+
+SIZE_LABELS = {"64x64": "1:1 square · 64 × 64", "96x64": "3:2 landscape · 96 × 64", "64x96": "2:3 portrait · 64 × 96"}
+
+
+def open_advanced(page) -> None:
+    if not page.locator("#seed").is_visible():
+        page.get_by_text("Advanced").click()
+        page.locator("#seed").wait_for(state="visible", timeout=10_000)
+
+
+def test_client_sees_each_step_and_gets_only_the_final_images(app_server):
+    """gradio_client's status shows the denoising step advancing (as the page's bar does), and
+    the result is the four final images, not previews."""
+    from gradio_client import Client
+
+    client = Client(app_server["url"] + "/", verbose=False)
+    job = client.submit("a cat", "", "(No style)", 3, False, 5.0, 30, "96x64", api_name="/generate")
+    seen = []
+    deadline = time.monotonic() + 120
+    while not job.done():  # bounded
+        assert time.monotonic() < deadline
+        status = job.status()
+        if status.progress_data:
+            unit = status.progress_data[-1]
+            if unit.index is not None and (not seen or seen[-1] != (unit.index, unit.length, unit.desc)):
+                seen.append((unit.index, unit.length, unit.desc))
+        time.sleep(0.005)
+    gallery, info = job.result()
+    steps = [index for index, length, desc in seen if desc == "Denoising" and length == 30]
+    assert len(steps) >= 5 and steps == sorted(steps), seen
+    assert [item["caption"] for item in gallery] == ["seed 3", "seed 4", "seed 5", "seed 6"] and "30 steps" in info
+
+
+def test_browser_progress_previews_images_and_the_seed_used(app_server, tmp_path):
+    """A run as a person watches it: the step count advances, four previews come before the four
+    images, the seed field shows the seed used (Randomize on), an image's download carries its
+    parameters, and clicking an image opens it large and fixes its seed; nothing recompiles."""
+    before = compiles(app_server)
     with playground_page(app_server["url"], "Ready (") as page:
+        assert page.locator("#token-count [data-testid=markdown]").inner_text() == "0 / 75 tokens"
         page.locator("#examples").get_by_text("An astronaut riding a green horse").click()  # filled in the page
-        deadline = time.monotonic() + 10
-        while page.locator("#prompt textarea").input_value() != "An astronaut riding a green horse":
-            assert time.monotonic() < deadline, "clicking an example did not fill the prompt"
-            page.wait_for_timeout(100)
-        generate_in_page(page, "a lighthouse on a cliff during a storm", "blurry")
+        wait_for(lambda: page.locator("#prompt textarea").input_value() == "An astronaut riding a green horse", 10,
+                 "clicking an example did not fill the prompt")
+        choose(page, "size", SIZE_LABELS["96x64"])
+        seen = generate_in_page(page, "a lighthouse on a cliff during a storm", "blurry")
+        assert_progress_and_previews(seen, 20)
         assert "tokens" in page.locator("#token-count").inner_text()
-        page.screenshot(path=str(screenshot), full_page=True)
-        # Clicking an image puts its seed in the seed field and turns randomize off.
-        caption = page.locator("#gallery").get_by_text("seed ").first.inner_text()
-        page.locator("#gallery img").first.click()
+        captions = page.locator("#gallery .grid-container .caption-label").all_inner_texts()
+        first_seed = captions[0].split()[1]
+        open_advanced(page)
+        assert page.locator("#seed input").input_value() == first_seed  # the seed used, not 0
+        assert page.get_by_label("Randomize seed").is_checked()
+        page.screenshot(path=str(artifact(tmp_path, "playground-1280x800.png")))
+        # Clicking an image opens it large and makes its seed the fixed one.
+        third = page.locator("#gallery .grid-container img").nth(2)
+        small = third.bounding_box()["width"]
+        third.click()
+        large = page.locator("#gallery [data-testid=detailed-image]")
+        large.wait_for(timeout=10_000)
+        assert large.bounding_box()["width"] > 1.5 * small
+        wait_for(lambda: page.locator("#seed input").input_value() == captions[2].split()[1], 30, "seed not reused")
+        assert not page.get_by_label("Randomize seed").is_checked()
         # The preview's download button gives the file with its parameters in it.
         with page.expect_download(timeout=30_000) as download:
             page.locator("#gallery").get_by_label("Download", exact=True).click()
-        downloaded = Path(download.value.path())
         from PIL import Image
 
         from sdxl_tpu.images import read_parameters
 
-        parameters = read_parameters(Image.open(downloaded))
+        parameters = read_parameters(Image.open(Path(download.value.path())))
         assert parameters.startswith("a lighthouse on a cliff during a storm\nNegative prompt: blurry\nSteps: 20,")
-        assert f"Seed: {caption.split()[1]}," in parameters and download.value.suggested_filename.endswith(".jpg")
-        page.get_by_text("Advanced").click()
-        seed_box = page.get_by_label("Seed", exact=True)
-        deadline = time.monotonic() + 30
-        while seed_box.input_value() != caption.split()[1] and time.monotonic() < deadline:
-            page.wait_for_timeout(250)
-        assert seed_box.input_value() == caption.split()[1]
+        assert f"Seed: {captions[2].split()[1]}," in parameters and download.value.suggested_filename.endswith(".jpg")
+    assert compiles(app_server) == before
+
+
+@pytest.mark.parametrize("size", ["64x64", "96x64", "64x96"])
+def test_browser_four_images_in_view(app_server, tmp_path, size):
+    """After a run, at 1280x800, 1920x1080 and 390x844, all four images and their captions are
+    entirely visible, nothing over them, no scrolling inside the gallery, and on a desktop the
+    gallery no taller than the viewport: for square, wide and tall images."""
+    with playground_page(app_server["url"], "Ready (") as page:
+        choose(page, "size", SIZE_LABELS[size])
+        open_advanced(page)
+        set_field(page, "steps", 2)
+        generate_in_page(page, "a red panda", "")
+        for width, height in ((1280, 800), (1920, 1080), (390, 844)):
+            page.set_viewport_size({"width": width, "height": height})
+            page.wait_for_timeout(300)
+            layout = assert_four_images_in_view(page, desktop=width >= 1024)
+            w, h = map(int, size.split("x"))
+            assert all(image["natural"] == [w, h] for image in layout["images"])
+            page.screenshot(path=str(artifact(tmp_path, f"gallery-{size}-{width}x{height}.png")))
+
+
+def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_server):
+    """Stop during a 50-step run: the run ends within two steps of what the page showed (one more
+    for the page being a step behind), the page keeps its previews and says it stopped, and the
+    next run starts at once; nothing recompiles."""
+    before = compiles(app_server)
+    log_start = len(app_server["log"].read_text().splitlines())
+    with playground_page(app_server["url"], "Ready (") as page:
+        choose(page, "size", SIZE_LABELS["96x64"])
+        open_advanced(page)
+        set_field(page, "steps", 50)
+        page.locator("#prompt textarea").fill("a storm at sea")
+        page.evaluate(WATCH_JS)
+        page.locator("#generate").click()
+        # (previews every 10 steps of 50: the first after step 10)
+        wait_for(lambda: (steps_seen(page.evaluate("() => window.__seen")) or [0])[-1] >= 12, 60, "no progress")
+        page.locator("#stop").click()
+        shown = steps_seen(page.evaluate("() => window.__seen"))[-1]
+        page.get_by_text("Stopped.").wait_for(timeout=10_000)
+        kept = page.locator("#gallery .grid-container .caption-label").all_inner_texts()
+        assert len(kept) == 4 and all(c.startswith("preview · step ") for c in kept), kept
+        wait_for(lambda: "call stopped after step" in app_server["log"].read_text(), 30, "the run did not stop")
+        line = next(x for x in app_server["log"].read_text().splitlines()[log_start:] if "call stopped after step" in x)
+        stopped = int(line.split("call stopped after step ")[1].split()[0])
+        assert stopped <= shown + 3, (line, shown)
+        page.wait_for_timeout(300)
+        assert page.locator("#gallery .grid-container .caption-label").all_inner_texts() == kept
+        set_field(page, "steps", 2)
+        start = time.monotonic()
+        generate_in_page(page, None, seconds=60)
+        assert time.monotonic() - start < 30
+    assert compiles(app_server) == before
+
+
+def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, tmp_path):
+    """A refused request (an empty prompt, one over the length limit) shows its message; the last
+    images and the timing line stay, and no error badge covers them."""
+    with playground_page(app_server["url"], "Ready (") as page:
+        open_advanced(page)
+        set_field(page, "steps", 2)
+        generate_in_page(page, "a red panda", "")
+        sources = [img.get_attribute("src") for img in page.locator("#gallery .grid-container img").all()]
+        timing = page.locator("#info").inner_text()
+        for prompt, message in [("", "Please enter a prompt."),
+                                ("very " * 250, "Prompt is 1,250 characters long; at most 1,000 are accepted.")]:
+            page.locator("#prompt textarea").fill(prompt)
+            if prompt:  # the counter says it before anyone clicks
+                wait_for(lambda: message in page.locator("#token-count [data-testid=markdown]").inner_text(), 10,
+                         "no length warning")
+            page.locator("#generate").click()
+            page.locator("#run-status").get_by_text(message).wait_for(timeout=30_000)
+            page.wait_for_timeout(300)
+            assert [img.get_attribute("src") for img in page.locator("#gallery .grid-container img").all()] == sources
+            assert page.locator("#info").inner_text() == timing
+            assert_four_images_in_view(page, desktop=True)  # nothing over them
+            info = page.locator("#info").bounding_box()
+            hit = page.evaluate("([x, y]) => document.elementFromPoint(x, y).closest('#info') !== null",
+                                [info["x"] + info["width"] / 2, info["y"] + info["height"] / 2])
+            assert hit, "something covers the timing line"
+            pills = page.locator("[data-testid=status-tracker] .error").all()  # Gradio's red "Error" badge
+            assert not [e for e in pills if e.is_visible()], "an error badge is shown"
+            assert message in page.locator(".toast-body").last.inner_text()  # and the notice in the corner
+        page.screenshot(path=str(artifact(tmp_path, "error-kept-images.png")))
+
+
+def test_browser_history_restores_a_run(app_server):
+    """Each run joins the history kept in the browser (newest first; it survives a reload); a
+    click on one restores its prompt, negative prompt, style, seed, guidance, steps, sampler and
+    size into the form, and running it again gives the same images; nothing recompiles."""
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (") as page:
+        open_advanced(page)
+        set_field(page, "steps", 3)
+        choose(page, "size", SIZE_LABELS["96x64"])
+        choose(page, "style", "Anime")
+        generate_in_page(page, "a red panda", "blurry")
+        first = page.locator("#gallery .grid-container img").first.get_attribute("src")
+        first_seeds = page.locator("#gallery .grid-container .caption-label").all_inner_texts()
+        set_field(page, "steps", 2)
+        choose(page, "size", SIZE_LABELS["64x64"])
+        choose(page, "style", "(No style)")
+        choose(page, "sampler", "Euler a")
+        generate_in_page(page, "a lighthouse", "")
+        page.reload()
+        page.get_by_text("Ready (").wait_for(timeout=60_000)
+        rows = page.locator("#history tbody tr")
+        wait_for(lambda: rows.count() == 2, 10, "the history did not survive a reload")
+        assert "a lighthouse" in rows.nth(0).inner_text() and "a red panda" in rows.nth(1).inner_text()
+        assert "2 steps Euler a" in rows.nth(0).inner_text() and "Anime" in rows.nth(1).inner_text()
+        rows.nth(1).click()
+        open_advanced(page)
+        wait_for(lambda: page.locator("#prompt textarea").input_value() == "a red panda", 10, "not restored")
+        assert page.locator("#negative textarea").input_value() == "blurry"
+        assert page.locator("#style input").input_value() == "Anime"
+        assert page.locator("#seed input").input_value() == first_seeds[0].split()[1]
         assert not page.get_by_label("Randomize seed").is_checked()
-        # A preset fills steps, sampler and guidance in the page.
-        page.locator("#preset input").click()
-        page.get_by_role("option", name="Quality").click()
-        sampler_box = page.get_by_label("Sampler", exact=True)
-        deadline = time.monotonic() + 10
-        while sampler_box.input_value() != "DPM++ 2M Karras" and time.monotonic() < deadline:
-            page.wait_for_timeout(100)
-        assert sampler_box.input_value() == "DPM++ 2M Karras"
-        assert page.locator("input[type=number][aria-label='number input for Steps']").input_value() == "30"
-    assert screenshot.stat().st_size > 10_000
+        assert page.locator("#steps input[type=number]").input_value() == "3"
+        assert page.locator("#sampler input").input_value() == "Euler"
+        assert "96 × 64" in page.locator("#size input").input_value()
+        generate_in_page(page, None)
+        assert page.locator("#gallery .grid-container .caption-label").all_inner_texts() == first_seeds
+        again = page.locator("#gallery .grid-container img").first.get_attribute("src")
+        import urllib.parse
+
+        fetch = lambda src: urllib.request.urlopen(urllib.parse.urljoin(app_server["url"] + "/", src), timeout=30).read()
+        from io import BytesIO
+
+        from PIL import Image
+
+        import numpy as np
+
+        assert np.array_equal(np.asarray(Image.open(BytesIO(fetch(first)))), np.asarray(Image.open(BytesIO(fetch(again)))))
+    assert compiles(app_server) == before
+
+
+def test_browser_the_form_tells_the_truth(app_server):
+    """The preset menu says Custom once the fields match no preset (and names one again when they
+    do); the token counter counts what will be encoded, style template included; the "Use via API"
+    panel opens without refusals in the log."""
+    log_start = len(app_server["log"].read_text().splitlines())
+    with playground_page(app_server["url"], "Ready (") as page:
+        open_advanced(page)
+        preset = page.locator("#preset input")
+        choose(page, "preset", "Quality")
+        wait_for(lambda: page.locator("#sampler input").input_value() == "DPM++ 2M Karras", 10, "preset not applied")
+        assert page.locator("#steps input[type=number]").input_value() == "30" and preset.input_value() == "Quality"
+        set_field(page, "steps", 31)
+        wait_for(lambda: preset.input_value() == "Custom", 10, "the preset menu still names a preset")
+        set_field(page, "steps", 30)
+        wait_for(lambda: preset.input_value() == "Quality", 10, "the preset menu does not follow the fields")
+        counter = page.locator("#token-count [data-testid=markdown]")  # (not the progress tracker's timer)
+        page.locator("#prompt textarea").fill("a cat")
+        wait_for(lambda: counter.inner_text().endswith("/ 75 tokens") and not counter.inner_text().startswith("0 "), 10,
+                 "no token count")
+        plain = int(counter.inner_text().split()[0])
+        choose(page, "style", "Anime")
+        wait_for(lambda: int(counter.inner_text().split()[0]) > plain, 10, "the style's template is not counted")
+        page.locator("#prompt textarea").fill("")
+        wait_for(lambda: counter.inner_text() == "0 / 75 tokens", 10, "an empty prompt is not 0 tokens")
+        page.get_by_text("Use via API").click()
+        page.get_by_text("API Recorder").first.wait_for(timeout=30_000)
+        page.wait_for_timeout(1000)
+    lines = app_server["log"].read_text().splitlines()[log_start:]
+    assert not [x for x in lines if "refused" in x or "Token indices sequence length" in x], lines
+
+
+def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(tmp_path, monkeypatch):
+    """The page answers at once; until the model is ready, Generate says it is warming up and is
+    disabled; then it turns into Generate by itself (no reload)."""
+    import threading
+
+    import uvicorn
+
+    import app as app_module
+    from sdxl_tpu.playground import Server, Settings
+
+    class Loaded:  # what the loader hands over once "loaded" (nothing is generated here)
+        sizes, images_per_call, tokenizers = [(64, 64)], 4, (None, None)
+        model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
+
+        def is_compiled(self, size):
+            return True
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    release = threading.Event()
+    server = Server(Settings(model="tiny", sizes=[(64, 64)]), loader=lambda s: (release.wait(60), Loaded())[1])
+    web_app, _, _ = app_module.build_app(server)
+    port = free_port()
+    web = uvicorn.Server(uvicorn.Config(web_app, host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=web.run, daemon=True).start()
+    server.start()
+    try:
+        with playground_page(f"http://127.0.0.1:{port}", "Loading the model") as page:
+            button = page.locator("#generate")
+            assert button.inner_text() == "Warming up…" and button.is_disabled()
+            release.set()
+            wait_for(lambda: button.inner_text() == "Generate" and button.is_enabled(), 15, "still warming up")
+            assert page.locator("#status").get_by_text("Ready (").is_visible()
+    finally:
+        release.set()
+        web.should_exit = True

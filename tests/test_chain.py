@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from served_app import (ROOT, artifact, free_port, generate_in_page, get, playground_page, read_metrics,
-                        requests_total, start_app, start_backend, stop, wait_for)
+from served_app import (ROOT, artifact, assert_progress_and_previews, free_port, generate_in_page, get,
+                        playground_page, read_metrics, requests_total, start_app, start_backend, stop, wait_for)
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 STEPS = 12  # long enough that back ends have requests in flight when they are stopped
@@ -224,13 +224,15 @@ def test_what_the_front_end_and_nginx_add_to_a_call(chain):
 def test_browser_against_the_chain(chain, tmp_path):
     screenshot = artifact(tmp_path, "front-end.png")
     with playground_page(chain["front"]["url"], "Ready: images are made by tiny on the back ends.") as page:
-        images = generate_in_page(page, "a lighthouse on a cliff during a storm", "blurry")
+        seen = generate_in_page(page, "a lighthouse on a cliff during a storm", "blurry")
+        # The back end's progress and previews, relayed: the step count advances, previews come first.
+        assert_progress_and_previews(seen, 20)
         assert "Generated 4 images of 64x64" in page.locator("#info").inner_text()
         # Token counts without a model: the front end loaded only the tokenizer.
-        assert "/ 77 tokens" in page.locator("#token-count").inner_text()
+        assert "/ 75 tokens" in page.locator("#token-count").inner_text()
         page.screenshot(path=str(screenshot), full_page=True)
         # The image the page shows is the back end's file, parameters embedded.
-        source = images.first.get_attribute("src")
+        source = page.locator("#gallery .grid-container img").first.get_attribute("src")
         with urllib.request.urlopen(urllib.parse.urljoin(chain["front"]["url"] + "/", source), timeout=30) as r:
             from io import BytesIO
 

@@ -22,6 +22,8 @@ from served_app import ROOT, SIZES, get
 from sdxl_tpu.scheduler import SAMPLERS
 
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler"]  # a valid /generate call (1 step)
+RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
+       "sampler": "Euler", "size": "64x64"}  # a run as the page's history keeps it
 FIELDS = ["prompt", "negative", "style", "seed", "randomize", "guidance", "steps", "size", "sampler"]
 OWN_SOURCE = "def build_demo(server: Server)"  # a line of app.py: must never be served
 
@@ -143,7 +145,9 @@ def test_file_data_inputs_never_read_a_file(app_server, http_client, fn_index):
             data[position] = _file_data(path)
             status, detail = http_client.join(data, fn_index["generate"])
             assert status == 422 and detail == f"input {position + 1} is a file object; this app takes no files."
-        status, detail = http_client.join([_file_data(path)], fn_index["token_count"])
+        status, detail = http_client.join([_file_data(path), "(No style)"], fn_index["token_count"])
+        assert status == 422 and "file object" in detail
+        status, detail = http_client.join([[_file_data(path)], {"prompt": _file_data(path)}], fn_index["remember_run"])
         assert status == 422 and "file object" in detail
         # ... and asked for directly, by every spelling of the path
         for spelled in (path, path.replace("/", "%2F"), path.replace(".", "%2e")):
@@ -261,13 +265,14 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
 STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null")}
 
 
-def test_fuzz_raw_values_through_the_queue(http_client, fn_index, fuzz_log):
+@pytest.mark.parametrize("endpoint", ["generate", "generate_in_page"])  # the API's event and the page's
+def test_fuzz_raw_values_through_the_queue(http_client, fn_index, fuzz_log, endpoint):
     for position in range(len(GENERATE)):
         for raw in RAW_VALUES:
             values = [json.dumps(v) for v in GENERATE]
             values[position] = raw
             session = uuid.uuid4().hex
-            body = ('{"data": [%s], "fn_index": %d, "session_hash": "%s"}' % (", ".join(values), fn_index["generate"],
+            body = ('{"data": [%s], "fn_index": %d, "session_hash": "%s"}' % (", ".join(values), fn_index[endpoint],
                                                                             session)).encode()
             fuzz_log["inputs"] += 1
             status, text = http_client.request("POST", "/gradio_api/queue/join", body)
@@ -279,15 +284,24 @@ def test_fuzz_raw_values_through_the_queue(http_client, fn_index, fuzz_log):
                     assert message["success"] is False and message.get("output", {}).get("error"), message
             else:
                 assert status in (413, 422) and json.loads(text)["detail"], text
-    # The light handlers (token count, style description) answer with a message, not an error.
+    if endpoint != "generate":
+        return
+    # The light handlers (token count, style description, the history the browser keeps) answer
+    # with a message or a cleaned value, not an error: every input of each, malformed in turn.
     for raw in RAW_VALUES:
-        session = uuid.uuid4().hex
-        for name in ("token_count", "style_description"):
-            body = ('{"data": [%s], "fn_index": %d, "session_hash": "%s"}' % (raw, fn_index[name], session)).encode()
-            fuzz_log["inputs"] += 1
-            status, _ = http_client.request("POST", "/gradio_api/queue/join", body)
-            if status == 200:
-                assert http_client.completion(session)["msg"] == "process_completed"
+        for name, valid in (("token_count", ['"a cat"', '"(No style)"']), ("style_description", ['"a cat"', '"Anime"']),
+                            ("remember_run", ["[]", json.dumps(RUN)])):
+            for position in range(len(valid)):
+                values = list(valid)
+                values[position] = raw
+                session = uuid.uuid4().hex
+                body = ('{"data": [%s], "fn_index": %d, "session_hash": "%s"}' % (", ".join(values), fn_index[name],
+                                                                                session)).encode()
+                fuzz_log["inputs"] += 1
+                status, _ = http_client.request("POST", "/gradio_api/queue/join", body)
+                if status == 200:
+                    message = http_client.completion(session)
+                    assert message["msg"] == "process_completed" and message["success"], message
 
 
 TRAVERSALS = ["../" * 8 + "etc/passwd", "..%2f" * 8 + "etc%2fpasswd", "%2e%2e/" * 8 + "etc/passwd",

@@ -1,0 +1,107 @@
+"""What the playground page shows besides its widgets: size labels, the history of runs kept in
+the browser, which preset the form matches. Pure functions of what a client sent (any JSON
+value), so app.py stays wiring and every rule here is tested without a browser."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, format_size
+from .scheduler import MAX_STEPS
+
+HISTORY_LENGTH = 24  # runs kept in the browser, newest first
+HISTORY_PER_PAGE = 12
+CUSTOM = "Custom"  # the preset menu's entry when the form matches no preset
+HISTORY_FIELDS = ("prompt", "negative", "style", "seed", "guidance", "steps", "sampler", "size")
+_COMMON_RATIOS = {(1, 1), (5, 4), (4, 3), (3, 2), (16, 9), (2, 1), (21, 9)}
+
+
+def aspect_ratio(size: tuple[int, int]) -> str:
+    """'1:1', '9:7', '12:5', or the nearest common ratio ('≈ 3:2') when the exact one has large terms."""
+    w, h = size
+    g = math.gcd(w, h)
+    a, b = w // g, h // g
+    if max(a, b) <= 16:
+        return f"{a}:{b}"
+    wide = max(w, h) / min(w, h)
+    near = min(_COMMON_RATIOS, key=lambda r: abs(r[0] / r[1] - wide))
+    return f"≈ {near[0]}:{near[1]}" if w >= h else f"≈ {near[1]}:{near[0]}"
+
+
+def size_label(size: tuple[int, int]) -> str:
+    """How the size menu shows a size: '1:1 square · 1024 × 1024', '12:5 landscape · 1536 × 640'."""
+    w, h = size
+    shape = "square" if w == h else "landscape" if w > h else "portrait"
+    return f"{aspect_ratio(size)} {shape} · {w} × {h}"
+
+
+def size_choices(sizes: Sequence[tuple[int, int]]) -> list[tuple[str, str]]:
+    """(label, value) pairs for the size menu; the value is what a request sends ('1024x1024')."""
+    return [(size_label(s), format_size(s)) for s in sizes]
+
+
+def matching_preset(presets: dict[str, Sequence[Any]], steps: Any, sampler: Any, guidance: Any) -> str:
+    """The preset whose (steps, sampler, guidance) the form holds, else CUSTOM."""
+    for name, (p_steps, p_sampler, p_guidance) in presets.items():
+        if steps == p_steps and sampler == p_sampler and isinstance(guidance, (int, float)) and \
+                abs(guidance - p_guidance) < 1e-6:
+            return name
+    return CUSTOM
+
+
+# The same rule in the browser (the preset menu follows the fields without a server event).
+MATCHING_PRESET_JS = """(steps, sampler, guidance) => {
+  for (const [name, p] of Object.entries(PRESETS)) {
+    if (p[0] === steps && p[1] === sampler && Math.abs(p[2] - guidance) < 1e-6) return name;
+  }
+  return "CUSTOM";
+}"""
+
+
+def history_entry(value: Any) -> dict[str, Any] | None:
+    """A run as the history keeps it, from a client's value (any JSON), or None if it is not one.
+    The page stores it in the browser (localStorage); the server keeps none."""
+    if not isinstance(value, dict):
+        return None
+    entry = {key: value.get(key) for key in HISTORY_FIELDS}
+    texts = ("prompt", "negative", "style", "sampler", "size")
+    if not all(isinstance(entry[k], str) and len(entry[k]) <= MAX_PROMPT_CHARS for k in texts) or not entry["prompt"]:
+        return None
+    whole = lambda v, low, high: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+    number = lambda v, low, high: isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high
+    if not (whole(entry["seed"], 0, MAX_SEED) and whole(entry["steps"], 1, MAX_STEPS)
+            and number(entry["guidance"], *GUIDANCE_RANGE)):
+        return None
+    return entry
+
+
+def history_after(history: Any, run: Any) -> list[dict[str, Any]]:
+    """The history with `run` added first (the same run again moves to the top), at most
+    HISTORY_LENGTH entries; malformed entries a client sent are dropped."""
+    kept = [e for e in (history_entry(v) for v in (history if isinstance(history, list) else [])[:HISTORY_LENGTH * 2])
+            if e is not None]
+    new = history_entry(run)
+    if new is not None:
+        kept = [new] + [e for e in kept if e != new]
+    return kept[:HISTORY_LENGTH]
+
+
+def history_rows(history: Any) -> list[list[str]]:
+    """The history as the page's table shows it: prompt, and the settings in one line."""
+    rows = []
+    for e in history_after(history, None):
+        settings = (f"seed {e['seed']} · {e['steps']} steps {e['sampler']} · CFG {e['guidance']:g} · "
+                    f"{e['size']}" + (f" · {e['style']}" if e["style"] != "(No style)" else ""))
+        rows.append([e["prompt"] + (f"  —  not: {e['negative']}" if e["negative"] else ""), settings])
+    return rows
+
+
+# Clicking a history row fills the form from the browser's copy of the run (no server event);
+# the seed is fixed (randomize off) so the run comes out the same.
+RESTORE_HISTORY_JS = """(index, history, ...form) => {
+  const e = Array.isArray(history) ? history[index] : undefined;
+  if (!e) return form;
+  return [e.prompt, e.negative, e.style, e.seed, false, e.guidance, e.steps, e.sampler, e.size];
+}"""

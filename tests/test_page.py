@@ -1,0 +1,240 @@
+"""What the page shows, without a browser: the streamed updates of a request (progress per step,
+live previews, the images), size labels, the browser-kept history, the preset menu's match; and
+the live previews themselves (cadence, what they show, that they change nothing and compile
+nothing)."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sdxl_tpu import CompileCounter, Request
+from sdxl_tpu.images import ImageStore
+from sdxl_tpu.page import (
+    CUSTOM,
+    HISTORY_LENGTH,
+    aspect_ratio,
+    history_after,
+    history_entry,
+    history_rows,
+    matching_preset,
+    size_choices,
+    size_label,
+)
+from sdxl_tpu.playground import SDXL_SIZES, Server, Settings, parse_sizes
+from sdxl_tpu.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb, every
+
+SIZES = [(64, 64), (96, 64)]
+RUN = dict(prompt="a cat", negative="", style="(No style)", seed=7, guidance=5.0, steps=20, sampler="Euler",
+           size="64x64")
+
+
+# -- sizes --------------------------------------------------------------------------------------
+
+def test_sdxl_sizes_are_offered_as_aspect_ratios():
+    sizes = parse_sizes("sdxl")
+    assert [f"{w}x{h}" for w, h in sizes] == list(SDXL_SIZES) and len(sizes) == 9
+    assert all(abs(w * h - 1024 * 1024) / (1024 * 1024) < 0.07 and w % 64 == h % 64 == 0 for w, h in sizes)
+    labels = dict((value, label) for label, value in size_choices(sizes))
+    assert labels["1024x1024"] == "1:1 square · 1024 × 1024"
+    assert labels["1536x640"] == "12:5 landscape · 1536 × 640" and labels["640x1536"] == "5:12 portrait · 640 × 1536"
+    assert labels["1216x832"] == "≈ 3:2 landscape · 1216 × 832" and labels["832x1216"] == "≈ 2:3 portrait · 832 × 1216"
+    assert aspect_ratio((1344, 768)) == "7:4" and size_label((96, 64)) == "3:2 landscape · 96 × 64"
+    assert parse_sizes(" SDXL ") == sizes and parse_sizes("64x64,96x64,64x64") == SIZES
+
+
+# -- the preset menu ----------------------------------------------------------------------------
+
+def test_the_preset_menu_says_custom_once_the_form_matches_no_preset():
+    presets = {"Quality": [30, "DPM++ 2M Karras", 5.0], "Balanced": [20, "Euler", 5.0]}
+    assert matching_preset(presets, 30, "DPM++ 2M Karras", 5.0) == "Quality"
+    assert matching_preset(presets, 20, "Euler", 5) == "Balanced"
+    for steps, sampler, guidance in [(21, "Euler", 5.0), (20, "Euler a", 5.0), (20, "Euler", 5.1), (20, "Euler", None)]:
+        assert matching_preset(presets, steps, sampler, guidance) == CUSTOM
+
+
+# -- the history --------------------------------------------------------------------------------
+
+def test_history_keeps_the_newest_runs_first_and_drops_what_is_not_a_run():
+    history: list = []
+    for i in range(HISTORY_LENGTH + 5):
+        history = history_after(history, {**RUN, "seed": i})
+    assert len(history) == HISTORY_LENGTH and [e["seed"] for e in history[:3]] == [HISTORY_LENGTH + 4, HISTORY_LENGTH + 3,
+                                                                                   HISTORY_LENGTH + 2]
+    again = history_after(history, {**RUN, "seed": HISTORY_LENGTH + 2})  # the same run again moves to the top
+    assert [e["seed"] for e in again[:3]] == [HISTORY_LENGTH + 2, HISTORY_LENGTH + 4, HISTORY_LENGTH + 3]
+    assert len(again) == HISTORY_LENGTH
+    assert history_entry({**RUN, "extra": "x"}) == RUN  # only the fields a restore fills
+    for bad in [None, [], "x", {**RUN, "prompt": ""}, {**RUN, "seed": -1}, {**RUN, "seed": True}, {**RUN, "steps": 0},
+                {**RUN, "steps": 51}, {**RUN, "guidance": float("nan")}, {**RUN, "guidance": 21},
+                {**RUN, "prompt": "x" * 1001}, {**RUN, "size": 5}, {k: v for k, v in RUN.items() if k != "sampler"}]:
+        assert history_entry(bad) is None, bad
+        assert history_after([bad, RUN], None) == [RUN]
+    rows = history_rows([{**RUN, "negative": "blurry", "style": "Anime"}])
+    assert rows == [["a cat  —  not: blurry", "seed 7 · 20 steps Euler · CFG 5 · 64x64 · Anime"]]
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                        max_size=4), max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(history=json_values | st.lists(st.fixed_dictionaries({k: json_values for k in RUN}), max_size=3),
+       run=json_values)
+def test_history_takes_any_client_value(history, run):
+    """The browser's copy comes back with every call and may be anything: nothing raises, and
+    whatever is kept is a well-formed run."""
+    kept = history_after(history, run)
+    assert len(kept) <= HISTORY_LENGTH and all(history_entry(e) == e for e in kept)
+    assert len(history_rows(history)) <= HISTORY_LENGTH
+
+
+# -- live previews ------------------------------------------------------------------------------
+
+def test_preview_cadence_is_about_four_a_run():
+    assert [s for s in range(1, 21) if s % every(None, 20) == 0 and s < 20] == [4, 8, 12, 16]
+    assert every(None, 30) == 6 and every(None, 4) == 1 and every(None, 1) == 0
+    assert every(3, 20) == 3 and every(0, 20) == 0
+
+
+def test_the_approximation_maps_each_latent_pixel_to_rgb_where_it_is():
+    """ComfyUI's SDXL factors, applied per pixel (NHWC: channels last), in [-1, 1] -> [0, 255]."""
+    latents = np.zeros((2, 4, 6, 4), np.float32)
+    latents[0, :, :3, 0] = 1.0  # channel 0 on the left half of image 0
+    latents[1, 1, 2, 3] = -2.0  # one pixel of channel 3 in image 1
+    rgb = approx_rgb(latents)
+    assert rgb.shape == (2, 4, 6, 3) and rgb.dtype == np.uint8
+    expect = lambda v: np.round(np.clip((v + 1) / 2, 0, 1) * 255)
+    np.testing.assert_array_equal(rgb[0, :, :3], np.broadcast_to(expect(LATENT_RGB_FACTORS[0] + LATENT_RGB_BIAS), (4, 3, 3)))
+    np.testing.assert_array_equal(rgb[0, :, 3:], np.broadcast_to(expect(LATENT_RGB_BIAS), (4, 3, 3)))
+    np.testing.assert_array_equal(rgb[1, 1, 2], expect(-2 * LATENT_RGB_FACTORS[3] + LATENT_RGB_BIAS))
+    assert (rgb[1, 0] == expect(LATENT_RGB_BIAS)).all()
+
+
+def test_previews_come_at_their_steps_change_nothing_and_compile_nothing(tiny_pipeline):
+    """Previews every 3 steps of a 10-step run: after steps 3, 6 and 9 (not the last), of the
+    images asked for only (not the batch's padding), at latent resolution; the final images are
+    the same with and without them; nothing compiles. (That a preview shows the sampler's estimate
+    of the clean latents is test_scheduler's: the state's data prediction.)"""
+    infos = Request.of("a cat", seed=11, steps=10, size=(96, 64), sampler="Euler a").images(3)
+    seen = []
+    with CompileCounter() as counter:
+        plain = tiny_pipeline.run_images(infos)
+        shown = tiny_pipeline.run_images(infos, preview=lambda i, n, images: seen.append((i, n, images)),
+                                         preview_every=3)
+    assert counter.compiles == 0
+    assert [(i, n) for i, n, _ in seen] == [(3, 10), (6, 10), (9, 10)]
+    assert all(images.shape == (3, 64 // 8, 96 // 8, 3) and images.dtype == np.uint8 for _, _, images in seen)
+    for a, b in zip(plain.images, shown.images):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(seen[0][2], seen[2][2])  # the estimate moves as the steps go
+    assert not np.array_equal(seen[2][2][0], seen[2][2][1])  # each image its own
+
+
+# -- the server's stream ----------------------------------------------------------------------------
+
+@pytest.fixture
+def server(tiny_pipeline, tmp_path):
+    server = Server(Settings(model="tiny", sizes=SIZES, preview_every=2), loader=lambda s: tiny_pipeline,
+                    images=ImageStore(tmp_path / "images"))
+    server.load()
+    yield server
+    server.batcher.close()
+
+
+def fields(**overrides):
+    values = dict(prompt="a cat", negative="", style="(No style)", seed=5, randomize=False, guidance=5.0, steps=6,
+                  size="96x64", sampler=None)
+    return tuple({**values, **overrides}.values())
+
+
+def test_stream_reports_every_step_then_previews_then_the_images(server):
+    from PIL import Image
+
+    with CompileCounter() as counter:
+        updates = list(server.stream(fields()))
+    assert counter.compiles == 0
+    kinds = [u[0] for u in updates]
+    assert kinds == ["progress", "progress", "preview", "progress", "progress", "preview", "progress", "progress", "done"]
+    assert [u[1:] for u in updates if u[0] == "progress"] == [(i, 6) for i in range(1, 7)]
+    previews = [u[1] for u in updates if u[0] == "preview"]
+    assert [[caption for _, caption in p] for p in previews] == [["preview · step 2 / 6"] * 4, ["preview · step 4 / 6"] * 4]
+    for path, _ in previews[0]:
+        with Image.open(path) as image:
+            assert image.format == "JPEG" and image.size == (96 // 8, 64 // 8)
+    gallery, seeds, info, sampler = updates[-1][1:]
+    assert seeds == [5, 6, 7, 8] and sampler == "Euler" and "6 steps of Euler" in info
+    assert [caption for _, caption in gallery] == ["seed 5", "seed 6", "seed 7", "seed 8"]
+    assert all(Image.open(path).size == (96, 64) for path, _ in gallery)
+    # An API caller that asks for no previews gets the same images, without them.
+    quiet = list(server.stream(fields(), previews=False))
+    assert [u[0] for u in quiet].count("preview") == 0
+    for (a, _), (b, _) in zip(gallery, quiet[-1][1]):
+        np.testing.assert_array_equal(np.asarray(Image.open(a)), np.asarray(Image.open(b)))
+    assert server.metrics.registry.get_sample_value("sdxl_requests_total", {"outcome": "ok"}) == 2
+
+
+def test_a_closed_stream_stops_its_request_and_counts_it_cancelled(server):
+    """What Stop (or a vanished page) does to the work: the stream is closed while a 50-step
+    request runs; the request stops within two steps and the next one starts at once."""
+    steps_run = []
+    stream = server.stream(fields(steps=50, size="64x64"))
+    for update in stream:
+        if update[0] == "progress" and update[1] == 3:
+            break
+    server.batcher.enqueue(Request.of("x", seed=1, steps=1, size=(64, 64)).images(4),
+                           progress=lambda i, n: steps_run.append(i))
+    stream.close()
+    deadline = threading.Event()
+    for _ in range(200):  # bounded: 10 s
+        if steps_run:
+            break
+        deadline.wait(0.05)
+    assert steps_run == [1], "the next request did not start"
+    cancelled = server.metrics.registry.get_sample_value("sdxl_requests_total", {"outcome": "cancelled"})
+    assert cancelled == 1
+
+
+def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_checkpoint, tmp_path):
+    from sdxl_tpu import load_pipeline
+    from sdxl_tpu.request import RequestError
+
+    pipe = load_pipeline(tiny_checkpoint, dtype="float32", sizes=[(64, 64), (64, 128)], warmup=False)
+    pipe.warmup([(64, 64)])
+    server = Server(Settings(model="tiny", sizes=[(64, 64), (64, 128)]), loader=lambda s: pipe,
+                    images=ImageStore(tmp_path / "images"))
+    gate = threading.Event()
+    real_warmup = pipe.warmup
+    pipe.warmup = lambda sizes=None: (gate.wait(60), real_warmup(sizes))[1]
+    server.load()
+    assert server.ready and server.compiling == [(64, 128)] and server.ready_sizes == [(64, 64)]
+    assert "1 more size compiling (64x128)" in server.status_line
+    assert server.readiness() == ({"status": "ready", "message": server.status_line, "compiling": ["64x128"]}, 200)
+    with pytest.raises(RequestError, match=r"Size 64x128 is still being compiled; it will be available in a moment "
+                                           r"\(the sizes ready now: 64x64\)"):
+        list(server.stream(fields(size="64x128", steps=1)))
+    gate.set()
+    assert server.compiled_event.wait(120)
+    assert server.compiling == [] and server.status_line == server.message
+    with CompileCounter() as counter:
+        assert list(server.stream(fields(size="64x128", steps=1)))[-1][0] == "done"
+    assert counter.compiles == 0
+    server.batcher.close()
+
+
+def test_preview_files_are_small_jpegs():
+    from PIL import Image
+
+    from sdxl_tpu.images import encode_preview
+
+    pixels = (np.arange(32 * 48 * 3) % 256).astype(np.uint8).reshape(32, 48, 3)
+    blob = encode_preview(pixels)
+    with Image.open(io.BytesIO(blob)) as image:
+        assert image.format == "JPEG" and image.size == (48, 32) and "exif" not in image.info
+    assert len(blob) < 8000
