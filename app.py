@@ -4,7 +4,8 @@
     python app.py --model tiny         # offline, the built-in tiny checkpoint
     python app.py --backend URL        # no model here: back ends (python -m sdxl_tpu serve) make the images
 
-UI and wiring only; everything testable lives in sdxl_tpu/playground.py.
+UI and wiring only; everything testable lives in sdxl_tpu/playground.py (the server) and
+sdxl_tpu/page.py (what the page shows of its state).
 """
 
 from __future__ import annotations
@@ -26,32 +27,17 @@ from starlette.routing import Mount
 from sdxl_tpu.compilation import enable_compile_cache, quiet_platforms
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
 from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sdxl_tpu.page import (
-    CUSTOM,
-    HISTORY_PER_PAGE,
-    MATCHING_PRESET_JS,
-    RESTORE_HISTORY_JS,
-    history_after,
-    history_rows,
-    matching_preset,
-    size_choices,
-)
-from sdxl_tpu.playground import (
-    DEFAULT_STYLE,
-    EXAMPLES,
-    STYLES,
-    Server,
-    gradio_handler,
-    parse_settings,
-    seed_at,
-    serve_metrics_apart,
-    style_description,
-)
+from sdxl_tpu.page import (CUSTOM, HISTORY_PER_PAGE, MATCHING_PRESET_JS, RESTORE_HISTORY_JS, history_after,
+                           history_rows, matching_preset, size_choices)
+from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, parse_settings, seed_at,
+                                 serve_metrics_apart, style_description)
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
 from sdxl_tpu.scheduler import MAX_STEPS
+from sdxl_tpu.serving import SHUTTING_DOWN, DrainingServer
 
 GENERATE, WARMING_UP = "Generate", "Warming up…"
-from sdxl_tpu.serving import SHUTTING_DOWN, DrainingServer
+STOPPED = "Stopped."
+NOT_TAKEN = "⚠️ The server could not take the request (see the notice); please try again in a moment."
 
 # Four images in view: on a desktop the form and the results sit side by side and the 2 x 2 grid is
 # sized to the viewport (square cells, each image whole inside its cell, never a scrollbar inside
@@ -134,8 +120,8 @@ def build_demo(server: Server) -> gr.Blocks:
         # serves them without a copy; the store deletes old ones and Gradio forgets them too.
         server.images = server.image_store(Path(get_upload_folder()),
                                            on_delete=lambda paths: gallery.temp_files.difference_update(paths))
-        last_seeds, last_run = gr.State([]), gr.State(None)
-        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size]
+        last_seeds = gr.State([])
+        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size]  # (a history entry's order)
 
         # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
         # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
@@ -154,17 +140,20 @@ def build_demo(server: Server) -> gr.Blocks:
                 else:
                     yield update
 
-        def generate_in_page(prompt, negative, style, seed, randomize, guidance, steps, size, sampler,
+        def generate_in_page(prompt, negative, style, seed, randomize, guidance, steps, size, sampler, history,
                              progress=gr.Progress()):
             fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler)
             for update in run_updates(fields, progress, previews=True):
                 if update[0] == "preview":
-                    yield update[1], gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                    yield update[1], *[gr.skip()] * 6
                 else:
                     images, seeds, text, used_sampler = update[1:]
-                    run = dict(prompt=prompt, negative=negative or "", style=style, seed=seeds[0], guidance=guidance,
-                               steps=steps, sampler=used_sampler, size=size)  # for the history, in the browser
-                    yield images, seeds, text, "", seeds[0], run
+                    # The run joins the history, which the browser keeps (in and out with the call; the
+                    # server stores no prompt).
+                    kept = history_after(history, dict(prompt=prompt, negative=negative or "", style=style,
+                                                       seed=seeds[0], guidance=guidance, steps=steps,
+                                                       sampler=used_sampler, size=size))
+                    yield images, seeds, text, "", seeds[0], kept, gr.Dataset(samples=history_rows(kept))
 
         def generate(prompt, negative, style, seed, randomize, guidance, steps, size, sampler=None,
                      progress=gr.Progress()):
@@ -174,7 +163,7 @@ def build_demo(server: Server) -> gr.Blocks:
                 yield images, text
 
         def refused(message: str):  # shown in the run status line; the images and the timing line stay
-            return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {message}", gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {message}", gr.skip(), gr.skip(), gr.skip()
 
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
         # more chips than a request has images); the rest wait in Gradio's bounded queue. The page
@@ -184,20 +173,20 @@ def build_demo(server: Server) -> gr.Blocks:
                       show_progress_on=[run_status])
         generating = gr.on([prompt.submit, negative.submit, run.click],
                            gradio_handler(generate_in_page, "the page's /generate", refused),
-                           outputs=[gallery, last_seeds, info, run_status, seed, last_run], api_name="generate_in_page",
-                           api_visibility="private", **queued)
+                           **{**queued, "inputs": [*queued["inputs"], history]},
+                           outputs=[gallery, last_seeds, info, run_status, seed, history, history_table],
+                           api_name="generate_in_page", api_visibility="private")
+        # A request the server did not take (its queue full, shutting down) never reaches the handler
+        # and fails: the status line says so (Gradio's notice has the reason).
+        # (Stop cancels the event, which fails it too: then the line keeps saying it stopped.)
+        generating.failure(None, inputs=[run_status], outputs=[run_status],
+                           js=f"(line) => line === {json.dumps(STOPPED)} ? line : {json.dumps(NOT_TAKEN)}")
         api_trigger = gr.Button(visible=False)  # the API's event has no button in the page
         api_trigger.click(gradio_handler(generate, "/generate"), outputs=[gallery, info], api_name="generate", **queued)
         light = dict(api_visibility="private", concurrency_limit=None, show_progress="hidden", preprocess=False)
-        def remember_run(history, run):  # the browser keeps the history; nothing is stored here
-            kept = history_after(history, run)
-            return kept, gr.Dataset(samples=history_rows(kept))
-
-        generating.success(gradio_handler(remember_run, "history"), inputs=[history, last_run],
-                           outputs=[history, history_table], **light)
         # Stop: Gradio cancels the event; the request ends within two denoising steps and the page
         # keeps what it showed.
-        stop.click(None, outputs=[run_status], js="() => 'Stopped.'", cancels=[generating])
+        stop.click(None, outputs=[run_status], js=f"() => {json.dumps(STOPPED)}", cancels=[generating])
 
         # In the browser, no server event: presets fill the fields, the preset menu follows the
         # fields, examples fill the prompt, a history row fills the form.

@@ -39,13 +39,7 @@ from .compilation import enable_compile_cache
 from .images import encode_preview
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .pipeline import Cancelled
-from .playground import (
-    MAX_STYLED_PROMPT_CHARS,
-    Server,
-    Settings,
-    log_refusal,
-    serve_metrics_apart,
-)
+from .playground import MAX_STYLED_PROMPT_CHARS, Server, Settings, log_refusal, serve_metrics_apart
 from .request import Request, RequestError, json_type, shown
 from .serving import DrainingServer, Generated, QueueFull, ShuttingDown, StillCompiling
 

@@ -30,9 +30,11 @@ from .flops import model_flops
 from .layers import Precision
 from .pipeline import Pipeline, compute_dtype_for, load_pipeline
 from .presets import SCHEDULER_CONFIG, preset_configs
+from .preview import every
 from .recipes import RECIPES, settle
 from .request import format_size, parse_size
 from .scheduler import SAMPLERS, samplers_for
+from .taesd import AutoencoderTiny, TAESDConfig, load_taesd
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
 from .weights import read_json
@@ -41,24 +43,27 @@ ARCHITECTURES = ("tiny", "small", "sdxl")
 PROMPT, NEGATIVE = "a photo of an astronaut riding a horse on the moon", "blurry"
 
 
+def random_fill(model: nnx.Module, seed: int = 0) -> nnx.Module:
+    """An abstract model's parameters drawn at random on the device (nothing read or written)."""
+    key = jax.random.key(seed)
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        key, sub = jax.random.split(key)
+        shape, dtype = var.get_value().shape, var.get_value().dtype
+        if path[-1] == "scale":
+            value = jnp.ones(shape, dtype)
+        elif path[-1] == "bias":
+            value = jnp.zeros(shape, dtype)
+        else:  # kernels (fan-in is every axis but the last) and embeddings
+            fan_in = math.prod(shape[:-1]) if path[-1] == "kernel" else 1
+            value = (jax.random.normal(sub, shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
+        var.set_value(value)
+    return model
+
+
 def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:
     """The preset's architecture with random weights, made on the device (nothing read or written)."""
-    key = jax.random.key(seed)
-
-    def fill(model: nnx.Module) -> nnx.Module:
-        nonlocal key
-        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-            key, sub = jax.random.split(key)
-            shape, dtype = var.get_value().shape, var.get_value().dtype
-            if path[-1] == "scale":
-                value = jnp.ones(shape, dtype)
-            elif path[-1] == "bias":
-                value = jnp.zeros(shape, dtype)
-            else:  # kernels (fan-in is every axis but the last) and embeddings
-                fan_in = math.prod(shape[:-1]) if path[-1] == "kernel" else 1
-                value = (jax.random.normal(sub, shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
-            var.set_value(value)
-        return model
+    seeds = iter(range(seed, seed + 4))
+    fill = lambda model: random_fill(model, next(seeds))
 
     te = lambda name, proj: fill(nnx.eval_shape(lambda: CLIPTextModel(
         CLIPTextConfig.from_dict(configs[name], with_projection=proj), precision)))
@@ -104,11 +109,16 @@ def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False) -> 
         return load_pipeline(model, dtype=args.dtype, compute_dtype=args.compute_dtype, sizes=[args.size],
                              images_per_call=args.images, step_progress=step_progress, warmup=False,
                              attention=args.attention, unet=args.unet, timestep_spacing=args.spacing,
-                             prediction_type=args.prediction_type, config=args.config, loras=args.lora)
+                             prediction_type=args.prediction_type, config=args.config, loras=args.lora,
+                             preview=args.preview if step_progress else "approx")
     precision = Precision.of(compute_dtype_for(args.dtype, args.compute_dtype), args.dtype, attention=args.attention)
+    taesd = None
+    if step_progress and args.preview != "approx":  # taesdxl's architecture, random weights
+        taesd = load_taesd(args.preview, precision) if os.path.isdir(args.preview) else random_fill(
+            nnx.eval_shape(lambda: AutoencoderTiny(TAESDConfig(), precision)), seed=4)
     return Pipeline(random_models(preset_configs(args.preset), precision), random_tokenizers(),
                     samplers_for(SCHEDULER_CONFIG)[0], sizes=[args.size], images_per_call=args.images,
-                    model_name=args.preset, step_progress=step_progress)
+                    model_name=args.preset, step_progress=step_progress, preview_decoder=taesd)
 
 
 def _memory(programs: dict[str, Any]) -> dict[str, Any]:
@@ -127,13 +137,15 @@ def _memory(programs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int) -> list[tuple[float, dict[str, float]]]:
-    """(latency, the pipeline's own stage timings) of `runs` calls."""
+def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int, **previews) -> list[tuple[float, dict[str, float]]]:
+    """(latency, the pipeline's own stage timings) of `runs` calls (`previews`: run_images' preview
+    and preview_every)."""
     calls = []
     for i in range(runs):
-        start = time.perf_counter()
-        result = pipe.generate(PROMPT, NEGATIVE, seed=i, steps=args.steps, size=args.size, sampler=args.sampler,
+        request = pipe.request(PROMPT, NEGATIVE, seed=i, steps=args.steps, size=args.size, sampler=args.sampler,
                                guidance_scale=args.guidance)
+        start = time.perf_counter()
+        result = pipe.run(request, **previews)
         calls.append((time.perf_counter() - start, result.timings))
     return calls
 
@@ -191,16 +203,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report.update(latency_s={"median": median, "min": min(latencies), "max": max(latencies), "runs": len(latencies)},
                   stage_s=timings, s_per_step=timings["denoising"] / args.steps, images_per_s=pipe.images_per_call / median)
 
-    if args.compare_progress:
+    if args.compare_progress or args.compare_previews:
         stepwise = build_pipeline(args, step_progress=True)
         stepwise.warmup()
         _time_calls(stepwise, args, 1)
-        # Alternate the two so drift on a noisy machine hits both alike.
-        with_progress, fused = [], []
+        every_steps = every(args.preview_every, args.steps)
+        shown = []
+        previews = dict(preview=lambda step, steps, images: shown.append(images.shape), preview_every=every_steps)
+        _time_calls(stepwise, args, 1, **previews)
+        # Alternate them so drift on a noisy machine hits each alike.
+        latencies = {"stepwise": [], "fused": [], "previews": []}
         for _ in range(args.runs):
-            with_progress += [latency for latency, _ in _time_calls(stepwise, args, 1)]
-            fused += [latency for latency, _ in _time_calls(pipe, args, 1)]
-        report["progress_overhead"] = statistics.median(with_progress) / statistics.median(fused) - 1
+            latencies["stepwise"] += [latency for latency, _ in _time_calls(stepwise, args, 1)]
+            if args.compare_progress:
+                latencies["fused"] += [latency for latency, _ in _time_calls(pipe, args, 1)]
+            if args.compare_previews:
+                shown.clear()
+                latencies["previews"] += [latency for latency, _ in _time_calls(stepwise, args, 1, **previews)]
+        medians = {name: statistics.median(values) for name, values in latencies.items() if values}
+        if args.compare_progress:
+            report["progress_overhead"] = medians["stepwise"] / medians["fused"] - 1
+        if args.compare_previews:
+            report["previews"] = {"decoder": stepwise.preview_decoder, "every": every_steps, "per_call": len(shown),
+                                  "size": list(shown[0][1:3]) if shown else None,
+                                  "latency_on_s": medians["previews"], "latency_off_s": medians["stepwise"],
+                                  "overhead": medians["previews"] / medians["stepwise"] - 1}
 
     configs = architecture(args)
     flops = model_flops(configs["unet"], configs["vae"], args.size)
@@ -281,6 +308,12 @@ def format_report(r: dict[str, Any]) -> str:
     if "progress_overhead" in r:
         lines.append(f"per-step progress {100 * r['progress_overhead']:+.1f} % latency (one program call per step) "
                      "vs the fused loop measured above")
+    if "previews" in r:
+        p = r["previews"]
+        lines.append(f"live previews     {100 * p['overhead']:+.1f} % latency ({p['per_call']} {p['decoder']} previews "
+                     f"of {p['size'][1]}x{p['size'][0]} a call, every {p['every']} steps: median {p['latency_on_s']:.3f} s "
+                     f"on, {p['latency_off_s']:.3f} s off, both stepwise)" if p["size"] else
+                     "live previews     none at this step count")
     return "\n".join(lines)
 
 
@@ -320,6 +353,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the second process that measures a warm (cached) compile")
     parser.add_argument("--compare-progress", action="store_true",
                         help="also compile the stepwise loop (per-step progress) and compare its latency")
+    parser.add_argument("--compare-previews", action="store_true",
+                        help="also measure live previews: the stepwise loop with and without them, calls alternated")
+    parser.add_argument("--preview", default="approx",
+                        help="how previews are decoded: approx, taesd (random taesdxl-shaped weights with "
+                             "--random-weights, else madebyollin/taesdxl) or a TAESD directory")
+    parser.add_argument("--preview-every", type=int, default=None, metavar="N",
+                        help="steps between previews (default: about four a run)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for utilisation")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--compile-only", action="store_true",

@@ -29,25 +29,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import sampling, scheduler
-from .checkpoint import (
-    Models,
-    config_root,
-    is_single_file,
-    load_models,
-    load_tokenizers,
-)
+from .checkpoint import Models, config_root, is_single_file, load_models, load_tokenizers
 from .compilation import enable_compile_cache
 from .lora import lora_spec
 from .preview import Previews, decode_taesd, preview_size
-from .request import (
-    ImageInfo,
-    Request,
-    RequestError,
-    format_size,
-    not_a_choice,
-    parse_size,
-    size_input,
-)
+from .request import ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, size_input
 from .scheduler import MAX_STEPS, Sampler, Tables, samplers_for
 from .weights import read_json
 
@@ -252,11 +238,12 @@ class Pipeline:
         return self.run(request, latents=latents, progress=progress)
 
     def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,
-            progress: Callable[[int, int], None] | None = None,
-            stop: Callable[[], bool] | None = None) -> GenerationResult:
-        """Generate `images` (default: images_per_call) images of a checked request (see `generate`)."""
+            progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
+            **previews) -> GenerationResult:
+        """Generate `images` (default: images_per_call) images of a checked request (see `generate`;
+        `previews`: run_images' preview and preview_every)."""
         n = self.images_per_call if images is None else images
-        return self.run_images(request.images(n), latents=latents, progress=progress, stop=stop)
+        return self.run_images(request.images(n), latents=latents, progress=progress, stop=stop, **previews)
 
     def run_images(self, infos: Sequence[ImageInfo], *, latents: np.ndarray | None = None,
                    progress: Callable[[int, int], None] | None = None,
@@ -406,6 +393,12 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     """
     if compile_cache is not None:
         enable_compile_cache(compile_cache)
+    taesd = None
+    if preview != "approx":  # first: a preview decoder that cannot be had is refused before minutes of loading
+        from .layers import Precision
+        from .taesd import load_taesd
+
+        taesd = load_taesd(preview, Precision.of(compute_dtype_for(dtype, compute_dtype), dtype, attention=attention))
     root = config_root(model, config)
     models = load_models(model if is_single_file(model) else root, dtype=compute_dtype_for(dtype, compute_dtype),
                          param_dtype=dtype, attention=attention, unet=unet, config=root, loras=loras)
@@ -417,12 +410,6 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     for spec in loras or []:
         path, scale = lora_spec(spec)
         name += f" + {Path(str(path)).stem}" + (f":{scale:g}" if scale != 1 else "")
-    taesd = None
-    if preview != "approx":
-        from .layers import Precision
-        from .taesd import load_taesd
-
-        taesd = load_taesd(preview, Precision.of(compute_dtype_for(dtype, compute_dtype), dtype, attention=attention))
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=sizes,
                     images_per_call=images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),

@@ -28,30 +28,12 @@ from .metrics import Metrics
 from .pipeline import Cancelled, GenerationError, Pipeline, call_batch, load_pipeline
 from .recipes import BASE, RECIPES, SAMPLING, Recipe, recipe_named, settle
 from .remote import Unavailable, check_backend_url
-from .request import (
-    MAX_PROMPT_CHARS,
-    MAX_SEED,
-    Request,
-    RequestError,
-    choice_input,
-    format_size,
-    json_type,
-    number_input,
-    parse_size,
-    text_input,
-)
+from .request import (MAX_PROMPT_CHARS, MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
+                      number_input, parse_size, text_input)
 from .sampling import MAX_TOKENS
 from .scheduler import SAMPLERS
-from .serving import (
-    SHUTTING_DOWN,
-    Batcher,
-    Generated,
-    Job,
-    QueueFull,
-    ShuttingDown,
-    StillCompiling,
-    never,
-)
+from .serving import SHUTTING_DOWN, Batcher, Generated, Job, QueueFull, ShuttingDown, StillCompiling, never
+from .taesd import PreviewDecoderError
 
 DEFAULT_MODEL = BASE
 QUEUE_SIZE = 16
@@ -121,8 +103,9 @@ def user_message(error: Exception, where: str) -> str:
 def gradio_handler(fn: Callable, where: str, refused: Callable[[str], Any] | None = None) -> Callable:
     """An event handler as Gradio calls it (a function, or a generator that streams updates):
     errors reach the user as `user_message` says, as a gr.Error (an error event for API clients, a
-    toast in the page). A generator first yields `refused(message)`, if given: what the page shows
-    of it (e.g. the message in a status line, the other outputs kept)."""
+    notice in the page). A generator given `refused` instead ends with `refused(message)` (what
+    the page shows of it, e.g. the message in a status line, the other outputs kept) and a notice:
+    the page's event does not fail, so a failed one means the server did not take it at all."""
     import gradio as gr
 
     def error(e: Exception) -> gr.Error:
@@ -135,9 +118,10 @@ def gradio_handler(fn: Callable, where: str, refused: Callable[[str], Any] | Non
                 yield from fn(*args, **kwargs)
             except Exception as e:
                 failure = error(e)
-                if refused is not None:
-                    yield refused(failure.message)
-                raise failure from None
+                if refused is None:
+                    raise failure from None
+                gr.Warning(failure.message)
+                yield refused(failure.message)
 
         return streaming
 
@@ -523,6 +507,8 @@ class Server:
                 self.info = self._describe(pipe)
                 if self.compiling:
                     threading.Thread(target=self._compile_the_rest, name="sdxl-compile", daemon=True).start()
+        except PreviewDecoderError as e:  # its message says what to do (--preview approx, or a local copy)
+            self._fail(str(e))
         except (CheckpointError, OSError, ValueError) as e:
             self._fail(model_not_found_message(self.settings.model, str(e).rstrip(".")) if self.settings.backend is None
                        else f"Could not reach the back end at {self.settings.backend}: {str(e).rstrip('.')}.")

@@ -18,6 +18,10 @@ from .layers import Conv, Precision
 from .weights import CheckpointError, TensorSource, load_into, read_json, weight_files
 
 TAESD_REPO = "madebyollin/taesdxl"
+
+
+class PreviewDecoderError(CheckpointError):
+    """The TAESD preview decoder asked for could not be loaded (the message says what to do)."""
 _WEIGHTS = "diffusion_pytorch_model.safetensors"
 _REQUIRED_VALUES: dict[str, tuple] = {"act_fn": ("relu",), "upsample_fn": ("nearest",), "shift_factor": (None, 0, 0.0)}
 
@@ -156,7 +160,7 @@ def _download(repo: str) -> Path:
         reason = "offline or not in the Hugging Face cache"
     except Exception as e:  # noqa: BLE001 -- the Hub client's errors, whatever their type, mean "not downloaded"
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-    raise CheckpointError(f"The TAESD preview decoder {repo} could not be downloaded ({reason}): use --preview "
+    raise PreviewDecoderError(f"The TAESD preview decoder {repo} could not be downloaded ({reason}): use --preview "
                           "approx, or --preview DIR with a local copy in diffusers format.")
 
 
@@ -168,17 +172,20 @@ def load_taesd(spec: str | os.PathLike = "taesd", precision: Precision | None = 
         path = _download(TAESD_REPO)
     elif not path.is_dir():
         if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
-            raise CheckpointError(f"TAESD {spec!r} is neither an existing directory nor a Hub repo id (owner/name)")
+            raise PreviewDecoderError(f"TAESD {spec!r} is neither an existing directory nor a Hub repo id (owner/name)")
         path = _download(spec)
     if not (path / "config.json").is_file():
-        raise CheckpointError(f"{path} is not a TAESD checkpoint in diffusers format (no config.json)")
+        raise PreviewDecoderError(f"{path} is not a TAESD checkpoint in diffusers format (no config.json)")
     try:
         raw = dict(read_json(path / "config.json"))
         if raw.get("_class_name", "AutoencoderTiny") != "AutoencoderTiny":
             raise ValueError(f"a {raw['_class_name']} config, not a TAESD (AutoencoderTiny) one")
         config = TAESDConfig.from_dict(raw)
     except (TypeError, ValueError) as e:  # json's errors included
-        raise CheckpointError(f"{path}/config.json: {e}") from None
+        raise PreviewDecoderError(f"{path}/config.json: {e}") from None
     files = [path / _WEIGHTS] if (path / _WEIGHTS).is_file() else weight_files(path)
     model = nnx.eval_shape(lambda: AutoencoderTiny(config, precision))
-    return load_into(model, TensorSource(files), component=f"TAESD ({path})")
+    try:
+        return load_into(model, TensorSource(files), component=f"TAESD ({path})")
+    except CheckpointError as e:
+        raise PreviewDecoderError(str(e)) from None

@@ -237,6 +237,19 @@ def test_without_quiet_platforms_libtpu_would_log_errors():
     assert "TPU" in noisy.stderr and quiet.returncode == 0 and "TPU" not in quiet.stderr and "Cpu" in quiet.stdout
 
 
+def test_taesd_previews_offline_are_refused_with_one_line(tmp_path):
+    """--preview taesd where the Hub cannot be reached and nothing is cached: the app exits at once
+    (before loading the model) saying what failed and what to do."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty-cache"),
+               SDXL_TPU_TINY_DIR=str(tmp_path / "tiny"))
+    result = subprocess.run([sys.executable, "app.py", "--model", "tiny", "--preview", "taesd", "--port",
+                             str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "madebyollin/taesdxl" in errors[0] and "--preview approx" in errors[0], result.stderr
+    assert "Could not load the model" not in errors[0]
+
+
 def test_app_without_model_exits_with_one_paragraph(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty-cache"))
     result = subprocess.run([sys.executable, "app.py", "--model", "nobody/no-such-model", "--port",
@@ -384,6 +397,7 @@ def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_serve
         assert stopped <= shown + 3, (line, shown)
         page.wait_for_timeout(300)
         assert page.locator("#gallery .grid-container .caption-label").all_inner_texts() == kept
+        assert page.locator("#run-status [data-testid=markdown]").inner_text() == "Stopped."
         set_field(page, "steps", 2)
         start = time.monotonic()
         generate_in_page(page, None, seconds=60)
@@ -420,6 +434,24 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, tmp_pa
             assert not [e for e in pills if e.is_visible()], "an error badge is shown"
             assert message in page.locator(".toast-body").last.inner_text()  # and the notice in the corner
         page.screenshot(path=str(artifact(tmp_path, "error-kept-images.png")))
+        # The queue full (one request running, two waiting): the page's request is turned away at the
+        # door, before any handler; the line says so, the images stay.
+        from gradio_client import Client
+
+        client = Client(app_server["url"] + "/", verbose=False, download_files=False)
+        jobs = [client.submit("a cat", "", "(No style)", i, False, 5.0, 50, "96x64", api_name="/generate")
+                for i in range(3)]
+        try:
+            wait_for(lambda: metrics(app_server)["sdxl_queue_depth"] >= 2, 30, "the queue did not fill")
+            page.locator("#prompt textarea").fill("a red panda")
+            page.locator("#generate").click()
+            wait_for(lambda: "could not take the request" in page.locator("#run-status").inner_text(), 30,
+                     f"no message: {page.locator('#run-status').inner_text()!r} {metrics(app_server)['sdxl_queue_depth']}")
+            assert "busy" in page.locator(".toast-body").last.inner_text()  # Gradio's notice
+            assert [img.get_attribute("src") for img in page.locator("#gallery .grid-container img").all()] == sources
+        finally:
+            for job in jobs:
+                job.cancel()
 
 
 def test_browser_history_restores_a_run(app_server):

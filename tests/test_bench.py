@@ -33,7 +33,8 @@ def test_bench_tiny_reports_consistent_figures(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_TPU_TINY_DIR=str(tmp_path / "tiny"))
     steps, runs = 3, 3
     result = subprocess.run([sys.executable, "-m", "sdxl_tpu", "bench", "--preset", "tiny", "--steps", str(steps),
-                             "--runs", str(runs), "--dtype", "float32", "--compare-progress", "--json"],
+                             "--runs", str(runs), "--dtype", "float32", "--compare-progress", "--compare-previews",
+                             "--json"],
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     r = json.loads(result.stdout.strip().splitlines()[-1])
@@ -71,6 +72,10 @@ def test_bench_tiny_reports_consistent_figures(tmp_path):
     # The denoising program holds the UNet's float32 parameters as arguments.
     assert compiled["denoise"]["arguments"] > compiled["decode"]["arguments"]
     assert math.isfinite(r["progress_overhead"])
+    # Live previews measured on the same stepwise loop: 3 steps, one every step, none after the last.
+    p = r["previews"]
+    assert (p["decoder"], p["every"], p["per_call"], p["size"]) == ("approx", 1, 2, [8, 8])
+    assert p["overhead"] == pytest.approx(p["latency_on_s"] / p["latency_off_s"] - 1) and math.isfinite(p["overhead"])
 
 
 def test_bench_compile_only_reports_compile_time_and_memory(tmp_path):

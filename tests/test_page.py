@@ -15,17 +15,8 @@ from hypothesis import strategies as st
 
 from sdxl_tpu import CompileCounter, Request
 from sdxl_tpu.images import ImageStore
-from sdxl_tpu.page import (
-    CUSTOM,
-    HISTORY_LENGTH,
-    aspect_ratio,
-    history_after,
-    history_entry,
-    history_rows,
-    matching_preset,
-    size_choices,
-    size_label,
-)
+from sdxl_tpu.page import (CUSTOM, HISTORY_LENGTH, aspect_ratio, history_after, history_entry, history_rows,
+                           matching_preset, size_choices, size_label)
 from sdxl_tpu.playground import SDXL_SIZES, Server, Settings, parse_sizes
 from sdxl_tpu.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb, every
 
@@ -238,3 +229,26 @@ def test_preview_files_are_small_jpegs():
     with Image.open(io.BytesIO(blob)) as image:
         assert image.format == "JPEG" and image.size == (48, 32) and "exif" not in image.info
     assert len(blob) < 8000
+
+
+def test_taesd_previews_are_decoded_on_the_device_at_preview_size(tiny_checkpoint, tiny_pipeline, tmp_path):
+    """With a TAESD checkpoint (--preview DIR), previews come from its decoder, compiled with the
+    other programs (nothing compiles per call), at twice the latent resolution, images unchanged."""
+    from sdxl_tpu import load_pipeline
+    from sdxl_tpu.tiny import write_tiny_taesd
+
+    pipe = load_pipeline(tiny_checkpoint, dtype="float32", sizes=[(64, 64)], preview=str(write_tiny_taesd(tmp_path)))
+    assert pipe.preview_decoder == "taesd" and "preview" in pipe.compiled((64, 64))
+    infos = Request.of("a cat", seed=3, steps=8, size=(64, 64)).images(4)
+    seen = []
+    with CompileCounter() as counter:
+        result = pipe.run_images(infos, preview=lambda i, n, images: seen.append((i, images)), preview_every=2)
+        approx = []
+        plain = tiny_pipeline.run_images(infos, preview=lambda i, n, images: approx.append(images), preview_every=2)
+    assert counter.compiles == 0
+    # Handed over once ready, at a later step: never after the last, at most one in flight.
+    assert 1 <= len(seen) <= 3 and all(i in (2, 4, 6) for i, _ in seen) and len(approx) == 3
+    assert all(images.shape == (4, 16, 16, 3) and images.dtype == np.uint8 for _, images in seen)
+    assert approx[0].shape == (4, 8, 8, 3)  # the approximation: latent resolution
+    for a, b in zip(result.images, plain.images):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

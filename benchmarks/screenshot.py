@@ -1,0 +1,54 @@
+"""The README's pictures of the page: the playground after a run, from a real browser session.
+
+    python benchmarks/screenshot.py                # writes benchmarks/screenshots/*.png
+
+Starts `python app.py --model tiny` (random weights: the images are noise, everything else is
+real) on 127.0.0.1, opens it in Debian's Chromium (Playwright), types a prompt, generates with the
+Anime style and takes a desktop (1280x800) and a phone (390x844) screenshot once the four images
+are in. Needs what the tests need (requirements-dev.txt and `apt-get install chromium`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from served_app import generate_in_page, playground_page, start_app  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "screenshots"))
+    parser.add_argument("--prompt", default="a lighthouse on a cliff during a storm, dramatic waves")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sdxl-screenshot-") as tmp:
+        app = start_app(Path(tmp), Path(tmp) / "jax-cache", extra_args=("--sizes", "256x256,384x256"))
+        server = next(app)
+        try:
+            for (width, height), name in (((1280, 800), "playground.png"), ((390, 844), "playground-phone.png")):
+                with playground_page(server["url"], "Ready (", viewport=(width, height)) as page:
+                    generate_in_page(page, args.prompt, "blurry, low quality")
+                    page.get_by_text("Advanced").click()
+                    page.locator("#style input").click()
+                    page.get_by_role("option", name="Anime", exact=True).click()
+                    generate_in_page(page, None)
+                    page.get_by_text("Advanced").click()  # closed again: the picture shows the main form
+                    if width < 768:  # a phone: from the Generate button down to the images
+                        page.evaluate("document.querySelector('#generate').scrollIntoView({block: 'start'})")
+                    page.wait_for_timeout(500)
+                    page.screenshot(path=str(out / name))
+                    print(out / name)
+        finally:
+            app.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
