@@ -157,10 +157,11 @@ def build_demo(server: Server) -> gr.Blocks:
 
         def generate(prompt, negative, style, seed, randomize, guidance, steps, size, sampler=None,
                      progress=gr.Progress()):
-            """The API: the four images and the timing line (progress per step; no previews)."""
+            """The API: the four images and the timing line (progress per step, no previews; a plain
+            function: a generator would cost every call a few more messages and thread hops)."""
             fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler)
-            for _, images, _, text, _ in run_updates(fields, progress, previews=False):
-                yield images, text
+            *_, (_, images, _, text, _) = run_updates(fields, progress, previews=False)  # (run to its end: counted)
+            return images, text
 
         def refused(message: str):  # shown in the run status line; the images and the timing line stay
             return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {message}", gr.skip(), gr.skip(), gr.skip()

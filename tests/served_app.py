@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE_SIZE = 2
-SIZES = "64x64,96x64,64x96"  # square, wide, tall
+SIZES = "64x64,96x64"  # square and wide
 
 
 def free_port() -> int:
@@ -64,19 +64,30 @@ def launch_chromium(playwright):
 
 
 @contextlib.contextmanager
-def playground_page(url: str, ready_text: str, viewport: tuple[int, int] = (1280, 800)):
-    """The playground at `url` in headless Chromium, once it shows `ready_text` (bounded: 1 minute)."""
+def chromium():
+    """Headless Chromium (see launch_chromium), for several pages."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = launch_chromium(p)
         try:
-            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
-            page.goto(url + "/", timeout=60_000)
-            page.get_by_text(ready_text).wait_for(timeout=60_000)
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def playground_page(url: str, ready_text: str, viewport: tuple[int, int] = (1280, 800), browser=None):
+    """The playground at `url` in headless Chromium (`browser`, else one of its own), in a fresh
+    context (no storage of earlier pages), once it shows `ready_text` (bounded: 1 minute)."""
+    with contextlib.ExitStack() as stack:
+        browser = browser or stack.enter_context(chromium())
+        context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+        stack.callback(context.close)
+        page = context.new_page()
+        page.goto(url + "/", timeout=60_000)
+        page.get_by_text(ready_text).wait_for(timeout=60_000)
+        yield page
 
 
 def artifact(tmp_path: Path, name: str) -> Path:

@@ -14,9 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view,  # app_server: conftest
+from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view, chromium,  # app_server: conftest
                         assert_progress_and_previews, free_port, generate_in_page, get, playground_page, read_metrics,
                         requests_total, steps_seen, wait_for)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium for the module's page tests (each gets a fresh context)."""
+    with chromium() as browser:
+        yield browser
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +82,7 @@ def test_client_gets_four_images_with_seeds(client):
     (dict(steps=0), r"Steps must be a whole number between 1 and 50\."),
     (dict(steps=51), r"Steps must be a whole number between 1 and 50\."),
     (dict(steps=True), r"Steps must be a whole number between 1 and 50, got true/false\."),
-    (dict(size="1024x1024"), r"Size '1024x1024' is not available; choose one of: 64x64, 96x64, 64x96\."),
+    (dict(size="1024x1024"), r"Size '1024x1024' is not available; choose one of: 64x64, 96x64\."),
     (dict(style="Bogus"), r"Style 'Bogus' is not available"),
 ])
 def test_bad_inputs_are_clear_errors_and_the_server_survives(client, overrides, message):
@@ -237,17 +244,23 @@ def test_without_quiet_platforms_libtpu_would_log_errors():
     assert "TPU" in noisy.stderr and quiet.returncode == 0 and "TPU" not in quiet.stderr and "Cpu" in quiet.stdout
 
 
-def test_taesd_previews_offline_are_refused_with_one_line(tmp_path):
-    """--preview taesd where the Hub cannot be reached and nothing is cached: the app exits at once
-    (before loading the model) saying what failed and what to do."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty-cache"),
-               SDXL_TPU_TINY_DIR=str(tmp_path / "tiny"))
-    result = subprocess.run([sys.executable, "app.py", "--model", "tiny", "--preview", "taesd", "--port",
-                             str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "madebyollin/taesdxl" in errors[0] and "--preview approx" in errors[0], result.stderr
-    assert "Could not load the model" not in errors[0]
+def test_taesd_previews_offline_are_refused_first_with_one_line(tmp_path, monkeypatch):
+    """--preview taesd where the Hub cannot be reached and nothing is cached: the server fails at
+    once, before loading the model, saying what failed and what to do (app.py prints it as its one
+    error line and exits 1, as for a model it cannot load)."""
+    from huggingface_hub import constants
+
+    import sdxl_tpu.pipeline
+    from sdxl_tpu.playground import Server, Settings
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(sdxl_tpu.pipeline, "load_models", lambda *a, **k: pytest.fail("the model was loaded first"))
+    server = Server(Settings(model="tiny", sizes=[(64, 64)], preview="taesd"))
+    server.load()
+    assert server.status == "error" and server.error == server.message and "\n" not in server.error
+    assert "madebyollin/taesdxl" in server.error and "--preview approx" in server.error
+    assert "Could not load the model" not in server.error
 
 
 def test_app_without_model_exits_with_one_paragraph(tmp_path):
@@ -278,7 +291,7 @@ def choose(page, elem_id: str, option: str) -> None:
     page.keyboard.press("Escape")
 
 
-SIZE_LABELS = {"64x64": "1:1 square · 64 × 64", "96x64": "3:2 landscape · 96 × 64", "64x96": "2:3 portrait · 64 × 96"}
+SIZE_LABELS = {"64x64": "1:1 square · 64 × 64", "96x64": "3:2 landscape · 96 × 64"}
 
 
 def open_advanced(page) -> None:
@@ -310,12 +323,12 @@ def test_client_sees_each_step_and_gets_only_the_final_images(app_server):
     assert [item["caption"] for item in gallery] == ["seed 3", "seed 4", "seed 5", "seed 6"] and "30 steps" in info
 
 
-def test_browser_progress_previews_images_and_the_seed_used(app_server, tmp_path):
+def test_browser_progress_previews_images_and_the_seed_used(app_server, browser, tmp_path):
     """A run as a person watches it: the step count advances, four previews come before the four
     images, the seed field shows the seed used (Randomize on), an image's download carries its
     parameters, and clicking an image opens it large and fixes its seed; nothing recompiles."""
     before = compiles(app_server)
-    with playground_page(app_server["url"], "Ready (") as page:
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         assert page.locator("#token-count [data-testid=markdown]").inner_text() == "0 / 75 tokens"
         page.locator("#examples").get_by_text("An astronaut riding a green horse").click()  # filled in the page
         wait_for(lambda: page.locator("#prompt textarea").input_value() == "An astronaut riding a green horse", 10,
@@ -352,32 +365,36 @@ def test_browser_progress_previews_images_and_the_seed_used(app_server, tmp_path
     assert compiles(app_server) == before
 
 
-@pytest.mark.parametrize("size", ["64x64", "96x64", "64x96"])
-def test_browser_four_images_in_view(app_server, tmp_path, size):
+def test_browser_four_images_in_view(app_server, browser, tmp_path):
     """After a run, at 1280x800, 1920x1080 and 390x844, all four images and their captions are
     entirely visible, nothing over them, no scrolling inside the gallery, and on a desktop the
-    gallery no taller than the viewport: for square, wide and tall images."""
-    with playground_page(app_server["url"], "Ready (") as page:
-        choose(page, "size", SIZE_LABELS[size])
+    gallery no taller than the viewport: for square and wide images (a tall one fills its square cell
+    the other way round); no size recompiles."""
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         open_advanced(page)
         set_field(page, "steps", 2)
-        generate_in_page(page, "a red panda", "")
-        for width, height in ((1280, 800), (1920, 1080), (390, 844)):
-            page.set_viewport_size({"width": width, "height": height})
-            page.wait_for_timeout(300)
-            layout = assert_four_images_in_view(page, desktop=width >= 1024)
-            w, h = map(int, size.split("x"))
-            assert all(image["natural"] == [w, h] for image in layout["images"])
-            page.screenshot(path=str(artifact(tmp_path, f"gallery-{size}-{width}x{height}.png")))
+        for size in SIZE_LABELS:
+            page.set_viewport_size({"width": 1280, "height": 800})
+            choose(page, "size", SIZE_LABELS[size])
+            generate_in_page(page, f"a red panda, {size}", "")
+            for width, height in ((1280, 800), (1920, 1080), (390, 844)):
+                page.set_viewport_size({"width": width, "height": height})
+                page.wait_for_timeout(300)
+                layout = assert_four_images_in_view(page, desktop=width >= 1024)
+                w, h = map(int, size.split("x"))
+                assert all(image["natural"] == [w, h] for image in layout["images"]), (size, width)
+                page.screenshot(path=str(artifact(tmp_path, f"gallery-{size}-{width}x{height}.png")))
+    assert compiles(app_server) == before
 
 
-def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_server):
+def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_server, browser):
     """Stop during a 50-step run: the run ends within two steps of what the page showed (one more
     for the page being a step behind), the page keeps its previews and says it stopped, and the
     next run starts at once; nothing recompiles."""
     before = compiles(app_server)
     log_start = len(app_server["log"].read_text().splitlines())
-    with playground_page(app_server["url"], "Ready (") as page:
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         choose(page, "size", SIZE_LABELS["96x64"])
         open_advanced(page)
         set_field(page, "steps", 50)
@@ -405,10 +422,10 @@ def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_serve
     assert compiles(app_server) == before
 
 
-def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, tmp_path):
+def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, browser, tmp_path):
     """A refused request (an empty prompt, one over the length limit) shows its message; the last
     images and the timing line stay, and no error badge covers them."""
-    with playground_page(app_server["url"], "Ready (") as page:
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         open_advanced(page)
         set_field(page, "steps", 2)
         generate_in_page(page, "a red panda", "")
@@ -454,12 +471,12 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, tmp_pa
                 job.cancel()
 
 
-def test_browser_history_restores_a_run(app_server):
+def test_browser_history_restores_a_run(app_server, browser):
     """Each run joins the history kept in the browser (newest first; it survives a reload); a
     click on one restores its prompt, negative prompt, style, seed, guidance, steps, sampler and
     size into the form, and running it again gives the same images; nothing recompiles."""
     before = compiles(app_server)
-    with playground_page(app_server["url"], "Ready (") as page:
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         open_advanced(page)
         set_field(page, "steps", 3)
         choose(page, "size", SIZE_LABELS["96x64"])
@@ -504,12 +521,12 @@ def test_browser_history_restores_a_run(app_server):
     assert compiles(app_server) == before
 
 
-def test_browser_the_form_tells_the_truth(app_server):
+def test_browser_the_form_tells_the_truth(app_server, browser):
     """The preset menu says Custom once the fields match no preset (and names one again when they
     do); the token counter counts what will be encoded, style template included; the "Use via API"
     panel opens without refusals in the log."""
     log_start = len(app_server["log"].read_text().splitlines())
-    with playground_page(app_server["url"], "Ready (") as page:
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         open_advanced(page)
         preset = page.locator("#preset input")
         choose(page, "preset", "Quality")
@@ -535,7 +552,7 @@ def test_browser_the_form_tells_the_truth(app_server):
     assert not [x for x in lines if "refused" in x or "Token indices sequence length" in x], lines
 
 
-def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(tmp_path, monkeypatch):
+def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(browser, tmp_path, monkeypatch):
     """The page answers at once; until the model is ready, Generate says it is warming up and is
     disabled; then it turns into Generate by itself (no reload)."""
     import threading
@@ -561,7 +578,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(tmp_p
     threading.Thread(target=web.run, daemon=True).start()
     server.start()
     try:
-        with playground_page(f"http://127.0.0.1:{port}", "Loading the model") as page:
+        with playground_page(f"http://127.0.0.1:{port}", "Loading the model", browser=browser) as page:
             button = page.locator("#generate")
             assert button.inner_text() == "Warming up…" and button.is_disabled()
             release.set()

@@ -192,29 +192,29 @@ def test_a_closed_stream_stops_its_request_and_counts_it_cancelled(server):
     assert cancelled == 1
 
 
-def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_checkpoint, tmp_path):
-    from sdxl_tpu import load_pipeline
+def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_pipeline, tmp_path, monkeypatch):
+    """Ready with the first size; a request for one still compiling is refused, saying so, until
+    it is compiled in the background; then it runs without compiling."""
     from sdxl_tpu.request import RequestError
 
-    pipe = load_pipeline(tiny_checkpoint, dtype="float32", sizes=[(64, 64), (64, 128)], warmup=False)
-    pipe.warmup([(64, 64)])
-    server = Server(Settings(model="tiny", sizes=[(64, 64), (64, 128)]), loader=lambda s: pipe,
+    monkeypatch.setitem(tiny_pipeline._compiled, (96, 64), None)  # restored afterwards
+    del tiny_pipeline._compiled[(96, 64)]  # as if not compiled yet (it comes back from the compile cache)
+    gate, warmup = threading.Event(), tiny_pipeline.warmup
+    monkeypatch.setattr(tiny_pipeline, "warmup", lambda sizes=None: (gate.wait(60), warmup(sizes))[1])
+    server = Server(Settings(model="tiny", sizes=SIZES), loader=lambda s: tiny_pipeline,
                     images=ImageStore(tmp_path / "images"))
-    gate = threading.Event()
-    real_warmup = pipe.warmup
-    pipe.warmup = lambda sizes=None: (gate.wait(60), real_warmup(sizes))[1]
     server.load()
-    assert server.ready and server.compiling == [(64, 128)] and server.ready_sizes == [(64, 64)]
-    assert "1 more size compiling (64x128)" in server.status_line
-    assert server.readiness() == ({"status": "ready", "message": server.status_line, "compiling": ["64x128"]}, 200)
-    with pytest.raises(RequestError, match=r"Size 64x128 is still being compiled; it will be available in a moment "
+    assert server.ready and server.compiling == [(96, 64)] and server.ready_sizes == [(64, 64)]
+    assert "1 more size compiling (96x64)" in server.status_line
+    assert server.readiness() == ({"status": "ready", "message": server.status_line, "compiling": ["96x64"]}, 200)
+    with pytest.raises(RequestError, match=r"Size 96x64 is still being compiled; it will be available in a moment "
                                            r"\(the sizes ready now: 64x64\)"):
-        list(server.stream(fields(size="64x128", steps=1)))
+        list(server.stream(fields(size="96x64", steps=1)))
     gate.set()
     assert server.compiled_event.wait(120)
     assert server.compiling == [] and server.status_line == server.message
     with CompileCounter() as counter:
-        assert list(server.stream(fields(size="64x128", steps=1)))[-1][0] == "done"
+        assert list(server.stream(fields(size="96x64", steps=1)))[-1][0] == "done"
     assert counter.compiles == 0
     server.batcher.close()
 
