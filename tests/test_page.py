@@ -17,7 +17,7 @@ from sdxl_tpu import CompileCounter, Request
 from sdxl_tpu.images import ImageStore
 from sdxl_tpu.page import (CUSTOM, HISTORY_LENGTH, aspect_ratio, history_after, history_entry, history_rows,
                            matching_preset, size_choices, size_label)
-from sdxl_tpu.playground import SDXL_SIZES, Server, Settings, parse_sizes
+from sdxl_tpu.playground import SDXL_SIZES, Server, Settings, parse_settings, parse_sizes
 from sdxl_tpu.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb, every
 
 SIZES = [(64, 64), (96, 64)]
@@ -252,3 +252,14 @@ def test_taesd_previews_are_decoded_on_the_device_at_preview_size(tiny_checkpoin
     assert approx[0].shape == (4, 8, 8, 3)  # the approximation: latent resolution
     for a, b in zip(result.images, plain.images):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_preview_and_size_options_parse_or_say_what_is_wrong(capsys):
+    parse = lambda *argv, **env: parse_settings(list(argv), env={k.upper(): v for k, v in env.items()})
+    assert parse().preview_every is None and parse().preview == "approx"
+    assert parse("--preview-every", "3").preview_every == 3 and parse(sdxl_preview_every="0").preview_every == 0
+    assert parse("--preview", "taesd").preview == "taesd" and parse("--sizes", "sdxl").sizes == parse_sizes("sdxl")
+    for argv in (["--preview-every", "often"], ["--preview-every", "-1"]):
+        with pytest.raises(SystemExit):
+            parse(*argv)
+        assert "must be 'auto' or a whole number of steps" in capsys.readouterr().err
