@@ -111,7 +111,7 @@ def _generate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for image, info in zip(result.images, result.infos):
         path = out / f"{info.seed}.png"
-        save_png(image, info, path, model=pipe.model_name)
+        save_png(image, info, path, model=pipe.stamp)
         print(path)
     t = result.timings
     print(f"text encoding {t['text_encoding']:.3f} s, denoising {t['denoising']:.3f} s, "

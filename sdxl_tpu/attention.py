@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -45,45 +46,73 @@ def default_kernel() -> str:
     return choice
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False, kernel: str = "auto") -> jax.Array:
-    """Scaled dot-product attention on (batch, length, heads, head_dim) arrays."""
-    if check_kernel(kernel) == "xla":
-        return xla_attention(q, k, v, is_causal=is_causal)
-    return _per_platform(q, k, v, is_causal=is_causal)
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False, kernel: str = "auto",
+              kv_lengths: jax.Array | None = None, kv_block: int | None = None) -> jax.Array:
+    """Scaled dot-product attention on (batch, length, heads, head_dim) arrays.
+
+    kv_lengths (batch,): how many keys of each row count (the rest is padding, masked out).
+    kv_block: the keys come in blocks of this many (a prompt's chunks) and rows use whole blocks;
+    only as many blocks as the longest row uses are computed, by a switch with one branch per
+    count in the compiled program. A call whose rows all use one block computes exactly what
+    unpadded keys would give (no mask: masking changes XLA's reductions in the last bit).
+    """
+    check_kernel(kernel)
+    if kv_lengths is None or kv_block is None or k.shape[1] <= kv_block:
+        return _attention(q, k, v, kv_lengths, is_causal, kernel)
+    blocks = k.shape[1] // kv_block
+
+    def using(n: int) -> Callable:
+        return lambda q, k, v, lengths: _attention(q, k[:, :n * kv_block], v[:, :n * kv_block],
+                                                   lengths if n > 1 else None, is_causal, kernel)
+
+    used = jnp.clip(-(-jnp.max(kv_lengths) // kv_block), 1, blocks)
+    return jax.lax.switch(used - 1, [using(n) for n in range(1, blocks + 1)], q, k, v, kv_lengths)
+
+
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Array | None, is_causal: bool,
+               kernel: str) -> jax.Array:
+    if kernel == "xla":
+        return xla_attention(q, k, v, kv_lengths, is_causal=is_causal)
+    return _per_platform(q, k, v, kv_lengths, is_causal=is_causal)
 
 
 # jit: the three branches are traced once per shape, not once per layer (SDXL's UNet has 140
 # attention calls of a handful of shapes; tracing each anew added 2 s to every compile).
 @functools.partial(jax.jit, static_argnames="is_causal")
-def _per_platform(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool) -> jax.Array:
+def _per_platform(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Array | None, *,
+                  is_causal: bool) -> jax.Array:
     return jax.lax.platform_dependent(
-        q, k, v,
+        q, k, v, kv_lengths,
         tpu=functools.partial(tpu_attention, is_causal=is_causal),
         cuda=functools.partial(gpu_attention, is_causal=is_causal),
         default=functools.partial(xla_attention, is_causal=is_causal),
     )
 
 
-def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False) -> jax.Array:
-    return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal, implementation="xla")
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Array | None = None, *,
+                  is_causal: bool = False) -> jax.Array:
+    return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal, key_value_seq_lengths=kv_lengths,
+                                        implementation="xla")
 
 
-def gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False) -> jax.Array:
+def gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Array | None = None, *,
+                  is_causal: bool = False) -> jax.Array:
     head_dim = q.shape[-1]
     if q.dtype in (jnp.bfloat16, jnp.float16) and head_dim <= 128 and head_dim % 8 == 0:
         try:
-            return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal, implementation="cudnn")
+            return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal, key_value_seq_lengths=kv_lengths,
+                                                implementation="cudnn")
         except (RuntimeError, NotImplementedError, ValueError):
             # No cuDNN where this is traced (every branch is traced, also on a CPU-only
             # machine), or a shape cuDNN refuses: XLA computes the same thing.
             pass
-    return xla_attention(q, k, v, is_causal=is_causal)
+    return xla_attention(q, k, v, kv_lengths, is_causal=is_causal)
 
 
-def tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, is_causal: bool = False,
-                  interpret: bool = False) -> jax.Array:
-    if is_causal or q.shape[1] != k.shape[1] or q.shape[1] < SPLASH_MIN_LENGTH:
-        return xla_attention(q, k, v, is_causal=is_causal)
+def tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Array | None = None, *,
+                  is_causal: bool = False, interpret: bool = False) -> jax.Array:
+    if is_causal or kv_lengths is not None or q.shape[1] != k.shape[1] or q.shape[1] < SPLASH_MIN_LENGTH:
+        return xla_attention(q, k, v, kv_lengths, is_causal=is_causal)
     return splash_attention(q, k, v, interpret=interpret)
 
 

@@ -229,8 +229,11 @@ class Attention(nnx.Module):
         self.to_v = Linear(context_dim or query_dim, inner, p, bias=qkv_bias)
         self.to_out = nnx.List([Linear(inner, query_dim, p)])
 
-    def __call__(self, x: jax.Array, context: jax.Array | None = None) -> jax.Array:
-        """x: (B, L, C) tokens, or (B, H, W, C) when the block owns a group norm (VAE)."""
+    def __call__(self, x: jax.Array, context: jax.Array | None = None,
+                 context_lengths: jax.Array | None = None, context_block: int | None = None) -> jax.Array:
+        """x: (B, L, C) tokens, or (B, H, W, C) when the block owns a group norm (VAE); context
+        (B, L', D) to attend to (default x), of which the first `context_lengths` (B,) count,
+        in whole blocks of `context_block` (see attention())."""
         spatial_shape = x.shape if x.ndim == 4 else None
         h = self.group_norm(x) if self.group_norm is not None else x
         if spatial_shape is not None:
@@ -241,9 +244,11 @@ class Attention(nnx.Module):
         if self.upcast:
             dtype = q.dtype
             out = attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
-                            kernel=self.attention_kernel).astype(dtype)
+                            kernel=self.attention_kernel, kv_lengths=context_lengths,
+                            kv_block=context_block).astype(dtype)
         else:
-            out = attention(q, k, v, kernel=self.attention_kernel)
+            out = attention(q, k, v, kernel=self.attention_kernel, kv_lengths=context_lengths,
+                            kv_block=context_block)
         out = self.to_out[0](out.reshape(out.shape[0], out.shape[1], -1))
         if spatial_shape is not None:
             out = out.reshape(spatial_shape)

@@ -29,10 +29,12 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import sampling, scheduler
-from .checkpoint import Models, config_root, is_single_file, load_models, load_tokenizers
+from .checkpoint import Models, config_root, is_single_file, load_models, load_tokenizers, resolve_file
 from .compilation import enable_compile_cache
+from .images import Stamp, file_hash
 from .lora import lora_spec
 from .preview import Previews, decode_taesd, preview_size
+from .prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from .request import ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, size_input
 from .scheduler import MAX_STEPS, Sampler, Tables, samplers_for
 from .weights import read_json
@@ -93,7 +95,8 @@ class Pipeline:
                  default_sampler: str | None = None, sizes: Sequence[Any] = ((1024, 1024),), images_per_call: int = 4,
                  devices: Sequence[jax.Device] | None = None, model_name: str = "",
                  force_zeros_for_empty_prompt: bool = True, step_progress: bool = True,
-                 preview_decoder: nnx.Module | None = None):
+                 preview_decoder: nnx.Module | None = None, max_prompt_chunks: int = DEFAULT_MAX_CHUNKS,
+                 stamp: Stamp | None = None):
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
         self.images_per_call = call_batch(images_per_call, len(devices))
@@ -101,8 +104,13 @@ class Pipeline:
         self.samplers = {samplers.name: samplers} if isinstance(samplers, Sampler) else dict(samplers)
         self.default_sampler = default_sampler or next(iter(self.samplers))
         self.tokenizers, self.model_name = tokenizers, model_name
+        self.stamp = stamp or Stamp(model_name)  # what its images' parameters say made them
         self.force_zeros_for_empty_prompt = force_zeros_for_empty_prompt
         self.stepwise = step_progress
+        if not 1 <= max_prompt_chunks <= MAX_CHUNKS:
+            raise ValueError(f"max_prompt_chunks {max_prompt_chunks}: from 1 to {MAX_CHUNKS} chunks of 75 tokens")
+        # Room for the longest prompt in every program; a shorter one's chunks are masked out.
+        self.max_prompt_chunks = max_prompt_chunks
         self.vae_factor = 2 ** (len(models.vae.config.block_out_channels) - 1)
         self.latent_channels = models.unet.config.in_channels
         self.context_dim = models.text_encoder.config.hidden_size + models.text_encoder_2.config.hidden_size
@@ -142,15 +150,18 @@ class Pipeline:
         b, lh, lw, c = self.images_per_call, h // self.vae_factor, w // self.vae_factor, self.latent_channels
         batch = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=self._batch)
         rep = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
-        ids, latents = batch((b, 2, sampling.MAX_TOKENS), jnp.int32), batch((b, lh, lw, c))
+        k, tokens = self.max_prompt_chunks, self.max_prompt_chunks * sampling.MAX_TOKENS
+        ids, latents = batch((b, 2, k, sampling.MAX_TOKENS), jnp.int32), batch((b, lh, lw, c))
+        weights, lengths = batch((b, 2, k, sampling.MAX_TOKENS)), batch((b, 2), jnp.int32)
         tables = Tables(rep((MAX_STEPS,)), rep((MAX_STEPS,)), rep((MAX_STEPS, 6)), rep(()))
         seeds = batch((b,), jnp.uint32)
         te1, te2, unet, vae = (partial(nnx.merge, self._graphs[n]) for n in NETWORKS)
         bat = P(BATCH)
         if name == "encode":
             fn = lambda p1, p2, *a: sampling.encode_text(te1(p1), te2(p2), *a)
-            return self._shard(fn, (P(), P(), bat, bat, bat), (bat, bat)), (
-                self.params["text_encoder"], self.params["text_encoder_2"], ids, ids, batch((b,), jnp.bool_))
+            return self._shard(fn, (P(), P()) + (bat,) * 6, (bat, bat)), (
+                self.params["text_encoder"], self.params["text_encoder_2"], ids, ids, weights, weights, lengths,
+                batch((b,), jnp.bool_))
         if name == "noise":
             fn = lambda s, t: scheduler.init(sampling.get_noise(s, lh, lw, c), s, t)
             return self._shard(fn, (bat, P()), bat), (seeds, tables)
@@ -161,9 +172,9 @@ class Pipeline:
                                  jax.eval_shape(scheduler.init, latents, seeds, tables))
             loop = partial(sampling.denoise_step if self.stepwise else sampling.denoise, guided=name == "denoise")
             fn = lambda params, *a: loop(unet(params), *a)
-            args = (self.params["unet"], state, batch((b, 2, sampling.MAX_TOKENS, self.context_dim)),
+            args = (self.params["unet"], state, batch((b, 2, tokens, self.context_dim)), lengths,
                     batch((b, 2, self.pooled_dim)), batch((b, 6)), batch((b,)), tables, rep((), jnp.int32))
-            return self._shard(fn, (P(), bat, bat, bat, bat, bat, P(), P()), bat), args
+            return self._shard(fn, (P(),) + (bat,) * 6 + (P(), P()), bat), args
         if name == "decode":
             fn = lambda params, x: sampling.decode(vae(params), x)
             return self._shard(fn, (P(), bat), (bat, bat)), (self.params["vae"], latents)
@@ -275,7 +286,7 @@ class Pipeline:
             raise RequestError(not_a_choice("Sampler", name, self.samplers))
         programs = self.compiled(size)
         slots = infos + [infos[-1]] * (self.images_per_call - n)
-        text = sampling.prepare(self.tokenizers, slots, self.force_zeros_for_empty_prompt)
+        text = sampling.prepare(self.tokenizers, slots, self.force_zeros_for_empty_prompt, self.max_prompt_chunks)
         if latents is not None:
             w, h = size
             shape = (n, self.latent_channels, h // self.vae_factor, w // self.vae_factor)
@@ -289,15 +300,16 @@ class Pipeline:
 
         with self._lock:
             start = time.perf_counter()
+            lengths = put(text.lengths)
             context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
-                                                 put(text.ids1), put(text.ids2), put(text.zero_negative))
+                                                 *map(put, text[:4]), lengths, put(text.zero_negative))
             if latents is None:
                 state = programs["noise"](seeds, tables)
             else:
                 state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
             jax.block_until_ready((context, pooled, state))
             t_text = time.perf_counter()
-            conditioning = (context, pooled, put(text.time_ids), put(text.guidance), tables)
+            conditioning = (context, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
             denoise = programs["denoise" if guided(infos) else "denoise_unguided"]
             if self.stepwise:
                 # Keep LOOKAHEAD steps queued on the device, report each step as it completes, and
@@ -375,7 +387,7 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
                   compile_cache: str | os.PathLike | None = None, unet: str | os.PathLike | None = None,
                   timestep_spacing: str | None = None, prediction_type: str | None = None,
                   config: str | os.PathLike | None = None, loras: Sequence[str | tuple] | None = None,
-                  preview: str = "approx") -> Pipeline:
+                  preview: str = "approx", max_prompt_chunks: int = DEFAULT_MAX_CHUNKS) -> Pipeline:
     """Load an SDXL checkpoint (Hub id, local diffusers directory, "tiny", or a single-file
     .safetensors with `config`: where its configs and tokenizers come from, default SDXL base
     1.0's) and compile it.
@@ -390,6 +402,7 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     override the scheduler config's. `loras`: LoRA files fused into the weights, as "file[:scale]"
     or (file, scale) (kohya or diffusers format; see `sdxl_tpu.lora`). `preview`: how live previews
     are decoded, "approx" (no weights) or "taesd" / a TAESD checkpoint directory or repo (see preview.py).
+    `max_prompt_chunks`: the longest prompt, in chunks of 75 tokens (see prompts.py).
     """
     if compile_cache is not None:
         enable_compile_cache(compile_cache)
@@ -407,13 +420,19 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
     name = Path(str(model)).stem if is_single_file(model) else str(model)
     if unet is not None:
         name += f" + {Path(str(unet)).stem}"
+    # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
+    # hashing them is quick).
+    stamp = Stamp(name, file_hash(resolve_file(model), 10) if is_single_file(model) else None)
     for spec in loras or []:
         path, scale = lora_spec(spec)
         name += f" + {Path(str(path)).stem}" + (f":{scale:g}" if scale != 1 else "")
+        stamp = dataclasses.replace(stamp, loras=stamp.loras + ((Path(str(path)).stem, scale,
+                                                                 file_hash(resolve_file(path), 12)),))
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=sizes,
                     images_per_call=images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
-                    step_progress=step_progress, preview_decoder=taesd)
+                    step_progress=step_progress, preview_decoder=taesd, max_prompt_chunks=max_prompt_chunks,
+                    stamp=stamp)
     if warmup:
         pipe.warmup()
     return pipe

@@ -30,7 +30,7 @@ from .recipes import BASE, RECIPES, SAMPLING, Recipe, recipe_named, settle
 from .remote import Unavailable, check_backend_url
 from .request import (MAX_PROMPT_CHARS, MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
                       number_input, parse_size, text_input)
-from .sampling import MAX_TOKENS
+from .prompts import CHUNK_TOKENS, DEFAULT_MAX_CHUNKS, MAX_CHUNKS, chunk_prompt
 from .scheduler import SAMPLERS
 from .serving import SHUTTING_DOWN, Batcher, Generated, Job, QueueFull, ShuttingDown, StillCompiling, never
 from .taesd import PreviewDecoderError
@@ -181,6 +181,7 @@ class Settings:
     preview_every: int | None = None  # steps between live previews (None: about four a run; 0: none)
     preview: str = "approx"  # how previews are decoded: approx, taesd, or a TAESD checkpoint
     backend: str | None = None  # a front end's back-end URL: generations are sent there, no model is loaded
+    max_prompt_chunks: int = DEFAULT_MAX_CHUNKS  # the longest prompt, in chunks of 75 tokens
 
 
 # SDXL's trained sizes (about a megapixel each): the first is compiled before the app is ready, the
@@ -227,6 +228,10 @@ def add_settings_arguments(parser: argparse.ArgumentParser, env: dict[str, str])
                         help="how live previews are decoded: 'approx' (a linear latent-to-RGB map, no weights), "
                              "'taesd' (the tiny autoencoder madebyollin/taesdxl, downloaded once) or a local TAESD "
                              "directory in diffusers format (env SDXL_PREVIEW)")
+    parser.add_argument("--max-prompt-chunks", type=int, default=int(env.get("SDXL_MAX_PROMPT_CHUNKS", DEFAULT_MAX_CHUNKS)),
+                        metavar="N", help=f"the longest prompt, in chunks of 75 tokens as A1111 splits them (default "
+                                          f"{DEFAULT_MAX_CHUNKS}: 225 tokens); every program has room for N, so no "
+                                          f"prompt recompiles (env SDXL_MAX_PROMPT_CHUNKS)")
     parser.add_argument("--unet", default=env.get("SDXL_UNET") or None,
                         help="UNet weights file instead of the model's (diffusers names, one .safetensors; local or "
                              "owner/repo/file.safetensors, e.g. SDXL-Lightning's) (env SDXL_UNET)")
@@ -277,6 +282,8 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
         parser.error("--drain-seconds must not be negative")
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
+    if not 1 <= args.max_prompt_chunks <= MAX_CHUNKS:
+        parser.error(f"--max-prompt-chunks must be from 1 to {MAX_CHUNKS}")
     recipe = recipe_named(args.preset) if args.preset else None
     chosen = settle(recipe, model=args.model, unet=args.unet, spacing=args.spacing,
                     prediction_type=args.prediction_type)
@@ -292,7 +299,7 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
                     image_format=args.image_format, drain_seconds=args.drain_seconds, metrics=args.metrics,
                     unet=chosen["unet"], timestep_spacing=chosen["spacing"], prediction_type=chosen["prediction_type"],
                     config=args.config, loras=loras, recipe=recipe, preview_every=args.preview_every,
-                    preview=args.preview)
+                    preview=args.preview, max_prompt_chunks=args.max_prompt_chunks)
 
 
 def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
@@ -395,6 +402,7 @@ class ModelInfo:
     presets: list[str]  # the presets the page offers
     images_per_call: int
     image_format: str
+    max_prompt_chunks: int
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes]}
@@ -428,9 +436,12 @@ class ModelInfo:
             raise ValueError("images_per_call must be a whole number from 1 to 1024")
         if data["image_format"] not in FORMATS or not isinstance(data["model"], str):
             raise ValueError(f"image_format must be one of {', '.join(FORMATS)} and model text")
+        chunks = data["max_prompt_chunks"]
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= MAX_CHUNKS:
+            raise ValueError(f"max_prompt_chunks must be a whole number from 1 to {MAX_CHUNKS}")
         return ModelInfo(model=data["model"], sizes=sizes, samplers=samplers, default_sampler=data["default_sampler"],
                          preset=data["preset"], presets=names_in(data["presets"], list(RECIPES), "presets"),
-                         images_per_call=count, image_format=data["image_format"])
+                         images_per_call=count, image_format=data["image_format"], max_prompt_chunks=chunks)
 
 
 def offered_presets(recipe: Recipe | None) -> list[str]:
@@ -487,7 +498,7 @@ class Server:
         pipe = load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
                              attention=s.attention, unet=s.unet, timestep_spacing=s.timestep_spacing,
                              prediction_type=s.prediction_type, config=s.config, loras=s.loras, preview=s.preview,
-                             warmup=False)
+                             max_prompt_chunks=s.max_prompt_chunks, warmup=False)
         pipe.warmup(pipe.sizes[:1])
         return pipe
 
@@ -580,7 +591,8 @@ class Server:
         return ModelInfo(model=pipe.model_name, sizes=list(pipe.sizes), samplers=list(pipe.samplers),
                          default_sampler=recipe.sampler if recipe is not None else pipe.default_sampler,
                          preset=recipe.name if recipe is not None else None, presets=offered_presets(recipe),
-                         images_per_call=self.settings.images_per_call, image_format=self.settings.image_format)
+                         images_per_call=self.settings.images_per_call, image_format=self.settings.image_format,
+                         max_prompt_chunks=pipe.max_prompt_chunks)
 
     def _connect(self) -> None:
         from .remote import Backend
@@ -674,17 +686,23 @@ class Server:
         except RequestError as e:
             log_refusal("token count", e)
             return f"⚠️ {e}"
-        limit = MAX_TOKENS - 2
+        chunks = self.info.max_prompt_chunks if self.info is not None else self.settings.max_prompt_chunks
+        limit = CHUNK_TOKENS * chunks
         if not text:
             return f"0 / {limit} tokens"
         if self.tokenizer is None:
             return ("No token count here (the front end has no tokenizer for this model)." if self.remote is not None
                     else "Token count available once the model is loaded.")
-        # verbose=False: no "sequence length is longer than" warning per keystroke in the log.
-        n = len(self.tokenizer(template.replace("{prompt}", text), verbose=False).input_ids) - 2
-        if n > limit:
-            return f"⚠️ **{n} / {limit} tokens**: the prompt will be cut after token {limit}; the rest is ignored."
-        return f"{n} / {limit} tokens"
+        try:
+            encoded = chunk_prompt(self.tokenizer, template.replace("{prompt}", text), chunks)
+        except Exception as e:  # (a tokenizer's surprise must not break typing)
+            log_refusal("token count", e)
+            return "No token count for this text."
+        used = f"{encoded.count} chunk{'s' if encoded.count > 1 else ''}"
+        if encoded.cut:
+            return (f"⚠️ **{encoded.tokens + encoded.cut} / {limit} tokens**, {used}: the prompt will be cut after "
+                    f"token {limit}; the last {encoded.cut} are ignored.")
+        return f"{encoded.tokens} / {limit} tokens" + (f", {used}" if encoded.count > 1 else "")
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -820,7 +838,7 @@ class Server:
         except GenerationError as e:
             raise RequestError(str(e)) from None
         start = time.perf_counter()
-        parameters = [info.parameters_text(self.pipeline.model_name) for info in result.infos]
+        parameters = [info.parameters_text(self.pipeline.stamp) for info in result.infos]
         files = encode_all(result.images, parameters, self.settings.image_format)
         return Generated(files, parameters, result.seeds, result.infos[0].sampler,
                          dict(result.timings, encoding=time.perf_counter() - start))

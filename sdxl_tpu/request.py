@@ -16,10 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from .prompts import PromptError, check_weights, parse_emphasis
 from .scheduler import MAX_STEPS, SAMPLERS
 
 MAX_SEED = 2**32 - 1
-MAX_PROMPT_CHARS = 1000
+# Three chunks of 75 tokens take about 1,000 characters of plain text, more with A1111's brackets
+# and weights; past the last chunk the text is cut (and the page says so), so this only bounds work.
+MAX_PROMPT_CHARS = 2000
 GUIDANCE_RANGE = (0.0, 20.0)
 
 
@@ -72,6 +75,16 @@ def clean_text(text: str) -> str:
     pastes (tabs, newlines, zero-width spaces) never reaches the tokenizer as noise."""
     text = "".join(" " if unicodedata.category(ch) in ("Cc", "Cf", "Co") else ch for ch in text)
     return " ".join(text.split())
+
+
+def prompt_input(value: Any, name: str, limit: int = MAX_PROMPT_CHARS) -> str:
+    """A prompt field: text as `text_input` checks it, whose emphasis weights are in range."""
+    text = text_input(value, name, limit)
+    try:
+        check_weights(parse_emphasis(text), name)
+    except PromptError as e:
+        raise RequestError(str(e)) from None
+    return text
 
 
 def text_input(value: Any, name: str, limit: int = MAX_PROMPT_CHARS) -> str:
@@ -152,7 +165,7 @@ class ImageInfo:
     size: tuple[int, int]  # (width, height)
     sampler: str | None = None  # None: the pipeline's default (it fills it in)
 
-    def parameters_text(self, model: str) -> str:
+    def parameters_text(self, model: Any) -> str:
         """AUTOMATIC1111's "parameters" text (see images.py)."""
         from .images import parameters_text
 
@@ -198,7 +211,7 @@ class Request:
         available (default: all of scheduler.SAMPLERS); without `per_image`, lists are refused (a
         form has one value per field); prompts are at most `max_chars` characters."""
         def prompt_text(v: Any) -> str:
-            text = text_input(v, "Prompt", max_chars)
+            text = prompt_input(v, "Prompt", max_chars)
             if not text:
                 raise RequestError("Please enter a prompt.")
             return text
@@ -208,7 +221,7 @@ class Request:
 
         return Request(
             prompt=field(prompt, "Prompt", prompt_text),
-            negative_prompt=field(negative_prompt, "Negative prompt", lambda v: text_input(v, "Negative prompt", max_chars)),
+            negative_prompt=field(negative_prompt, "Negative prompt", lambda v: prompt_input(v, "Negative prompt", max_chars)),
             seed=secrets.randbelow(MAX_SEED + 1) if seed is None else field(
                 seed, "Seed", lambda v: int(number_input(v, "Seed", 0, MAX_SEED, whole=True))),
             guidance_scale=field(guidance_scale, "Guidance scale",

@@ -1,6 +1,7 @@
 """SDXL sampling, top to bottom; nothing else lives here.
 
-    prompt -> token ids -> text embeddings -> noise -> denoising loop -> VAE decode -> images
+    prompt -> chunks of token ids and weights -> text embeddings -> noise -> denoising loop
+           -> VAE decode -> images
 
 Pure functions on batch-major arrays; along axis 1 of the text arrays, index 0 is the negative
 (unconditional) prompt and index 1 the prompt. How they are compiled, sharded and called is
@@ -17,51 +18,82 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import scheduler
+from .prompts import CHUNK_TOKENS, chunk_prompt
 from .request import ImageInfo
 from .scheduler import State, Tables
 
-MAX_TOKENS = 77
+MAX_TOKENS = CHUNK_TOKENS + 2  # one chunk: 75 tokens between start and end
 
 
 class TextInputs(NamedTuple):
-    """The host arrays of one call's text and conditioning."""
-    ids1: np.ndarray           # (B, 2, 77) int32: (negative, prompt) ids, first tokenizer
-    ids2: np.ndarray           # (B, 2, 77) int32: the same, second tokenizer
+    """The host arrays of one call's text and conditioning; K chunks of 77 tokens per text."""
+    ids1: np.ndarray           # (B, 2, K, 77) int32: (negative, prompt) ids, first tokenizer
+    ids2: np.ndarray           # (B, 2, K, 77) int32: the same, second tokenizer
+    weights1: np.ndarray       # (B, 2, K, 77) float32: each token's emphasis, first tokenizer
+    weights2: np.ndarray       # (B, 2, K, 77) float32: the same, second tokenizer
+    lengths: np.ndarray        # (B, 2) int32: tokens that count, 77 per chunk used
     zero_negative: np.ndarray  # (B,) bool: use zeros for the negative embeddings
     time_ids: np.ndarray       # (B, 6) float32: SDXL's size micro-conditioning
     guidance: np.ndarray       # (B,) float32
 
 
-def tokenize(tokenizer, texts: Sequence[str]) -> np.ndarray:
-    """Texts -> (len(texts), 77) int32 token ids, padded and truncated as SDXL's pipeline does."""
-    return tokenizer(list(texts), padding="max_length", max_length=MAX_TOKENS, truncation=True,
-                     return_tensors="np").input_ids.astype(np.int32)
+def tokenize(tokenizer, texts: Sequence[str], chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Texts -> ids and weights (len(texts), chunks, 77) and chunks used (len(texts),): A1111's
+    emphasis and chunks (prompts.py); the chunks a text does not use hold an empty prompt."""
+    ids = np.zeros((len(texts), chunks, MAX_TOKENS), np.int32)
+    weights = np.ones((len(texts), chunks, MAX_TOKENS), np.float32)
+    used = np.zeros(len(texts), np.int32)
+    empty = chunk_prompt(tokenizer, "", 1).ids[0]
+    for row, text in enumerate(texts):
+        encoded = chunk_prompt(tokenizer, text, chunks)
+        used[row] = encoded.count
+        ids[row], ids[row, :encoded.count] = empty, encoded.ids
+        weights[row, :encoded.count] = encoded.weights
+    return ids, weights, used
 
 
-def prepare(tokenizers, images: Sequence[ImageInfo], force_zeros_for_empty_prompt: bool = True) -> TextInputs:
-    """Per-image parameters -> host arrays. Like diffusers, an empty negative prompt means zero
-    negative embeddings (force_zeros_for_empty_prompt), and the micro-conditioning says the
-    image is uncropped at its own size."""
+def prepare(tokenizers, images: Sequence[ImageInfo], force_zeros_for_empty_prompt: bool = True,
+            chunks: int = 1) -> TextInputs:
+    """Per-image parameters -> host arrays, room for `chunks` chunks per text. Like diffusers, an
+    empty negative prompt means zero negative embeddings (force_zeros_for_empty_prompt), and the
+    micro-conditioning says the image is uncropped at its own size."""
     n = len(images)
     both = [t for im in images for t in (im.negative_prompt, im.prompt)]
     width, height = images[0].size
+    (ids1, weights1, used1), (ids2, weights2, used2) = (tokenize(t, both, chunks) for t in tokenizers[:2])
+    shape = (n, 2, chunks, MAX_TOKENS)
     return TextInputs(
-        ids1=tokenize(tokenizers[0], both).reshape(n, 2, MAX_TOKENS),
-        ids2=tokenize(tokenizers[1], both).reshape(n, 2, MAX_TOKENS),
+        ids1=ids1.reshape(shape), ids2=ids2.reshape(shape),
+        weights1=weights1.reshape(shape), weights2=weights2.reshape(shape),
+        lengths=(MAX_TOKENS * np.maximum(used1, used2)).reshape(n, 2).astype(np.int32),
         zero_negative=np.array([force_zeros_for_empty_prompt and not im.negative_prompt.strip() for im in images]),
         time_ids=np.tile(np.array([height, width, 0, 0, height, width], np.float32), (n, 1)),
         guidance=np.array([im.guidance_scale for im in images], np.float32))
 
 
-def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, zero_negative: jax.Array):
-    """Token ids (B, 2, 77) of both tokenizers -> context (B, 2, 77, D1 + D2) and pooled (B, 2, P)."""
-    b = ids1.shape[0]
-    h1, _ = te1(ids1.reshape(2 * b, -1))
-    h2, pooled = te2(ids2.reshape(2 * b, -1))
-    context = jnp.concatenate([h1, h2], axis=-1).reshape(b, 2, MAX_TOKENS, -1).astype(jnp.float32)
-    pooled = pooled.reshape(b, 2, -1).astype(jnp.float32)
+def emphasize(hidden: jax.Array, weights: jax.Array) -> jax.Array:
+    """A1111's "Original" emphasis, per chunk (N, 77, D): each token's embedding times its weight,
+    then the whole rescaled to its mean before; a chunk of weights 1 is left exactly as it was."""
+    weighted = hidden * weights[..., None]
+    restored = weighted * (hidden.mean(axis=(1, 2)) / weighted.mean(axis=(1, 2)))[:, None, None]
+    return jnp.where((weights == 1).all(axis=1)[:, None, None], hidden, restored)
+
+
+def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, weights1: jax.Array, weights2: jax.Array,
+                lengths: jax.Array, zero_negative: jax.Array):
+    """Token ids and weights (B, 2, K, 77) of both tokenizers -> context (B, 2, K * 77, D1 + D2),
+    its chunks side by side and zero past `lengths`, and pooled (B, 2, P) of the first chunk
+    (not emphasized, as A1111 pools)."""
+    b, _, k, t = ids1.shape
+    h1, _ = te1(ids1.reshape(-1, t))
+    h2, pooled = te2(ids2.reshape(-1, t))
+    h1 = emphasize(h1.astype(jnp.float32), weights1.reshape(-1, t))
+    h2 = emphasize(h2.astype(jnp.float32), weights2.reshape(-1, t))
+    context = jnp.concatenate([h1, h2], axis=-1).reshape(b, 2, k * t, -1)
+    pooled = pooled.reshape(b, 2, k, -1)[:, :, 0].astype(jnp.float32)
     keep = jnp.stack([~zero_negative, jnp.ones_like(zero_negative)], axis=1).astype(jnp.float32)
-    return context * keep[:, :, None, None], pooled * keep[:, :, None]
+    counts = (jnp.arange(k * t) < lengths[..., None]).astype(jnp.float32)  # (B, 2, K * 77)
+    return context * (keep[:, :, None] * counts)[..., None], pooled * keep[:, :, None]
 
 
 def get_noise(seeds: jax.Array, height: int, width: int, channels: int) -> jax.Array:
@@ -70,31 +102,33 @@ def get_noise(seeds: jax.Array, height: int, width: int, channels: int) -> jax.A
     return jax.vmap(sample)(seeds)
 
 
-def denoise_step(unet, state: State, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
-                 guidance: jax.Array, tables: Tables, i: jax.Array, guided: bool = True) -> State:
+def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array,
+                 time_ids: jax.Array, guidance: jax.Array, tables: Tables, i: jax.Array, guided: bool = True) -> State:
     """Step i with classifier-free guidance; latents and sampler math in float32.
 
     Each image's unconditional and conditional pass run side by side in one UNet batch
     (image-major, so a device holding an image holds both of its passes). Unguided (every
     image's guidance <= 1, as distilled models run) the conditional pass alone: half the batch.
+    Cross-attention sees each text's own chunks (`lengths`), as if prompt and negative prompt
+    were encoded apart (A1111's default when their lengths differ).
     """
     b = state.x.shape[0]
     x_in, t = scheduler.model_input(state, i, tables)
     if not guided:  # what diffusers does for guidance_scale <= 1: the conditional prediction alone
-        eps = unet(x_in, t, context[:, 1], pooled[:, 1], time_ids).astype(jnp.float32)
+        eps = unet(x_in, t, context[:, 1], pooled[:, 1], time_ids, lengths[:, 1]).astype(jnp.float32)
         return scheduler.step(state, eps, i, tables)
     eps = unet(jnp.repeat(x_in, 2, axis=0), t, context.reshape(2 * b, *context.shape[2:]), pooled.reshape(2 * b, -1),
-               jnp.repeat(time_ids, 2, axis=0)).astype(jnp.float32)
+               jnp.repeat(time_ids, 2, axis=0), lengths.reshape(2 * b)).astype(jnp.float32)
     eps = eps.reshape(b, 2, *eps.shape[1:])
     g = jnp.where(guidance > 1.0, guidance, 1.0)[:, None, None, None]
     return scheduler.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
 
 
-def denoise(unet, state: State, context: jax.Array, pooled: jax.Array, time_ids: jax.Array,
+def denoise(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array, time_ids: jax.Array,
             guidance: jax.Array, tables: Tables, num_steps: jax.Array, guided: bool = True) -> State:
     """All steps in one loop on the device. The bound `num_steps` is traced, so any step count
     up to the table size runs the same compiled program."""
-    step = lambda i, s: denoise_step(unet, s, context, pooled, time_ids, guidance, tables, i, guided)
+    step = lambda i, s: denoise_step(unet, s, context, lengths, pooled, time_ids, guidance, tables, i, guided)
     return jax.lax.fori_loop(0, num_steps, step, state)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +16,16 @@ from flax import nnx
 from .configs import check_supported, warn_unknown
 from .layers import (GroupNorm, LayerNorm, Attention, Downsample2D, Precision, ResnetBlock2D, TimestepEmbedding,
                      Upsample2D, Conv, Linear, timestep_embedding)
+
+
+
+class TextContext(NamedTuple):
+    """What cross-attention attends to: the text embeddings (B, L, D) and, for prompts in chunks
+    of `chunk` tokens padded to a fixed length, how many of each row's L tokens count (B,)."""
+    states: jax.Array
+    lengths: jax.Array | None = None
+    chunk: int = 77
+
 
 DOWN_BLOCKS = ("DownBlock2D", "CrossAttnDownBlock2D")
 UP_BLOCKS = ("UpBlock2D", "CrossAttnUpBlock2D")
@@ -167,9 +177,9 @@ class BasicTransformerBlock(nnx.Module):
         self.norm3 = LayerNorm(dim, 1e-5, p)
         self.ff = FeedForward(dim, p)
 
-    def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, context: TextContext) -> jax.Array:
         x = x + self.attn1(self.norm1(x))
-        x = x + self.attn2(self.norm2(x), context)
+        x = x + self.attn2(self.norm2(x), context.states, context.lengths, context.chunk)
         return x + self.ff(self.norm3(x))
 
 
@@ -184,7 +194,7 @@ class Transformer2DModel(nnx.Module):
             [BasicTransformerBlock(ch, heads, context_dim, upcast_attention, p) for _ in range(depth)])
         self.proj_out = Linear(ch, ch, p) if self.linear else Conv(ch, ch, p, kernel=1, padding=0)
 
-    def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, context: TextContext) -> jax.Array:
         b, h, w, ch = x.shape
         y = self.norm(x)
         if not self.linear:
@@ -322,11 +332,12 @@ class UNet2DConditionModel(nnx.Module):
         self.conv_out = Conv(ch[0], c.out_channels, p)
 
     def __call__(self, sample: jax.Array, timesteps: jax.Array, encoder_hidden_states: jax.Array,
-                 text_embeds: jax.Array, time_ids: jax.Array) -> jax.Array:
+                 text_embeds: jax.Array, time_ids: jax.Array, context_lengths: jax.Array | None = None) -> jax.Array:
         """One UNet evaluation.
 
         sample: (B, H, W, C) latents; timesteps: (B,) or scalar; encoder_hidden_states: (B, L, D);
-        text_embeds: (B, pooled_dim) pooled text embedding; time_ids: (B, 6) SDXL micro-conditioning.
+        text_embeds: (B, pooled_dim) pooled text embedding; time_ids: (B, 6) SDXL micro-conditioning;
+        context_lengths: (B,) tokens of encoder_hidden_states that count (the rest: padding).
         """
         c = self.config
         b = sample.shape[0]
@@ -341,7 +352,7 @@ class UNet2DConditionModel(nnx.Module):
         emb = emb + self.add_embedding(add_emb.astype(dtype))
 
         x = self.conv_in(sample.astype(dtype))
-        context = encoder_hidden_states.astype(dtype)
+        context = TextContext(encoder_hidden_states.astype(dtype), context_lengths)
         skips = [x]
         for block in self.down_blocks:
             x, block_skips = block(x, emb, context)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
+from PIL import Image
 
 
 def perturb_norms(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
@@ -55,3 +58,26 @@ def random_model(factory, seed: int = 0) -> torch.nn.Module:
             if name.endswith("position_ids"):
                 b.copy_(torch.arange(b.shape[-1]).expand_as(b))
     return model.eval()
+
+
+def read_with_third_parties(data: bytes, tmp_path) -> dict:
+    """What readers nobody here wrote see in an image file: sd-parsers, and for EXIF piexif's
+    UserComment.load, A1111's own reading path (piexif.load, then UserComment.load)."""
+    import piexif
+    import piexif.helper
+    from sd_parsers import ParserManager
+
+    path = tmp_path / f"image-{len(data)}"
+    path.write_bytes(data)
+    info = ParserManager().parse(str(path))
+    assert info is not None and info.generator.name == "AUTOMATIC1111", info
+    (sampler,) = info.samplers
+    out = {"prompt": " ".join(p.value for p in info.prompts), "negative": " ".join(p.value for p in info.negative_prompts),
+           "sampler": sampler.name, **sampler.parameters, "size": info.metadata.get("Size"),
+           "model": sampler.model.name if sampler.model else None, "model_hash": sampler.model.hash if sampler.model else None}
+    image = Image.open(path)
+    if image.format != "PNG":
+        comment = piexif.load(image.info["exif"])["Exif"][piexif.ExifIFD.UserComment]
+        assert isinstance(comment, bytes)  # (typed BYTE, piexif gives a tuple and A1111's reader fails)
+        out["user_comment"] = piexif.helper.UserComment.load(comment)
+    return out

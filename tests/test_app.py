@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from reference import read_with_third_parties
 from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view, chromium,  # app_server: conftest
                         assert_progress_and_previews, free_port, generate_in_page, get, playground_page, read_metrics,
                         requests_total, steps_seen, wait_for)
+from sdxl_tpu.version import VERSION
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def test_readyz_is_503_while_warming_up_then_200(app_server):
     assert get(app_server["url"] + "/healthz") == (200, '{"status":"alive"}')
 
 
-def test_client_gets_four_images_with_seeds(client):
+def test_client_gets_four_images_with_seeds(client, tmp_path):
     gallery, info = _generate(client, seed=41, steps=3)
     assert len(gallery) == 4
     assert [item["caption"] for item in gallery] == ["seed 41", "seed 42", "seed 43", "seed 44"]
@@ -57,8 +59,14 @@ def test_client_gets_four_images_with_seeds(client):
 
     assert [read_parameters(Image.open(item["image"])) for item in gallery] == [
         f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, "
-        "Size: 64x64, Model: tiny" for seed in (41, 42, 43, 44)]
+        f"Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}" for seed in (41, 42, 43, 44)]
     assert all(Image.open(item["image"]).format == "JPEG" for item in gallery)
+    # ... which readers nobody here wrote read back exactly (A1111's own: piexif), non-Latin text too.
+    gallery, _ = _generate(client, "東京の猫, café ✨🐈 (neon:1.2)", "模糊, größte", seed=9, steps=2)
+    seen = read_with_third_parties(Path(gallery[0]["image"]).read_bytes(), tmp_path)
+    assert seen == {"prompt": "東京の猫, café ✨🐈 (neon:1.2)", "negative": "模糊, größte", "sampler": "Euler",
+                    "steps": "2", "cfg_scale": "5", "seed": "9", "size": "64x64", "model": "tiny", "model_hash": None,
+                    "user_comment": read_parameters(Image.open(gallery[0]["image"]))}, seen
     gallery, _ = _generate(client, size="96x64", style="Pixel art", randomize=True)
     assert Image.open(gallery[0]["image"]).size == (96, 64)
     # The sampler is the last input; left out, it is the model's own (Euler for the tiny model).
@@ -99,7 +107,7 @@ def test_control_characters_are_cleaned_and_long_prompts_refused_not_cut(client)
 
     gallery, info = _generate(client, prompt="a\x00 cat\x1b[31m " + "very " * 100, negative="\x07blurry", steps=1)
     assert len(gallery) == 4 and "Generated" in info
-    with pytest.raises(AppError, match=r"Prompt is 10,000 characters long; at most 1,000 are accepted\."):
+    with pytest.raises(AppError, match=r"Prompt is 10,000 characters long; at most 2,000 are accepted\."):
         _generate(client, prompt="very " * 2000, steps=1)
 
 
@@ -329,7 +337,7 @@ def test_browser_progress_previews_images_and_the_seed_used(app_server, browser,
     parameters, and clicking an image opens it large and fixes its seed; nothing recompiles."""
     before = compiles(app_server)
     with playground_page(app_server["url"], "Ready (", browser=browser) as page:
-        assert page.locator("#token-count [data-testid=markdown]").inner_text() == "0 / 75 tokens"
+        assert page.locator("#token-count [data-testid=markdown]").inner_text() == "0 / 225 tokens"
         page.locator("#examples").get_by_text("An astronaut riding a green horse").click()  # filled in the page
         wait_for(lambda: page.locator("#prompt textarea").input_value() == "An astronaut riding a green horse", 10,
                  "clicking an example did not fill the prompt")
@@ -408,8 +416,11 @@ def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_serve
         page.get_by_text("Stopped.").wait_for(timeout=10_000)
         kept = page.locator("#gallery .grid-container .caption-label").all_inner_texts()
         assert len(kept) == 4 and all(c.startswith("preview · step ") for c in kept), kept
-        wait_for(lambda: "call stopped after step" in app_server["log"].read_text(), 30, "the run did not stop")
-        line = next(x for x in app_server["log"].read_text().splitlines()[log_start:] if "call stopped after step" in x)
+        # (only this test's lines: an earlier test may have stopped a call too)
+        stop_lines = lambda: [x for x in app_server["log"].read_text().splitlines()[log_start:]  # noqa: E731
+                              if "call stopped after step" in x]
+        wait_for(stop_lines, 30, "the run did not stop")
+        line = stop_lines()[0]
         stopped = int(line.split("call stopped after step ")[1].split()[0])
         assert stopped <= shown + 3, (line, shown)
         page.wait_for_timeout(300)
@@ -432,7 +443,7 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, browse
         sources = [img.get_attribute("src") for img in page.locator("#gallery .grid-container img").all()]
         timing = page.locator("#info").inner_text()
         for prompt, message in [("", "Please enter a prompt."),
-                                ("very " * 250, "Prompt is 1,250 characters long; at most 1,000 are accepted.")]:
+                                ("very " * 450, "Prompt is 2,250 characters long; at most 2,000 are accepted.")]:
             page.locator("#prompt textarea").fill(prompt)
             if prompt:  # the counter says it before anyone clicks
                 wait_for(lambda: message in page.locator("#token-count [data-testid=markdown]").inner_text(), 10,
@@ -538,13 +549,13 @@ def test_browser_the_form_tells_the_truth(app_server, browser):
         wait_for(lambda: preset.input_value() == "Quality", 10, "the preset menu does not follow the fields")
         counter = page.locator("#token-count [data-testid=markdown]")  # (not the progress tracker's timer)
         page.locator("#prompt textarea").fill("a cat")
-        wait_for(lambda: counter.inner_text().endswith("/ 75 tokens") and not counter.inner_text().startswith("0 "), 10,
+        wait_for(lambda: counter.inner_text().endswith("/ 225 tokens") and not counter.inner_text().startswith("0 "), 10,
                  "no token count")
         plain = int(counter.inner_text().split()[0])
         choose(page, "style", "Anime")
         wait_for(lambda: int(counter.inner_text().split()[0]) > plain, 10, "the style's template is not counted")
         page.locator("#prompt textarea").fill("")
-        wait_for(lambda: counter.inner_text() == "0 / 75 tokens", 10, "an empty prompt is not 0 tokens")
+        wait_for(lambda: counter.inner_text() == "0 / 225 tokens", 10, "an empty prompt is not 0 tokens")
         page.get_by_text("Use via API").click()
         page.get_by_text("API Recorder").first.wait_for(timeout=30_000)
         page.wait_for_timeout(1000)

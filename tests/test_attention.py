@@ -153,9 +153,9 @@ def test_vae_decode_through_the_tpu_branch_matches_xla(tiny_checkpoint, monkeypa
     with_xla = np.asarray(vae.decode(latents))
     used = []
 
-    def tpu_branch(q, k, v, *, is_causal=False, kernel="auto"):
+    def tpu_branch(q, k, v, *, is_causal=False, kernel="auto", kv_lengths=None, kv_block=None):
         used.append(q.shape[1])
-        return attn.tpu_attention(q, k, v, is_causal=is_causal, interpret=True)
+        return attn.tpu_attention(q, k, v, kv_lengths, is_causal=is_causal, interpret=True)
 
     monkeypatch.setattr(layers, "attention", tpu_branch)
     with_splash = np.asarray(vae.decode(latents))

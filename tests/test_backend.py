@@ -15,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from reference import read_with_third_parties
 from served_app import get, read_metrics, requests_total, start_backend, wait_for
+from sdxl_tpu.version import VERSION
 
 QUEUE_SIZE = 1
 
@@ -23,7 +25,7 @@ QUEUE_SIZE = 1
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory, compile_cache):
     yield from start_backend(tmp_path_factory.mktemp("backend"), compile_cache,
-                             extra_args=("--queue-size", str(QUEUE_SIZE)))
+                             extra_args=("--queue-size", str(QUEUE_SIZE), "--image-format", "webp"))
 
 
 def post(backend, body: bytes | str | dict, headers: dict[str, str] | None = None,
@@ -51,27 +53,34 @@ def test_ready_after_warm_up_and_describes_itself(backend):
     assert status == 200
     assert json.loads(text) == {"model": "tiny", "sizes": ["64x64"], "samplers": ["Euler", "Euler a", "DPM++ 2M",
                                 "DPM++ 2M Karras"], "default_sampler": "Euler", "preset": None,
-                                "presets": ["Quality", "Balanced", "Fast"], "images_per_call": 4, "image_format": "jpeg"}
+                                "presets": ["Quality", "Balanced", "Fast"], "images_per_call": 4, "image_format": "webp",
+                                "max_prompt_chunks": 3}
 
 
-def test_generate_answers_four_images_with_their_parameters(backend):
+def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
     from PIL import Image
 
     from sdxl_tpu.images import read_parameters
 
-    status, headers, body = post(backend, {"prompt": "a cat", "negative_prompt": "blurry", "seed": 7,
-                                           "guidance_scale": 4.5, "steps": 2, "size": "64x64",
+    status, headers, body = post(backend, {"prompt": "a cat, 夜の街 ✨", "negative_prompt": "blurry, größte",
+                                           "seed": 7, "guidance_scale": 4.5, "steps": 2, "size": "64x64",
                                            "sampler": "DPM++ 2M Karras"})
     assert status == 200 and headers["content-type"] == "application/json", body
     answer = json.loads(body)
     assert set(answer) == {"images", "parameters", "seeds", "sampler", "format", "timings"}
-    expected = [f"a cat\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M Karras, CFG scale: 4.5, Seed: {seed}, "
-                "Size: 64x64, Model: tiny" for seed in (7, 8, 9, 10)]
+    expected = [f"a cat, 夜の街 ✨\nNegative prompt: blurry, größte\nSteps: 2, Sampler: DPM++ 2M Karras, CFG scale: 4.5, "
+                f"Seed: {seed}, Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}" for seed in (7, 8, 9, 10)]
     assert answer["parameters"] == expected and answer["seeds"] == [7, 8, 9, 10]
-    images = [Image.open(io.BytesIO(base64.b64decode(data, validate=True))) for data in answer["images"]]
-    assert [(i.format, i.size) for i in images] == [("JPEG", (64, 64))] * 4
+    blobs = [base64.b64decode(data, validate=True) for data in answer["images"]]
+    images = [Image.open(io.BytesIO(blob)) for blob in blobs]
+    assert [(i.format, i.size) for i in images] == [("WEBP", (64, 64))] * 4
     assert [read_parameters(i) for i in images] == expected  # embedded in each file
-    assert answer["sampler"] == "DPM++ 2M Karras" and answer["format"] == "jpeg"
+    # ... as readers nobody here wrote read them (A1111's own: piexif)
+    assert read_with_third_parties(blobs[1], tmp_path) == {
+        "prompt": "a cat, 夜の街 ✨", "negative": "blurry, größte", "sampler": "DPM++ 2M Karras", "steps": "2",
+        "cfg_scale": "4.5", "seed": "8", "size": "64x64", "model": "tiny", "model_hash": None,
+        "user_comment": expected[1]}
+    assert answer["sampler"] == "DPM++ 2M Karras" and answer["format"] == "webp"
     assert set(answer["timings"]) == {"text_encoding", "denoising", "decoding", "total", "encoding"}
     assert all(v >= 0 for v in answer["timings"].values())
     # Only the prompt is needed: the rest takes the server's defaults (Euler, its one size).

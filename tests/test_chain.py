@@ -229,7 +229,7 @@ def test_browser_against_the_chain(chain, tmp_path):
         assert_progress_and_previews(seen, 20)
         assert "Generated 4 images of 64x64" in page.locator("#info").inner_text()
         # Token counts without a model: the front end loaded only the tokenizer.
-        assert "/ 75 tokens" in page.locator("#token-count").inner_text()
+        assert "/ 225 tokens" in page.locator("#token-count").inner_text()
         page.screenshot(path=str(screenshot), full_page=True)
         # The image the page shows is the back end's file, parameters embedded.
         source = page.locator("#gallery .grid-container img").first.get_attribute("src")

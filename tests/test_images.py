@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sdxl_tpu.images import ImageStore, encode, parameters_text, read_parameters, save_png
+from reference import read_with_third_parties
+from sdxl_tpu.images import ImageStore, Stamp, encode, parameters_text, read_parameters, save_png
 from sdxl_tpu.request import ImageInfo
+from sdxl_tpu.version import VERSION
 
 INFO = ImageInfo(seed=7, prompt="a cät 🐈", negative_prompt="blurry", guidance_scale=5.5, steps=20, size=(64, 32),
                  sampler="Euler")
-TEXT = "a cät 🐈\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, CFG scale: 5.5, Seed: 7, Size: 64x32, Model: m"
+TEXT = ("a cät 🐈\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, CFG scale: 5.5, Seed: 7, Size: 64x32, "
+        f"Model: m, Version: sdxl-tpu {VERSION}")
 
 
 def _image(value: int = 0) -> Image.Image:
@@ -23,16 +26,28 @@ def _image(value: int = 0) -> Image.Image:
 
 
 @pytest.mark.parametrize("fmt, pil_format", [("png", "PNG"), ("jpeg", "JPEG"), ("webp", "WEBP")])
-def test_each_format_carries_the_a1111_parameters(fmt, pil_format):
+def test_each_format_carries_the_a1111_parameters_for_every_reader(fmt, pil_format, tmp_path):
     assert parameters_text(INFO, "m") == TEXT
     image = Image.open(io.BytesIO(encode(_image(), TEXT, fmt)))
     assert image.format == pil_format and image.size == (64, 32)
     assert read_parameters(image) == TEXT
-    if fmt != "png":  # as AUTOMATIC1111 writes it: EXIF UserComment, "UNICODE\0" + UTF-16BE
-        assert image.getexif().get_ifd(0x8769)[0x9286] == b"UNICODE\0" + TEXT.encode("utf-16-be")
     assert read_parameters(_image()) is None
     with pytest.raises(ValueError, match="image format 'gif'"):
         encode(_image(), TEXT, "gif")
+    info = ImageInfo(seed=4_000_000_001, prompt="Ça, 東京の夜 ✨🐉, (neon:1.2)", negative_prompt="größte Unschärfe, 模糊",
+                     guidance_scale=6.5, steps=31, size=(64, 32), sampler="DPM++ 2M Karras")
+    stamp = Stamp("sd_xl_base_1.0", "31e35c80fc", (("pixel-art", 0.8, "0123456789ab"),))
+    text = parameters_text(info, stamp)
+    assert text.splitlines() == [
+        "Ça, 東京の夜 ✨🐉, (neon:1.2) <lora:pixel-art:0.8>", "Negative prompt: größte Unschärfe, 模糊",
+        "Steps: 31, Sampler: DPM++ 2M Karras, CFG scale: 6.5, Seed: 4000000001, Size: 64x32, Model hash: 31e35c80fc, "
+        f'Model: sd_xl_base_1.0, Lora hashes: "pixel-art: 0123456789ab", Version: sdxl-tpu {VERSION}']
+    seen = read_with_third_parties(encode(_image(), text, fmt), tmp_path)
+    assert seen.pop("user_comment", text) == text
+    assert seen == {"prompt": "Ça, 東京の夜 ✨🐉, (neon:1.2) <lora:pixel-art:0.8>",
+                    "negative": "größte Unschärfe, 模糊", "sampler": "DPM++ 2M Karras", "steps": "31",
+                    "cfg_scale": "6.5", "seed": "4000000001", "size": "64x32", "model": "sd_xl_base_1.0",
+                    "model_hash": "31e35c80fc"}, seen
 
 
 def test_png_is_lossless(tmp_path):

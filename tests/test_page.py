@@ -63,7 +63,7 @@ def test_history_keeps_the_newest_runs_first_and_drops_what_is_not_a_run():
     assert history_entry({**RUN, "extra": "x"}) == RUN  # only the fields a restore fills
     for bad in [None, [], "x", {**RUN, "prompt": ""}, {**RUN, "seed": -1}, {**RUN, "seed": True}, {**RUN, "steps": 0},
                 {**RUN, "steps": 51}, {**RUN, "guidance": float("nan")}, {**RUN, "guidance": 21},
-                {**RUN, "prompt": "x" * 1001}, {**RUN, "size": 5}, {k: v for k, v in RUN.items() if k != "sampler"}]:
+                {**RUN, "prompt": "x" * 2001}, {**RUN, "size": 5}, {k: v for k, v in RUN.items() if k != "sampler"}]:
         assert history_entry(bad) is None, bad
         assert history_after([bad, RUN], None) == [RUN]
     rows = history_rows([{**RUN, "negative": "blurry", "style": "Anime"}])

@@ -9,6 +9,7 @@ import torch
 
 from sdxl_tpu import CompileCounter, GenerationError, RequestError
 from sdxl_tpu.scheduler import MAX_STEPS
+from sdxl_tpu.version import VERSION
 
 
 def _images(result) -> np.ndarray:
@@ -115,12 +116,14 @@ def test_unguided_calls_run_the_conditional_pass_alone(tiny_pipeline):
 
 
 def test_nothing_recompiles_after_warmup(tiny_pipeline):
-    long_prompt = "a very detailed painting of a castle " * 20  # truncated at 77 tokens
+    long_prompt = "a very detailed painting of a castle " * 40  # cut after 3 chunks
+    two_chunks = "a (very:1.2) detailed painting of a castle, " * 5  # and emphasis
     with CompileCounter() as counter:
         for i, (prompt, negative, steps, sampler) in enumerate([
-            ("a cat", "", 1, "Euler"), ("a dog on a beach", "blurry", 2, "Euler a"),
+            ("a cat", "", 1, "Euler"), ("a dog on a (beach:1.3)", "[blurry]", 2, "Euler a"),
             (long_prompt, long_prompt, 7, "DPM++ 2M"), (["a", "b", "c", "d"], ["", "x", "", "y"], MAX_STEPS, "Euler"),
-            ("neon city", "rain", 13, "DPM++ 2M Karras"), ("a fox", "", 20, "Euler a"),
+            ("neon city BREAK rain", "rain", 13, "DPM++ 2M Karras"), ("a fox", "", 20, "Euler a"),
+            (two_chunks, "", 3, "Euler"), ([two_chunks, "a", long_prompt, "((b))"], ["x", two_chunks, "", ""], 2, "Euler a"),
         ]):
             tiny_pipeline.generate(prompt, negative, seed=[i, 2**32 - 1, 0, 12345] if i % 2 else i * 1000,
                                    guidance_scale=[1.0, 3.5, 7.0, 12.0] if i % 2 else 5.0 + i, steps=steps,
@@ -160,7 +163,7 @@ def test_result_carries_images_seeds_parameters_and_timings(tiny_pipeline):
     assert t["total"] == pytest.approx(t["text_encoding"] + t["denoising"] + t["decoding"])
     text = result.infos[1].parameters_text("tiny")
     assert text == ("b\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, CFG scale: 2, Seed: 4294967295, "
-                    "Size: 96x64, Model: tiny")
+                    f"Size: 96x64, Model: tiny, Version: sdxl-tpu {VERSION}")
     # A random base seed: drawn anew per call, image i gets base + i (wrapping at 2**32).
     draws = [tiny_pipeline.generate("x", steps=1, size=(64, 64)).seeds for _ in range(3)]
     assert len({d[0] for d in draws}) == 3

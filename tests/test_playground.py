@@ -40,7 +40,7 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
     assert text_input("x" * 1000, "Prompt") == "x" * 1000
     for value, message in [(["a"], "Prompt must be text, got a list."), ({"a": 1}, "Prompt must be text, got an object."),
                            (5, "Prompt must be text, got a number."), (True, "Prompt must be text, got true/false."),
-                           ("x" * 1001, "Prompt is 1,001 characters long; at most 1,000 are accepted."),
+                           ("x" * 2001, "Prompt is 2,001 characters long; at most 2,000 are accepted."),
                            ("a\ud800b", "Prompt contains a lone surrogate")]:
         with pytest.raises(RequestError) as info:
             text_input(value, "Prompt")
@@ -146,7 +146,8 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
         with pytest.raises(SystemExit):
             parse_settings(["--backend", bad], env={})
     info = {"model": "tiny", "sizes": ["64x64"], "samplers": ["Euler", "Euler a"], "default_sampler": "Euler a",
-            "preset": "Turbo", "presets": ["Turbo"], "images_per_call": 4, "image_format": "png"}
+            "preset": "Turbo", "presets": ["Turbo"], "images_per_call": 4, "image_format": "png",
+            "max_prompt_chunks": 2}
     parsed = ModelInfo.from_json(info)
     assert parsed.sizes == [(64, 64)] and parsed.to_json() == info
     server = Server(Settings(model="ignored", backend="http://lb"))
@@ -154,9 +155,10 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
     assert (server.sizes, server.samplers, server.default_sampler, server.image_format) == (
         [(64, 64)], ["Euler", "Euler a"], "Euler a", "png")
     assert server.recipe.name == "Turbo" and [r.name for r in server.presets] == ["Turbo"]
+    assert server.token_count("") == "0 / 150 tokens"  # the back end's room for prompts, not this one's setting
     for key, value in [("sizes", []), ("sizes", ["huge"]), ("samplers", ["Mystery"]), ("default_sampler", "LMS"),
                        ("preset", "Ultra"), ("presets", "Turbo"), ("images_per_call", True), ("image_format", "gif"),
-                       ("model", None)]:
+                       ("model", None), ("max_prompt_chunks", 0), ("max_prompt_chunks", 9), ("max_prompt_chunks", True)]:
         with pytest.raises(ValueError):
             ModelInfo.from_json({**info, key: value})
     with pytest.raises(ValueError, match="lacks images_per_call"):
@@ -173,6 +175,7 @@ def test_server_warm_up_states_and_errors():
         images_per_call = 4
         tokenizers = (None, None)
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
+        max_prompt_chunks = 3
 
         def is_compiled(self, size):
             return True
@@ -204,19 +207,26 @@ def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint
 
     server = Server(Settings(model="tiny"))
     assert "once the model is loaded" in server.token_count("a cat")
-    assert server.token_count("") == server.token_count("  \t") == "0 / 75 tokens"  # nothing to encode
+    assert server.token_count("") == server.token_count("  \t") == "0 / 225 tokens"  # nothing to encode
     tokenizer = server.tokenizer = load_tokenizers(tiny_checkpoint)[0]
     ids = lambda text: len(tokenizer(text).input_ids) - 2  # without the start and end tokens, as A1111 counts
-    assert server.token_count("a cat") == f"{ids('a cat')} / 75 tokens"
+    assert server.token_count("a cat") == f"{ids('a cat')} / 225 tokens"
     # The style's template is part of what is encoded, so it is counted.
     styled = STYLES["Anime"][0].replace("{prompt}", "a cat")
-    assert server.token_count("a cat", "Anime") == f"{ids(styled)} / 75 tokens" and ids(styled) > ids("a cat")
-    assert server.token_count("", "Anime") == "0 / 75 tokens"
+    assert server.token_count("a cat", "Anime") == f"{ids(styled)} / 225 tokens" and ids(styled) > ids("a cat")
+    assert server.token_count("", "Anime") == "0 / 225 tokens"
+    # Emphasis is syntax, not tokens; a longer prompt takes more chunks (A1111 counts a full chunk as 75).
+    assert server.token_count("a (cat:1.3)") == server.token_count("a cat")
+    assert ids("a photo of a dog " * 14) > 75
+    # (no commas: the first chunk holds 75 tokens, so the count is every token)
+    assert server.token_count("a photo of a dog " * 14) == f"{ids('a photo of a dog ' * 14)} / 225 tokens, 2 chunks"
     server.tokenizer = load_tokenizers(tiny_checkpoint)[0]  # (transformers warns once per tokenizer)
     capfd.readouterr()
-    long = server.token_count("a photo of a cat " * 40)
+    long = server.token_count("a photo of a cat " * 60)
     assert "sequence length is longer" not in capfd.readouterr().err  # transformers' warning, not logged
-    assert long.startswith(f"⚠️ **{ids('a photo of a cat ' * 40)} / 75 tokens**") and "cut after token 75" in long
+    total = ids("a photo of a cat " * 60)
+    assert long == (f"⚠️ **{total} / 225 tokens**, 3 chunks: the prompt will be cut after token 225; "
+                    f"the last {total - 225} are ignored."), long
 
 
 def test_display_helpers_take_any_client_value():
@@ -228,7 +238,7 @@ def test_display_helpers_take_any_client_value():
         assert seed_at(seeds, index) is None
     server = Server(Settings(model="tiny"))
     assert server.token_count(["a"]) == "⚠️ Prompt must be text, got a list."
-    assert server.token_count("x" * 1001).startswith("⚠️ Prompt is 1,001 characters long")
+    assert server.token_count("x" * 2001).startswith("⚠️ Prompt is 2,001 characters long")
 
 
 def test_the_length_limit_applies_to_what_the_user_typed_not_the_style():
@@ -248,6 +258,7 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
     class SlowPipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
+        max_prompt_chunks = 3
 
         def is_compiled(self, size):
             return True

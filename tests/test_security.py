@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from served_app import ROOT, SIZES, get
+from sdxl_tpu.request import MAX_PROMPT_CHARS
 from sdxl_tpu.scheduler import SAMPLERS
 
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler"]  # a valid /generate call (1 step)
@@ -210,14 +211,19 @@ text = st.text(st.characters(codec="utf-8"), max_size=30)
 not_text = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
                      st.lists(text, max_size=3), st.dictionaries(text, text, max_size=2))
 control = st.text(st.characters(categories=["Cc", "Cf", "Zs"]), min_size=1, max_size=20)
-huge_text = st.integers(1001, 100_000).map(lambda n: "x" * n)
+huge_text = st.integers(MAX_PROMPT_CHARS + 1, 100_000).map(lambda n: "x" * n)
+# A1111's emphasis with a weight out of range, in among bracket soup (refused by name, not NaN images).
+absurd_weight = st.tuples(st.text(st.sampled_from("()[]:\\ ,aBREAK"), max_size=20),
+                          st.one_of(st.floats(1e4, 1e300), st.floats(-1e300, -1e4)),  # (past [[...]] too)
+                          st.text(st.sampled_from("()[]:\\ ,b"), max_size=20)).map(
+    lambda t: f"{t[0]} (cat:{t[1]:.6g}) {t[2]}".replace("e+", "e"))
 bad_number = st.one_of(st.booleans(), text, st.lists(st.integers(), max_size=2), st.dictionaries(text, text, max_size=1),
                        st.integers(max_value=-1), st.integers(min_value=2**32), st.floats(-1e300, -1e-9),
                        st.floats(1e12, 1e300))
 # One field made malformed per case, so no case is a valid request (none runs the model).
 MALFORMED = {
-    "prompt": st.one_of(not_text.filter(lambda v: v is not None), control, huge_text),
-    "negative": st.one_of(not_text.filter(lambda v: v is not None), huge_text),
+    "prompt": st.one_of(not_text.filter(lambda v: v is not None), control, huge_text, absurd_weight),
+    "negative": st.one_of(not_text.filter(lambda v: v is not None), huge_text, absurd_weight),
     "style": st.one_of(not_text, text.filter(lambda s: s != "(No style)")),
     "seed": st.one_of(bad_number, st.floats(0.01, 0.99)),
     "randomize": st.one_of(st.none(), st.integers(), text, st.lists(st.booleans(), max_size=2)),

@@ -1,0 +1,180 @@
+"""Prompts as AUTOMATIC1111 writes them: emphasis, BREAK, and chunks of 75 tokens.
+
+    "a (cat:1.3) BREAK [sky]" -> [("a ", 1.0), ("cat", 1.3), BREAK, ("sky", 1/1.1)]
+                              -> chunks of token ids (k, 77) and one weight per token (k, 77)
+
+`(text)` multiplies the attention to text by 1.1, `[text]` divides it by 1.1, `(text:w)` sets the
+factor w, nesting multiplies; `\\(` `\\)` `\\[` `\\]` `\\\\` are literal characters; an unclosed
+bracket applies to the end; a weight that is not a number is text (one with an exponent, as
+1e30, is a weight here, to be refused when out of range, where A1111 reads it as text).
+`BREAK` ends a chunk (also inside brackets, where A1111 would weigh it as the word).
+
+A chunk is 75 tokens between a start and an end token, padded with end tokens (and, for an
+encoder whose padding token differs, with that after the first end token, as its tokenizer pads).
+When a chunk fills up, the text after its last comma moves to the next chunk if that comma is
+among its last 20 tokens. Host-side only: no JAX here, a front end counts tokens with it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+CHUNK_TOKENS = 75       # tokens of text per chunk (77 with start and end)
+COMMA_BACKTRACK = 20    # A1111's comma_padding_backtrack default
+DEFAULT_MAX_CHUNKS = 3  # 225 tokens
+MAX_CHUNKS = 8          # what --max-prompt-chunks allows: 600 tokens
+MAX_WEIGHT = 100.0      # beyond this a weight is a typo (or an attack), not a wish
+UP, DOWN = 1.1, 1 / 1.1
+
+BREAK = ("BREAK", -1.0)  # the marker in a parsed prompt where a new chunk starts
+
+_TOKEN = re.compile(r"""
+    \\[()\[\]\\]          # an escaped bracket or backslash
+  | \\                    # a lone backslash: text
+  | \(                    # open emphasis
+  | \[                    # open de-emphasis
+  | :([+-]?[.\d]+(?:[eE][+-]?\d+)?)\)  # an explicit weight closing a round bracket
+  | \)
+  | ]
+  | [^\\()\[\]:]+         # text
+  | :                     # a colon that is not a weight: text
+""", re.X)
+_BREAK = re.compile(r"\s*\bBREAK\b\s*", re.S)
+
+
+class PromptError(ValueError):
+    """A prompt the user can fix (a weight out of range); the message says which."""
+
+
+def parse_emphasis(text: str) -> list[tuple[str, float]]:
+    """Text -> [(text, weight)], runs of equal weight merged; `BREAK` entries where chunks end."""
+    parts: list[list] = []
+    round_open: list[int] = []
+    square_open: list[int] = []
+
+    def scale(start: int, factor: float) -> None:
+        for part in parts[start:]:
+            if part[1] != BREAK[1]:
+                part[1] *= factor
+
+    for match in _TOKEN.finditer(text):
+        token, weight = match.group(0), match.group(1)
+        if token.startswith("\\"):  # (a lone backslash is dropped, as A1111 drops it)
+            parts.append([token[1:], 1.0])
+        elif token == "(":
+            round_open.append(len(parts))
+        elif token == "[":
+            square_open.append(len(parts))
+        elif weight is not None and round_open and _is_number(weight):
+            scale(round_open.pop(), float(weight))
+        elif weight is not None and round_open:  # "(cat:1.2.3)": not a number, so text; ")" closes
+            parts.append([token[:-1], 1.0])
+            scale(round_open.pop(), UP)
+        elif token == ")" and round_open:
+            scale(round_open.pop(), UP)
+        elif token == "]" and square_open:
+            scale(square_open.pop(), DOWN)
+        else:
+            for i, piece in enumerate(_BREAK.split(token)):
+                if i:
+                    parts.append(list(BREAK))
+                parts.append([piece, 1.0])
+    for start in round_open:
+        scale(start, UP)
+    for start in square_open:
+        scale(start, DOWN)
+    merged: list[list] = []
+    for part in parts or [["", 1.0]]:
+        if merged and merged[-1][1] == part[1] and part[1] != BREAK[1]:
+            merged[-1][0] += part[0]
+        else:
+            merged.append(part)
+    return [(t, w) for t, w in merged]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def check_weights(parsed: list[tuple[str, float]], name: str = "Prompt") -> None:
+    """Refuses a weight no one means (|w| > 100, as `(cat:1e30)`), naming it and its text."""
+    for text, weight in parsed:
+        if (text, weight) != BREAK and abs(weight) > MAX_WEIGHT:
+            shown = text.strip()[:30] or "(empty)"
+            raise PromptError(f"{name}: the weight {weight:g} of '{shown}' is out of range; "
+                              f"weights from {-MAX_WEIGHT:g} to {MAX_WEIGHT:g} are accepted.")
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """One prompt for one encoder, as it is encoded."""
+    ids: np.ndarray       # (chunks, 77) int32
+    weights: np.ndarray   # (chunks, 77) float32: each token's emphasis (1 for start, end, padding)
+    tokens: int           # text tokens, as A1111 counts them (a full chunk counts 75)
+    cut: int              # text tokens dropped past the last chunk allowed
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
+
+
+def chunk_prompt(tokenizer, text: str, max_chunks: int = DEFAULT_MAX_CHUNKS) -> Chunks:
+    """A prompt -> its chunks of token ids and weights, as A1111's CLIP wrapper builds them;
+    at most `max_chunks` (the rest is cut and counted in `cut`)."""
+    parsed = parse_emphasis(text)
+    texts = [t for t, w in parsed if (t, w) != BREAK]
+    tokenized = iter(tokenizer(texts, add_special_tokens=False, verbose=False).input_ids if texts else [])
+    comma = tokenizer.convert_tokens_to_ids(",</w>")
+    chunks: list[tuple[list[int], list[float]]] = []
+    ids: list[int] = []
+    weights: list[float] = []
+    last_comma = -1
+    counted = 0
+
+    def close(last: bool = False) -> None:
+        nonlocal ids, weights, last_comma, counted
+        counted += len(ids) if last else CHUNK_TOKENS
+        chunks.append((ids, weights))
+        ids, weights, last_comma = [], [], -1
+
+    for text, weight in parsed:
+        if (text, weight) == BREAK:
+            close()
+            continue
+        for token in next(tokenized):
+            if token == comma:
+                last_comma = len(ids)
+            elif len(ids) == CHUNK_TOKENS and last_comma != -1 and len(ids) - last_comma <= COMMA_BACKTRACK:
+                moved = ids[last_comma + 1:], weights[last_comma + 1:]
+                ids, weights = ids[:last_comma + 1], weights[:last_comma + 1]
+                close()
+                ids, weights = list(moved[0]), list(moved[1])
+            if len(ids) == CHUNK_TOKENS:
+                close()
+            ids.append(token)
+            weights.append(weight)
+    if ids or not chunks:
+        close(last=True)
+    kept = chunks[:max_chunks]
+    cut = sum(len(i) for i, _ in chunks[max_chunks:])
+    start, end = tokenizer.bos_token_id, tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end
+    out_ids = np.full((len(kept), CHUNK_TOKENS + 2), pad, np.int32)
+    out_weights = np.ones((len(kept), CHUNK_TOKENS + 2), np.float32)
+    for row, (chunk_ids, chunk_weights) in enumerate(kept):
+        n = len(chunk_ids)
+        out_ids[row, 0], out_ids[row, 1:n + 1], out_ids[row, n + 1] = start, chunk_ids, end
+        if pad != end:  # A1111 pads with end tokens, then (SD2, SDXL's second encoder) with padding after the first
+            out_ids[row, n + 2:] = pad
+        else:
+            out_ids[row, n + 2:] = end
+        out_weights[row, 1:n + 1] = chunk_weights
+    tokens = counted if len(chunks) <= max_chunks else CHUNK_TOKENS * max_chunks
+    return Chunks(out_ids, out_weights, tokens=tokens, cut=cut)
