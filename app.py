@@ -27,9 +27,9 @@ from starlette.routing import Mount
 from sdxl_tpu.compilation import enable_compile_cache, quiet_platforms
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
 from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sdxl_tpu.page import (CUSTOM, HISTORY_PER_PAGE, MATCHING_PRESET_JS, RESTORE_HISTORY_JS, history_after,
-                           history_rows, matching_preset, size_choices)
-from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, parse_settings, seed_at,
+from sdxl_tpu.page import (CUSTOM, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS, RESTORE_HISTORY_JS,
+                           history_after, history_rows, matching_preset, pasted_form, size_choices)
+from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, log_refusal, parse_settings, seed_at,
                                  serve_metrics_apart, style_description)
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
 from sdxl_tpu.scheduler import MAX_STEPS
@@ -111,6 +111,13 @@ def build_demo(server: Server) -> gr.Blocks:
                 # Examples fill the prompt in the browser: no server event, nothing to call.
                 examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",
                                       type="index", elem_id="examples")
+                with gr.Accordion("Paste parameters", open=False, elem_id="paste-box"):
+                    pasted = gr.Textbox(label="Parameters from AUTOMATIC1111's PNG Info or an image's metadata",
+                                        lines=3, max_lines=8, placeholder="a cat\nNegative prompt: blurry\n"
+                                        "Steps: 20, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 1024x1024",
+                                        elem_id="paste")
+                    use_pasted = gr.Button("Fill the form", size="sm", elem_id="use-paste")
+                    paste_notes = gr.Markdown("", elem_id="paste-notes")
                 history = gr.BrowserState([], storage_key="sdxl-tpu-history")
                 history_table = gr.Dataset(components=[gr.Textbox(visible=False), gr.Textbox(visible=False)],
                                            headers=["Prompt", "Settings"], samples=[], type="index", layout="table",
@@ -206,6 +213,16 @@ def build_demo(server: Server) -> gr.Blocks:
         gallery.select(gradio_handler(reuse_seed, "reuse seed"), inputs=[last_seeds], outputs=[seed, randomize],
                        **light)
         prompt.change(server.token_count, inputs=[prompt, style], outputs=[tokens], **light)
+        pasted_into = [prompt, negative, seed, randomize, guidance, steps, sampler, size]  # (PASTED_FIELDS' order)
+
+        def fill_from_pasted(text):
+            form, notes = pasted_form(text, server.sizes, server.samplers)
+            if not form:
+                log_refusal("paste parameters", notes)
+            return *[form.get(name, gr.skip()) for name in PASTED_FIELDS], notes
+
+        gr.on([use_pasted.click, pasted.submit], gradio_handler(fill_from_pasted, "paste parameters"), inputs=[pasted],
+              outputs=[*pasted_into, paste_notes], api_name="paste_parameters", **light)
         style.change(lambda prompt, style: (style_description(style), server.token_count(prompt, style)),
                      inputs=[prompt, style], outputs=[style_info, tokens], api_name="style_description", **light)
 

@@ -32,7 +32,11 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="architecture: tiny (default), small (benchmarks), sdxl (full size, about 14 GB)")
 
     gen = commands.add_parser("generate", help="generate images and write them as PNGs")
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", nargs="?", default=None, help="the prompt (or from --parameters)")
+    gen.add_argument("--parameters", default=None, metavar="TEXT",
+                     help="an AUTOMATIC1111 parameters text (as its PNG Info shows it, or as our images carry it): "
+                          "prompt, negative prompt, steps, sampler, CFG scale, seed and size; options given "
+                          "explicitly win; what it says that is not used is listed")
     gen.add_argument("--negative", default="", help="negative prompt")
     gen.add_argument("--seed", type=int, default=None, help="base seed; image i gets seed + i (default: random)")
     gen.add_argument("--preset", default=None,
@@ -89,11 +93,16 @@ def _generate(args: argparse.Namespace) -> int:
     from .request import Request
 
     try:  # the request is checked before anything is loaded
+        pasted = _pasted(args.parameters)
         s = settle(recipe_named(args.preset) if args.preset else None, model=args.model, unet=args.unet,
-                   spacing=args.spacing, prediction_type=args.prediction_type, sampler=args.sampler, steps=args.steps,
-                   guidance=args.guidance, size=args.size)
-        request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=s["guidance"],
-                             steps=s["steps"], size=s["size"], sampler=s["sampler"])
+                   spacing=args.spacing, prediction_type=args.prediction_type,
+                   **{key: getattr(args, arg) if getattr(args, arg) is not None else pasted.get(field)
+                      for key, arg, field in (("sampler", "sampler", "sampler"), ("steps", "steps", "steps"),
+                                              ("guidance", "guidance", "guidance_scale"), ("size", "size", "size"))})
+        prompt = args.prompt if args.prompt is not None else pasted.get("prompt", "")
+        negative = args.negative if args.negative or args.parameters is None else pasted.get("negative_prompt", "")
+        request = Request.of(prompt, negative, seed=args.seed if args.seed is not None else pasted.get("seed"),
+                             guidance_scale=s["guidance"], steps=s["steps"], size=s["size"], sampler=s["sampler"])
     except ValueError as e:
         return _fail(str(e))
     if args.images < 1:
@@ -117,6 +126,24 @@ def _generate(args: argparse.Namespace) -> int:
     print(f"text encoding {t['text_encoding']:.3f} s, denoising {t['denoising']:.3f} s, "
           f"decoding {t['decoding']:.3f} s, total {t['total']:.3f} s")
     return 0
+
+
+def _pasted(text: str | None) -> dict:
+    """The request fields of --parameters (any size: the CLI compiles the one asked for); what
+    it says that is not used is noted on stderr."""
+    if text is None:
+        return {}
+    from .infotext import parse, request_fields
+    from .scheduler import SAMPLERS
+
+    parsed = parse(text)
+    size = parsed.settings.get("Size", "")
+    width, _, height = size.partition("x")
+    sizes = [(int(width), int(height))] if width.isdigit() and height.isdigit() and len(size) <= 13 else []
+    fields, notes = request_fields(parsed, sizes, list(SAMPLERS))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return fields
 
 
 def _fail(message: str) -> int:

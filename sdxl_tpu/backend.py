@@ -37,6 +37,8 @@ from starlette.routing import Route
 
 from .compilation import enable_compile_cache
 from .images import encode_preview
+from .infotext import parse as parse_parameters
+from .infotext import request_fields
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .pipeline import Cancelled
 from .playground import MAX_STYLED_PROMPT_CHARS, Server, Settings, log_refusal, serve_metrics_apart
@@ -45,7 +47,7 @@ from .serving import DrainingServer, Generated, QueueFull, ShuttingDown, StillCo
 
 log = logging.getLogger("sdxl_tpu.backend")
 
-FIELDS = ("prompt", "negative_prompt", "seed", "guidance_scale", "steps", "size", "sampler")
+FIELDS = ("prompt", "negative_prompt", "seed", "guidance_scale", "steps", "size", "sampler", "parameters")
 MAX_BODY_BYTES = 64 << 10  # two prompts of at most ~1,300 characters, JSON-escaped, fit many times over
 KEEPALIVE_SECONDS = 1.0  # a streaming caller hears from us this often (and can tell we are alive)
 RETRY_AFTER = {"busy": 1, "draining": 1, "loading": 5}  # seconds, for 503s
@@ -81,9 +83,10 @@ async def read_body(http: HTTPRequest, limit: int = MAX_BODY_BYTES) -> bytes:
     return bytes(body)
 
 
-def parse_request(body: bytes, server: Server) -> Request:
-    """The body as one checked Request (fields named as Pipeline.generate's arguments); what is
-    left out takes the server's defaults (the launch preset's steps, guidance and sampler)."""
+def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
+    """The body as one checked Request (fields named as Pipeline.generate's arguments) and notes on
+    what an A1111 `parameters` text said that is not used; fields given explicitly win over that
+    text, what is left out takes the server's defaults (the launch preset's steps, guidance, sampler)."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
@@ -95,6 +98,10 @@ def parse_request(body: bytes, server: Server) -> Request:
     unknown = [key for key in data if key not in FIELDS]
     if unknown:
         raise Refused(422, f"Unknown field {shown(unknown[0])}; the fields are: {', '.join(FIELDS)}.")
+    notes: list[str] = []
+    if "parameters" in data:
+        pasted, notes = request_fields(parse_parameters(data.pop("parameters")), server.sizes, server.samplers)
+        data = {**pasted, **data}
     if "prompt" not in data:
         raise Refused(422, "The field 'prompt' is required.")
     server.check_size(data.get("size"))
@@ -105,13 +112,14 @@ def parse_request(body: bytes, server: Server) -> Request:
                       steps=data.get("steps", recipe.steps if recipe else 20),
                       size=data.get("size", server.sizes[0]), sizes=server.sizes,
                       sampler=server.default_sampler if sampler is None else sampler, samplers=server.samplers,
-                      max_chars=MAX_STYLED_PROMPT_CHARS)
+                      max_chars=MAX_STYLED_PROMPT_CHARS), notes
 
 
-def result_json(made: Generated, image_format: str) -> dict[str, Any]:
+def result_json(made: Generated, image_format: str, notes: list[str] | None = None) -> dict[str, Any]:
+    """The answer; `notes` (what a pasted parameters text said that was not used) when there was one."""
     return {"images": [base64.b64encode(f).decode("ascii") for f in made.files], "parameters": made.parameters,
             "seeds": made.seeds, "sampler": made.sampler, "format": image_format,
-            "timings": {k: round(v, 4) for k, v in made.timings.items()}}
+            "timings": {k: round(v, 4) for k, v in made.timings.items()}, **({"notes": notes} if notes else {})}
 
 
 def status_of(error: BaseException) -> tuple[int, str, int | None]:
@@ -147,7 +155,7 @@ class Generation:
         server = self.server
         try:
             with server.counted(time.monotonic()):
-                request = parse_request(await read_body(self.http), server)
+                request, notes = parse_request(await read_body(self.http), server)
                 if server.draining:
                     raise ShuttingDown()
                 done = asyncio.Event()
@@ -159,7 +167,7 @@ class Generation:
                 await done.wait()
                 made = await asyncio.to_thread(server.finish, job)
                 server.count_images(len(made.files), made.timings["encoding"])
-                put("result", await asyncio.to_thread(result_json, made, server.image_format))
+                put("result", await asyncio.to_thread(result_json, made, server.image_format, notes))
         except Exception as e:
             status, message, retry = status_of(e)
             if status == 500:

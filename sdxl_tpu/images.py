@@ -77,7 +77,6 @@ def parameters_text(info: "ImageInfo", stamp: Stamp | str) -> str:
 
 def encode(image: "Image.Image", parameters: str, fmt: str = "png") -> bytes:
     """The image as a file of format `fmt` (jpeg, png, webp) with `parameters` embedded."""
-    from PIL import Image
     from PIL.PngImagePlugin import PngInfo
 
     out = io.BytesIO()

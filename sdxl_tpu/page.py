@@ -105,3 +105,29 @@ RESTORE_HISTORY_JS = """(index, history, ...form) => {
   if (!e) return form;
   return [e.prompt, e.negative, e.style, e.seed, false, e.guidance, e.steps, e.sampler, e.size];
 }"""
+
+
+PASTED_FIELDS = ("prompt", "negative", "seed", "randomize", "guidance", "steps", "sampler", "size")
+
+
+def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str]) -> tuple[dict[str, Any], str]:
+    """A pasted A1111 parameters text -> the form fields it fills (PASTED_FIELDS; the seed turns
+    Randomize off) and a line of Markdown saying what was filled and what was not used."""
+    from .infotext import parse, request_fields
+    from .request import RequestError
+
+    try:
+        fields, notes = request_fields(parse(text), list(sizes), list(samplers))
+    except RequestError as e:
+        return {}, f"⚠️ {e}"
+    if not fields["prompt"] and len(fields) == 2 and not fields["negative_prompt"]:
+        return {}, "⚠️ Nothing to use: paste a parameters text (the prompt, \"Negative prompt: ...\", then \"Steps: ..., Seed: ...\")."
+    form = {"prompt": fields["prompt"], "negative": fields["negative_prompt"]}
+    names = {"seed": "seed", "guidance_scale": "guidance", "steps": "steps", "sampler": "sampler"}
+    form.update({names[k]: v for k, v in fields.items() if k in names})
+    if "seed" in form:
+        form["randomize"] = False
+    if "size" in fields:
+        form["size"] = format_size(fields["size"])
+    filled = ", ".join(f for f in PASTED_FIELDS if f in form and f != "randomize")
+    return form, " ".join([f"Filled: {filled}."] + notes)

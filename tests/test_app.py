@@ -575,7 +575,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
 
     class Loaded:  # what the loader hands over once "loaded" (nothing is generated here)
         sizes, images_per_call, tokenizers = [(64, 64)], 4, (None, None)
-        model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
+        model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size):
             return True
@@ -598,3 +598,36 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
     finally:
         release.set()
         web.should_exit = True
+
+
+def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
+    """A1111's parameters text pasted into the page fills prompt, negative prompt, seed (Randomize
+    off), guidance, steps, sampler and size; what it cannot use is listed; the run that follows
+    makes what the text says, and a pasted piece of nonsense only gets a message."""
+    text = ("a lighthouse, (stormy:1.2) sea\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, CFG scale: 4.5, "
+            "Seed: 77, Size: 96x64, Model hash: 31e35c80fc, Model: sd_xl_base_1.0, Clip skip: 2")
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        open_advanced(page)
+        page.get_by_text("Paste parameters").click()
+        page.locator("#paste textarea").fill(text)
+        page.locator("#use-paste").click()
+        notes = page.locator("#paste-notes")
+        wait_for(lambda: "Filled:" in notes.inner_text(), 15, "the form was not filled")
+        assert notes.inner_text() == ("Filled: prompt, negative, seed, guidance, steps, sampler, size. "
+                                      "Not used here: Model hash, Model, Clip skip.")
+        assert page.locator("#prompt textarea").input_value() == "a lighthouse, (stormy:1.2) sea"
+        assert page.locator("#negative textarea").input_value() == "blurry"
+        assert page.locator("#seed input").input_value() == "77" and not page.locator("#randomize input").is_checked()
+        assert page.locator("#steps input[type=number]").input_value() == "3"
+        assert page.locator("#guidance input[type=number]").input_value() == "4.5"
+        assert page.locator("#sampler input").input_value() == "Euler a"
+        assert page.locator("#size input").input_value() == SIZE_LABELS["96x64"]
+        wait_for(lambda: page.locator("#preset input").input_value() == "Custom", 10, "the preset menu names a preset")
+        page.screenshot(path=str(artifact(tmp_path, "paste-parameters.png")))
+        generate_in_page(page, None)
+        assert "Seeds: 77, 78, 79, 80" in page.locator("#info").inner_text()
+        assert "3 steps of Euler a" in page.locator("#info").inner_text()
+        page.locator("#paste textarea").fill("x" * 7000)
+        page.locator("#use-paste").click()
+        wait_for(lambda: "at most 6,000 are read" in notes.inner_text(), 15, "no message for an oversized paste")
+        assert page.locator("#prompt textarea").input_value() == "a lighthouse, (stormy:1.2) sea"  # the form stays

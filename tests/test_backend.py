@@ -81,6 +81,16 @@ def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
         "cfg_scale": "4.5", "seed": "8", "size": "64x64", "model": "tiny", "model_hash": None,
         "user_comment": expected[1]}
     assert answer["sampler"] == "DPM++ 2M Karras" and answer["format"] == "webp"
+    # An A1111 parameters text as a field: it fills what it says, the fields given win, the rest is noted.
+    status, _, body = post(backend, {"parameters": "a fox <lora:x:1>\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, "
+                                                   "CFG scale: 3, Seed: 99, Size: 64x64, Clip skip: 2", "seed": 5})
+    answer = json.loads(body)
+    assert status == 200 and answer["seeds"] == [5, 6, 7, 8], body[:500]
+    assert answer["parameters"][0].splitlines() == [
+        "a fox", "Negative prompt: fog",
+        f"Steps: 2, Sampler: Euler a, CFG scale: 3, Seed: 5, Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}"]
+    assert answer["notes"] == ["Not applied: <lora:x:1> (LoRAs are loaded with the model here, not per prompt).",
+                               "Not used here: Clip skip."]
     assert set(answer["timings"]) == {"text_encoding", "denoising", "decoding", "total", "encoding"}
     assert all(v >= 0 for v in answer["timings"].values())
     # Only the prompt is needed: the rest takes the server's defaults (Euler, its one size).
@@ -133,6 +143,9 @@ def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
     ({"prompt": "x" * 3000}, 422, "Prompt is 3,000 characters long"),
     (b'{"prompt": "a cat", "seed": NaN}', 422, "Seed must be a finite number"),
     ({"prompt": "x" * 70_000}, 413, "The request body is over 65,536 bytes"),
+    ({"parameters": ["a cat"]}, 422, "Parameters must be text, got a list."),
+    ({"parameters": "Steps: 2, Seed: 1, Size: 64x64"}, 422, "Please enter a prompt."),
+    ({"parameters": "a cat\nSteps: 2, Seed: 1, Size: 64x64", "steps": 0}, 422, "Steps must be a whole number"),
 ])
 def test_bad_requests_are_4xx_naming_the_problem(backend, body, status, message):
     before = metrics(backend)

@@ -135,3 +135,20 @@ def test_a_bad_argument_ends_the_process_with_one_line(env):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert [line for line in result.stderr.splitlines() if line.strip()] == [
         "error: Steps must be a whole number between 1 and 50."], result.stderr[-2000:]
+
+
+def test_parameters_text_fills_what_is_not_given(env, tmp_path, capsys, monkeypatch):
+    """--parameters: an A1111 text (here our own, from an image) gives prompt, negative prompt,
+    steps, sampler, CFG scale, seed and size; options given win; the rest is noted."""
+    from sdxl_tpu.__main__ import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    text = ("a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, CFG scale: 3, Seed: 40, Size: 64x64, "
+            "Model: elsewhere, Hires upscale: 2")
+    assert main(["generate", "--parameters", text, "--seed", "41", "--model", "tiny", "--dtype", "float32",
+                 "--out", str(tmp_path)]) == 0
+    assert "note: Not used here: Model, Hires upscale." in capsys.readouterr().err
+    assert Image.open(tmp_path / "42.png").info["parameters"] == (
+        f"a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, CFG scale: 3, Seed: 42, Size: 64x64, Model: tiny, "
+        f"Version: sdxl-tpu {VERSION}")

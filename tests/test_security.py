@@ -394,6 +394,39 @@ def _raw_lying_length(port: int, path: str) -> int:
     return int(reply.split()[1])
 
 
+# The page's paste box: anything at all, as text or as any JSON value.
+PASTES = st.one_of(st.text(max_size=400), st.text(st.sampled_from('abc:, "\\\n()<>0123456789.x-Negative prompt:Steps'),
+                                                  max_size=600),
+                   huge_text, not_text, st.sampled_from([v for v in RAW_VALUES if len(v) < 1000]).map(json.loads))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(value=PASTES)
+def test_fuzz_the_paste_box(http_client, fn_index, fuzz_log, value):
+    """Whatever is pasted: the event succeeds with a line of notes (what was filled, what was not
+    used, or what is wrong), the form gets only values it can take, nothing is a 5xx."""
+    try:
+        raw = json.dumps(value, allow_nan=True)
+    except ValueError:  # (a lone surrogate: send it as JSON escapes)
+        raw = json.dumps(value, ensure_ascii=True)
+    status, text, session = _join_raw(http_client, fuzz_log, fn_index["paste_parameters"], ["null"], 0, raw)
+    if status != 200:  # refused at the envelope (a file object: this app takes no files)
+        assert 400 <= status < 500 and json.loads(text).get("detail"), text[:300]
+        return
+    message = http_client.completion(session)
+    assert message["success"] is True, message
+    *form, notes = message["output"]["data"]
+    assert isinstance(notes, str) and notes and "Traceback" not in notes
+    prompt, negative, seed, randomize, guidance, steps, sampler, size = (
+        None if isinstance(v, dict) and v.get("__type__") == "update" else v for v in form)  # (None: left as it was)
+    assert all(v is None or isinstance(v, str) for v in (prompt, negative)), form
+    assert seed is None or (type(seed) is int and 0 <= seed < 2**32 and randomize is False), form
+    assert guidance is None or 0 <= guidance <= 20, form
+    assert steps is None or (type(steps) is int and 1 <= steps <= 50), form
+    assert sampler in (None, *SAMPLERS) and size in (None, *SIZES.split(",")), form
+
+
 def test_fuzz_ends_with_the_server_up_quiet_logs_and_a_normal_call(app_server, http_client, fuzz_client, fuzz_log):
     assert fuzz_log["inputs"] >= 1000, fuzz_log
     assert get(app_server["url"] + "/healthz")[0] == 200
