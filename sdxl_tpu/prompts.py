@@ -52,13 +52,13 @@ class PromptError(ValueError):
 
 def parse_emphasis(text: str) -> list[tuple[str, float]]:
     """Text -> [(text, weight)], runs of equal weight merged; `BREAK` entries where chunks end."""
-    parts: list[list] = []
+    parts: list[list | tuple] = []  # [text, weight] lists; BREAK itself (a tuple) where a chunk ends
     round_open: list[int] = []
     square_open: list[int] = []
 
     def scale(start: int, factor: float) -> None:
         for part in parts[start:]:
-            if part[1] != BREAK[1]:
+            if part is not BREAK:  # (a text of weight -1 is still scaled)
                 part[1] *= factor
 
     for match in _TOKEN.finditer(text):
@@ -81,19 +81,19 @@ def parse_emphasis(text: str) -> list[tuple[str, float]]:
         else:
             for i, piece in enumerate(_BREAK.split(token)):
                 if i:
-                    parts.append(list(BREAK))
+                    parts.append(BREAK)
                 parts.append([piece, 1.0])
     for start in round_open:
         scale(start, UP)
     for start in square_open:
         scale(start, DOWN)
-    merged: list[list] = []
+    merged: list[list | tuple] = []
     for part in parts or [["", 1.0]]:
-        if merged and merged[-1][1] == part[1] and part[1] != BREAK[1]:
+        if merged and part is not BREAK and merged[-1] is not BREAK and merged[-1][1] == part[1]:
             merged[-1][0] += part[0]
         else:
             merged.append(part)
-    return [(t, w) for t, w in merged]
+    return [part if part is BREAK else (part[0], part[1]) for part in merged]
 
 
 def _is_number(text: str) -> bool:

@@ -37,6 +37,7 @@ def test_escapes_break_nesting_and_what_is_text():
     assert parse_emphasis("a lone \\ backslash") == [("a lone  backslash", 1.0)]  # dropped, as A1111 drops it
     assert parse_emphasis("[[x]]") == [("x", 1 / 1.1 / 1.1)]
     assert parse_emphasis("((a [b] c))") == [("a ", 1.1 * 1.1), ("b", 1.1 * 1.1 / 1.1), (" c", 1.1 * 1.1)]
+    assert parse_emphasis("((cat:-1))") == [("cat", -1.1)]  # (a weight of -1 is not taken for BREAK's marker)
     assert parse_emphasis("(x:0.5) (y:-1) (z:+2)") == [("x", 0.5), (" ", 1.0), ("y", -1.0), (" ", 1.0), ("z", 2.0)]
     # A weight that is not a number is text (A1111 would fail on "1.2.3"); ":" alone is text.
     assert parse_emphasis("(cat:abc)") == [("cat:abc", 1.1)]
