@@ -224,28 +224,32 @@ class Pipeline:
 
     def request(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                 seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
-                steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None) -> Request:
+                steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None, schedule: str | None = None,
+                rng: str | None = None) -> Request:
         """A checked request for this pipeline (RequestError names what is wrong)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
-                          sizes=self.sizes, sampler=sampler, samplers=list(self.samplers))
+                          sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng)
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
                  steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None,
-                 latents: np.ndarray | None = None,
+                 schedule: str | None = None, rng: str | None = None, latents: np.ndarray | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Generate `images_per_call` images.
 
         prompt / negative_prompt / guidance_scale: one value for every image, or one per image.
         seed: an int (image i gets seed + i), one per image, or None (random).
         sampler: one of `samplers` by name (AUTOMATIC1111's: "Euler", "Euler a", "DPM++ 2M",
-            "DPM++ 2M Karras"); None: the default.
+            "DPM++ 2M Karras", ...: scheduler.SAMPLERS); None: the default.
+        schedule: Schedule type (scheduler.SCHEDULES; default "Checkpoint": the checkpoint's
+            scheduler config as diffusers runs it); rng: "JAX" (default) or "CPU" (PyTorch's CPU
+            generator, per image from its seed, as A1111's CPU source and ComfyUI draw it).
         latents: optional initial noise in diffusers' layout (images, 4, h, w), as diffusers' `latents=`.
         progress: called as progress(step, steps) after each denoising step (in this thread; with
             step_progress=False only once, at the end of the fused loop).
         """
         request = self.request(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps,
-                               size=size, sampler=sampler)
+                               size=size, sampler=sampler, schedule=schedule, rng=rng)
         return self.run(request, latents=latents, progress=progress)
 
     def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,

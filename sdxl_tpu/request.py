@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .prompts import PromptError, check_weights, parse_emphasis
-from .scheduler import MAX_STEPS, SAMPLERS
+from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE, MAX_STEPS, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
 MAX_SEED = 2**32 - 1
 # Three chunks of 75 tokens take about 1,000 characters of plain text, more with A1111's brackets
@@ -152,6 +152,14 @@ def size_input(value: Any, sizes: Sequence[tuple[int, int]]) -> tuple[int, int]:
     return size
 
 
+def schedule_input(sampler: str, schedule: str) -> str:
+    """The schedule `sampler` runs on under Schedule type `schedule` (RequestError if none)."""
+    try:
+        return resolve_schedule(sampler, schedule)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+
+
 # -- the request ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -164,6 +172,8 @@ class ImageInfo:
     steps: int
     size: tuple[int, int]  # (width, height)
     sampler: str | None = None  # None: the pipeline's default (it fills it in)
+    schedule: str = DEFAULT_SCHEDULE  # one of scheduler.SCHEDULES
+    rng: str = DEFAULT_RNG  # one of scheduler.RNGS: where the noise comes from
 
     def parameters_text(self, model: Any) -> str:
         """AUTOMATIC1111's "parameters" text (see images.py)."""
@@ -201,12 +211,14 @@ class Request:
     steps: int
     size: tuple[int, int]
     sampler: str | None = None  # by name; None: the pipeline's default
+    schedule: str = DEFAULT_SCHEDULE
+    rng: str = DEFAULT_RNG
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
            steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
-           sampler: Any = None, samplers: Sequence[str] | None = None, per_image: bool = True,
-           max_chars: int = MAX_PROMPT_CHARS) -> "Request":
+           sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
+           per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS) -> "Request":
         """Check everything; `seed=None` draws a random seed; `sizes` and `samplers` are those
         available (default: all of scheduler.SAMPLERS); without `per_image`, lists are refused (a
         form has one value per field); prompts are at most `max_chars` characters."""
@@ -219,6 +231,10 @@ class Request:
         def field(value: Any, name: str, check: Callable[[Any], Any]) -> Any:
             return _one_or_each(value, name, check, per_image)
 
+        sampler = None if sampler is None else choice_input(sampler, "Sampler", SAMPLERS if samplers is None else samplers)
+        schedule = DEFAULT_SCHEDULE if schedule is None else choice_input(schedule, "Schedule type", SCHEDULES)
+        if sampler is not None:  # the default sampler's combination is checked once it is known
+            schedule_input(sampler, schedule)
         return Request(
             prompt=field(prompt, "Prompt", prompt_text),
             negative_prompt=field(negative_prompt, "Negative prompt", lambda v: prompt_input(v, "Negative prompt", max_chars)),
@@ -228,7 +244,7 @@ class Request:
                                  lambda v: float(number_input(v, "Guidance scale", *GUIDANCE_RANGE))),
             steps=int(number_input(steps, "Steps", 1, MAX_STEPS, whole=True)),
             size=size_input(size, sizes) if sizes is not None else parse_size(size),
-            sampler=None if sampler is None else choice_input(sampler, "Sampler", SAMPLERS if samplers is None else samplers))
+            sampler=sampler, schedule=schedule, rng=DEFAULT_RNG if rng is None else choice_input(rng, "RNG", RNGS))
 
     def images(self, n: int) -> list[ImageInfo]:
         """The request spelled out for `n` images."""
@@ -238,4 +254,4 @@ class Request:
                       per_image(self.negative_prompt, n, "Negative prompt"),
                       per_image(self.guidance_scale, n, "Guidance scale"))
         return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
-                          sampler=self.sampler) for s, p, q, g in columns]
+                          sampler=self.sampler, schedule=self.schedule, rng=self.rng) for s, p, q, g in columns]

@@ -304,9 +304,42 @@ def _sigma_to_t(sigmas: np.ndarray, log_train: np.ndarray) -> np.ndarray:
 
 # -- by name ---------------------------------------------------------------------------------------
 
-SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras")  # AUTOMATIC1111's names
+# AUTOMATIC1111's names. "... Karras" is the old name of the sampler with Schedule type Karras
+# (A1111 before 1.9); on the checkpoint's schedule it is diffusers' use_karras_sigmas.
+SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 2M SDE Karras", "DDIM", "LCM")
 _CLASSES = {"EulerDiscreteScheduler": "Euler", "EulerAncestralDiscreteScheduler": "Euler a",
-            "DPMSolverMultistepScheduler": "DPM++ 2M"}
+            "DPMSolverMultistepScheduler": "DPM++ 2M", "DDIMScheduler": "DDIM", "LCMScheduler": "LCM"}
+
+# Schedule types: "Checkpoint" is the checkpoint's own scheduler config as diffusers runs it (the
+# default: diffusers' images, exactly); the others are A1111's (1.9 and later), on k-diffusion's
+# conventions (kdiffusion.py), "Automatic" being each sampler's A1111 default.
+SCHEDULES = ("Checkpoint", "Automatic", "Uniform", "Karras", "Exponential", "SGM Uniform")
+DEFAULT_SCHEDULE = "Checkpoint"
+# Where the noise comes from: JAX's generator on the device (fast, the default), or PyTorch's CPU
+# generator as A1111's "CPU" source, ComfyUI and Fooocus draw it (torch_rng.py).
+RNGS = ("JAX", "CPU")
+DEFAULT_RNG = "JAX"
+
+# Each sampler's schedule under "Automatic" (A1111's sampler options), and the k-diffusion update
+# it runs; DDIM and LCM have only their own timesteps (diffusers').
+_AUTOMATIC = {"Euler": "Uniform", "Euler a": "Uniform", "DPM++ 2M": "Karras", "DPM++ 2M Karras": "Karras",
+              "DPM++ 2M SDE": "Exponential", "DPM++ 2M SDE Karras": "Karras", "DDIM": "Checkpoint",
+              "LCM": "Checkpoint"}
+
+
+def resolve_schedule(sampler: str, schedule: str) -> str:
+    """The schedule `sampler` runs on under Schedule type `schedule` ("Automatic" resolved), or
+    ValueError naming a combination that does not exist."""
+    auto = _AUTOMATIC[sampler]
+    if schedule == "Automatic" or schedule == "Checkpoint":
+        return auto if schedule == "Automatic" else "Checkpoint"
+    if auto == "Checkpoint":
+        raise ValueError(f"{sampler} runs on its own timesteps: choose Schedule type Checkpoint or Automatic, "
+                         f"not {schedule}.")
+    if sampler.endswith(" Karras") and schedule != "Karras":
+        raise ValueError(f"{sampler} names its schedule (Karras): for Schedule type {schedule} choose "
+                         f"{sampler.removesuffix(' Karras')}.")
+    return schedule
 
 
 def sampler_named(name: str, cfg: dict[str, Any] | None = None) -> Sampler:
@@ -347,5 +380,5 @@ def samplers_for(cfg: dict[str, Any] | None = None) -> tuple[dict[str, Sampler],
     return {name: sampler_named(name, cfg) for name in names}, default
 
 
-__all__ = ["MAX_STEPS", "SAMPLERS", "DPMSolverMultistep", "EulerDiscrete", "Sampler", "State", "Tables", "init",
-           "model_input", "sampler_named", "samplers_for", "step", "step_noise"]
+__all__ = ["DEFAULT_RNG", "DEFAULT_SCHEDULE", "MAX_STEPS", "RNGS", "SAMPLERS", "SCHEDULES", "DPMSolverMultistep", "EulerDiscrete", "Sampler", "State", "Tables", "init",
+           "model_input", "resolve_schedule", "sampler_named", "samplers_for", "step", "step_noise"]
