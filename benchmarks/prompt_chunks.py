@@ -24,7 +24,7 @@ from sdxl_tpu.layers import Precision  # noqa: E402
 from sdxl_tpu.pipeline import Pipeline, compute_dtype_for  # noqa: E402
 from sdxl_tpu.presets import SCHEDULER_CONFIG, preset_configs  # noqa: E402
 from sdxl_tpu.prompts import chunk_prompt  # noqa: E402
-from sdxl_tpu.scheduler import samplers_for  # noqa: E402
+from sdxl_tpu.samplers import samplers_for  # noqa: E402
 
 WORDS = "a photo of an astronaut riding a horse on the moon, detailed, "
 

@@ -6,7 +6,8 @@ from .compilation import CompileCounter, enable_compile_cache
 from .layers import Precision
 from .pipeline import GenerationError, GenerationResult, Pipeline, load_pipeline
 from .request import ImageInfo, Request, RequestError
-from .scheduler import EulerDiscrete, Sampler
+from .samplers import EulerDiscrete
+from .scheduler import Sampler
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
 from .weights import CheckpointError

@@ -33,7 +33,8 @@ from .presets import SCHEDULER_CONFIG, preset_configs
 from .preview import every
 from .recipes import RECIPES, settle
 from .request import format_size, parse_size
-from .scheduler import SAMPLERS, samplers_for
+from .samplers import samplers_for
+from .scheduler import SAMPLERS
 from .taesd import AutoencoderTiny, TAESDConfig, load_taesd
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig

@@ -35,8 +35,11 @@ from .images import Stamp, file_hash
 from .lora import lora_spec
 from .preview import Previews, decode_taesd, preview_size
 from .prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
-from .request import ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, size_input
-from .scheduler import MAX_STEPS, Sampler, Tables, samplers_for
+from .request import (ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, schedule_input,
+                      size_input)
+from .samplers import samplers_for
+from .scheduler import MAX_STEPS, Sampler, Tables
+from .torch_rng import TorchCPUGenerator
 from .weights import read_json
 
 BATCH = "batch"  # the mesh axis images are split over
@@ -173,7 +176,8 @@ class Pipeline:
             loop = partial(sampling.denoise_step if self.stepwise else sampling.denoise, guided=name == "denoise")
             fn = lambda params, *a: loop(unet(params), *a)
             args = (self.params["unet"], state, batch((b, 2, tokens, self.context_dim)), lengths,
-                    batch((b, 2, self.pooled_dim)), batch((b, 6)), batch((b,)), tables, rep((), jnp.int32))
+                    batch((b, 2, self.pooled_dim)), batch((b, 6)), batch((b,)), tables,
+                    rep((), jnp.int32) if self.stepwise else rep((2,), jnp.int32))
             return self._shard(fn, (P(),) + (bat,) * 6 + (P(), P()), bat), args
         if name == "decode":
             fn = lambda params, x: sampling.decode(vae(params), x)
@@ -283,11 +287,15 @@ class Pipeline:
         if not 1 <= n <= self.images_per_call:
             raise ValueError(f"a call makes 1 to {self.images_per_call} images, not {n}")
         infos = [dataclasses.replace(info, sampler=info.sampler or self.default_sampler) for info in infos]
-        size, steps, name = infos[0].size, infos[0].steps, infos[0].sampler
-        if any((i.size, i.steps, i.sampler) != (size, steps, name) for i in infos):
-            raise ValueError("the images of one call must share their size, step count and sampler")
+        size, steps, name, rng = infos[0].size, infos[0].steps, infos[0].sampler, infos[0].rng
+        if any((i.size, i.steps, i.sampler, i.schedule, i.rng) != (size, steps, name, infos[0].schedule, rng)
+               for i in infos):
+            raise ValueError("the images of one call must share their size, step count, sampler, schedule and RNG")
         if name not in self.samplers:
             raise RequestError(not_a_choice("Sampler", name, self.samplers))
+        # What ran, as its parameters will say: Automatic resolved to the sampler's schedule.
+        schedule = schedule_input(name, infos[0].schedule)
+        infos = [dataclasses.replace(info, schedule=schedule) for info in infos]
         programs = self.compiled(size)
         slots = infos + [infos[-1]] * (self.images_per_call - n)
         text = sampling.prepare(self.tokenizers, slots, self.force_zeros_for_empty_prompt, self.max_prompt_chunks)
@@ -299,18 +307,28 @@ class Pipeline:
                 raise RequestError(f"latents must have shape {shape}, got {latents.shape}.")
             latents = np.concatenate([latents, np.repeat(latents[-1:], self.images_per_call - n, axis=0)])
         put = lambda x: jax.device_put(x, self._batch)
-        tables = jax.device_put(self.samplers[name].padded_tables(steps), self._replicated)
+        host_tables = self.samplers[name].padded_tables(steps, schedule)
+        tables = jax.device_put(host_tables, self._replicated)
         seeds = put(np.array([i.seed for i in slots], np.uint32))
+        # RNG CPU: PyTorch's CPU generator per image, its stream continued from the initial noise into
+        # each noisy step, as A1111's ImageRNG draws it (NCHW, as torch.randn's shape).
+        generators = [TorchCPUGenerator(i.seed) for i in slots] if rng == "CPU" else None
+        noisy = {i for i in range(steps) if host_tables.update[i, 3] != 0} if generators else set()
+        latent_shape = (self.latent_channels, size[1] // self.vae_factor, size[0] // self.vae_factor)
+        host_noise = lambda: put(np.stack([g.randn(latent_shape) for g in generators]).transpose(0, 2, 3, 1))
 
         with self._lock:
             start = time.perf_counter()
             lengths = put(text.lengths)
             context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
                                                  *map(put, text[:4]), lengths, put(text.zero_negative))
-            if latents is None:
+            if latents is None and generators is None:
                 state = programs["noise"](seeds, tables)
             else:
-                state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
+                initial = host_noise() if latents is None else put(latents.transpose(0, 2, 3, 1))
+                state = programs["init"](initial, seeds, tables)
+            if generators is not None:
+                state = state._replace(host_noise=put(np.ones(self.images_per_call, np.bool_)))
             jax.block_until_ready((context, pooled, state))
             t_text = time.perf_counter()
             conditioning = (context, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
@@ -334,6 +352,8 @@ class Pipeline:
                         raise Cancelled(f"stopped after step {done} of {steps}")
 
                 for i in range(steps):
+                    if i in noisy:
+                        state = state._replace(noise=host_noise())
                     state = denoise(self.params["unet"], state, *conditioning, self._step_index[i])
                     in_flight.append(state)
                     if len(in_flight) > LOOKAHEAD:
@@ -341,7 +361,14 @@ class Pipeline:
                 while in_flight:
                     finish_oldest()
             else:
-                state = jax.block_until_ready(denoise(self.params["unet"], state, *conditioning, np.int32(steps)))
+                # One dispatch for all steps, unless the host gives the noise: then one per noisy step.
+                bounds = [0, *sorted(noisy | {i + 1 for i in noisy}), steps]
+                for first, stop in zip(bounds, bounds[1:]):
+                    if first < stop:
+                        if first in noisy:
+                            state = state._replace(noise=host_noise())
+                        state = denoise(self.params["unet"], state, *conditioning, np.array([first, stop], np.int32))
+                state = jax.block_until_ready(state)
                 if progress is not None:
                     progress(steps, steps)
             t_denoise = time.perf_counter()

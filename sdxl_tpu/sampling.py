@@ -125,11 +125,12 @@ def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, poo
 
 
 def denoise(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array, time_ids: jax.Array,
-            guidance: jax.Array, tables: Tables, num_steps: jax.Array, guided: bool = True) -> State:
-    """All steps in one loop on the device. The bound `num_steps` is traced, so any step count
-    up to the table size runs the same compiled program."""
+            guidance: jax.Array, tables: Tables, steps: jax.Array, guided: bool = True) -> State:
+    """Steps steps[0] up to steps[1] in one loop on the device (all of them, unless the host gives
+    each step's noise). The bounds are traced, so any step count up to the table size runs the
+    same compiled program."""
     step = lambda i, s: denoise_step(unet, s, context, lengths, pooled, time_ids, guidance, tables, i, guided)
-    return jax.lax.fori_loop(0, num_steps, step, state)
+    return jax.lax.fori_loop(steps[0], steps[1], step, state)
 
 
 def decode(vae, latents: jax.Array) -> tuple[jax.Array, jax.Array]:

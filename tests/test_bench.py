@@ -20,7 +20,7 @@ import pytest
 from sdxl_tpu.bench import add_arguments, build_pipeline, warm_compile_argv
 from sdxl_tpu.flops import model_flops
 from sdxl_tpu.presets import SCHEDULER_CONFIG, preset_configs
-from sdxl_tpu.scheduler import EulerDiscrete
+from sdxl_tpu.samplers import EulerDiscrete
 
 
 def _parse(*argv: str) -> argparse.Namespace:

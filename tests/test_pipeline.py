@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sdxl_tpu import CompileCounter, GenerationError, RequestError
-from sdxl_tpu.scheduler import MAX_STEPS
+from sdxl_tpu.scheduler import MAX_STEPS, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 from sdxl_tpu.version import VERSION
 
 
@@ -128,6 +128,16 @@ def test_nothing_recompiles_after_warmup(tiny_pipeline):
             tiny_pipeline.generate(prompt, negative, seed=[i, 2**32 - 1, 0, 12345] if i % 2 else i * 1000,
                                    guidance_scale=[1.0, 3.5, 7.0, 12.0] if i % 2 else 5.0 + i, steps=steps,
                                    size=(64, 64) if i % 2 else "96x64", sampler=sampler)
+        # Every sampler on every schedule type it runs on, with either noise, guided or not, both sizes.
+        for i, sampler in enumerate(SAMPLERS):
+            for j, schedule in enumerate(SCHEDULES):
+                try:
+                    resolve_schedule(sampler, schedule)
+                except ValueError:
+                    continue
+                tiny_pipeline.generate("a cat", "dog", seed=i * 10 + j, guidance_scale=5.0 if (i + j) % 2 else 1.0,
+                                       steps=1 + (i + j) % 4, size=(64, 64) if j % 2 else "96x64", sampler=sampler,
+                                       schedule=schedule, rng=RNGS[(i + j) % 2])
     print(f"after warm-up: {counter.compiles} compilations, {counter.traces} traces")
     assert counter.compiles == 0 and counter.traces == 0
 

@@ -7,20 +7,27 @@ import numpy as np
 import pytest
 
 from sdxl_tpu.presets import SCHEDULER_CONFIG
-from sdxl_tpu.scheduler import MAX_STEPS, SAMPLERS, EulerDiscrete, sampler_named, samplers_for
+from sdxl_tpu.samplers import EulerDiscrete, sampler_named, samplers_for
+from sdxl_tpu.scheduler import MAX_STEPS, SAMPLERS
 
 SPACINGS = ["leading", "trailing", "linspace"]
 
 
 def reference(name: str, spacing: str, prediction_type: str = "epsilon"):
     """diffusers' scheduler for an A1111 sampler name, as one would switch SDXL base to it."""
-    from diffusers import DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler
+    from diffusers import (DDIMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
+                           EulerDiscreteScheduler, LCMScheduler)
 
     config = dict(SCHEDULER_CONFIG, timestep_spacing=spacing, prediction_type=prediction_type)
+    sde = dict(algorithm_type="sde-dpmsolver++")
     return {"Euler": lambda: EulerDiscreteScheduler.from_config(config),
             "Euler a": lambda: EulerAncestralDiscreteScheduler.from_config(config),
             "DPM++ 2M": lambda: DPMSolverMultistepScheduler.from_config(config),
             "DPM++ 2M Karras": lambda: DPMSolverMultistepScheduler.from_config(config, use_karras_sigmas=True),
+            "DPM++ 2M SDE": lambda: DPMSolverMultistepScheduler.from_config(config, **sde),
+            "DPM++ 2M SDE Karras": lambda: DPMSolverMultistepScheduler.from_config(config, use_karras_sigmas=True, **sde),
+            "DDIM": lambda: DDIMScheduler.from_config(config),
+            "LCM": lambda: LCMScheduler.from_config(config),
             }[name]()
 
 
@@ -35,6 +42,9 @@ def test_tables_match_diffusers(name, spacing):
         timesteps, sigmas, init = ours.schedule(steps)
         np.testing.assert_array_equal(timesteps, ref.timesteps.numpy().astype(np.float32),
                                       err_msg=f"{name}, {spacing}, {steps} steps")
+        np.testing.assert_array_equal(ours.tables(steps).timesteps, timesteps)
+        if not hasattr(ref, "sigmas"):  # DDIM and LCM work in timesteps and alphas only
+            continue
         np.testing.assert_allclose(sigmas, ref.sigmas.numpy(), rtol=2e-6, err_msg=f"{name}, {spacing}, {steps} steps")
         np.testing.assert_allclose(init, float(ref.init_noise_sigma), rtol=2e-6)
 
@@ -57,12 +67,16 @@ def test_unsupported_scheduler_configs_name_the_key():
         samplers_for({"_class_name": "DPMSolverMultistepScheduler", "solver_order": 3})
     with pytest.raises(ValueError, match="use_karras_sigmas=True is supported with DPMSolverMultistepScheduler only"):
         samplers_for(dict(SCHEDULER_CONFIG, use_karras_sigmas=True))
-    with pytest.raises(ValueError, match="no sampler 'DDIM'"):
-        sampler_named("DDIM")
+    with pytest.raises(ValueError, match="no sampler 'Heun'"):
+        sampler_named("Heun")
     # The checkpoint's own scheduler is the default sampler; an unknown one falls back to Euler.
     assert samplers_for(SCHEDULER_CONFIG)[1] == "Euler"
     assert samplers_for({"_class_name": "EulerAncestralDiscreteScheduler"})[1] == "Euler a"
     assert samplers_for({"_class_name": "DPMSolverMultistepScheduler", "use_karras_sigmas": True})[1] == "DPM++ 2M Karras"
+    assert samplers_for({"_class_name": "DPMSolverMultistepScheduler", "algorithm_type": "sde-dpmsolver++",
+                         "use_karras_sigmas": True})[1] == "DPM++ 2M SDE Karras"
+    assert samplers_for({"_class_name": "LCMScheduler"})[1] == "LCM"
+    assert samplers_for({"_class_name": "DDIMScheduler"})[1] == "DDIM"
     with pytest.warns(UserWarning, match="'UniPCMultistepScheduler' is not implemented"):
         assert samplers_for({"_class_name": "UniPCMultistepScheduler"})[1] == "Euler"
 
@@ -76,7 +90,7 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
     predicts the clean sample (SDXL-Lightning's 1-step UNet) as well as for one predicting noise."""
     import jax
     import torch
-    from diffusers.schedulers import scheduling_euler_ancestral_discrete
+    from diffusers.schedulers import scheduling_dpmsolver_multistep, scheduling_euler_ancestral_discrete, scheduling_lcm
 
     from sdxl_tpu import scheduler
 
@@ -87,8 +101,9 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
         return
     rng = np.random.default_rng(0)
     noises = []
-    monkeypatch.setattr(scheduling_euler_ancestral_discrete, "randn_tensor",
-                        lambda shape, **kw: torch.from_numpy(noises[-1].transpose(0, 3, 1, 2).copy()))
+    for module in (scheduling_euler_ancestral_discrete, scheduling_dpmsolver_multistep, scheduling_lcm):
+        monkeypatch.setattr(module, "randn_tensor",
+                            lambda shape, **kw: torch.from_numpy(noises[-1].transpose(0, 3, 1, 2).copy()))
     for steps in (1, 2, 7, 20):
         ref = reference(name, spacing, prediction_type)
         ours = sampler_named(name, dict(SCHEDULER_CONFIG, timestep_spacing=spacing, prediction_type=prediction_type))
@@ -108,14 +123,17 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
             eps = rng.standard_normal(noise.shape).astype(np.float32)
             noises.append(rng.standard_normal(noise.shape).astype(np.float32))
             state = step(state, eps, np.int32(i), tables, noises[-1])
-            out = ref.step(torch.from_numpy(eps.transpose(0, 3, 1, 2).copy()), t, ref_x)
+            out = ref.step(torch.from_numpy(eps.transpose(0, 3, 1, 2).copy()), t, ref_x,
+                           **({"variance_noise": torch.from_numpy(noises[-1].transpose(0, 3, 1, 2).copy())}
+                              if name.startswith("DPM++ 2M SDE") else {}))
             ref_x = out.prev_sample
             ours_x = np.asarray(state.x).transpose(0, 3, 1, 2)
             rel = np.linalg.norm(ours_x - ref_x.numpy()) / np.linalg.norm(ref_x.numpy())
             assert rel <= 1e-5, (name, spacing, prediction_type, steps, i, rel)
             # The state's data prediction is the step's estimate of the clean latents (what a
-            # preview shows): diffusers' pred_original_sample, or DPM++'s converted model output.
-            x0 = (out.pred_original_sample if name.startswith("Euler") else ref.model_outputs[-1]).numpy()
+            # preview shows): diffusers' pred_original_sample, DPM++'s converted model output, LCM's denoised.
+            x0 = (ref.model_outputs[-1] if name.startswith("DPM") else out.denoised if name == "LCM"
+                  else out.pred_original_sample).numpy()
             ours_x0 = np.asarray(state.prediction).transpose(0, 3, 1, 2)
             rel = np.linalg.norm(ours_x0 - x0) / np.linalg.norm(x0)
             assert rel <= 1e-5, ("x0", name, spacing, prediction_type, steps, i, rel)
@@ -160,5 +178,7 @@ def test_the_denoising_loop_applies_every_step_in_order():
     state = scheduler.init(jnp.zeros((b, 2, 2, 4)), jnp.arange(b, dtype=jnp.uint32), tables)
     out = jax.jit(lambda s, t, n: sampling.denoise(unet, s, jnp.zeros((b, 2, 77, 8)), jnp.full((b, 2), 77),
                                                    jnp.zeros((b, 2, 4)), jnp.zeros((b, 6)), jnp.full((b,), 5.0), t,
-                                                   n))(state, tables, steps)
-    np.testing.assert_allclose(np.asarray(out.x), 111.0)  # steps 0, 1, 2; guidance of equal halves = the prediction
+                                                   n))
+    np.testing.assert_allclose(np.asarray(out(state, tables, np.array([0, steps], np.int32)).x), 111.0)  # steps 0, 1, 2
+    # A part of the steps (the host gives each step's noise one step at a time): steps 1 and 2 only.
+    np.testing.assert_allclose(np.asarray(out(state, tables, np.array([1, steps], np.int32)).x), 110.0)

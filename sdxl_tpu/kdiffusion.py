@@ -1,0 +1,113 @@
+"""Samplers as k-diffusion runs them, the library AUTOMATIC1111, Forge and ComfyUI sample with.
+
+Under an A1111 schedule type a sampler works in Karras' (variance exploding) terms: noise levels
+sigma come from the model's discrete schedule as A1111 builds it (float64 betas, the cumulative
+product cast to float32, as sgm's LegacyDDPMDiscretization), the model sees x / sqrt(sigma^2 + 1)
+at the fractional timestep log-interpolated from sigma (k-diffusion's CompVisDenoiser, not
+rounded), the first latents are sigma_max x noise, and each method's last step goes to sigma 0 as
+its k-diffusion function does. The updates are the same linear form as scheduler.py's tables:
+
+    x' = a x + b eps + c m + n z        m' = x - sigma eps  (the denoised estimate)
+
+so these are host tables too, for the same compiled update. Pure numpy, float64 host math on
+float32 sigmas (torch's float32 in k-diffusion).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+METHODS = ("euler", "euler_ancestral", "dpmpp_2m", "dpmpp_2m_sde")  # k-diffusion's sample_<method>
+
+
+def model_sigmas(num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str) -> np.ndarray:
+    """The model's discrete sigmas, ascending, float32, as A1111's CompVisDenoiser holds them."""
+    n = num_train_timesteps
+    if beta_schedule == "scaled_linear":
+        betas = np.linspace(beta_start ** 0.5, beta_end ** 0.5, n, dtype=np.float64) ** 2
+    else:
+        betas = np.linspace(beta_start, beta_end, n, dtype=np.float64)
+    alphas_cumprod = np.cumprod(1.0 - betas).astype(np.float32)
+    return (((1 - alphas_cumprod) / alphas_cumprod) ** 0.5).astype(np.float32)
+
+
+def sigma_to_t(sigmas: np.ndarray, train: np.ndarray) -> np.ndarray:
+    """The fractional training timestep of each sigma, interpolated in log sigma (k-diffusion's
+    DiscreteSchedule.sigma_to_t; diffusers' _sigma_to_t is the same)."""
+    log_train = np.log(train.astype(np.float64))
+    log_sigma = np.log(np.maximum(np.asarray(sigmas, np.float64), 1e-10))
+    dists = log_sigma - log_train[:, np.newaxis]
+    low = np.cumsum(dists >= 0, axis=0).argmax(axis=0).clip(max=len(log_train) - 2)
+    w = np.clip((log_train[low] - log_sigma) / (log_train[low] - log_train[low + 1]), 0, 1)
+    return (1 - w) * low + w * (low + 1)
+
+
+def t_to_sigma(t: np.ndarray, train: np.ndarray) -> np.ndarray:
+    """k-diffusion's DiscreteSchedule.t_to_sigma: log sigma interpolated between timesteps."""
+    log_train = np.log(train.astype(np.float64))
+    t = np.asarray(t, np.float64)
+    low, high, w = np.floor(t).astype(int), np.ceil(t).astype(int), t - np.floor(t)
+    return np.exp((1 - w) * log_train[low] + w * log_train[high])
+
+
+def schedule_sigmas(schedule: str, steps: int, train: np.ndarray) -> np.ndarray:
+    """A1111's schedule type `schedule` for `steps` steps: steps + 1 sigmas ending in 0 (float32)."""
+    sigma_min, sigma_max = float(train[0]), float(train[-1])
+    if schedule == "Uniform":  # DiscreteSchedule.get_sigmas(n)
+        sigmas = t_to_sigma(np.linspace(len(train) - 1, 0, steps, dtype=np.float32), train)
+    elif schedule == "SGM Uniform":  # A1111's sgm_uniform: uniform in t over steps + 1 points, the last dropped
+        start, end = sigma_to_t(np.array([sigma_max, sigma_min]), train)
+        sigmas = t_to_sigma(np.linspace(start, end, steps + 1, dtype=np.float32)[:-1], train)
+    elif schedule == "Karras":  # get_sigmas_karras, rho 7
+        rho, ramp = 7.0, np.linspace(0, 1, steps, dtype=np.float32)
+        low, high = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
+        sigmas = (high + ramp * (low - high)) ** rho
+    elif schedule == "Exponential":  # get_sigmas_exponential
+        sigmas = np.exp(np.linspace(np.log(sigma_max), np.log(sigma_min), steps, dtype=np.float32))
+    else:
+        raise ValueError(f"no schedule type {schedule!r}")
+    return np.concatenate([np.asarray(sigmas, np.float32), [np.float32(0)]])
+
+
+def update_table(method: str, sigmas: np.ndarray) -> np.ndarray:
+    """(steps, 6) coefficients a, b, c, n, p, q of k-diffusion's sample_<method> (eta 1, s_noise 1,
+    midpoint for the SDE) on `sigmas`, for an eps-predicting model."""
+    sig = sigmas.astype(np.float64)
+    steps = len(sig) - 1
+    update = np.zeros((steps, 6))
+    for i in range(steps):
+        s, t = sig[i], sig[i + 1]
+        a, b, c, n = 1.0, t - s, 0.0, 0.0  # Euler: x + (t - s) d, d = eps
+        if method == "euler_ancestral" and t > 0:
+            up = min(t, np.sqrt(t ** 2 * (s ** 2 - t ** 2) / s ** 2))
+            b, n = np.sqrt(t ** 2 - up ** 2) - s, up
+        elif method == "dpmpp_2m":
+            # x' = (t/s) x - expm1(-h) D', h = log(s/t), D' = (1 + k) D - k D_prev with k = h / (2 h_prev);
+            # first order at the first step and into sigma 0 (where t/s = 0 and expm1(-h) = -1).
+            e = t / s - 1
+            k = 0.5 * np.log(s / t) / np.log(sig[i - 1] / s) if i > 0 and t > 0 else 0.0
+            a, b, c = t / s - e * (1 + k), e * (1 + k) * s, e * k
+        elif method == "dpmpp_2m_sde":
+            if t == 0:  # the last step: the denoised estimate
+                a, b = 1.0, -s
+            else:
+                # x' = (t/s) e^-h x + F D + F k (D - D_prev) + t sqrt(F) z, F = -expm1(-2h), k = h / (2 h_prev)
+                h = np.log(s / t)
+                f = -np.expm1(-2 * h)
+                k = 0.5 * h / np.log(sig[i - 1] / s) if i > 0 else 0.0
+                a, b, c, n = (t / s) * np.exp(-h) + f * (1 + k), -f * (1 + k) * s, -f * k, t * np.sqrt(f)
+        elif method not in ("euler", "euler_ancestral"):
+            raise ValueError(f"no k-diffusion method {method!r}; methods: {', '.join(METHODS)}")
+        update[i] = [a, b, c, n, 1.0, -s]
+    return update
+
+
+def tables(method: str, schedule: str, steps: int, train: np.ndarray):
+    """(timesteps, input scale, update, init sigma) of `method` on A1111's `schedule`; the update
+    for an eps-predicting model, with (u, v) such that eps = u x + v output for a model that
+    predicts the clean latents (x = x0 + sigma eps)."""
+    sigmas = schedule_sigmas(schedule, steps, train)
+    s = sigmas[:-1].astype(np.float64)
+    timesteps = sigma_to_t(s, train).astype(np.float32)
+    scale = (1 / np.sqrt(s ** 2 + 1)).astype(np.float32)
+    return timesteps, scale, update_table(method, sigmas), float(sigmas[0]), (1 / s, -1 / s)

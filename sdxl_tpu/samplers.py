@@ -1,0 +1,329 @@
+"""The samplers on the checkpoint's scheduler config, as diffusers runs them, and by name.
+
+Each class is one diffusers scheduler (or one family: Euler / Euler a, DPM++ 2M / 2M SDE with or
+without Karras sigmas), reduced to its tables (scheduler.py). Under one of A1111's schedule
+types the same sampler runs its k-diffusion function instead (Sampler.kdiffusion_tables).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .configs import check_supported
+from .kdiffusion import sigma_to_t
+from .scheduler import MAX_STEPS, SAMPLERS, Sampler, Tables
+
+# Scheduler config keys whose value must be one of these (diffusers' defaults among them).
+_SUPPORTED = {
+    "beta_schedule": ("scaled_linear", "linear"),
+    "prediction_type": ("epsilon", "sample"),
+    "timestep_spacing": ("leading", "trailing", "linspace"),
+    "interpolation_type": ("linear",),
+    "use_exponential_sigmas": (False, None),
+    "use_beta_sigmas": (False, None),
+    "use_lu_lambdas": (False, None),
+    "use_flow_sigmas": (False, None),
+    "final_sigmas_type": ("zero", None),
+    "rescale_betas_zero_snr": (False, None),
+    "trained_betas": (None,),
+    "timestep_type": ("discrete", None),
+    "algorithm_type": ("dpmsolver++", "sde-dpmsolver++"),
+    "solver_order": (2,),
+    "solver_type": ("midpoint",),
+    "thresholding": (False,),
+    "lower_order_final": (True,),
+    "euler_at_final": (False,),
+    "variance_type": (None,),
+    "lambda_min_clipped": (-float("inf"),),
+    "clip_sample": (False, None),
+    "set_alpha_to_one": (False, True, None),
+}
+
+
+def _schedule_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    return dict(num_train_timesteps=cfg.get("num_train_timesteps", 1000), beta_start=cfg.get("beta_start", 0.00085),
+                beta_end=cfg.get("beta_end", 0.012), beta_schedule=cfg.get("beta_schedule", "scaled_linear"),
+                timestep_spacing=cfg.get("timestep_spacing", "leading"),
+                steps_offset=cfg.get("steps_offset", 0), prediction_type=cfg.get("prediction_type", "epsilon"))
+
+
+@dataclass(frozen=True)
+class EulerDiscrete(Sampler):
+    """diffusers' EulerDiscreteScheduler (s_churn = 0), or with `ancestral` its
+    EulerAncestralDiscreteScheduler: Euler steps of the probability-flow ODE, dx/dsigma = eps."""
+
+    ancestral: bool = False
+
+    @property
+    def name(self) -> str:
+        return "Euler a" if self.ancestral else "Euler"
+
+    @property
+    def kdiffusion_method(self) -> str:
+        return "euler_ancestral" if self.ancestral else "euler"
+
+    @staticmethod
+    def from_config(cfg: dict[str, Any], ancestral: bool = False) -> "EulerDiscrete":
+        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, None)})
+        if ancestral and cfg.get("prediction_type") == "sample":  # as diffusers: not implemented there
+            raise ValueError("Euler a does not support prediction_type='sample' (diffusers' "
+                             "EulerAncestralDiscreteScheduler does not either)")
+        return EulerDiscrete(**_schedule_fields(cfg), ancestral=ancestral)
+
+    def timesteps(self, steps: int) -> np.ndarray:
+        n = self.num_train_timesteps
+        if self.timestep_spacing == "linspace":
+            return np.linspace(0, n - 1, steps, dtype=np.float32)[::-1].copy()
+        if self.timestep_spacing == "leading":
+            ratio = n // steps
+            return (np.arange(0, steps) * ratio).round()[::-1].astype(np.float32) + self.steps_offset
+        ratio = n / steps
+        return np.arange(n, 0, -ratio).round().astype(np.float32) - 1
+
+    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+        self._check_steps(steps)
+        timesteps = self.timesteps(steps)
+        train = self.train_sigmas()
+        sigmas = np.interp(timesteps, np.arange(len(train)), train)
+        sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
+        top = float(sigmas.max())
+        init = top if self.timestep_spacing in ("linspace", "trailing") else (top ** 2 + 1) ** 0.5
+        return timesteps, sigmas, float(np.float32(init))
+
+    def tables(self, steps: int) -> Tables:
+        timesteps, sigmas, init = self.schedule(steps)
+        s, t = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
+        if self.ancestral:  # step to sigma_down, then add noise of sigma_up
+            up = np.sqrt(t ** 2 * (s ** 2 - t ** 2) / s ** 2)
+            down, noise = np.sqrt(t ** 2 - up ** 2), up
+        else:
+            down, noise = t, np.zeros_like(t)
+        # m' = x0 = x - sigma eps: the data prediction, unused by the update but shown as a preview.
+        update = np.stack([np.ones_like(s), down - s, 0 * s, noise, np.ones_like(s), -s], axis=1)
+        update = self._predicting(update, (1 / s, -1 / s))  # x = x0 + sigma eps
+        return Tables(timesteps, (1 / np.sqrt(s ** 2 + 1)).astype(np.float32), update.astype(np.float32), init)
+
+
+@dataclass(frozen=True)
+class DPMSolverMultistep(Sampler):
+    """diffusers' DPMSolverMultistepScheduler as AUTOMATIC1111's "DPM++ 2M": algorithm
+    dpmsolver++, solver_order 2 (midpoint), first order at the first and the last step,
+    final_sigmas_type "zero"; with `karras`, Karras sigmas ("DPM++ 2M Karras").
+
+    It works on variance-preserving latents (x = alpha x0 + sigma_vp eps, alpha = 1/sqrt(1 +
+    sigma^2), sigma_vp = sigma alpha): the model sees x as is and the initial noise is unit."""
+
+    timestep_spacing: str = "linspace"  # diffusers' defaults for this scheduler
+    steps_offset: int = 0
+    karras: bool = False
+    sde: bool = False  # algorithm_type sde-dpmsolver++: "DPM++ 2M SDE"
+
+    @property
+    def name(self) -> str:
+        return "DPM++ 2M" + (" SDE" if self.sde else "") + (" Karras" if self.karras else "")
+
+    @property
+    def kdiffusion_method(self) -> str:
+        return "dpmpp_2m_sde" if self.sde else "dpmpp_2m"
+
+    @staticmethod
+    def from_config(cfg: dict[str, Any], karras: bool | None = None, sde: bool | None = None) -> "DPMSolverMultistep":
+        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, True, None)})
+        karras = bool(cfg.get("use_karras_sigmas")) if karras is None else karras
+        sde = cfg.get("algorithm_type") == "sde-dpmsolver++" if sde is None else sde
+        return DPMSolverMultistep(**_schedule_fields(cfg), karras=karras, sde=sde)
+
+    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+        self._check_steps(steps)
+        n = self.num_train_timesteps
+        train = self.train_sigmas()
+        if self.karras:  # the spacing does not apply: timesteps follow from the sigmas
+            rho, ramp = 7.0, np.linspace(0, 1, steps)
+            low, high = float(train[0]) ** (1 / rho), float(train[-1]) ** (1 / rho)
+            sigmas = (high + ramp * (low - high)) ** rho
+            timesteps = sigma_to_t(sigmas, train).round()
+        else:
+            if self.timestep_spacing == "linspace":
+                timesteps = np.linspace(0, n - 1, steps + 1).round()[::-1][:-1].astype(np.int64)
+            elif self.timestep_spacing == "leading":
+                ratio = n // (steps + 1)
+                timesteps = (np.arange(0, steps + 1) * ratio).round()[::-1][:-1].astype(np.int64) + self.steps_offset
+            else:
+                timesteps = np.arange(n, 0, -n / steps).round().astype(np.int64) - 1
+            sigmas = np.interp(timesteps, np.arange(len(train)), train)
+        sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
+        return timesteps.astype(np.float32), sigmas, 1.0
+
+    def tables(self, steps: int) -> Tables:
+        timesteps, sigmas, init = self.schedule(steps)
+        sig = sigmas.astype(np.float64)
+        alpha = 1 / np.sqrt(sig ** 2 + 1)
+        update = np.zeros((steps, 6))
+        for i in range(steps):
+            s, t = sig[i], sig[i + 1]
+            # The data prediction: m0 = (x - sigma_vp eps) / alpha = p x + q eps.
+            p, q = 1 / alpha[i], -s
+            # x' = (sigma_vp,t / sigma_vp,s) x - E m0 (first order), with E = alpha_t (e^-h - 1), and
+            # h = lambda_t - lambda_s = log(s / t) since lambda = -log(sigma); the final t is 0.
+            ratio, e, n = t * alpha[i + 1] / (s * alpha[i]), alpha[i + 1] * (t / s - 1), 0.0
+            if self.sde:  # (sigma_vp,t / sigma_vp,s) e^-h x - alpha_t (e^-2h - 1) m0 + sigma_vp,t sqrt(1 - e^-2h) z
+                ratio, e = ratio * t / s, alpha[i + 1] * ((t / s) ** 2 - 1)
+                n = t * alpha[i + 1] * np.sqrt(1 - (t / s) ** 2)
+            k = 0.0
+            if 0 < i < steps - 1:  # second order: - E/(2 r) (m0 - m1), r = h_prev / h
+                k = 0.5 * np.log(s / t) / np.log(sig[i - 1] / s)
+            update[i] = [ratio - e * (1 + k) * p, -e * (1 + k) * q, e * k, n, p, q]
+        s = sig[:-1]  # x = alpha x0 + sigma_vp eps, sigma_vp = sigma alpha
+        update = self._predicting(update, (1 / (s * alpha[:-1]), -1 / s))
+        return Tables(timesteps, np.ones(steps, np.float32), update.astype(np.float32), init)
+
+
+@dataclass(frozen=True)
+class DDIM(Sampler):
+    """diffusers' DDIMScheduler, eta 0: x' = sqrt(alpha_prev) x0 + sqrt(1 - alpha_prev) eps, on
+    variance-preserving latents (the model sees x as is; the initial noise is unit)."""
+
+    set_alpha_to_one: bool = True  # diffusers' default; SDXL base's config says False
+
+    @property
+    def name(self) -> str:
+        return "DDIM"
+
+    @staticmethod
+    def from_config(cfg: dict[str, Any]) -> "DDIM":
+        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, None)})
+        return DDIM(**_schedule_fields(cfg), set_alpha_to_one=cfg.get("set_alpha_to_one", True))
+
+    def timesteps(self, steps: int) -> np.ndarray:
+        n = self.num_train_timesteps
+        if self.timestep_spacing == "linspace":
+            return np.linspace(0, n - 1, steps).round()[::-1].astype(np.int64)
+        if self.timestep_spacing == "leading":
+            return (np.arange(0, steps) * (n // steps)).round()[::-1].astype(np.int64) + self.steps_offset
+        return np.round(np.arange(n, 0, -n / steps)).astype(np.int64) - 1
+
+    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+        self._check_steps(steps)
+        timesteps = self.timesteps(steps)
+        train = self.train_sigmas()
+        return timesteps.astype(np.float32), np.concatenate([train[timesteps], [0.0]]).astype(np.float32), 1.0
+
+    def _alpha_prev(self, alphas_cumprod: np.ndarray, t: int) -> float:
+        return alphas_cumprod[t] if t >= 0 else (1.0 if self.set_alpha_to_one else alphas_cumprod[0])
+
+    def tables(self, steps: int) -> Tables:
+        self._check_steps(steps)
+        ac = self.alphas_cumprod().astype(np.float64)
+        timesteps = self.timesteps(steps)
+        update, to_eps = np.zeros((steps, 6)), np.zeros((2, steps))
+        for i, t in enumerate(timesteps):
+            a_t, a_prev = ac[t], self._alpha_prev(ac, t - self.num_train_timesteps // steps)
+            p, q = 1 / np.sqrt(a_t), -np.sqrt((1 - a_t) / a_t)  # x0 = (x - sqrt(1 - a_t) eps) / sqrt(a_t)
+            update[i] = [np.sqrt(a_prev) * p, np.sqrt(a_prev) * q + np.sqrt(1 - a_prev), 0.0, 0.0, p, q]
+            to_eps[:, i] = 1 / np.sqrt(1 - a_t), -np.sqrt(a_t / (1 - a_t))  # x = sqrt(a_t) x0 + sqrt(1 - a_t) eps
+        update = self._predicting(update, tuple(to_eps))
+        return Tables(timesteps.astype(np.float32), np.ones(steps, np.float32), update.astype(np.float32), 1.0)
+
+
+@dataclass(frozen=True)
+class LCM(DDIM):
+    """diffusers' LCMScheduler, for LCM-LoRA and LCM-distilled UNets: each step the consistency
+    model's clean estimate c_skip x + c_out x0, then noised again to the next timestep (not after the
+    last). Timesteps: `steps` of the `original_inference_steps` distillation timesteps."""
+
+    original_inference_steps: int = 50
+    timestep_scaling: float = 10.0
+
+    @property
+    def name(self) -> str:
+        return "LCM"
+
+    @staticmethod
+    def from_config(cfg: dict[str, Any]) -> "LCM":
+        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, None)})
+        return LCM(**_schedule_fields(cfg), set_alpha_to_one=cfg.get("set_alpha_to_one", True),
+                   original_inference_steps=cfg.get("original_inference_steps", 50),
+                   timestep_scaling=cfg.get("timestep_scaling", 10.0))
+
+    def timesteps(self, steps: int) -> np.ndarray:
+        if steps > self.original_inference_steps:
+            raise ValueError(f"LCM takes at most {self.original_inference_steps} steps (its original_inference_steps)")
+        k = self.num_train_timesteps // self.original_inference_steps
+        origin = (np.arange(1, self.original_inference_steps + 1) * k - 1)[::-1]
+        return origin[np.floor(np.linspace(0, len(origin), num=steps, endpoint=False)).astype(np.int64)]
+
+    def tables(self, steps: int) -> Tables:
+        self._check_steps(steps)
+        ac = self.alphas_cumprod().astype(np.float64)
+        timesteps = self.timesteps(steps)
+        update, to_eps = np.zeros((steps, 6)), np.zeros((2, steps))
+        for i, t in enumerate(timesteps):
+            a_t = ac[t]
+            scaled = t * self.timestep_scaling  # the boundary condition's scalings, sigma_data 0.5
+            c_skip, c_out = 0.25 / (scaled ** 2 + 0.25), scaled / np.sqrt(scaled ** 2 + 0.25)
+            p, q = c_skip + c_out / np.sqrt(a_t), -c_out * np.sqrt((1 - a_t) / a_t)  # the denoised estimate
+            if i < steps - 1:
+                a_prev = self._alpha_prev(ac, int(timesteps[i + 1]))
+                update[i] = [np.sqrt(a_prev) * p, np.sqrt(a_prev) * q, 0.0, np.sqrt(1 - a_prev), p, q]
+            else:
+                update[i] = [p, q, 0.0, 0.0, p, q]
+            to_eps[:, i] = 1 / np.sqrt(1 - a_t), -np.sqrt(a_t / (1 - a_t))
+        update = self._predicting(update, tuple(to_eps))
+        return Tables(timesteps.astype(np.float32), np.ones(steps, np.float32), update.astype(np.float32), 1.0)
+
+
+# -- by name ---------------------------------------------------------------------------------------
+
+_CLASSES = {"EulerDiscreteScheduler": "Euler", "EulerAncestralDiscreteScheduler": "Euler a",
+            "DPMSolverMultistepScheduler": "DPM++ 2M", "DDIMScheduler": "DDIM", "LCMScheduler": "LCM"}
+
+
+def sampler_named(name: str, cfg: dict[str, Any] | None = None) -> Sampler:
+    """Sampler `name` (one of SAMPLERS) on the noise schedule of a scheduler config (a
+    checkpoint's scheduler_config.json; default SDXL base's), as diffusers'
+    `<Scheduler>.from_config(pipe.scheduler.config)` would make it."""
+    from .presets import SCHEDULER_CONFIG
+
+    cfg = dict(SCHEDULER_CONFIG if cfg is None else cfg)
+    # The method's own settings come from the name, not from another method's config.
+    cfg = {k: v for k, v in cfg.items() if k not in ("use_karras_sigmas", "_class_name", "algorithm_type")}
+    if name in ("Euler", "Euler a"):
+        return EulerDiscrete.from_config(cfg, ancestral=name == "Euler a")
+    if name.startswith("DPM++ 2M") and name in SAMPLERS:
+        return DPMSolverMultistep.from_config(cfg, karras=name.endswith(" Karras"), sde=" SDE" in name)
+    if name == "DDIM":
+        return DDIM.from_config(cfg)
+    if name == "LCM":
+        return LCM.from_config(cfg)
+    raise ValueError(f"no sampler {name!r}; samplers: {', '.join(SAMPLERS)}")
+
+
+def samplers_for(cfg: dict[str, Any] | None = None) -> tuple[dict[str, Sampler], str]:
+    """Every sampler on a scheduler config's noise schedule (those that support its prediction
+    type), and the name of the config's own (its `_class_name`; Euler for classes not implemented
+    here, with a warning)."""
+    cfg = dict(cfg or {})
+    check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, True, None)})
+    default = _CLASSES.get(cfg.get("_class_name", "EulerDiscreteScheduler"))
+    if default is None:
+        warnings.warn(f"scheduler {cfg['_class_name']!r} is not implemented; the default sampler is Euler "
+                      f"(available: {', '.join(SAMPLERS)})")
+        default = "Euler"
+    if default == "DPM++ 2M" and cfg.get("algorithm_type") == "sde-dpmsolver++":
+        default = "DPM++ 2M SDE"
+    if cfg.get("use_karras_sigmas"):
+        if not default.startswith("DPM++ 2M"):
+            raise ValueError(f"scheduler config: use_karras_sigmas=True is supported with DPMSolverMultistepScheduler "
+                             f"only, not {cfg.get('_class_name')}")
+        default += " Karras"
+    names = [n for n in SAMPLERS if not (n == "Euler a" and cfg.get("prediction_type") == "sample")]
+    if default not in names:
+        raise ValueError(f"scheduler config: {default} does not support prediction_type={cfg.get('prediction_type')!r}")
+    return {name: sampler_named(name, cfg) for name in names}, default
+
+
+__all__ = ["DDIM", "LCM", "MAX_STEPS", "DPMSolverMultistep", "EulerDiscrete", "sampler_named", "samplers_for"]

@@ -1,0 +1,91 @@
+"""An AUTOMATIC1111 image, reproduced from its parameters text.
+
+A1111 is simulated on the tiny checkpoint's weights with the parts it runs: diffusers' UNet, VAE
+and text encoders, k-diffusion's sampler on A1111's SDXL schedule and schedule type, A1111's CFG
+denoiser (both passes in one batch, the denoised estimates combined), and its "CPU" random
+source (ImageRNG: one torch.Generator per image, seeded seed + i, the initial noise then each
+ancestral step's drawn from it), the decoded image truncated to uint8 as A1111 saves it. This
+project gets only the parameters text, through paste parameters, as a person would give it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kdiffusion_reference
+from sdxl_tpu.infotext import parse, request_fields
+
+PROMPT, NEGATIVE, SEED, CFG = "a lighthouse in a storm, dramatic sky", "blurry, low quality", 3000000000, 5.5
+# The settings line as A1111 writes it: 1.9 and later name the schedule apart; before, "... Karras" samplers.
+CASES = {
+    "Euler": ("Sampler: Euler", "sample_euler", "Uniform"),
+    "Euler a": ("Sampler: Euler a", "sample_euler_ancestral", "Uniform"),
+    "DPM++ 2M": ("Sampler: DPM++ 2M, Schedule type: Karras", "sample_dpmpp_2m", "Karras"),
+    "DPM++ 2M Karras": ("Sampler: DPM++ 2M Karras", "sample_dpmpp_2m", "Karras"),
+}
+
+
+@pytest.fixture(scope="module")
+def reference_pipeline(tiny_checkpoint):
+    from diffusers import StableDiffusionXLPipeline
+
+    return StableDiffusionXLPipeline.from_pretrained(tiny_checkpoint)
+
+
+def a1111(pipe, steps: int, function: str, schedule: str, n: int = 4, size: tuple[int, int] = (64, 64)) -> np.ndarray:
+    sampling, external = kdiffusion_reference.load()
+    width, height = size
+    with torch.no_grad():
+        cond, uncond, pooled, uncond_pooled = pipe.encode_prompt(PROMPT, negative_prompt=NEGATIVE,
+                                                                 num_images_per_prompt=n)
+        time_ids = torch.tensor([[height, width, 0, 0, height, width]] * 2 * n, dtype=torch.float32)
+        context, pooled_both = torch.cat([cond, uncond]), torch.cat([pooled, uncond_pooled])
+
+        def unet(x, t):
+            return pipe.unet(x, t, encoder_hidden_states=context,
+                             added_cond_kwargs={"text_embeds": pooled_both, "time_ids": time_ids}).sample
+
+        model = external.DiscreteEpsDDPMDenoiser(unet, kdiffusion_reference.a1111_alphas_cumprod(), quantize=False)
+
+        def cfg_denoiser(x, sigma):  # A1111's CFGDenoiser
+            denoised = model(torch.cat([x, x]), torch.cat([sigma, sigma]))
+            on_prompt, on_negative = denoised.chunk(2)
+            return on_negative + (on_prompt - on_negative) * CFG
+
+        sigmas = kdiffusion_reference.a1111_sigmas(schedule, steps, model)
+        generators = [torch.Generator("cpu").manual_seed(SEED + i) for i in range(n)]
+        shape = (pipe.unet.config.in_channels, height // 8, width // 8)
+        draw = lambda *_: torch.stack([torch.randn(shape, generator=g) for g in generators])
+        extra = {"noise_sampler": draw} if function == "sample_euler_ancestral" else {}
+        latents = getattr(sampling, function)(cfg_denoiser, draw() * sigmas[0], sigmas, disable=True, **extra)
+        images = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
+    images = torch.clamp((images + 1.0) / 2.0, min=0.0, max=1.0)
+    return (255.0 * images.numpy().transpose(0, 2, 3, 1)).astype(np.uint8)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
+@pytest.mark.parametrize("steps", [8, 20])
+@pytest.mark.parametrize("sampler", list(CASES))
+def test_an_a1111_image_is_reproduced_from_its_parameters(tiny_pipeline, reference_pipeline, sampler, steps):
+    settings, function, schedule = CASES[sampler]
+    text = (f"{PROMPT}\nNegative prompt: {NEGATIVE}\nSteps: {steps}, {settings}, CFG scale: {CFG}, Seed: {SEED}, "
+            "Size: 64x64, Model hash: 31e35c80fc, Model: sd_xl_base_1.0, RNG: CPU, Version: v1.10.1")
+    fields, notes = request_fields(parse(text), tiny_pipeline.sizes, list(tiny_pipeline.samplers))
+    assert fields["rng"] == "CPU" and fields["sampler"] == sampler, (fields, notes)
+    result = tiny_pipeline.generate(**fields)
+    assert [i.seed for i in result.infos] == [SEED + i for i in range(4)]
+    assert {i.schedule for i in result.infos} == {schedule}  # what ran, as its parameters say
+    ours = np.stack([np.asarray(im) for im in result.images])
+    ref = a1111(reference_pipeline, steps, function, schedule)
+    value = psnr(ours, ref)
+    print(f"{sampler}, {steps} steps: PSNR {value:.1f} dB")
+    assert value >= 40
+    # The same text without RNG: CPU is JAX's noise, another image (A1111's default GPU noise is not reproduced).
+    other = tiny_pipeline.generate(**{**fields, "rng": "JAX"})
+    assert psnr(np.stack([np.asarray(im) for im in other.images]), ref) < 30
