@@ -27,10 +27,11 @@ class Recipe:
     spacing: str | None = None          # timestep spacing (None: the scheduler config's)
     prediction_type: str | None = None  # what the UNet predicts (None: the scheduler config's)
     size: str | None = None             # its native size (None: the app's default)
+    lora: str | None = None             # a LoRA fused at load, "file[:scale]" (when no --lora is given)
 
     @property
     def brings_weights(self) -> bool:
-        return self.model is not None or self.unet is not None
+        return self.model is not None or self.unet is not None or self.lora is not None
 
     @property
     def summary(self) -> str:
@@ -53,6 +54,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     *(_lightning(n) for n in (1, 2, 4, 8)),
     # SDXL-Turbo: 512x512, 1 to 4 steps, Euler ancestral with trailing spacing, no guidance.
     Recipe("Turbo", "Euler a", 1, 0.0, model="stabilityai/sdxl-turbo", spacing="trailing", size="512x512"),
+    # LCM-LoRA over SDXL base, as its authors run it: LCMScheduler, 4 steps, no guidance.
+    Recipe("LCM-LoRA 4-step", "LCM", 4, 1.0, model=BASE,
+           lora="latent-consistency/lcm-lora-sdxl/pytorch_lora_weights.safetensors", size="1024x1024"),
 ]}
 SAMPLING = [name for name, r in RECIPES.items() if not r.brings_weights]
 
