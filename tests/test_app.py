@@ -58,14 +58,14 @@ def test_client_gets_four_images_with_seeds(client, tmp_path):
     from sdxl_tpu.images import read_parameters
 
     assert [read_parameters(Image.open(item["image"])) for item in gallery] == [
-        f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, "
-        f"Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}" for seed in (41, 42, 43, 44)]
+        f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, Schedule type: Checkpoint, CFG scale: 5, "
+        f"Seed: {seed}, Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}" for seed in (41, 42, 43, 44)]
     assert all(Image.open(item["image"]).format == "JPEG" for item in gallery)
     # ... which readers nobody here wrote read back exactly (A1111's own: piexif), non-Latin text too.
     gallery, _ = _generate(client, "東京の猫, café ✨🐈 (neon:1.2)", "模糊, größte", seed=9, steps=2)
     seen = read_with_third_parties(Path(gallery[0]["image"]).read_bytes(), tmp_path)
     assert seen == {"prompt": "東京の猫, café ✨🐈 (neon:1.2)", "negative": "模糊, größte", "sampler": "Euler",
-                    "steps": "2", "cfg_scale": "5", "seed": "9", "size": "64x64", "model": "tiny", "model_hash": None,
+                    "scheduler": "Checkpoint", "steps": "2", "cfg_scale": "5", "seed": "9", "size": "64x64", "model": "tiny", "model_hash": None,
                     "user_comment": read_parameters(Image.open(gallery[0]["image"]))}, seen
     gallery, _ = _generate(client, size="96x64", style="Pixel art", randomize=True)
     assert Image.open(gallery[0]["image"]).size == (96, 64)
@@ -73,7 +73,7 @@ def test_client_gets_four_images_with_seeds(client, tmp_path):
     for sampler in ("DPM++ 2M Karras", "Euler a"):
         gallery, info = _generate(client, "a cat", "", "(No style)", 1, False, 5.0, 3, "64x64", sampler)
         assert f"3 steps of {sampler}" in info
-        assert f"Sampler: {sampler}," in read_parameters(Image.open(gallery[0]["image"]))
+        assert f"Sampler: {sampler}, Schedule type: Checkpoint," in read_parameters(Image.open(gallery[0]["image"]))
     assert all(0 <= int(item["caption"].split()[1]) < 2**32 for item in gallery)
 
 

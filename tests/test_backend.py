@@ -68,8 +68,9 @@ def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
     assert status == 200 and headers["content-type"] == "application/json", body
     answer = json.loads(body)
     assert set(answer) == {"images", "parameters", "seeds", "sampler", "format", "timings"}
-    expected = [f"a cat, 夜の街 ✨\nNegative prompt: blurry, größte\nSteps: 2, Sampler: DPM++ 2M Karras, CFG scale: 4.5, "
-                f"Seed: {seed}, Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}" for seed in (7, 8, 9, 10)]
+    expected = [f"a cat, 夜の街 ✨\nNegative prompt: blurry, größte\nSteps: 2, Sampler: DPM++ 2M Karras, "
+                f"Schedule type: Checkpoint, CFG scale: 4.5, Seed: {seed}, Size: 64x64, Model: tiny, RNG: JAX, "
+                f"Version: sdxl-tpu {VERSION}" for seed in (7, 8, 9, 10)]
     assert answer["parameters"] == expected and answer["seeds"] == [7, 8, 9, 10]
     blobs = [base64.b64decode(data, validate=True) for data in answer["images"]]
     images = [Image.open(io.BytesIO(blob)) for blob in blobs]
@@ -77,7 +78,8 @@ def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
     assert [read_parameters(i) for i in images] == expected  # embedded in each file
     # ... as readers nobody here wrote read them (A1111's own: piexif)
     assert read_with_third_parties(blobs[1], tmp_path) == {
-        "prompt": "a cat, 夜の街 ✨", "negative": "blurry, größte", "sampler": "DPM++ 2M Karras", "steps": "2",
+        "prompt": "a cat, 夜の街 ✨", "negative": "blurry, größte", "sampler": "DPM++ 2M Karras",
+        "scheduler": "Checkpoint", "steps": "2",
         "cfg_scale": "4.5", "seed": "8", "size": "64x64", "model": "tiny", "model_hash": None,
         "user_comment": expected[1]}
     assert answer["sampler"] == "DPM++ 2M Karras" and answer["format"] == "webp"

@@ -37,7 +37,8 @@ def test_generate_writes_pngs_with_parameters(env, tmp_path):
     image = Image.open(tmp_path / "8.png")
     assert image.size == (64, 64)
     assert image.info["parameters"] == ("a photo of a cat\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M Karras, "
-                                        f"CFG scale: 5, Seed: 8, Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}")
+                                        "Schedule type: Checkpoint, CFG scale: 5, Seed: 8, Size: 64x64, Model: tiny, "
+                                        f"RNG: JAX, Version: sdxl-tpu {VERSION}")
     assert "denoising" in result.stdout and "total" in result.stdout
 
 
@@ -47,14 +48,15 @@ def test_presets_fill_what_is_not_given(env, tmp_path):
     result = _run(["generate", "a cat", "--preset", "Fast", "--seed", "1", "--size", "64x64", "--model", "tiny",
                    "--dtype", "float32", "--out", str(tmp_path / "fast")], env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Steps: 12, Sampler: DPM++ 2M Karras, CFG scale: 5," in Image.open(tmp_path / "fast" / "1.png").info["parameters"]
+    assert "Steps: 12, Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 5," in Image.open(tmp_path / "fast" / "1.png").info["parameters"]
     unet = str(Path(env["SDXL_TPU_TINY_DIR"]) / "unet" / "diffusion_pytorch_model.safetensors")  # written above
     result = _run(["generate", "a cat", "--preset", "Lightning 4-step", "--seed", "1", "--size", "64x64",
                    "--model", "tiny", "--unet", unet, "--dtype", "float32", "--out",
                    str(tmp_path / "lightning")], env)
     assert result.returncode == 0, result.stderr[-3000:]
     parameters = Image.open(tmp_path / "lightning" / "1.png").info["parameters"]
-    assert "Steps: 4, Sampler: Euler, CFG scale: 0, Seed: 1, Size: 64x64, Model: tiny + diffusion_pytorch_model," in parameters
+    assert ("Steps: 4, Sampler: Euler, Schedule type: Checkpoint, CFG scale: 0, Seed: 1, Size: 64x64, "
+            "Model: tiny + diffusion_pytorch_model, RNG: JAX,") in parameters
 
 
 def test_single_file_model_with_loras(env, tmp_path):
@@ -84,15 +86,15 @@ def test_single_file_model_with_loras(env, tmp_path):
     # in the prompt and its hash (12 digits); as readers nobody here wrote see them.
     model_hash = hashlib.sha256(model.read_bytes()).hexdigest()[:10]
     lora_hash = hashlib.sha256((tmp_path / "style.safetensors").read_bytes()).hexdigest()[:12]
-    assert plain_image.info["parameters"].endswith(f"Model hash: {model_hash}, Model: my-finetune, "
+    assert plain_image.info["parameters"].endswith(f"Model hash: {model_hash}, Model: my-finetune, RNG: JAX, "
                                                    f"Version: sdxl-tpu {VERSION}")
     assert styled_image.info["parameters"].splitlines()[0] == "a cat <lora:style:0.7> <lora:style:1>"
     assert styled_image.info["parameters"].endswith(
-        f'Model hash: {model_hash}, Model: my-finetune, Lora hashes: "style: {lora_hash}, style: {lora_hash}", '
+        f'Model hash: {model_hash}, Model: my-finetune, RNG: JAX, Lora hashes: "style: {lora_hash}, style: {lora_hash}", '
         f"Version: sdxl-tpu {VERSION}")
     seen = read_with_third_parties((tmp_path / "styled" / "3.png").read_bytes(), tmp_path)
     assert seen == {"prompt": "a cat <lora:style:0.7> <lora:style:1>", "negative": "", "sampler": "Euler",
-                    "steps": "2", "cfg_scale": "5", "seed": "3", "size": "64x64", "model": "my-finetune",
+                    "scheduler": "Checkpoint", "steps": "2", "cfg_scale": "5", "seed": "3", "size": "64x64", "model": "my-finetune",
                     "model_hash": model_hash}, seen
     assert np.asarray(plain_image).tolist() != np.asarray(styled_image).tolist()
 
@@ -150,5 +152,5 @@ def test_parameters_text_fills_what_is_not_given(env, tmp_path, capsys, monkeypa
                  "--out", str(tmp_path)]) == 0
     assert "note: Not used here: Model, Hires upscale." in capsys.readouterr().err
     assert Image.open(tmp_path / "42.png").info["parameters"] == (
-        f"a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, CFG scale: 3, Seed: 42, Size: 64x64, Model: tiny, "
-        f"Version: sdxl-tpu {VERSION}")
+        "a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Checkpoint, CFG scale: 3, Seed: 42, "
+        f"Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")
