@@ -107,7 +107,7 @@ RESTORE_HISTORY_JS = """(index, history, ...form) => {
 }"""
 
 
-PASTED_FIELDS = ("prompt", "negative", "seed", "randomize", "guidance", "steps", "sampler", "size")
+PASTED_FIELDS = ("prompt", "negative", "seed", "randomize", "guidance", "steps", "sampler", "schedule", "size", "rng")
 
 
 def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str]) -> tuple[dict[str, Any], str]:
@@ -120,10 +120,12 @@ def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[
         fields, notes = request_fields(parse(text), list(sizes), list(samplers))
     except RequestError as e:
         return {}, f"⚠️ {e}"
-    if not fields["prompt"] and len(fields) == 2 and not fields["negative_prompt"]:
+    if not fields["prompt"] and not fields["negative_prompt"] and not set(fields) - {"prompt", "negative_prompt",
+                                                                                     "schedule", "rng"}:
         return {}, "⚠️ Nothing to use: paste a parameters text (the prompt, \"Negative prompt: ...\", then \"Steps: ..., Seed: ...\")."
     form = {"prompt": fields["prompt"], "negative": fields["negative_prompt"]}
-    names = {"seed": "seed", "guidance_scale": "guidance", "steps": "steps", "sampler": "sampler"}
+    names = {"seed": "seed", "guidance_scale": "guidance", "steps": "steps", "sampler": "sampler",
+             "schedule": "schedule", "rng": "rng"}
     form.update({names[k]: v for k, v in fields.items() if k in names})
     if "seed" in form:
         form["randomize"] = False
