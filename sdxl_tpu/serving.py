@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 from .pipeline import Cancelled, GenerationResult, guided
 from .preview import every
 from .request import ImageInfo, RequestError
+from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE
 
 log = logging.getLogger("sdxl_tpu.serving")
 
@@ -67,6 +68,8 @@ class Generated:
     seeds: list[int]
     sampler: str
     timings: dict[str, float]  # seconds: text_encoding, denoising, decoding, total, encoding
+    schedule: str = DEFAULT_SCHEDULE  # the Schedule type that ran ("Automatic" resolved)
+    rng: str = DEFAULT_RNG
 
 
 @dataclass(eq=False)
