@@ -17,7 +17,9 @@ CUSTOM = "Custom"  # the preset menu's entry when the form matches no preset
 HISTORY_FIELDS = ("prompt", "negative", "style", "seed", "guidance", "steps", "sampler", "size", "schedule", "rng")
 # How the Schedule type menu names its entries (the others by their own names, A1111's).
 SCHEDULE_LABELS = {"Checkpoint": "Checkpoint (as diffusers runs it)", "Automatic": "Automatic (A1111's per sampler)"}
-RNG_INFO = "Where the noise comes from: JAX (fast, on the chips), or CPU: PyTorch's CPU noise, as A1111 (RNG CPU) and ComfyUI draw it."
+SCHEDULE_INFO = "Checkpoint: the model's own scheduler, as diffusers runs it; the others are A1111's."
+RNG_INFO = ("Where the noise comes from: JAX (fast, on the chips), or CPU: PyTorch's CPU noise, as A1111 (RNG CPU) "
+            "and ComfyUI draw it.")
 _COMMON_RATIOS = {(1, 1), (5, 4), (4, 3), (3, 2), (16, 9), (2, 1), (21, 9)}
 
 
@@ -102,16 +104,20 @@ def history_after(history: Any, run: Any) -> list[dict[str, Any]]:
     return kept[:HISTORY_LENGTH]
 
 
+HISTORY_HEADERS = ["Prompt", "Settings", "Sampler"]
+
+
 def history_rows(history: Any) -> list[list[str]]:
-    """The history as the page's table shows it: prompt, and the settings in one line."""
+    """The history as the page's table shows it (HISTORY_HEADERS; the page shows 60 characters of
+    each): prompt; seed, steps, guidance, size and style; the sampler, with the Schedule type and
+    the noise source where they are not the defaults."""
     rows = []
     for e in history_after(history, None):
-        settings = (f"seed {e['seed']} · {e['steps']} steps {e['sampler']}"
-                    + (f", {e['schedule']} schedule" if e["schedule"] != DEFAULT_SCHEDULE else "")
-                    + f" · CFG {e['guidance']:g} · {e['size']}"
-                    + (f" · {e['rng']} noise" if e["rng"] != DEFAULT_RNG else "")
+        settings = (f"seed {e['seed']} · {e['steps']} steps · CFG {e['guidance']:g} · {e['size']}"
                     + (f" · {e['style']}" if e["style"] != "(No style)" else ""))
-        rows.append([e["prompt"] + (f"  —  not: {e['negative']}" if e["negative"] else ""), settings])
+        sampler = (e["sampler"] + (f", {e['schedule']} schedule" if e["schedule"] != DEFAULT_SCHEDULE else "")
+                   + (f" · {e['rng']} noise" if e["rng"] != DEFAULT_RNG else ""))
+        rows.append([e["prompt"] + (f"  —  not: {e['negative']}" if e["negative"] else ""), settings, sampler])
     return rows
 
 

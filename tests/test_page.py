@@ -69,9 +69,12 @@ def test_history_keeps_the_newest_runs_first_and_drops_what_is_not_a_run():
         assert history_entry(bad) is None, bad
         assert history_after([bad, RUN], None) == [RUN]
     rows = history_rows([{**RUN, "negative": "blurry", "style": "Anime"}])
-    assert rows == [["a cat  —  not: blurry", "seed 7 · 20 steps Euler · CFG 5 · 64x64 · Anime"]]
+    assert rows == [["a cat  —  not: blurry", "seed 7 · 20 steps · CFG 5 · 64x64 · Anime", "Euler"]]
     rows = history_rows([{**RUN, "sampler": "DPM++ 2M", "schedule": "Karras", "rng": "CPU"}])
-    assert rows == [["a cat", "seed 7 · 20 steps DPM++ 2M, Karras schedule · CFG 5 · 64x64 · CPU noise"]]
+    assert rows == [["a cat", "seed 7 · 20 steps · CFG 5 · 64x64", "DPM++ 2M, Karras schedule · CPU noise"]]
+    # (the page shows 60 characters of each: the longest sampler column fits)
+    longest = history_rows([{**RUN, "sampler": "DPM++ 2M SDE Karras", "schedule": "SGM Uniform", "rng": "CPU"}])
+    assert len(longest[0][2]) <= 60
     # A run kept before the schedule and the noise source were chosen ran on the defaults.
     old = {k: v for k, v in RUN.items() if k not in ("schedule", "rng")}
     assert history_entry(old) == RUN and history_after([old], None) == [RUN]
