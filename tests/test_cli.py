@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from reference import read_with_third_parties
+from sdxl_tpu.scheduler import SAMPLERS
 from sdxl_tpu.version import VERSION
 
 
@@ -29,7 +30,8 @@ def env(tmp_path_factory, compile_cache):
 
 def test_generate_writes_pngs_with_parameters(env, tmp_path):
     result = _run(["generate", "a photo of a cat", "--negative", "blurry", "--seed", "7", "--steps", "2",
-                   "--guidance", "5", "--sampler", "DPM++ 2M Karras", "--size", "64x64", "--model", "tiny",
+                   "--guidance", "5", "--sampler", "DPM++ 2M Karras", "--schedule", "Checkpoint", "--rng", "JAX",
+                   "--size", "64x64", "--model", "tiny",
                    "--dtype", "float32", "--out", str(tmp_path)], env)
     assert result.returncode == 0, result.stderr[-3000:]
     files = sorted(tmp_path.glob("*.png"))
@@ -109,8 +111,13 @@ def test_single_file_model_with_loras(env, tmp_path):
     (["generate", "x", "--model", "/nonexistent/model"], "neither an existing directory nor a Hub repo id"),
     (["generate", "x", "--model", "tiny", "--size", "64x64", "--seed", "-3", "--steps", "1"],
      "Seed must be a whole number between 0 and 4294967295."),
-    (["generate", "x", "--sampler", "DDIM"],
-     "Sampler 'DDIM' is not available; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
+    (["generate", "x", "--sampler", "Heun"], f"Sampler 'Heun' is not available; choose one of: {', '.join(SAMPLERS)}."),
+    (["generate", "x", "--sampler", "DDIM", "--schedule", "Karras"],
+     "DDIM runs on its own timesteps: choose Schedule type Checkpoint or Automatic, not Karras."),
+    (["generate", "x", "--sampler", "DPM++ 2M Karras", "--parameters", "x\nSteps: 2, Seed: 1, Schedule type: Uniform"],
+     "DPM++ 2M Karras names its schedule (Karras): for Schedule type Uniform choose DPM++ 2M."),
+    (["generate", "x", "--schedule", "karras"], "argument --schedule: invalid choice: 'karras'"),
+    (["generate", "x", "--rng", "NV"], "argument --rng: invalid choice: 'NV'"),
     (["generate", "x", "--preset", "Ultra"], "no preset 'Ultra'; presets: Quality, Balanced, Fast, Lightning 1-step"),
     (["frobnicate"], "invalid choice"),
     (["generate", "x", "--model", "tiny", "--size", "64x64", "--lora", "/nonexistent/style.safetensors"],
@@ -146,11 +153,13 @@ def test_parameters_text_fills_what_is_not_given(env, tmp_path, capsys, monkeypa
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    text = ("a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, CFG scale: 3, Seed: 40, Size: 64x64, "
-            "Model: elsewhere, Hires upscale: 2")
-    assert main(["generate", "--parameters", text, "--seed", "41", "--model", "tiny", "--dtype", "float32",
-                 "--out", str(tmp_path)]) == 0
-    assert "note: Not used here: Model, Hires upscale." in capsys.readouterr().err
+    text = ("a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Karras, CFG scale: 3, Seed: 40, "
+            "Size: 64x64, Model: elsewhere, Hires upscale: 2")
+    assert main(["generate", "--parameters", text, "--seed", "41", "--schedule", "Checkpoint", "--model", "tiny",
+                 "--dtype", "float32", "--out", str(tmp_path)]) == 0
+    notes = capsys.readouterr().err
+    assert "note: Not used here: Model, Hires upscale." in notes
+    assert "note: Not reproducible here: A1111's default noise source (GPU), so RNG JAX is used" in notes
     assert Image.open(tmp_path / "42.png").info["parameters"] == (
         "a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Checkpoint, CFG scale: 3, Seed: 42, "
         f"Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")
