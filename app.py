@@ -27,9 +27,9 @@ from starlette.routing import Mount
 from sdxl_tpu.compilation import enable_compile_cache, quiet_platforms
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
 from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sdxl_tpu.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS, RESTORE_HISTORY_JS, RNG_INFO,
-                           SCHEDULE_INFO, history_after, history_rows, matching_preset, pasted_form, schedule_choices,
-                           size_choices)
+from sdxl_tpu.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS,
+                           RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, history_after, history_rows, matching_preset,
+                           pasted_form, schedule_choices, size_choices)
 from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, log_refusal, parse_settings, seed_at,
                                  serve_metrics_apart, style_description)
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
@@ -133,7 +133,7 @@ def build_demo(server: Server) -> gr.Blocks:
         server.images = server.image_store(Path(get_upload_folder()),
                                            on_delete=lambda paths: gallery.temp_files.difference_update(paths))
         last_seeds = gr.State([])
-        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size, schedule, rng]  # (a history entry's)
+        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size, schedule, rng]  # (history order)
 
         # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
         # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
@@ -162,11 +162,11 @@ def build_demo(server: Server) -> gr.Blocks:
                     images, seeds, text, used_sampler = update[1:]
                     # The run joins the history, which the browser keeps (in and out with the call; the
                     # server stores no prompt).
+                    ran = dict(schedule=server.default_schedule if schedule is None else schedule,
+                               rng=server.default_rng if rng is None else rng)
                     kept = history_after(history, dict(prompt=prompt, negative=negative or "", style=style,
                                                        seed=seeds[0], guidance=guidance, steps=steps,
-                                                       sampler=used_sampler, size=size,
-                                                       schedule=server.default_schedule if schedule is None else schedule,
-                                                       rng=server.default_rng if rng is None else rng))
+                                                       sampler=used_sampler, size=size, **ran))
                     yield images, seeds, text, "", seeds[0], kept, gr.Dataset(samples=history_rows(kept))
 
         def generate(prompt, negative, style, seed, randomize, guidance, steps, size, sampler=None, schedule=None,
@@ -221,7 +221,7 @@ def build_demo(server: Server) -> gr.Blocks:
         gallery.select(gradio_handler(reuse_seed, "reuse seed"), inputs=[last_seeds], outputs=[seed, randomize],
                        **light)
         prompt.change(server.token_count, inputs=[prompt, style], outputs=[tokens], **light)
-        pasted_into = [prompt, negative, seed, randomize, guidance, steps, sampler, schedule, size, rng]  # (PASTED_FIELDS')
+        pasted_into = [prompt, negative, seed, randomize, guidance, steps, sampler, schedule, size, rng]  # (PASTED_FIELDS)
 
         def fill_from_pasted(text):
             form, notes = pasted_form(text, server.sizes, server.samplers)

@@ -112,8 +112,8 @@ def _generate(args: argparse.Namespace) -> int:
         negative = args.negative if args.negative or args.parameters is None else pasted.get("negative_prompt", "")
         given = lambda arg, field: getattr(args, arg) if getattr(args, arg) is not None else pasted.get(field)
         request = Request.of(prompt, negative, seed=given("seed", "seed"), guidance_scale=s["guidance"],
-                             steps=s["steps"], size=s["size"], sampler=s["sampler"], schedule=given("schedule", "schedule"),
-                             rng=given("rng", "rng"))
+                             steps=s["steps"], size=s["size"], sampler=s["sampler"],
+                             schedule=given("schedule", "schedule"), rng=given("rng", "rng"))
     except ValueError as e:
         return _fail(str(e))
     if args.images < 1:

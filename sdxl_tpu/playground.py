@@ -317,7 +317,8 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
                     image_format=args.image_format, drain_seconds=args.drain_seconds, metrics=args.metrics,
                     unet=chosen["unet"], timestep_spacing=chosen["spacing"], prediction_type=chosen["prediction_type"],
                     config=args.config, loras=loras, recipe=recipe, preview_every=args.preview_every,
-                    preview=args.preview, max_prompt_chunks=args.max_prompt_chunks, schedule=args.schedule, rng=args.rng)
+                    preview=args.preview, max_prompt_chunks=args.max_prompt_chunks, schedule=args.schedule,
+                    rng=args.rng)
 
 
 def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
@@ -461,7 +462,8 @@ class ModelInfo:
         samplers = names_in(data["samplers"], list(SAMPLERS), "samplers")
         if data["default_sampler"] not in samplers or data["preset"] not in (None, *RECIPES):
             raise ValueError("default_sampler must be one of the samplers, preset null or a known preset")
-        schedules, rngs = names_in(data["schedules"], list(SCHEDULES), "schedules"), names_in(data["rngs"], list(RNGS), "rngs")
+        schedules = names_in(data["schedules"], list(SCHEDULES), "schedules")
+        rngs = names_in(data["rngs"], list(RNGS), "rngs")
         if data["default_schedule"] not in schedules or data["default_rng"] not in rngs:
             raise ValueError("default_schedule must be one of the schedules and default_rng one of the rngs")
         count = data["images_per_call"]
