@@ -27,8 +27,9 @@ from starlette.routing import Mount
 from sdxl_tpu.compilation import enable_compile_cache, quiet_platforms
 from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
 from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sdxl_tpu.page import (CUSTOM, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS, RESTORE_HISTORY_JS,
-                           history_after, history_rows, matching_preset, pasted_form, size_choices)
+from sdxl_tpu.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS,
+                           RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, history_after, history_rows, matching_preset,
+                           pasted_form, schedule_choices, size_choices)
 from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, log_refusal, parse_settings, seed_at,
                                  serve_metrics_apart, style_description)
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
@@ -105,9 +106,13 @@ def build_demo(server: Server) -> gr.Blocks:
                                          info="; ".join(f"{r.name}: {r.summary}" for r in server.presets))
                     guidance = gr.Slider(*GUIDANCE_RANGE, value=guidance0, step=0.1, label="Guidance scale",
                                          elem_id="guidance")
+                    steps = gr.Slider(1, MAX_STEPS, value=steps0, step=1, label="Steps", elem_id="steps")
                     with gr.Row():
-                        steps = gr.Slider(1, MAX_STEPS, value=steps0, step=1, label="Steps", elem_id="steps")
                         sampler = gr.Dropdown(list(server.samplers), value=sampler0, label="Sampler", elem_id="sampler")
+                        schedule = gr.Dropdown(schedule_choices(server.schedules), value=server.default_schedule,
+                                               label="Schedule type", elem_id="schedule", info=SCHEDULE_INFO)
+                    rng = gr.Dropdown(list(server.rngs), value=server.default_rng, label="RNG", elem_id="rng",
+                                      info=RNG_INFO)
                 # Examples fill the prompt in the browser: no server event, nothing to call.
                 examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",
                                       type="index", elem_id="examples")
@@ -119,8 +124,8 @@ def build_demo(server: Server) -> gr.Blocks:
                     use_pasted = gr.Button("Fill the form", size="sm", elem_id="use-paste")
                     paste_notes = gr.Markdown("", elem_id="paste-notes")
                 history = gr.BrowserState([], storage_key="sdxl-tpu-history")
-                history_table = gr.Dataset(components=[gr.Textbox(visible=False), gr.Textbox(visible=False)],
-                                           headers=["Prompt", "Settings"], samples=[], type="index", layout="table",
+                history_table = gr.Dataset(components=[gr.Textbox(visible=False) for _ in HISTORY_HEADERS],
+                                           headers=HISTORY_HEADERS, samples=[], type="index", layout="table",
                                            samples_per_page=HISTORY_PER_PAGE, elem_id="history",
                                            label="History (kept in this browser; click a run to restore its settings)")
         # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery
@@ -128,7 +133,7 @@ def build_demo(server: Server) -> gr.Blocks:
         server.images = server.image_store(Path(get_upload_folder()),
                                            on_delete=lambda paths: gallery.temp_files.difference_update(paths))
         last_seeds = gr.State([])
-        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size]  # (a history entry's order)
+        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size, schedule, rng]  # (history order)
 
         # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
         # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
@@ -147,9 +152,9 @@ def build_demo(server: Server) -> gr.Blocks:
                 else:
                     yield update
 
-        def generate_in_page(prompt, negative, style, seed, randomize, guidance, steps, size, sampler, history,
-                             progress=gr.Progress()):
-            fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler)
+        def generate_in_page(prompt, negative, style, seed, randomize, guidance, steps, size, sampler, schedule, rng,
+                             history, progress=gr.Progress()):
+            fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler, schedule, rng)
             for update in run_updates(fields, progress, previews=True):
                 if update[0] == "preview":
                     yield update[1], *[gr.skip()] * 6
@@ -157,16 +162,19 @@ def build_demo(server: Server) -> gr.Blocks:
                     images, seeds, text, used_sampler = update[1:]
                     # The run joins the history, which the browser keeps (in and out with the call; the
                     # server stores no prompt).
+                    ran = dict(schedule=server.default_schedule if schedule is None else schedule,
+                               rng=server.default_rng if rng is None else rng)
                     kept = history_after(history, dict(prompt=prompt, negative=negative or "", style=style,
                                                        seed=seeds[0], guidance=guidance, steps=steps,
-                                                       sampler=used_sampler, size=size))
+                                                       sampler=used_sampler, size=size, **ran))
                     yield images, seeds, text, "", seeds[0], kept, gr.Dataset(samples=history_rows(kept))
 
-        def generate(prompt, negative, style, seed, randomize, guidance, steps, size, sampler=None,
-                     progress=gr.Progress()):
+        def generate(prompt, negative, style, seed, randomize, guidance, steps, size, sampler=None, schedule=None,
+                     rng=None, progress=gr.Progress()):
             """The API: the four images and the timing line (progress per step, no previews; a plain
-            function: a generator would cost every call a few more messages and thread hops)."""
-            fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler)
+            function: a generator would cost every call a few more messages and thread hops). The last
+            three may be left out: the model's sampler, the server's Schedule type and RNG."""
+            fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler, schedule, rng)
             *_, (_, images, _, text, _) = run_updates(fields, progress, previews=False)  # (run to its end: counted)
             return images, text
 
@@ -176,7 +184,7 @@ def build_demo(server: Server) -> gr.Blocks:
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
         # more chips than a request has images); the rest wait in Gradio's bounded queue. The page
         # and the API are two events of one queue; the page's also updates the form and the history.
-        queued = dict(inputs=[prompt, negative, style, seed, randomize, guidance, steps, size, sampler],
+        queued = dict(inputs=[prompt, negative, style, seed, randomize, guidance, steps, size, sampler, schedule, rng],
                       preprocess=False, concurrency_id="generate", concurrency_limit=server.concurrency,
                       show_progress_on=[run_status])
         generating = gr.on([prompt.submit, negative.submit, run.click],
@@ -213,7 +221,7 @@ def build_demo(server: Server) -> gr.Blocks:
         gallery.select(gradio_handler(reuse_seed, "reuse seed"), inputs=[last_seeds], outputs=[seed, randomize],
                        **light)
         prompt.change(server.token_count, inputs=[prompt, style], outputs=[tokens], **light)
-        pasted_into = [prompt, negative, seed, randomize, guidance, steps, sampler, size]  # (PASTED_FIELDS' order)
+        pasted_into = [prompt, negative, seed, randomize, guidance, steps, sampler, schedule, size, rng]  # (PASTED_FIELDS)
 
         def fill_from_pasted(text):
             form, notes = pasted_form(text, server.sizes, server.samplers)

@@ -1,7 +1,7 @@
 """Command line.
 
     python -m sdxl_tpu generate "a photo of a cat" --negative "blurry" --seed 7 --steps 20 \\
-        --guidance 5 --sampler "DPM++ 2M Karras" --size 1024x1024 \\
+        --guidance 5 --sampler "DPM++ 2M" --schedule Karras --rng CPU --size 1024x1024 \\
         --model stabilityai/stable-diffusion-xl-base-1.0 --lora style.safetensors:0.8 --out DIR
     python -m sdxl_tpu make-tiny DIR
     python -m sdxl_tpu serve --model tiny --host 127.0.0.1 --port 8000   # the HTTP back end
@@ -22,6 +22,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+
     parser = _Parser(prog="python -m sdxl_tpu", description="Stable Diffusion XL in JAX.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -35,8 +37,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", default=None, help="the prompt (or from --parameters)")
     gen.add_argument("--parameters", default=None, metavar="TEXT",
                      help="an AUTOMATIC1111 parameters text (as its PNG Info shows it, or as our images carry it): "
-                          "prompt, negative prompt, steps, sampler, CFG scale, seed and size; options given "
-                          "explicitly win; what it says that is not used is listed")
+                          "prompt, negative prompt, steps, sampler, Schedule type, CFG scale, seed, size and RNG; "
+                          "options given explicitly win; what it says that is not used is listed")
     gen.add_argument("--negative", default="", help="negative prompt")
     gen.add_argument("--seed", type=int, default=None, help="base seed; image i gets seed + i (default: random)")
     gen.add_argument("--preset", default=None,
@@ -45,7 +47,14 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--steps", type=int, default=None, help="default 20")
     gen.add_argument("--guidance", type=float, default=None, help="default 5")
     gen.add_argument("--sampler", default=None,
-                     help="Euler, Euler a, DPM++ 2M or DPM++ 2M Karras (default: the checkpoint's scheduler)")
+                     help=f"one of {', '.join(SAMPLERS)} (AUTOMATIC1111's names; default: the checkpoint's scheduler)")
+    gen.add_argument("--schedule", default=None, choices=list(SCHEDULES), metavar="SCHEDULE",
+                     help=f"Schedule type: {', '.join(SCHEDULES)} (default {DEFAULT_SCHEDULE}: the checkpoint's "
+                          "scheduler config as diffusers runs it; Automatic: each sampler's AUTOMATIC1111 default; "
+                          "the others are AUTOMATIC1111's)")
+    gen.add_argument("--rng", default=None, choices=list(RNGS),
+                     help=f"where the noise comes from: {DEFAULT_RNG} (default) or CPU (PyTorch's CPU generator per "
+                          "image seed, as AUTOMATIC1111's RNG CPU and ComfyUI draw it)")
     gen.add_argument("--size", default=None, help="WIDTHxHEIGHT (default 1024x1024)")
     gen.add_argument("--images", type=int, default=4,
                      help="images to make in one call (the compiled batch is rounded up to the device count)")
@@ -90,7 +99,7 @@ def _generate(args: argparse.Namespace) -> int:
     from .images import save_png
     from .pipeline import GenerationError, load_pipeline
     from .recipes import recipe_named, settle
-    from .request import Request
+    from .request import Request, schedule_input
 
     try:  # the request is checked before anything is loaded
         pasted = _pasted(args.parameters)
@@ -101,8 +110,10 @@ def _generate(args: argparse.Namespace) -> int:
                                               ("guidance", "guidance", "guidance_scale"), ("size", "size", "size"))})
         prompt = args.prompt if args.prompt is not None else pasted.get("prompt", "")
         negative = args.negative if args.negative or args.parameters is None else pasted.get("negative_prompt", "")
-        request = Request.of(prompt, negative, seed=args.seed if args.seed is not None else pasted.get("seed"),
-                             guidance_scale=s["guidance"], steps=s["steps"], size=s["size"], sampler=s["sampler"])
+        given = lambda arg, field: getattr(args, arg) if getattr(args, arg) is not None else pasted.get(field)
+        request = Request.of(prompt, negative, seed=given("seed", "seed"), guidance_scale=s["guidance"],
+                             steps=s["steps"], size=s["size"], sampler=s["sampler"],
+                             schedule=given("schedule", "schedule"), rng=given("rng", "rng"))
     except ValueError as e:
         return _fail(str(e))
     if args.images < 1:
@@ -113,6 +124,8 @@ def _generate(args: argparse.Namespace) -> int:
                              step_progress=False, attention=args.attention, unet=s["unet"],
                              timestep_spacing=s["spacing"], prediction_type=s["prediction_type"], config=args.config,
                              loras=args.lora)
+        if request.sampler is None:  # the checkpoint's own sampler: its schedule is checked now it is known
+            schedule_input(pipe.default_sampler, request.schedule)
         result = pipe.run(request, images=args.images)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))

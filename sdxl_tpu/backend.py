@@ -1,10 +1,13 @@
 """The back end: one compiled pipeline served over plain HTTP, stateless per request, for a load
 balancer to spread requests over many hosts (`python -m sdxl_tpu serve`).
 
-    POST /v1/generate   JSON {prompt, negative_prompt, seed, guidance_scale, steps, size, sampler}
-                        -> {images: [base64 files], parameters: [text], seeds, sampler, timings, format}
+    POST /v1/generate   JSON {prompt, negative_prompt, seed, guidance_scale, steps, size, sampler, schedule, rng,
+                              parameters}
+                        -> {images: [base64 files], parameters: [text], seeds, sampler, schedule, rng, timings,
+                            format}
                         (Accept: text/event-stream: progress events, then the result as an event)
-    GET  /v1/info       what it serves: model, sizes, samplers, presets, images per call (503 until warm)
+    GET  /v1/info       what it serves: model, sizes, samplers, schedules, rngs, presets, images per call
+                        (503 until warm)
     GET  /healthz       the process is alive
     GET  /readyz        200 once warm; 503 while loading and while draining
     GET  /metrics       Prometheus text (--metrics)
@@ -47,7 +50,8 @@ from .serving import DrainingServer, Generated, QueueFull, ShuttingDown, StillCo
 
 log = logging.getLogger("sdxl_tpu.backend")
 
-FIELDS = ("prompt", "negative_prompt", "seed", "guidance_scale", "steps", "size", "sampler", "parameters")
+FIELDS = ("prompt", "negative_prompt", "seed", "guidance_scale", "steps", "size", "sampler", "schedule", "rng",
+          "parameters")
 MAX_BODY_BYTES = 64 << 10  # two prompts of at most ~1,300 characters, JSON-escaped, fit many times over
 KEEPALIVE_SECONDS = 1.0  # a streaming caller hears from us this often (and can tell we are alive)
 RETRY_AFTER = {"busy": 1, "draining": 1, "loading": 5}  # seconds, for 503s
@@ -86,7 +90,8 @@ async def read_body(http: HTTPRequest, limit: int = MAX_BODY_BYTES) -> bytes:
 def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
     """The body as one checked Request (fields named as Pipeline.generate's arguments) and notes on
     what an A1111 `parameters` text said that is not used; fields given explicitly win over that
-    text, what is left out takes the server's defaults (the launch preset's steps, guidance, sampler)."""
+    text, what is left out takes the server's defaults (the launch preset's steps, guidance, sampler;
+    --schedule and --rng). The Schedule type is checked with the sampler that runs."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
@@ -106,19 +111,21 @@ def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
         raise Refused(422, "The field 'prompt' is required.")
     server.check_size(data.get("size"))
     recipe = server.recipe
-    sampler = data.get("sampler")
+    sampler, schedule, rng = data.get("sampler"), data.get("schedule"), data.get("rng")
     return Request.of(data["prompt"], data.get("negative_prompt", ""), seed=data.get("seed"),
                       guidance_scale=data.get("guidance_scale", recipe.guidance if recipe else 5.0),
                       steps=data.get("steps", recipe.steps if recipe else 20),
                       size=data.get("size", server.sizes[0]), sizes=server.sizes,
                       sampler=server.default_sampler if sampler is None else sampler, samplers=server.samplers,
-                      max_chars=MAX_STYLED_PROMPT_CHARS), notes
+                      schedule=server.default_schedule if schedule is None else schedule,
+                      rng=server.default_rng if rng is None else rng, max_chars=MAX_STYLED_PROMPT_CHARS), notes
 
 
 def result_json(made: Generated, image_format: str, notes: list[str] | None = None) -> dict[str, Any]:
     """The answer; `notes` (what a pasted parameters text said that was not used) when there was one."""
     return {"images": [base64.b64encode(f).decode("ascii") for f in made.files], "parameters": made.parameters,
-            "seeds": made.seeds, "sampler": made.sampler, "format": image_format,
+            "seeds": made.seeds, "sampler": made.sampler, "schedule": made.schedule, "rng": made.rng,
+            "format": image_format,
             "timings": {k: round(v, 4) for k, v in made.timings.items()}, **({"notes": notes} if notes else {})}
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .request import schedule_used
 from .version import VERSION
 
 if TYPE_CHECKING:
@@ -58,16 +59,24 @@ def file_hash(path: str | os.PathLike, digits: int) -> str:
 
 def parameters_text(info: "ImageInfo", stamp: Stamp | str) -> str:
     """AUTOMATIC1111's "parameters" text: prompt (with a `<lora:name:scale>` tag per LoRA, as A1111
-    users apply them), negative prompt, then the settings line."""
+    users apply them), negative prompt, then the settings line:
+
+        Steps: 20, Sampler: Euler, Schedule type: Karras, CFG scale: 5, Seed: 7, Size: 1024x1024,
+        Model: sd_xl_base_1.0, RNG: CPU, Version: sdxl-tpu 0.1.0
+    """
     stamp = Stamp(stamp) if isinstance(stamp, str) else stamp
     lines = [info.prompt + "".join(f" <lora:{name}:{scale:g}>" for name, scale, _ in stamp.loras)]
     if info.negative_prompt:
         lines.append(f"Negative prompt: {info.negative_prompt}")
-    settings = [f"Steps: {info.steps}", f"Sampler: {info.sampler}", f"CFG scale: {info.guidance_scale:g}",
+    # Where A1111 puts them: the schedule right after the sampler, the noise source after the model.
+    # Both always, so the text says what ran ("Checkpoint" and "JAX" are this server's own).
+    settings = [f"Steps: {info.steps}", f"Sampler: {info.sampler}",
+                f"Schedule type: {schedule_used(info.sampler, info.schedule)}", f"CFG scale: {info.guidance_scale:g}",
                 f"Seed: {info.seed}", f"Size: {info.size[0]}x{info.size[1]}"]
     if stamp.model_hash:
         settings.append(f"Model hash: {stamp.model_hash}")
     settings.append(f"Model: {stamp.model}")
+    settings.append(f"RNG: {info.rng}")
     if stamp.loras:
         settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')
     settings.append(f"Version: sdxl-tpu {VERSION}")

@@ -2,7 +2,7 @@
 
     a cat <lora:style:0.8>                      prompt (any number of lines)
     Negative prompt: blurry                     negative prompt (from here to the settings line)
-    Steps: 20, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 1024x1024, Model: sd_xl_base_1.0
+    Steps: 20, Sampler: Euler a, Schedule type: Karras, CFG scale: 7, Seed: 5, Size: 1024x1024, RNG: CPU
 
 The last line holds the settings when it has at least three "Key: value" pairs, as A1111 decides;
 a value may be quoted ("a, b"). `request_fields` turns the settings into this server's request
@@ -18,15 +18,24 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from .request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, RequestError, format_size, number_input, shown
-from .scheduler import MAX_STEPS
+from .request import (GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, RequestError, format_size, number_input,
+                      schedule_input, shown)
+from .scheduler import DEFAULT_RNG, MAX_STEPS, RNGS, SCHEDULES
 
 MAX_PARAMETERS_CHARS = 3 * MAX_PROMPT_CHARS  # prompt, negative prompt and the settings line
 _SETTING = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 _EXTRA_NETWORK = re.compile(r"<(lora|lyco|hypernet):([^:>]+)(?::[^>]*)?>", re.I)
 # Used: prompt and negative prompt, and these settings. A1111 writes the schedule apart from the
-# sampler since 1.9 ("Sampler: DPM++ 2M, Schedule type: Karras").
-USED = ("Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size")
+# sampler since 1.9 ("Sampler: DPM++ 2M, Schedule type: Karras"), and "RNG" only when it is not
+# its default (GPU) noise.
+USED = ("Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "RNG")
+# Schedule types by A1111's labels in any case, and ComfyUI's names of the same schedules
+# ("sgm_uniform"; "normal" is A1111's Uniform: the model's timesteps evenly from the last to the
+# first, sigmas interpolated in log sigma, as k-diffusion's get_sigmas makes them).
+SCHEDULE_NAMES = {**{name.lower(): name for name in SCHEDULES}, "sgm_uniform": "SGM Uniform", "normal": "Uniform"}
+OUR_VERSION = "sdxl-tpu"  # what our texts' "Version" starts with
+NOT_REPRODUCIBLE = ("Not reproducible here: A1111's {what}, so RNG {rng} is used; A1111's CPU noise is "
+                    "(RNG CPU).")
 
 
 @dataclass(frozen=True)
@@ -66,9 +75,15 @@ def parse(text: str) -> Parameters:
 
 
 def request_fields(parsed: Parameters, sizes: list[tuple[int, int]], samplers: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """The request fields a pasted text gives (prompt, negative_prompt, steps, sampler,
-    guidance_scale, seed, size), and a note for everything it says that is not used: unknown
-    keys, values out of range, a size or sampler this server does not offer, LoRA tags."""
+    """The request fields a pasted text gives (prompt, negative_prompt, steps, sampler, schedule,
+    guidance_scale, seed, size, rng), and a note for everything it says that is not used: unknown
+    keys, values out of range, a size, sampler or schedule this server does not offer (or a
+    sampler does not run on), noise it cannot reproduce, LoRA tags.
+
+    Given a settings line, the schedule and the noise source are always filled, as the text's
+    author ran them: without a "Schedule type", A1111's Automatic (it writes none for that), or for
+    our own older texts (their Version says sdxl-tpu) the checkpoint's schedule; without an "RNG",
+    JAX (A1111's default GPU noise cannot be reproduced: said in a note)."""
     fields: dict[str, Any] = {}
     notes: list[str] = []
     prompt, tags = _without_extra_networks(parsed.prompt)
@@ -89,16 +104,58 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]], samplers: l
     take("CFG scale", lambda v: {"guidance_scale": float(number_input(_number(v), "CFG scale", *GUIDANCE_RANGE))})
     take("Seed", lambda v: {"seed": int(number_input(_number(v), "Seed", 0, MAX_SEED, whole=True))})
     take("Size", lambda v: {"size": _size(v, sizes)})
-    if "Sampler" in s:
-        name = s["Sampler"] + ("" if s.get("Schedule type", "Automatic") in ("Automatic", "") else f" {s['Schedule type']}")
-        if name in samplers:
-            fields["sampler"] = name
-        else:
-            notes.append(f"Not used: Sampler: {shown(name)} (this server offers {', '.join(samplers)}).")
+    if s:
+        ours = s.get("Version", "").startswith(OUR_VERSION)
+        _sampler_and_schedule(s, samplers, "Checkpoint" if ours else "Automatic", fields, notes)
+        _rng(s.get("RNG"), ours, fields, notes)
     unused = [key for key in s if key not in USED]
     if unused:
         notes.append(f"Not used here: {', '.join(shown(k, 30)[1:-1] for k in unused)}.")
     return fields, notes
+
+
+def _sampler_and_schedule(s: dict[str, str], samplers: list[str], unnamed: str, fields: dict[str, Any],
+                          notes: list[str]) -> None:
+    """Sampler and Schedule type (`unnamed` where the text names none). An old A1111 name that
+    ends in a schedule ("DPM++ 2M SDE Exponential", before 1.9) is the sampler with that schedule,
+    as A1111 reads it, unless it is a sampler of its own here ("DPM++ 2M Karras")."""
+    sampler = s.get("Sampler")
+    schedule = SCHEDULE_NAMES.get(s["Schedule type"].strip().lower()) if "Schedule type" in s else unnamed
+    if "Schedule type" in s and schedule is None:
+        notes.append(f"Not used: Schedule type: {shown(s['Schedule type'])} (this server offers "
+                     f"{', '.join(SCHEDULES)}).")
+    if sampler is not None and sampler not in samplers:
+        base, _, suffix = sampler.rpartition(" ")
+        if base in samplers and suffix.lower() in SCHEDULE_NAMES:
+            sampler, schedule = base, SCHEDULE_NAMES[suffix.lower()]
+        else:
+            notes.append(f"Not used: Sampler: {shown(sampler)} (this server offers {', '.join(samplers)}).")
+            sampler = None
+    if sampler is not None:
+        fields["sampler"] = sampler
+    if schedule is not None:
+        try:
+            if sampler is not None:
+                schedule_input(sampler, schedule)
+            fields["schedule"] = schedule
+        except RequestError as e:
+            notes.append(f"Not used: Schedule type: {shown(schedule)} ({str(e).rstrip('.')}).")
+
+
+def _rng(value: str | None, ours: bool, fields: dict[str, Any], notes: list[str]) -> None:
+    """The noise source: "CPU" (A1111's CPU source, ComfyUI's) or ours ("JAX"); anything else is
+    noise that cannot be made here (A1111's GPU default, NVIDIA's "NV"): JAX, with a note."""
+    name = value.strip().upper() if value is not None else None
+    if name in RNGS:
+        fields["rng"] = name
+        return
+    fields["rng"] = DEFAULT_RNG
+    if (value is None and not ours) or name == "GPU":
+        notes.append(NOT_REPRODUCIBLE.format(what="default noise source (GPU)", rng=DEFAULT_RNG))
+    elif name == "NV":
+        notes.append(NOT_REPRODUCIBLE.format(what="RNG NV (NVIDIA's GPU noise)", rng=DEFAULT_RNG))
+    elif value is not None:
+        notes.append(f"Not used: RNG: {shown(value)} (this server offers {', '.join(RNGS)}; {DEFAULT_RNG} is used).")
 
 
 def _number(text: str) -> float:

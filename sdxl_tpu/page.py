@@ -9,12 +9,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from .request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, format_size
-from .scheduler import MAX_STEPS
+from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE, MAX_STEPS, RNGS, SCHEDULES
 
 HISTORY_LENGTH = 24  # runs kept in the browser, newest first
 HISTORY_PER_PAGE = 12
 CUSTOM = "Custom"  # the preset menu's entry when the form matches no preset
-HISTORY_FIELDS = ("prompt", "negative", "style", "seed", "guidance", "steps", "sampler", "size")
+HISTORY_FIELDS = ("prompt", "negative", "style", "seed", "guidance", "steps", "sampler", "size", "schedule", "rng")
+# How the Schedule type menu names its entries (the others by their own names, A1111's).
+SCHEDULE_LABELS = {"Checkpoint": "Checkpoint (as diffusers runs it)", "Automatic": "Automatic (A1111's per sampler)"}
+SCHEDULE_INFO = "Checkpoint: the model's own scheduler, as diffusers runs it; the others are A1111's."
+RNG_INFO = ("Where the noise comes from: JAX (fast, on the chips), or CPU: PyTorch's CPU noise, as A1111 (RNG CPU) "
+            "and ComfyUI draw it.")
 _COMMON_RATIOS = {(1, 1), (5, 4), (4, 3), (3, 2), (16, 9), (2, 1), (21, 9)}
 
 
@@ -42,6 +47,11 @@ def size_choices(sizes: Sequence[tuple[int, int]]) -> list[tuple[str, str]]:
     return [(size_label(s), format_size(s)) for s in sizes]
 
 
+def schedule_choices(schedules: Sequence[str]) -> list[tuple[str, str]]:
+    """(label, value) pairs for the Schedule type menu; the value is what a request sends."""
+    return [(SCHEDULE_LABELS.get(name, name), name) for name in schedules]
+
+
 def matching_preset(presets: dict[str, Sequence[Any]], steps: Any, sampler: Any, guidance: Any) -> str:
     """The preset whose (steps, sampler, guidance) the form holds, else CUSTOM."""
     for name, (p_steps, p_sampler, p_guidance) in presets.items():
@@ -66,8 +76,14 @@ def history_entry(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         return None
     entry = {key: value.get(key) for key in HISTORY_FIELDS}
+    # Runs kept before the schedule and the noise source were chosen ran on these.
+    entry["schedule"] = value.get("schedule", DEFAULT_SCHEDULE)
+    entry["rng"] = value.get("rng", DEFAULT_RNG)
     texts = ("prompt", "negative", "style", "sampler", "size")
     if not all(isinstance(entry[k], str) and len(entry[k]) <= MAX_PROMPT_CHARS for k in texts) or not entry["prompt"]:
+        return None
+    if not (isinstance(entry["schedule"], str) and entry["schedule"] in SCHEDULES and isinstance(entry["rng"], str)
+            and entry["rng"] in RNGS):
         return None
     whole = lambda v, low, high: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
     number = lambda v, low, high: isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high
@@ -88,26 +104,35 @@ def history_after(history: Any, run: Any) -> list[dict[str, Any]]:
     return kept[:HISTORY_LENGTH]
 
 
+HISTORY_HEADERS = ["Prompt", "Settings", "Sampler"]
+
+
 def history_rows(history: Any) -> list[list[str]]:
-    """The history as the page's table shows it: prompt, and the settings in one line."""
+    """The history as the page's table shows it (HISTORY_HEADERS; the page shows 60 characters of
+    each): prompt; seed, steps, guidance, size and style; the sampler, with the Schedule type and
+    the noise source where they are not the defaults."""
     rows = []
     for e in history_after(history, None):
-        settings = (f"seed {e['seed']} · {e['steps']} steps {e['sampler']} · CFG {e['guidance']:g} · "
-                    f"{e['size']}" + (f" · {e['style']}" if e["style"] != "(No style)" else ""))
-        rows.append([e["prompt"] + (f"  —  not: {e['negative']}" if e["negative"] else ""), settings])
+        settings = (f"seed {e['seed']} · {e['steps']} steps · CFG {e['guidance']:g} · {e['size']}"
+                    + (f" · {e['style']}" if e["style"] != "(No style)" else ""))
+        sampler = (e["sampler"] + (f", {e['schedule']} schedule" if e["schedule"] != DEFAULT_SCHEDULE else "")
+                   + (f" · {e['rng']} noise" if e["rng"] != DEFAULT_RNG else ""))
+        rows.append([e["prompt"] + (f"  —  not: {e['negative']}" if e["negative"] else ""), settings, sampler])
     return rows
 
 
 # Clicking a history row fills the form from the browser's copy of the run (no server event);
-# the seed is fixed (randomize off) so the run comes out the same.
+# the seed is fixed (randomize off) so the run comes out the same. (A run kept before the
+# schedule and the noise source were chosen ran on the defaults.)
 RESTORE_HISTORY_JS = """(index, history, ...form) => {
   const e = Array.isArray(history) ? history[index] : undefined;
   if (!e) return form;
-  return [e.prompt, e.negative, e.style, e.seed, false, e.guidance, e.steps, e.sampler, e.size];
-}"""
+  return [e.prompt, e.negative, e.style, e.seed, false, e.guidance, e.steps, e.sampler, e.size,
+          e.schedule || DEFAULT_SCHEDULE, e.rng || DEFAULT_RNG];
+}""".replace("DEFAULT_SCHEDULE", f'"{DEFAULT_SCHEDULE}"').replace("DEFAULT_RNG", f'"{DEFAULT_RNG}"')
 
 
-PASTED_FIELDS = ("prompt", "negative", "seed", "randomize", "guidance", "steps", "sampler", "size")
+PASTED_FIELDS = ("prompt", "negative", "seed", "randomize", "guidance", "steps", "sampler", "schedule", "size", "rng")
 
 
 def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str]) -> tuple[dict[str, Any], str]:
@@ -120,10 +145,12 @@ def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[
         fields, notes = request_fields(parse(text), list(sizes), list(samplers))
     except RequestError as e:
         return {}, f"⚠️ {e}"
-    if not fields["prompt"] and len(fields) == 2 and not fields["negative_prompt"]:
+    if not fields["prompt"] and not fields["negative_prompt"] and not set(fields) - {"prompt", "negative_prompt",
+                                                                                     "schedule", "rng"}:
         return {}, "⚠️ Nothing to use: paste a parameters text (the prompt, \"Negative prompt: ...\", then \"Steps: ..., Seed: ...\")."
     form = {"prompt": fields["prompt"], "negative": fields["negative_prompt"]}
-    names = {"seed": "seed", "guidance_scale": "guidance", "steps": "steps", "sampler": "sampler"}
+    names = {"seed": "seed", "guidance_scale": "guidance", "steps": "steps", "sampler": "sampler",
+             "schedule": "schedule", "rng": "rng"}
     form.update({names[k]: v for k, v in fields.items() if k in names})
     if "seed" in form:
         form["randomize"] = False

@@ -29,9 +29,9 @@ from .pipeline import Cancelled, GenerationError, Pipeline, call_batch, load_pip
 from .recipes import BASE, RECIPES, SAMPLING, Recipe, recipe_named, settle
 from .remote import Unavailable, check_backend_url
 from .request import (MAX_PROMPT_CHARS, MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
-                      number_input, parse_size, text_input)
+                      number_input, parse_size, schedule_input, schedule_used, text_input)
 from .prompts import CHUNK_TOKENS, DEFAULT_MAX_CHUNKS, MAX_CHUNKS, chunk_prompt
-from .scheduler import SAMPLERS
+from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
 from .serving import SHUTTING_DOWN, Batcher, Generated, Job, QueueFull, ShuttingDown, StillCompiling, never
 from .taesd import PreviewDecoderError
 
@@ -182,6 +182,8 @@ class Settings:
     preview: str = "approx"  # how previews are decoded: approx, taesd, or a TAESD checkpoint
     backend: str | None = None  # a front end's back-end URL: generations are sent there, no model is loaded
     max_prompt_chunks: int = DEFAULT_MAX_CHUNKS  # the longest prompt, in chunks of 75 tokens
+    schedule: str = DEFAULT_SCHEDULE  # the Schedule type of a request that names none (the page's default)
+    rng: str = DEFAULT_RNG  # the noise source of a request that names none (the page's default)
 
 
 # SDXL's trained sizes (about a megapixel each): the first is compiled before the app is ready, the
@@ -232,6 +234,14 @@ def add_settings_arguments(parser: argparse.ArgumentParser, env: dict[str, str])
                         metavar="N", help=f"the longest prompt, in chunks of 75 tokens as A1111 splits them (default "
                                           f"{DEFAULT_MAX_CHUNKS}: 225 tokens); every program has room for N, so no "
                                           f"prompt recompiles (env SDXL_MAX_PROMPT_CHUNKS)")
+    parser.add_argument("--schedule", default=env.get("SDXL_SCHEDULE") or DEFAULT_SCHEDULE, choices=list(SCHEDULES),
+                        help=f"the Schedule type of requests that name none, and the page's default (env "
+                             f"SDXL_SCHEDULE; default {DEFAULT_SCHEDULE}: the checkpoint's scheduler config as "
+                             f"diffusers runs it; the others are AUTOMATIC1111's)")
+    parser.add_argument("--rng", default=env.get("SDXL_RNG") or DEFAULT_RNG, choices=list(RNGS),
+                        help=f"where the noise of requests that name none comes from, and the page's default (env "
+                             f"SDXL_RNG; default {DEFAULT_RNG}; CPU: PyTorch's CPU generator, as A1111's CPU source "
+                             f"and ComfyUI draw it)")
     parser.add_argument("--unet", default=env.get("SDXL_UNET") or None,
                         help="UNet weights file instead of the model's (diffusers names, one .safetensors; local or "
                              "owner/repo/file.safetensors, e.g. SDXL-Lightning's) (env SDXL_UNET)")
@@ -284,7 +294,15 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
         parser.error("--queue-size must be at least 1")
     if not 1 <= args.max_prompt_chunks <= MAX_CHUNKS:
         parser.error(f"--max-prompt-chunks must be from 1 to {MAX_CHUNKS}")
+    for option, value, choices in (("--schedule", args.schedule, SCHEDULES), ("--rng", args.rng, RNGS)):
+        if value not in choices:  # (from the environment: argparse checks only what is given on the line)
+            parser.error(f"{option} must be one of {', '.join(choices)}, got {value!r}")
     recipe = recipe_named(args.preset) if args.preset else None
+    if recipe is not None:
+        try:
+            schedule_input(recipe.sampler, args.schedule)
+        except RequestError as e:
+            parser.error(f"--schedule {args.schedule} with --preset {recipe.name}: {e}")
     chosen = settle(recipe, model=args.model, unet=args.unet, spacing=args.spacing,
                     prediction_type=args.prediction_type)
     loras = args.lora or [spec.strip() for spec in args.lora_env.split(",") if spec.strip()]
@@ -299,7 +317,8 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
                     image_format=args.image_format, drain_seconds=args.drain_seconds, metrics=args.metrics,
                     unet=chosen["unet"], timestep_spacing=chosen["spacing"], prediction_type=chosen["prediction_type"],
                     config=args.config, loras=loras, recipe=recipe, preview_every=args.preview_every,
-                    preview=args.preview, max_prompt_chunks=args.max_prompt_chunks)
+                    preview=args.preview, max_prompt_chunks=args.max_prompt_chunks, schedule=args.schedule,
+                    rng=args.rng)
 
 
 def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
@@ -369,18 +388,26 @@ def apply_style(style: Any, prompt: str, negative: str) -> tuple[str, str]:
     return template.replace("{prompt}", prompt), ", ".join(p for p in (style_negative, negative) if p)
 
 
+# The form's fields, in the order the page and the API send them (the last two may be left out).
+FORM_FIELDS = ("prompt", "negative", "style", "seed", "randomize", "guidance", "steps", "size", "sampler", "schedule",
+               "rng")
+
+
 def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, guidance: Any, steps: Any,
-             size: Any, sampler: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str] = SAMPLERS) -> Request:
+             size: Any, sampler: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str] = SAMPLERS, *,
+             schedule: Any = None, rng: Any = None) -> Request:
     """The playground's fields, as a client sent them (JSON values), as one checked Request with
     the style applied. A form has one value per field: lists are refused, not taken per image.
-    A sampler of None (an API caller that leaves it out) is the model's default."""
+    A sampler of None (an API caller that leaves it out) is the model's default; a schedule or
+    rng of None, DEFAULT_SCHEDULE and DEFAULT_RNG."""
     style_entry(style)  # an unknown style is refused before the rest is checked
     if not isinstance(randomize, bool):
         raise RequestError(f"Randomize seed must be true or false, got {json_type(randomize)}.")
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
         number_input(seed, "Seed", 0, MAX_SEED, whole=True)
     request = Request.of(prompt, negative, seed=None if randomize else seed, guidance_scale=guidance, steps=steps,
-                         size=size, sizes=sizes, sampler=sampler, samplers=samplers, per_image=False)
+                         size=size, sizes=sizes, sampler=sampler, samplers=samplers, schedule=schedule, rng=rng,
+                         per_image=False)
     # The style wraps what the user typed (their text is what the length limit applies to).
     prompt, negative = apply_style(style, request.prompt, request.negative_prompt)
     return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)
@@ -403,6 +430,10 @@ class ModelInfo:
     images_per_call: int
     image_format: str
     max_prompt_chunks: int
+    schedules: list[str]
+    default_schedule: str  # of a request that names none (the page's default)
+    rngs: list[str]
+    default_rng: str
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes]}
@@ -431,6 +462,10 @@ class ModelInfo:
         samplers = names_in(data["samplers"], list(SAMPLERS), "samplers")
         if data["default_sampler"] not in samplers or data["preset"] not in (None, *RECIPES):
             raise ValueError("default_sampler must be one of the samplers, preset null or a known preset")
+        schedules = names_in(data["schedules"], list(SCHEDULES), "schedules")
+        rngs = names_in(data["rngs"], list(RNGS), "rngs")
+        if data["default_schedule"] not in schedules or data["default_rng"] not in rngs:
+            raise ValueError("default_schedule must be one of the schedules and default_rng one of the rngs")
         count = data["images_per_call"]
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1024:
             raise ValueError("images_per_call must be a whole number from 1 to 1024")
@@ -441,7 +476,9 @@ class ModelInfo:
             raise ValueError(f"max_prompt_chunks must be a whole number from 1 to {MAX_CHUNKS}")
         return ModelInfo(model=data["model"], sizes=sizes, samplers=samplers, default_sampler=data["default_sampler"],
                          preset=data["preset"], presets=names_in(data["presets"], list(RECIPES), "presets"),
-                         images_per_call=count, image_format=data["image_format"], max_prompt_chunks=chunks)
+                         images_per_call=count, image_format=data["image_format"], max_prompt_chunks=chunks,
+                         schedules=schedules, default_schedule=data["default_schedule"], rngs=rngs,
+                         default_rng=data["default_rng"])
 
 
 def offered_presets(recipe: Recipe | None) -> list[str]:
@@ -592,7 +629,10 @@ class Server:
                          default_sampler=recipe.sampler if recipe is not None else pipe.default_sampler,
                          preset=recipe.name if recipe is not None else None, presets=offered_presets(recipe),
                          images_per_call=self.settings.images_per_call, image_format=self.settings.image_format,
-                         max_prompt_chunks=pipe.max_prompt_chunks)
+                         max_prompt_chunks=pipe.max_prompt_chunks,
+                         # (every Schedule type and noise source, unless the pipeline says otherwise)
+                         schedules=list(getattr(pipe, "schedules", SCHEDULES)), default_schedule=self.settings.schedule,
+                         rngs=list(getattr(pipe, "rngs", RNGS)), default_rng=self.settings.rng)
 
     def _connect(self) -> None:
         from .remote import Backend
@@ -652,6 +692,24 @@ class Server:
     @property
     def samplers(self) -> list[str]:
         return list(self.info.samplers if self.info else SAMPLERS)
+
+    @property
+    def schedules(self) -> list[str]:
+        return list(self.info.schedules if self.info else SCHEDULES)
+
+    @property
+    def rngs(self) -> list[str]:
+        return list(self.info.rngs if self.info else RNGS)
+
+    @property
+    def default_schedule(self) -> str:
+        """The Schedule type of a request that names none (the back end's, for a front end)."""
+        return self.info.default_schedule if self.info is not None else self.settings.schedule
+
+    @property
+    def default_rng(self) -> str:
+        """The noise source of a request that names none (the back end's, for a front end)."""
+        return self.info.default_rng if self.info is not None else self.settings.rng
 
     @property
     def image_format(self) -> str:
@@ -734,7 +792,7 @@ class Server:
 
     def stream(self, fields: Sequence[Any], abandoned: Callable[[], bool] | None = None,
                queued_at: float | None = None, previews: bool = True) -> Iterator[tuple]:
-        """One /generate call, from the form's fields as the client sent them (see `validate`),
+        """One /generate call, from the form's fields as the client sent them (see `validate_form`),
         as what the page shows while it runs, in order:
             ("progress", step, steps)            after each denoising step
             ("preview", [(path, caption)])       live previews of the four images (if `previews`)
@@ -745,12 +803,26 @@ class Server:
         gone = lambda: closed.is_set() or (abandoned is not None and bool(abandoned()))
         with self.counted(time.monotonic() if queued_at is None else queued_at):
             try:
-                self.check_size(fields[7] if len(fields) > 7 else None)
-                request = validate(*fields, self.sizes, self.samplers)
+                request = self.validate_form(fields)
                 yield from self._updates(request, gone, previews)
             except GeneratorExit:
                 closed.set()
                 raise
+
+    def validate_form(self, fields: Sequence[Any]) -> Request:
+        """The form's fields as a client sent them (FORM_FIELDS' order; without a schedule or rng,
+        or with null, this server's defaults) as a checked Request (see `validate`), its Schedule
+        type checked with the sampler that will run it (the model's own where none is named)."""
+        values = dict(zip(FORM_FIELDS, fields))
+        self.check_size(values.get("size"))
+        schedule, rng = values.pop("schedule", None), values.pop("rng", None)
+        request = validate(**values, sizes=self.sizes, samplers=self.samplers,
+                           schedule=self.default_schedule if schedule is None else schedule,
+                           rng=self.default_rng if rng is None else rng)
+        if request.sampler is None:
+            schedule_input(self.pipeline.default_sampler if self.pipeline is not None else self.default_sampler,
+                           request.schedule)
+        return request
 
     def generate(self, request: Request, progress: Callable[[int, int], None] | None = None,
                  abandoned: Callable[[], bool] | None = None):
@@ -816,7 +888,7 @@ class Server:
         t = made.timings
         info = (f"Generated {len(paths)} images of {format_size(request.size)} in {t['total']:.2f} s "
                 f"(text {t['text_encoding']:.2f} s, denoising {t['denoising']:.2f} s for {request.steps} steps of "
-                f"{made.sampler}, "
+                f"{made.sampler} (Schedule type {made.schedule}, RNG {made.rng}), "
                 f"decoding {t['decoding']:.2f} s; {saving:.2f} s to save). "
                 f"Seeds: {', '.join(str(s) for s in made.seeds)}.")
         return gallery, made.seeds, info
@@ -840,8 +912,10 @@ class Server:
         start = time.perf_counter()
         parameters = [info.parameters_text(self.pipeline.stamp) for info in result.infos]
         files = encode_all(result.images, parameters, self.settings.image_format)
-        return Generated(files, parameters, result.seeds, result.infos[0].sampler,
-                         dict(result.timings, encoding=time.perf_counter() - start))
+        first = result.infos[0]  # (one request's images: one sampler, schedule and noise source)
+        return Generated(files, parameters, result.seeds, first.sampler,
+                         dict(result.timings, encoding=time.perf_counter() - start),
+                         schedule=schedule_used(first.sampler, first.schedule), rng=first.rng)
 
     def count_images(self, images: int, saving_seconds: float) -> None:
         """Images handed to a caller, and the seconds it took to encode (and write) them."""

@@ -66,7 +66,8 @@ def check_backend_url(url: str) -> str:
 def request_json(request: Request) -> dict[str, Any]:
     """A checked request as `POST /v1/generate` takes it (Pipeline.generate's argument names)."""
     body = {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "seed": request.seed,
-            "guidance_scale": request.guidance_scale, "steps": request.steps, "size": format_size(request.size)}
+            "guidance_scale": request.guidance_scale, "steps": request.steps, "size": format_size(request.size),
+            "schedule": request.schedule, "rng": request.rng}
     if request.sampler is not None:
         body["sampler"] = request.sampler
     return body
@@ -256,4 +257,5 @@ def _generated(data: dict[str, Any], image_format: str):
     missing = [stage for stage in ("text_encoding", "denoising", "decoding", "total") if stage not in timings]
     if missing:
         raise ValueError(f"timings lack {', '.join(missing)}")
-    return Generated(files, [str(p) for p in parameters], seeds, str(data["sampler"]), timings)
+    return Generated(files, [str(p) for p in parameters], seeds, str(data["sampler"]), timings,
+                     schedule=str(data["schedule"]), rng=str(data["rng"]))

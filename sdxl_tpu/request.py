@@ -160,6 +160,16 @@ def schedule_input(sampler: str, schedule: str) -> str:
         raise RequestError(str(e)) from None
 
 
+def schedule_used(sampler: str | None, schedule: str) -> str:
+    """The Schedule type that ran, as the parameters text and the answers name it: "Automatic"
+    resolved for `sampler` (what A1111 writes too); `schedule` itself where it cannot be resolved
+    (no sampler known)."""
+    try:
+        return resolve_schedule(sampler, schedule) if sampler else schedule
+    except (KeyError, ValueError):
+        return schedule
+
+
 # -- the request ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ work stops, and the web server drains before it exits.
 
 `Batcher` owns the accelerator: one thread takes waiting requests and runs them through
 `Pipeline.run_images`. On a host with more chips than one request has images (v5e-8, 8 x H200),
-requests of the same size, step count, sampler and kind of guidance are packed into one call; a lone request waits at
+requests of the same size, step count, sampler, Schedule type and kind of guidance are packed into one call (their
+noise sources may differ: each image draws its own); a lone request waits at
 most `max_wait` for a partner. A request whose caller has gone is dropped while it waits and,
 once running, stopped between denoising steps (when every request of its call has gone).
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 from .pipeline import Cancelled, GenerationResult, guided
 from .preview import every
 from .request import ImageInfo, RequestError
+from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE
 
 log = logging.getLogger("sdxl_tpu.serving")
 
@@ -66,6 +68,8 @@ class Generated:
     seeds: list[int]
     sampler: str
     timings: dict[str, float]  # seconds: text_encoding, denoising, decoding, total, encoding
+    schedule: str = DEFAULT_SCHEDULE  # the Schedule type that ran ("Automatic" resolved)
+    rng: str = DEFAULT_RNG
 
 
 @dataclass(eq=False)
@@ -88,10 +92,11 @@ class Job:
 
     @property
     def shape(self) -> tuple:
-        """What a call's images must share (and whether they are guided: a call of unguided images
-        runs the UNet on half the batch, so they are not mixed with guided ones)."""
+        """What a call's images must share: one sampler's tables on one schedule (and whether they
+        are guided: a call of unguided images runs the UNet on half the batch, so they are not
+        mixed with guided ones). The RNG is per image: JAX and CPU noise mix in a call."""
         first = self.infos[0]
-        return first.size, first.steps, first.sampler, guided(self.infos)
+        return first.size, first.steps, first.sampler, first.schedule, guided(self.infos)
 
 
 class Batcher:

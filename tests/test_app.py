@@ -36,8 +36,8 @@ def client(app_server):
 
 
 def _generate(client, prompt="a photo of a cat", negative="blurry", style="(No style)", seed=5, randomize=False,
-              guidance=5.0, steps=2, size="64x64", *sampler):
-    return client.predict(prompt, negative, style, seed, randomize, guidance, steps, size, *sampler,
+              guidance=5.0, steps=2, size="64x64", *sampler_schedule_rng):
+    return client.predict(prompt, negative, style, seed, randomize, guidance, steps, size, *sampler_schedule_rng,
                           api_name="/generate")
 
 
@@ -58,14 +58,14 @@ def test_client_gets_four_images_with_seeds(client, tmp_path):
     from sdxl_tpu.images import read_parameters
 
     assert [read_parameters(Image.open(item["image"])) for item in gallery] == [
-        f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, "
-        f"Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}" for seed in (41, 42, 43, 44)]
+        f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, Schedule type: Checkpoint, CFG scale: 5, "
+        f"Seed: {seed}, Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}" for seed in (41, 42, 43, 44)]
     assert all(Image.open(item["image"]).format == "JPEG" for item in gallery)
     # ... which readers nobody here wrote read back exactly (A1111's own: piexif), non-Latin text too.
     gallery, _ = _generate(client, "東京の猫, café ✨🐈 (neon:1.2)", "模糊, größte", seed=9, steps=2)
     seen = read_with_third_parties(Path(gallery[0]["image"]).read_bytes(), tmp_path)
     assert seen == {"prompt": "東京の猫, café ✨🐈 (neon:1.2)", "negative": "模糊, größte", "sampler": "Euler",
-                    "steps": "2", "cfg_scale": "5", "seed": "9", "size": "64x64", "model": "tiny", "model_hash": None,
+                    "scheduler": "Checkpoint", "steps": "2", "cfg_scale": "5", "seed": "9", "size": "64x64", "model": "tiny", "model_hash": None,
                     "user_comment": read_parameters(Image.open(gallery[0]["image"]))}, seen
     gallery, _ = _generate(client, size="96x64", style="Pixel art", randomize=True)
     assert Image.open(gallery[0]["image"]).size == (96, 64)
@@ -73,8 +73,38 @@ def test_client_gets_four_images_with_seeds(client, tmp_path):
     for sampler in ("DPM++ 2M Karras", "Euler a"):
         gallery, info = _generate(client, "a cat", "", "(No style)", 1, False, 5.0, 3, "64x64", sampler)
         assert f"3 steps of {sampler}" in info
-        assert f"Sampler: {sampler}," in read_parameters(Image.open(gallery[0]["image"]))
+        assert f"Sampler: {sampler}, Schedule type: Checkpoint," in read_parameters(Image.open(gallery[0]["image"]))
     assert all(0 <= int(item["caption"].split()[1]) < 2**32 for item in gallery)
+
+
+def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client):
+    """The API's last three inputs may be left out (a client of before, which sends none of them:
+    the model's sampler, Schedule type Checkpoint, JAX noise); given, they reach each image's
+    parameters and the timing line; a combination the sampler refuses gets its message."""
+    from gradio_client.exceptions import AppError
+    from PIL import Image
+
+    from sdxl_tpu.images import read_parameters
+
+    parameters = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
+    assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-3:]] == [
+        ("sampler", True, "Euler"), ("schedule", True, "Checkpoint"), ("rng", True, "JAX")]
+    for call in [(), ("Euler a",), ("Euler a", "Checkpoint"), ("Euler a", "Checkpoint", "CPU")]:
+        gallery, info = _generate(client, "a cat", "", "(No style)", 3, False, 5.0, 2, "64x64", *call)
+        rng = "CPU" if len(call) == 3 else "JAX"
+        assert f"(Schedule type Checkpoint, RNG {rng})" in info, info
+        text = read_parameters(Image.open(gallery[0]["image"]))
+        assert f"Sampler: {call[0] if call else 'Euler'}, Schedule type: Checkpoint, CFG scale: 5," in text
+        assert f", RNG: {rng}, Version: " in text
+    for call, message in [(("DPM++ 2M Karras", "Exponential", "JAX"),
+                           r"^DPM\+\+ 2M Karras names its schedule \(Karras\): for Schedule type Exponential choose "
+                           r"DPM\+\+ 2M\.$"),
+                          (("Euler", "karras", "JAX"), r"^Schedule type 'karras' is not available; choose one of: "
+                                                      r"Checkpoint, Automatic,"),
+                          (("Euler", "Checkpoint", "NV"), r"^RNG 'NV' is not available; choose one of: JAX, CPU\.$")]:
+        with pytest.raises(AppError, match=message) as refused:
+            _generate(client, "a cat", "", "(No style)", 3, False, 5.0, 1, "64x64", *call)
+        assert "Traceback" not in str(refused.value)
 
 
 # Every value reaches our checks as the client sent it (no Gradio preprocessing); the message
@@ -505,7 +535,8 @@ def test_browser_history_restores_a_run(app_server, browser):
         rows = page.locator("#history tbody tr")
         wait_for(lambda: rows.count() == 2, 10, "the history did not survive a reload")
         assert "a lighthouse" in rows.nth(0).inner_text() and "a red panda" in rows.nth(1).inner_text()
-        assert "2 steps Euler a" in rows.nth(0).inner_text() and "Anime" in rows.nth(1).inner_text()
+        assert "2 steps" in rows.nth(0).inner_text() and rows.nth(0).locator("td").nth(2).inner_text() == "Euler a"
+        assert "Anime" in rows.nth(1).inner_text()
         rows.nth(1).click()
         open_advanced(page)
         wait_for(lambda: page.locator("#prompt textarea").input_value() == "a red panda", 10, "not restored")
@@ -600,12 +631,59 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
         web.should_exit = True
 
 
+def test_browser_schedule_and_rng_reach_the_image_and_the_history_restores_them(app_server, browser):
+    """Schedule type and RNG chosen in the page: a pair the sampler does not run on is refused in the
+    status line (the images stay); the run that follows says them in the timing line and in each
+    image's parameters; the history row keeps them and a click restores them; nothing recompiles."""
+    import urllib.parse
+    from io import BytesIO
+
+    from PIL import Image
+
+    from sdxl_tpu.images import read_parameters
+
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        open_advanced(page)
+        assert page.locator("#schedule input").input_value() == "Checkpoint (as diffusers runs it)"
+        assert page.locator("#rng input").input_value() == "JAX"
+        set_field(page, "steps", 2)
+        choose(page, "sampler", "DPM++ 2M Karras")
+        choose(page, "schedule", "Exponential")
+        page.locator("#prompt textarea").fill("a red panda")
+        page.locator("#generate").click()
+        message = "DPM++ 2M Karras names its schedule (Karras): for Schedule type Exponential choose DPM++ 2M."
+        page.locator("#run-status").get_by_text(message).wait_for(timeout=30_000)
+        choose(page, "schedule", "Checkpoint (as diffusers runs it)")
+        choose(page, "rng", "CPU")
+        generate_in_page(page, None)
+        assert "2 steps of DPM++ 2M Karras (Schedule type Checkpoint, RNG CPU)" in page.locator("#info").inner_text()
+        src = page.locator("#gallery .grid-container img").first.get_attribute("src")
+        with urllib.request.urlopen(urllib.parse.urljoin(app_server["url"] + "/", src), timeout=30) as r:
+            parameters = read_parameters(Image.open(BytesIO(r.read())))
+        assert "Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 5," in parameters, parameters
+        assert ", RNG: CPU, Version: sdxl-tpu " in parameters, parameters
+        row = page.locator("#history tbody tr").first
+        sampler_cell = row.locator("td").nth(2)
+        wait_for(lambda: sampler_cell.inner_text() == "DPM++ 2M Karras · CPU noise", 10,
+                 f"the history row does not say the noise source: {row.inner_text()!r}")
+        # Another choice in the form; the row puts the run's back.
+        choose(page, "sampler", "Euler")
+        choose(page, "schedule", "Karras")
+        choose(page, "rng", "JAX")
+        row.click()
+        wait_for(lambda: page.locator("#rng input").input_value() == "CPU", 10, "the noise source was not restored")
+        assert page.locator("#schedule input").input_value() == "Checkpoint (as diffusers runs it)"
+        assert page.locator("#sampler input").input_value() == "DPM++ 2M Karras"
+    assert compiles(app_server) == before
+
+
 def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
     """A1111's parameters text pasted into the page fills prompt, negative prompt, seed (Randomize
-    off), guidance, steps, sampler and size; what it cannot use is listed; the run that follows
-    makes what the text says, and a pasted piece of nonsense only gets a message."""
-    text = ("a lighthouse, (stormy:1.2) sea\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, CFG scale: 4.5, "
-            "Seed: 77, Size: 96x64, Model hash: 31e35c80fc, Model: sd_xl_base_1.0, Clip skip: 2")
+    off), guidance, steps, sampler, Schedule type, size and RNG; what it cannot use is listed; the
+    run that follows makes what the form says, and a pasted piece of nonsense only gets a message."""
+    text = ("a lighthouse, (stormy:1.2) sea\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, Schedule type: Karras, "
+            "CFG scale: 4.5, Seed: 77, Size: 96x64, Model hash: 31e35c80fc, Model: sd_xl_base_1.0, Clip skip: 2, RNG: CPU")
     with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         open_advanced(page)
         page.get_by_text("Paste parameters").click()
@@ -613,7 +691,7 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
         page.locator("#use-paste").click()
         notes = page.locator("#paste-notes")
         wait_for(lambda: "Filled:" in notes.inner_text(), 15, "the form was not filled")
-        assert notes.inner_text() == ("Filled: prompt, negative, seed, guidance, steps, sampler, size. "
+        assert notes.inner_text() == ("Filled: prompt, negative, seed, guidance, steps, sampler, schedule, size, rng. "
                                       "Not used here: Model hash, Model, Clip skip.")
         assert page.locator("#prompt textarea").input_value() == "a lighthouse, (stormy:1.2) sea"
         assert page.locator("#negative textarea").input_value() == "blurry"
@@ -622,11 +700,15 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
         assert page.locator("#guidance input[type=number]").input_value() == "4.5"
         assert page.locator("#sampler input").input_value() == "Euler a"
         assert page.locator("#size input").input_value() == SIZE_LABELS["96x64"]
+        assert page.locator("#schedule input").input_value() == "Karras"
+        assert page.locator("#rng input").input_value() == "CPU"
         wait_for(lambda: page.locator("#preset input").input_value() == "Custom", 10, "the preset menu names a preset")
         page.screenshot(path=str(artifact(tmp_path, "paste-parameters.png")))
+        # (the run on the checkpoint's schedule: the pasted fields are what is checked here, not k-diffusion's Karras)
+        choose(page, "schedule", "Checkpoint (as diffusers runs it)")
         generate_in_page(page, None)
         assert "Seeds: 77, 78, 79, 80" in page.locator("#info").inner_text()
-        assert "3 steps of Euler a" in page.locator("#info").inner_text()
+        assert "3 steps of Euler a (Schedule type Checkpoint, RNG CPU)" in page.locator("#info").inner_text()
         page.locator("#paste textarea").fill("x" * 7000)
         page.locator("#use-paste").click()
         wait_for(lambda: "at most 6,000 are read" in notes.inner_text(), 15, "no message for an oversized paste")

@@ -17,6 +17,7 @@ import pytest
 
 from reference import read_with_third_parties
 from served_app import get, read_metrics, requests_total, start_backend, wait_for
+from sdxl_tpu.scheduler import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.version import VERSION
 
 QUEUE_SIZE = 1
@@ -51,10 +52,10 @@ def test_ready_after_warm_up_and_describes_itself(backend):
     assert get(backend["url"] + "/healthz") == (200, '{"status":"alive"}')
     status, text = get(backend["url"] + "/v1/info")
     assert status == 200
-    assert json.loads(text) == {"model": "tiny", "sizes": ["64x64"], "samplers": ["Euler", "Euler a", "DPM++ 2M",
-                                "DPM++ 2M Karras"], "default_sampler": "Euler", "preset": None,
-                                "presets": ["Quality", "Balanced", "Fast"], "images_per_call": 4, "image_format": "webp",
-                                "max_prompt_chunks": 3}
+    assert json.loads(text) == {"model": "tiny", "sizes": ["64x64"], "samplers": list(SAMPLERS), "default_sampler": "Euler",
+                                "preset": None, "presets": ["Quality", "Balanced", "Fast"], "images_per_call": 4,
+                                "image_format": "webp", "max_prompt_chunks": 3, "schedules": list(SCHEDULES),
+                                "default_schedule": "Checkpoint", "rngs": list(RNGS), "default_rng": "JAX"}
 
 
 def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
@@ -67,9 +68,10 @@ def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
                                            "sampler": "DPM++ 2M Karras"})
     assert status == 200 and headers["content-type"] == "application/json", body
     answer = json.loads(body)
-    assert set(answer) == {"images", "parameters", "seeds", "sampler", "format", "timings"}
-    expected = [f"a cat, 夜の街 ✨\nNegative prompt: blurry, größte\nSteps: 2, Sampler: DPM++ 2M Karras, CFG scale: 4.5, "
-                f"Seed: {seed}, Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}" for seed in (7, 8, 9, 10)]
+    assert set(answer) == {"images", "parameters", "seeds", "sampler", "schedule", "rng", "format", "timings"}
+    expected = [f"a cat, 夜の街 ✨\nNegative prompt: blurry, größte\nSteps: 2, Sampler: DPM++ 2M Karras, "
+                f"Schedule type: Checkpoint, CFG scale: 4.5, Seed: {seed}, Size: 64x64, Model: tiny, RNG: JAX, "
+                f"Version: sdxl-tpu {VERSION}" for seed in (7, 8, 9, 10)]
     assert answer["parameters"] == expected and answer["seeds"] == [7, 8, 9, 10]
     blobs = [base64.b64decode(data, validate=True) for data in answer["images"]]
     images = [Image.open(io.BytesIO(blob)) for blob in blobs]
@@ -77,20 +79,25 @@ def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
     assert [read_parameters(i) for i in images] == expected  # embedded in each file
     # ... as readers nobody here wrote read them (A1111's own: piexif)
     assert read_with_third_parties(blobs[1], tmp_path) == {
-        "prompt": "a cat, 夜の街 ✨", "negative": "blurry, größte", "sampler": "DPM++ 2M Karras", "steps": "2",
+        "prompt": "a cat, 夜の街 ✨", "negative": "blurry, größte", "sampler": "DPM++ 2M Karras",
+        "scheduler": "Checkpoint", "steps": "2",
         "cfg_scale": "4.5", "seed": "8", "size": "64x64", "model": "tiny", "model_hash": None,
         "user_comment": expected[1]}
     assert answer["sampler"] == "DPM++ 2M Karras" and answer["format"] == "webp"
+    assert (answer["schedule"], answer["rng"]) == ("Checkpoint", "JAX")  # left out: the server's defaults
     # An A1111 parameters text as a field: it fills what it says, the fields given win, the rest is noted.
     status, _, body = post(backend, {"parameters": "a fox <lora:x:1>\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, "
-                                                   "CFG scale: 3, Seed: 99, Size: 64x64, Clip skip: 2", "seed": 5})
+                                                   "CFG scale: 3, Seed: 99, Size: 64x64, Clip skip: 2, RNG: CPU",
+                                     "seed": 5, "schedule": "Checkpoint"})
     answer = json.loads(body)
     assert status == 200 and answer["seeds"] == [5, 6, 7, 8], body[:500]
     assert answer["parameters"][0].splitlines() == [
         "a fox", "Negative prompt: fog",
-        f"Steps: 2, Sampler: Euler a, CFG scale: 3, Seed: 5, Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}"]
+        "Steps: 2, Sampler: Euler a, Schedule type: Checkpoint, CFG scale: 3, Seed: 5, Size: 64x64, Model: tiny, "
+        f"RNG: CPU, Version: sdxl-tpu {VERSION}"]
     assert answer["notes"] == ["Not applied: <lora:x:1> (LoRAs are loaded with the model here, not per prompt).",
                                "Not used here: Clip skip."]
+    assert (answer["sampler"], answer["schedule"], answer["rng"]) == ("Euler a", "Checkpoint", "CPU")
     assert set(answer["timings"]) == {"text_encoding", "denoising", "decoding", "total", "encoding"}
     assert all(v >= 0 for v in answer["timings"].values())
     # Only the prompt is needed: the rest takes the server's defaults (Euler, its one size).
@@ -132,6 +139,7 @@ def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
     (b'["a cat"]', 400, "The request body must be a JSON object, got a list."),
     (b'"a cat"', 400, "The request body must be a JSON object, got text."),
     ({"prompt": "a cat", "stpes": 3}, 422, "Unknown field 'stpes'; the fields are: prompt, negative_prompt, seed,"),
+    ({"prompt": "a cat", "scheduler": "Karras"}, 422, "Unknown field 'scheduler'; the fields are: prompt,"),
     ({"steps": 3}, 422, "The field 'prompt' is required."),
     ({"prompt": 5}, 422, "Prompt must be text, got a number."),
     ({"prompt": "a cat", "steps": "3"}, 422, "Steps must be a whole number between 1 and 50, got text."),
@@ -140,6 +148,15 @@ def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
     ({"prompt": "a cat", "guidance_scale": [1, 2]}, 422, "Guidance scale: got 2 values for 4 images."),
     ({"prompt": "a cat", "size": "1024x1024"}, 422, "Size '1024x1024' is not available; choose one of: 64x64."),
     ({"prompt": "a cat", "sampler": "LMS"}, 422, "Sampler 'LMS' is not available; choose one of: Euler,"),
+    ({"prompt": "a cat", "schedule": "Beta"}, 422,
+     f"Schedule type 'Beta' is not available; choose one of: {', '.join(SCHEDULES)}."),
+    ({"prompt": "a cat", "schedule": ["Karras"]}, 422, "Schedule type must be text, got a list;"),
+    ({"prompt": "a cat", "rng": "NV"}, 422, "RNG 'NV' is not available; choose one of: JAX, CPU."),
+    ({"prompt": "a cat", "rng": 0}, 422, "RNG must be text, got a number; choose one of: JAX, CPU."),
+    ({"prompt": "a cat", "sampler": "DDIM", "schedule": "Karras"}, 422,
+     "DDIM runs on its own timesteps: choose Schedule type Checkpoint or Automatic, not Karras."),
+    ({"prompt": "a cat", "sampler": "DPM++ 2M Karras", "schedule": "Exponential"}, 422,
+     "DPM++ 2M Karras names its schedule (Karras): for Schedule type Exponential choose DPM++ 2M."),
     ({"prompt": "x" * 3000}, 422, "Prompt is 3,000 characters long"),
     (b'{"prompt": "a cat", "seed": NaN}', 422, "Seed must be a finite number"),
     ({"prompt": "x" * 70_000}, 413, "The request body is over 65,536 bytes"),

@@ -15,9 +15,9 @@ from sdxl_tpu.request import ImageInfo, Request, RequestError
 from sdxl_tpu.serving import SHUTTING_DOWN, Batcher
 
 
-def infos(seed: int, n: int = 4, steps: int = 2, size=(64, 64)) -> list[ImageInfo]:
-    return [ImageInfo(seed=seed + i, prompt=f"p{seed}", negative_prompt="", guidance_scale=5.0, steps=steps, size=size)
-            for i in range(n)]
+def infos(seed: int, n: int = 4, steps: int = 2, size=(64, 64), **more) -> list[ImageInfo]:
+    return [ImageInfo(seed=seed + i, prompt=f"p{seed}", negative_prompt="", guidance_scale=5.0, steps=steps, size=size,
+                      **more) for i in range(n)]
 
 
 class FakePipeline:
@@ -108,11 +108,26 @@ def test_a_full_call_does_not_wait_and_shapes_do_not_mix():
         held = started(pool, batcher, pipe, infos(0))
         other_steps = pool.submit(batcher.submit, infos(10, steps=3))
         other_size = pool.submit(batcher.submit, infos(20, size=(96, 64)))
+        other_schedule = pool.submit(batcher.submit, infos(30, schedule="Karras"))
         time.sleep(0.05)
         pipe.hold.set()
-        for f in (held, other_steps, other_size):
+        for f in (held, other_steps, other_size, other_schedule):
             f.result(10)
-    assert batcher.calls == 3 and all(len(seeds) == 4 for _, seeds in pipe.calls)
+    assert batcher.calls == 4 and all(len(seeds) == 4 for _, seeds in pipe.calls)
+
+
+def test_requests_with_other_noise_sources_share_a_call():
+    """The RNG is drawn per image (JAX's or PyTorch's CPU generator from its own seed): requests
+    that differ only in it are one call."""
+    pipe, batcher = held_batcher(images_per_call=8, max_wait=0.02)
+    with ThreadPoolExecutor(3) as pool:
+        held = started(pool, batcher, pipe, infos(0))
+        jax_noise, cpu_noise = (pool.submit(batcher.submit, infos(seed, rng=rng)) for seed, rng in ((10, "JAX"), (20, "CPU")))
+        time.sleep(0.05)
+        pipe.hold.set()
+        results = [f.result(10) for f in (held, jax_noise, cpu_noise)]
+    assert batcher.calls == 2 and sorted(len(seeds) for _, seeds in pipe.calls) == [4, 8]
+    assert [i.rng for i in results[2].infos] == ["CPU"] * 4 and [i.rng for i in results[1].infos] == ["JAX"] * 4
 
 
 def test_an_abandoned_request_is_dropped_while_waiting_and_stopped_while_running():

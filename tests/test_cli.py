@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from reference import read_with_third_parties
+from sdxl_tpu.scheduler import SAMPLERS
 from sdxl_tpu.version import VERSION
 
 
@@ -29,7 +30,8 @@ def env(tmp_path_factory, compile_cache):
 
 def test_generate_writes_pngs_with_parameters(env, tmp_path):
     result = _run(["generate", "a photo of a cat", "--negative", "blurry", "--seed", "7", "--steps", "2",
-                   "--guidance", "5", "--sampler", "DPM++ 2M Karras", "--size", "64x64", "--model", "tiny",
+                   "--guidance", "5", "--sampler", "DPM++ 2M Karras", "--schedule", "Checkpoint", "--rng", "JAX",
+                   "--size", "64x64", "--model", "tiny",
                    "--dtype", "float32", "--out", str(tmp_path)], env)
     assert result.returncode == 0, result.stderr[-3000:]
     files = sorted(tmp_path.glob("*.png"))
@@ -37,7 +39,8 @@ def test_generate_writes_pngs_with_parameters(env, tmp_path):
     image = Image.open(tmp_path / "8.png")
     assert image.size == (64, 64)
     assert image.info["parameters"] == ("a photo of a cat\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M Karras, "
-                                        f"CFG scale: 5, Seed: 8, Size: 64x64, Model: tiny, Version: sdxl-tpu {VERSION}")
+                                        "Schedule type: Checkpoint, CFG scale: 5, Seed: 8, Size: 64x64, Model: tiny, "
+                                        f"RNG: JAX, Version: sdxl-tpu {VERSION}")
     assert "denoising" in result.stdout and "total" in result.stdout
 
 
@@ -47,14 +50,15 @@ def test_presets_fill_what_is_not_given(env, tmp_path):
     result = _run(["generate", "a cat", "--preset", "Fast", "--seed", "1", "--size", "64x64", "--model", "tiny",
                    "--dtype", "float32", "--out", str(tmp_path / "fast")], env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Steps: 12, Sampler: DPM++ 2M Karras, CFG scale: 5," in Image.open(tmp_path / "fast" / "1.png").info["parameters"]
+    assert "Steps: 12, Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 5," in Image.open(tmp_path / "fast" / "1.png").info["parameters"]
     unet = str(Path(env["SDXL_TPU_TINY_DIR"]) / "unet" / "diffusion_pytorch_model.safetensors")  # written above
     result = _run(["generate", "a cat", "--preset", "Lightning 4-step", "--seed", "1", "--size", "64x64",
                    "--model", "tiny", "--unet", unet, "--dtype", "float32", "--out",
                    str(tmp_path / "lightning")], env)
     assert result.returncode == 0, result.stderr[-3000:]
     parameters = Image.open(tmp_path / "lightning" / "1.png").info["parameters"]
-    assert "Steps: 4, Sampler: Euler, CFG scale: 0, Seed: 1, Size: 64x64, Model: tiny + diffusion_pytorch_model," in parameters
+    assert ("Steps: 4, Sampler: Euler, Schedule type: Checkpoint, CFG scale: 0, Seed: 1, Size: 64x64, "
+            "Model: tiny + diffusion_pytorch_model, RNG: JAX,") in parameters
 
 
 def test_single_file_model_with_loras(env, tmp_path):
@@ -84,15 +88,15 @@ def test_single_file_model_with_loras(env, tmp_path):
     # in the prompt and its hash (12 digits); as readers nobody here wrote see them.
     model_hash = hashlib.sha256(model.read_bytes()).hexdigest()[:10]
     lora_hash = hashlib.sha256((tmp_path / "style.safetensors").read_bytes()).hexdigest()[:12]
-    assert plain_image.info["parameters"].endswith(f"Model hash: {model_hash}, Model: my-finetune, "
+    assert plain_image.info["parameters"].endswith(f"Model hash: {model_hash}, Model: my-finetune, RNG: JAX, "
                                                    f"Version: sdxl-tpu {VERSION}")
     assert styled_image.info["parameters"].splitlines()[0] == "a cat <lora:style:0.7> <lora:style:1>"
     assert styled_image.info["parameters"].endswith(
-        f'Model hash: {model_hash}, Model: my-finetune, Lora hashes: "style: {lora_hash}, style: {lora_hash}", '
+        f'Model hash: {model_hash}, Model: my-finetune, RNG: JAX, Lora hashes: "style: {lora_hash}, style: {lora_hash}", '
         f"Version: sdxl-tpu {VERSION}")
     seen = read_with_third_parties((tmp_path / "styled" / "3.png").read_bytes(), tmp_path)
     assert seen == {"prompt": "a cat <lora:style:0.7> <lora:style:1>", "negative": "", "sampler": "Euler",
-                    "steps": "2", "cfg_scale": "5", "seed": "3", "size": "64x64", "model": "my-finetune",
+                    "scheduler": "Checkpoint", "steps": "2", "cfg_scale": "5", "seed": "3", "size": "64x64", "model": "my-finetune",
                     "model_hash": model_hash}, seen
     assert np.asarray(plain_image).tolist() != np.asarray(styled_image).tolist()
 
@@ -107,8 +111,13 @@ def test_single_file_model_with_loras(env, tmp_path):
     (["generate", "x", "--model", "/nonexistent/model"], "neither an existing directory nor a Hub repo id"),
     (["generate", "x", "--model", "tiny", "--size", "64x64", "--seed", "-3", "--steps", "1"],
      "Seed must be a whole number between 0 and 4294967295."),
-    (["generate", "x", "--sampler", "DDIM"],
-     "Sampler 'DDIM' is not available; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
+    (["generate", "x", "--sampler", "Heun"], f"Sampler 'Heun' is not available; choose one of: {', '.join(SAMPLERS)}."),
+    (["generate", "x", "--sampler", "DDIM", "--schedule", "Karras"],
+     "DDIM runs on its own timesteps: choose Schedule type Checkpoint or Automatic, not Karras."),
+    (["generate", "x", "--sampler", "DPM++ 2M Karras", "--parameters", "x\nSteps: 2, Seed: 1, Schedule type: Uniform"],
+     "DPM++ 2M Karras names its schedule (Karras): for Schedule type Uniform choose DPM++ 2M."),
+    (["generate", "x", "--schedule", "karras"], "argument --schedule: invalid choice: 'karras'"),
+    (["generate", "x", "--rng", "NV"], "argument --rng: invalid choice: 'NV'"),
     (["generate", "x", "--preset", "Ultra"], "no preset 'Ultra'; presets: Quality, Balanced, Fast, Lightning 1-step"),
     (["frobnicate"], "invalid choice"),
     (["generate", "x", "--model", "tiny", "--size", "64x64", "--lora", "/nonexistent/style.safetensors"],
@@ -144,11 +153,13 @@ def test_parameters_text_fills_what_is_not_given(env, tmp_path, capsys, monkeypa
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    text = ("a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, CFG scale: 3, Seed: 40, Size: 64x64, "
-            "Model: elsewhere, Hires upscale: 2")
-    assert main(["generate", "--parameters", text, "--seed", "41", "--model", "tiny", "--dtype", "float32",
-                 "--out", str(tmp_path)]) == 0
-    assert "note: Not used here: Model, Hires upscale." in capsys.readouterr().err
+    text = ("a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Karras, CFG scale: 3, Seed: 40, "
+            "Size: 64x64, Model: elsewhere, Hires upscale: 2")
+    assert main(["generate", "--parameters", text, "--seed", "41", "--schedule", "Checkpoint", "--model", "tiny",
+                 "--dtype", "float32", "--out", str(tmp_path)]) == 0
+    notes = capsys.readouterr().err
+    assert "note: Not used here: Model, Hires upscale." in notes
+    assert "note: Not reproducible here: A1111's default noise source (GPU), so RNG JAX is used" in notes
     assert Image.open(tmp_path / "42.png").info["parameters"] == (
-        f"a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, CFG scale: 3, Seed: 42, Size: 64x64, Model: tiny, "
-        f"Version: sdxl-tpu {VERSION}")
+        "a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Checkpoint, CFG scale: 3, Seed: 42, "
+        f"Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")

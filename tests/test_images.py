@@ -17,8 +17,8 @@ from sdxl_tpu.version import VERSION
 
 INFO = ImageInfo(seed=7, prompt="a cät 🐈", negative_prompt="blurry", guidance_scale=5.5, steps=20, size=(64, 32),
                  sampler="Euler")
-TEXT = ("a cät 🐈\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, CFG scale: 5.5, Seed: 7, Size: 64x32, "
-        f"Model: m, Version: sdxl-tpu {VERSION}")
+TEXT = ("a cät 🐈\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, Schedule type: Checkpoint, CFG scale: 5.5, "
+        f"Seed: 7, Size: 64x32, Model: m, RNG: JAX, Version: sdxl-tpu {VERSION}")
 
 
 def _image(value: int = 0) -> Image.Image:
@@ -35,19 +35,36 @@ def test_each_format_carries_the_a1111_parameters_for_every_reader(fmt, pil_form
     with pytest.raises(ValueError, match="image format 'gif'"):
         encode(_image(), TEXT, "gif")
     info = ImageInfo(seed=4_000_000_001, prompt="Ça, 東京の夜 ✨🐉, (neon:1.2)", negative_prompt="größte Unschärfe, 模糊",
-                     guidance_scale=6.5, steps=31, size=(64, 32), sampler="DPM++ 2M Karras")
+                     guidance_scale=6.5, steps=31, size=(64, 32), sampler="DPM++ 2M Karras", rng="CPU")
     stamp = Stamp("sd_xl_base_1.0", "31e35c80fc", (("pixel-art", 0.8, "0123456789ab"),))
     text = parameters_text(info, stamp)
     assert text.splitlines() == [
         "Ça, 東京の夜 ✨🐉, (neon:1.2) <lora:pixel-art:0.8>", "Negative prompt: größte Unschärfe, 模糊",
-        "Steps: 31, Sampler: DPM++ 2M Karras, CFG scale: 6.5, Seed: 4000000001, Size: 64x32, Model hash: 31e35c80fc, "
-        f'Model: sd_xl_base_1.0, Lora hashes: "pixel-art: 0123456789ab", Version: sdxl-tpu {VERSION}']
+        "Steps: 31, Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 6.5, Seed: 4000000001, Size: 64x32, "
+        'Model hash: 31e35c80fc, Model: sd_xl_base_1.0, RNG: CPU, Lora hashes: "pixel-art: 0123456789ab", '
+        f"Version: sdxl-tpu {VERSION}"]
     seen = read_with_third_parties(encode(_image(), text, fmt), tmp_path)
     assert seen.pop("user_comment", text) == text
     assert seen == {"prompt": "Ça, 東京の夜 ✨🐉, (neon:1.2) <lora:pixel-art:0.8>",
-                    "negative": "größte Unschärfe, 模糊", "sampler": "DPM++ 2M Karras", "steps": "31",
-                    "cfg_scale": "6.5", "seed": "4000000001", "size": "64x32", "model": "sd_xl_base_1.0",
+                    "negative": "größte Unschärfe, 模糊", "sampler": "DPM++ 2M Karras", "scheduler": "Checkpoint",
+                    "steps": "31", "cfg_scale": "6.5", "seed": "4000000001", "size": "64x32", "model": "sd_xl_base_1.0",
                     "model_hash": "31e35c80fc"}, seen
+
+
+def test_the_schedule_and_the_noise_source_are_named_as_they_ran():
+    """Schedule type right after the sampler, RNG after the model, as A1111 places them; a
+    schedule of "Automatic" is written as the one it picked for the sampler (as A1111 does)."""
+    settings = lambda **kw: parameters_text(ImageInfo(**{**INFO.__dict__, **kw}), "m").splitlines()[-1]
+    assert settings(sampler="DPM++ 2M", schedule="Karras", rng="CPU") == (
+        "Steps: 20, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 5.5, Seed: 7, Size: 64x32, Model: m, "
+        f"RNG: CPU, Version: sdxl-tpu {VERSION}")
+    automatic = {"Euler": "Uniform", "Euler a": "Uniform", "DPM++ 2M": "Karras", "DPM++ 2M Karras": "Karras",
+                 "DPM++ 2M SDE": "Exponential", "DDIM": "Checkpoint", "LCM": "Checkpoint"}
+    for sampler, schedule in automatic.items():
+        assert f"Sampler: {sampler}, Schedule type: {schedule}, " in settings(sampler=sampler, schedule="Automatic")
+    assert "Sampler: Euler, Schedule type: SGM Uniform, " in settings(schedule="SGM Uniform")
+    # (a sampler not known yet: the schedule as asked)
+    assert "Sampler: None, Schedule type: Automatic, " in settings(sampler=None, schedule="Automatic")
 
 
 def test_png_is_lossless(tmp_path):

@@ -22,7 +22,7 @@ from sdxl_tpu.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb, ev
 
 SIZES = [(64, 64), (96, 64)]
 RUN = dict(prompt="a cat", negative="", style="(No style)", seed=7, guidance=5.0, steps=20, sampler="Euler",
-           size="64x64")
+           size="64x64", schedule="Checkpoint", rng="JAX")
 
 
 # -- sizes --------------------------------------------------------------------------------------
@@ -63,11 +63,21 @@ def test_history_keeps_the_newest_runs_first_and_drops_what_is_not_a_run():
     assert history_entry({**RUN, "extra": "x"}) == RUN  # only the fields a restore fills
     for bad in [None, [], "x", {**RUN, "prompt": ""}, {**RUN, "seed": -1}, {**RUN, "seed": True}, {**RUN, "steps": 0},
                 {**RUN, "steps": 51}, {**RUN, "guidance": float("nan")}, {**RUN, "guidance": 21},
-                {**RUN, "prompt": "x" * 2001}, {**RUN, "size": 5}, {k: v for k, v in RUN.items() if k != "sampler"}]:
+                {**RUN, "prompt": "x" * 2001}, {**RUN, "size": 5}, {k: v for k, v in RUN.items() if k != "sampler"},
+                {**RUN, "schedule": "Beta"}, {**RUN, "schedule": None}, {**RUN, "schedule": ["Karras"]},
+                {**RUN, "rng": "GPU"}, {**RUN, "rng": 1}]:
         assert history_entry(bad) is None, bad
         assert history_after([bad, RUN], None) == [RUN]
     rows = history_rows([{**RUN, "negative": "blurry", "style": "Anime"}])
-    assert rows == [["a cat  —  not: blurry", "seed 7 · 20 steps Euler · CFG 5 · 64x64 · Anime"]]
+    assert rows == [["a cat  —  not: blurry", "seed 7 · 20 steps · CFG 5 · 64x64 · Anime", "Euler"]]
+    rows = history_rows([{**RUN, "sampler": "DPM++ 2M", "schedule": "Karras", "rng": "CPU"}])
+    assert rows == [["a cat", "seed 7 · 20 steps · CFG 5 · 64x64", "DPM++ 2M, Karras schedule · CPU noise"]]
+    # (the page shows 60 characters of each: the longest sampler column fits)
+    longest = history_rows([{**RUN, "sampler": "DPM++ 2M SDE Karras", "schedule": "SGM Uniform", "rng": "CPU"}])
+    assert len(longest[0][2]) <= 60
+    # A run kept before the schedule and the noise source were chosen ran on the defaults.
+    old = {k: v for k, v in RUN.items() if k not in ("schedule", "rng")}
+    assert history_entry(old) == RUN and history_after([old], None) == [RUN]
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
@@ -141,7 +151,7 @@ def server(tiny_pipeline, tmp_path):
 
 def fields(**overrides):
     values = dict(prompt="a cat", negative="", style="(No style)", seed=5, randomize=False, guidance=5.0, steps=6,
-                  size="96x64", sampler=None)
+                  size="96x64", sampler=None, schedule=None, rng=None)
     return tuple({**values, **overrides}.values())
 
 
@@ -160,7 +170,7 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
         with Image.open(path) as image:
             assert image.format == "JPEG" and image.size == (96 // 8, 64 // 8)
     gallery, seeds, info, sampler = updates[-1][1:]
-    assert seeds == [5, 6, 7, 8] and sampler == "Euler" and "6 steps of Euler" in info
+    assert seeds == [5, 6, 7, 8] and sampler == "Euler" and "6 steps of Euler (Schedule type Checkpoint, RNG JAX)" in info
     assert [caption for _, caption in gallery] == ["seed 5", "seed 6", "seed 7", "seed 8"]
     assert all(Image.open(path).size == (96, 64) for path, _ in gallery)
     # An API caller that asks for no previews gets the same images, without them.
@@ -169,6 +179,24 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
     for (a, _), (b, _) in zip(gallery, quiet[-1][1]):
         np.testing.assert_array_equal(np.asarray(Image.open(a)), np.asarray(Image.open(b)))
     assert server.metrics.registry.get_sample_value("sdxl_requests_total", {"outcome": "ok"}) == 2
+
+
+def test_the_schedule_and_the_noise_source_reach_the_images_and_the_line_that_reports_them(server):
+    from PIL import Image
+
+    from sdxl_tpu.images import read_parameters
+
+    *_, (_, gallery, seeds, info, sampler) = server.stream(fields(sampler="Euler a", schedule="Checkpoint", rng="CPU",
+                                                                  steps=2), previews=False)
+    assert "2 steps of Euler a (Schedule type Checkpoint, RNG CPU)" in info
+    texts = [read_parameters(Image.open(path)) for path, _ in gallery]
+    assert all("Sampler: Euler a, Schedule type: Checkpoint, " in t and ", RNG: CPU, " in t for t in texts), texts
+    # A combination the sampler does not run on is refused before anything runs, saying why.
+    from sdxl_tpu.request import RequestError
+
+    with pytest.raises(RequestError, match=r"^DPM\+\+ 2M Karras names its schedule \(Karras\)"):
+        list(server.stream(fields(sampler="DPM++ 2M Karras", schedule="Exponential")))
+    assert server.metrics.registry.get_sample_value("sdxl_requests_total", {"outcome": "user_error"}) == 1
 
 
 def test_a_closed_stream_stops_its_request_and_counts_it_cancelled(server):

@@ -9,6 +9,7 @@ import pytest
 from sdxl_tpu.playground import (STYLES, ModelInfo, Server, Settings, apply_style, parse_settings, seed_at,
                                  style_description, validate)
 from sdxl_tpu.request import RequestError, clean_text, text_input
+from sdxl_tpu.scheduler import RNGS, SAMPLERS, SCHEDULES
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
@@ -18,7 +19,8 @@ OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=Fal
 def _validate(**overrides):
     args = {**OK, **overrides}
     return validate(args["prompt"], args["negative"], args["style"], args["seed"], args["randomize"],
-                    args["guidance"], args["steps"], args["size"], args["sampler"], SIZES)
+                    args["guidance"], args["steps"], args["size"], args["sampler"], SIZES, schedule=args.get("schedule"),
+                    rng=args.get("rng"))
 
 
 def test_ten_styles_with_templates():
@@ -76,8 +78,17 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
     (dict(size="\ud800\x00" + "x" * 100), "Size '\\ud800\\u0000xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…' is not"),
     (dict(style="Bogus"), "Style 'Bogus' is not available; choose one of: (No style), Cinematic,"),
     (dict(style=3), "Style must be text, got a number; choose one of:"),
-    (dict(sampler="DDIM"), "Sampler 'DDIM' is not available; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
+    (dict(sampler="Heun"), f"Sampler 'Heun' is not available; choose one of: {', '.join(SAMPLERS)}."),
     (dict(sampler=True), "Sampler must be text, got true/false; choose one of: Euler, Euler a,"),
+    (dict(schedule="Beta"), f"Schedule type 'Beta' is not available; choose one of: {', '.join(SCHEDULES)}."),
+    (dict(schedule=3), "Schedule type must be text, got a number; choose one of: Checkpoint, Automatic,"),
+    (dict(schedule="karras"), "Schedule type 'karras' is not available"),  # (a request names it exactly)
+    (dict(rng="GPU"), "RNG 'GPU' is not available; choose one of: JAX, CPU."),
+    (dict(rng=["CPU"]), "RNG must be text, got a list; choose one of: JAX, CPU."),
+    (dict(sampler="DDIM", schedule="Karras"),
+     "DDIM runs on its own timesteps: choose Schedule type Checkpoint or Automatic, not Karras."),
+    (dict(sampler="DPM++ 2M Karras", schedule="Uniform"),
+     "DPM++ 2M Karras names its schedule (Karras): for Schedule type Uniform choose DPM++ 2M."),
 ])
 def test_validation_messages(overrides, message):
     with pytest.raises(RequestError) as info:
@@ -91,6 +102,10 @@ def test_valid_request_and_random_seed():
     assert request.prompt.startswith("pixel-art a cat") and request.negative_prompt.endswith(", blurry")
     assert (request.steps, request.size, request.seed, request.sampler) == (12, (96, 64), 3, None)
     assert _validate(sampler="DPM++ 2M Karras").sampler == "DPM++ 2M Karras"
+    assert (request.schedule, request.rng) == ("Checkpoint", "JAX")  # left out: the checkpoint's schedule, JAX noise
+    chosen = _validate(sampler="DPM++ 2M", schedule="Karras", rng="CPU")
+    assert (chosen.sampler, chosen.schedule, chosen.rng) == ("DPM++ 2M", "Karras", "CPU")
+    assert {i.rng for i in chosen.images(4)} == {"CPU"} and {i.schedule for i in chosen.images(4)} == {"Karras"}
     assert request.guidance_scale == 7.0 and isinstance(request.guidance_scale, float)
     seeds = {_validate(randomize=True).seed for _ in range(5)} | {_validate(randomize=True, seed=None).seed}
     assert len(seeds) > 1 and all(0 <= s < 2**32 for s in seeds)
@@ -133,9 +148,58 @@ def test_settings_from_arguments_and_environment():
     assert (s.config, s.loras) == (None, ["c.safetensors", "d.safetensors:2"])  # given options win
     assert parse_settings([], env={}).loras == []
     for bad in (["--metrics", "9100"], ["--preset", "Ultra"], ["--metrics", "host:99999"], ["--metrics", "yes"], ["--drain-seconds", "-1"],
-                ["--spacing", "even"]):
+                ["--spacing", "even"], ["--schedule", "Beta"], ["--rng", "GPU"]):
         with pytest.raises(SystemExit):
             parse_settings(bad, env={})
+
+
+def test_default_schedule_and_noise_source_settings(capsys):
+    """--schedule and --rng (env SDXL_SCHEDULE, SDXL_RNG): what a request that names none gets,
+    and the page's defaults; checked like a request's, the launch preset's sampler included."""
+    s = parse_settings([], env={})
+    assert (s.schedule, s.rng) == ("Checkpoint", "JAX")
+    s = parse_settings(["--schedule", "Karras", "--rng", "CPU"], env={})
+    assert (s.schedule, s.rng) == ("Karras", "CPU")
+    s = parse_settings([], env={"SDXL_SCHEDULE": "SGM Uniform", "SDXL_RNG": "CPU"})
+    assert (s.schedule, s.rng) == ("SGM Uniform", "CPU")
+    assert parse_settings(["--schedule", "Automatic"], env={"SDXL_SCHEDULE": "Karras"}).schedule == "Automatic"
+    for argv, env, message in [([], {"SDXL_SCHEDULE": "karras"}, "--schedule must be one of Checkpoint, Automatic,"),
+                               ([], {"SDXL_RNG": "NV"}, "--rng must be one of JAX, CPU, got 'NV'"),
+                               (["--preset", "Quality", "--schedule", "Exponential"], {},
+                                "--schedule Exponential with --preset Quality: DPM++ 2M Karras names its schedule")]:
+        with pytest.raises(SystemExit):
+            parse_settings(argv, env=env)
+        assert message in capsys.readouterr().err
+    assert parse_settings(["--preset", "Quality", "--schedule", "Karras"], env={}).schedule == "Karras"
+
+
+def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with_the_sampler_that_runs():
+    class FakePipeline:
+        sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
+        model_name, samplers, default_sampler = "fake", {"Euler": None, "DDIM": None}, "DDIM"
+        max_prompt_chunks = 3
+
+        def is_compiled(self, size):
+            return True
+
+    server = Server(Settings(model="tiny", sizes=SIZES, schedule="Automatic", rng="CPU"), loader=lambda s: FakePipeline())
+    server.load()
+    assert (server.info.schedules, server.info.rngs) == (list(SCHEDULES), list(RNGS))
+    assert (server.default_schedule, server.default_rng) == ("Automatic", "CPU")
+    form = {**OK, "sampler": "Euler"}
+    request = server.validate_form(tuple(form.values()))  # (an API caller of before: nine fields)
+    assert (request.sampler, request.schedule, request.rng) == ("Euler", "Automatic", "CPU")
+    request = server.validate_form((*form.values(), None, None))
+    assert (request.schedule, request.rng) == ("Automatic", "CPU")
+    request = server.validate_form((*form.values(), "Karras", "JAX"))
+    assert (request.schedule, request.rng) == ("Karras", "JAX")
+    # No sampler named: the model's own (DDIM here) runs, and the schedule is checked with it.
+    assert server.validate_form((*OK.values(), "Checkpoint", "JAX")).sampler is None
+    with pytest.raises(RequestError, match="^DDIM runs on its own timesteps: choose Schedule type Checkpoint or "
+                                           "Automatic, not Karras.$"):
+        server.validate_form((*OK.values(), "Karras", "JAX"))
+    with pytest.raises(RequestError, match="^Schedule type 'Fast' is not available"):
+        server.validate_form((*form.values(), "Fast", "JAX"))
 
 
 def test_front_end_settings_and_what_it_takes_from_a_back_end():
@@ -147,18 +211,23 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
             parse_settings(["--backend", bad], env={})
     info = {"model": "tiny", "sizes": ["64x64"], "samplers": ["Euler", "Euler a"], "default_sampler": "Euler a",
             "preset": "Turbo", "presets": ["Turbo"], "images_per_call": 4, "image_format": "png",
-            "max_prompt_chunks": 2}
+            "max_prompt_chunks": 2, "schedules": ["Checkpoint", "Karras"], "default_schedule": "Karras",
+            "rngs": ["JAX", "CPU"], "default_rng": "CPU"}
     parsed = ModelInfo.from_json(info)
     assert parsed.sizes == [(64, 64)] and parsed.to_json() == info
     server = Server(Settings(model="ignored", backend="http://lb"))
     server.info = parsed
     assert (server.sizes, server.samplers, server.default_sampler, server.image_format) == (
         [(64, 64)], ["Euler", "Euler a"], "Euler a", "png")
+    assert (server.schedules, server.default_schedule, server.rngs, server.default_rng) == (
+        ["Checkpoint", "Karras"], "Karras", ["JAX", "CPU"], "CPU")
     assert server.recipe.name == "Turbo" and [r.name for r in server.presets] == ["Turbo"]
     assert server.token_count("") == "0 / 150 tokens"  # the back end's room for prompts, not this one's setting
     for key, value in [("sizes", []), ("sizes", ["huge"]), ("samplers", ["Mystery"]), ("default_sampler", "LMS"),
                        ("preset", "Ultra"), ("presets", "Turbo"), ("images_per_call", True), ("image_format", "gif"),
-                       ("model", None), ("max_prompt_chunks", 0), ("max_prompt_chunks", 9), ("max_prompt_chunks", True)]:
+                       ("model", None), ("max_prompt_chunks", 0), ("max_prompt_chunks", 9), ("max_prompt_chunks", True),
+                       ("schedules", ["Beta"]), ("schedules", "Karras"), ("default_schedule", "Uniform"),
+                       ("rngs", ["NV"]), ("default_rng", "GPU"), ("default_rng", None)]:
         with pytest.raises(ValueError):
             ModelInfo.from_json({**info, key: value})
     with pytest.raises(ValueError, match="lacks images_per_call"):

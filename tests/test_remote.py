@@ -20,7 +20,7 @@ from served_app import free_port
 
 JPEG = b"\xff\xd8\xff\xe0fake jpeg"
 RESULT = {"images": [base64.b64encode(JPEG).decode()] * 4, "parameters": ["p"] * 4, "seeds": [5, 6, 7, 8],
-          "sampler": "Euler", "format": "jpeg",
+          "sampler": "Euler", "schedule": "Karras", "rng": "CPU", "format": "jpeg",
           "timings": {"text_encoding": 0.1, "denoising": 0.2, "decoding": 0.3, "total": 0.6, "encoding": 0.01}}
 
 
@@ -73,7 +73,7 @@ class FakeBackend:
 
 @pytest.fixture
 def request_():
-    return Request.of("a cat", "blurry", seed=5, steps=2, size="64x64", sampler="Euler")
+    return Request.of("a cat", "blurry", seed=5, steps=2, size="64x64", sampler="Euler", schedule="Karras", rng="CPU")
 
 
 def ok() -> tuple:
@@ -91,10 +91,11 @@ def test_busy_then_broken_then_served(request_):
     finally:
         fake.close()
     assert made.files == [JPEG] * 4 and made.seeds == [5, 6, 7, 8] and made.sampler == "Euler"
+    assert (made.schedule, made.rng) == ("Karras", "CPU")  # as the back end ran them
     assert made.timings["total"] == 0.6 and (2, 2) in steps
     assert len(fake.bodies) == 3 and all(b == fake.bodies[0] for b in fake.bodies)  # the same request each time
     assert fake.bodies[0] == {"prompt": "a cat", "negative_prompt": "blurry", "seed": 5, "guidance_scale": 5.0,
-                              "steps": 2, "size": "64x64", "sampler": "Euler"}
+                              "steps": 2, "size": "64x64", "sampler": "Euler", "schedule": "Karras", "rng": "CPU"}
 
 
 def test_a_refusal_reaches_the_user_as_its_message(request_):
@@ -124,12 +125,14 @@ def test_gives_up_after_bounded_tries_and_time(request_):
 
 def test_a_malformed_answer_is_not_passed_on(request_):
     bad = dict(RESULT, images=[base64.b64encode(b"<html>not an image</html>").decode()] * 4)
-    fake = FakeBackend([(200, {"Content-Type": "text/event-stream"}, sse(("result", bad))), ok()])
+    unsaid = {k: v for k, v in RESULT.items() if k != "schedule"}  # (what ran must be said)
+    fake = FakeBackend([(200, {"Content-Type": "text/event-stream"}, sse(("result", bad))),
+                        (200, {"Content-Type": "text/event-stream"}, sse(("result", unsaid))), ok()])
     try:
         made = Backend(fake.url).generate(request_)
     finally:
         fake.close()
-    assert made.files == [JPEG] * 4 and len(fake.bodies) == 2  # the second back end's answer
+    assert made.files == [JPEG] * 4 and len(fake.bodies) == 3  # the third back end's answer
 
 
 def test_stops_when_the_caller_has_gone(request_):

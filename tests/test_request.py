@@ -68,15 +68,23 @@ def test_only_available_sizes_are_accepted():
                                           ("guidance_scale", float("nan")), ("guidance_scale", 21),
                                           ("steps", 0), ("steps", 51), ("steps", 2.5), ("size", "1024x1024"),
                                           ("prompt", 7), ("prompt", "\t"), ("negative_prompt", 3),
-                                          ("sampler", "DDIM"), ("sampler", 2), ("sampler", ["Euler"])])
+                                          ("sampler", "Heun"), ("sampler", 2), ("sampler", ["Euler"]),
+                                          ("schedule", "Beta"), ("schedule", "karras"), ("schedule", 1),
+                                          ("rng", "NV"), ("rng", ["CPU"]), ("pair", ("DDIM", "Karras")),
+                                          ("pair", ("DPM++ 2M SDE Karras", "Exponential"))])
 def test_the_playground_and_the_api_give_the_same_message(field, value):
-    api = dict(prompt="a cat", negative_prompt="", seed=3, guidance_scale=5.0, steps=20, size="64x64", sampler=None)
-    api[field] = value
+    api = dict(prompt="a cat", negative_prompt="", seed=3, guidance_scale=5.0, steps=20, size="64x64", sampler=None,
+               schedule=None, rng=None)
+    ui = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
+              size="64x64", sampler=None, schedule=None, rng=None)
+    if field == "pair":  # a sampler and a Schedule type, each valid, together not
+        api["sampler"], api["schedule"] = ui["sampler"], ui["schedule"] = value
+    else:
+        api[field] = value
+        ui[{"negative_prompt": "negative", "guidance_scale": "guidance"}.get(field, field)] = value
     with pytest.raises(RequestError) as from_api:
         Request.of(api.pop("prompt"), api.pop("negative_prompt"), sizes=SIZES, **api)
-    ui = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
-              size="64x64", sampler=None)
-    ui[{"negative_prompt": "negative", "guidance_scale": "guidance"}.get(field, field)] = value
+    schedule, rng = ui.pop("schedule"), ui.pop("rng")
     with pytest.raises(RequestError) as from_ui:
-        validate(*ui.values(), SIZES)
+        validate(*ui.values(), SIZES, schedule=schedule, rng=rng)
     assert str(from_ui.value) == str(from_api.value)

@@ -20,14 +20,15 @@ from hypothesis import strategies as st
 
 from served_app import ROOT, SIZES, get
 from sdxl_tpu.request import MAX_PROMPT_CHARS
-from sdxl_tpu.scheduler import SAMPLERS
+from sdxl_tpu.scheduler import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
-GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler"]  # a valid /generate call (1 step)
+GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX"]  # a valid call (1 step)
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
-       "sampler": "Euler", "size": "64x64"}  # a run as the page's history keeps it
-# The page's own generation event takes the history the browser keeps as a tenth input.
+       "sampler": "Euler", "size": "64x64", "schedule": "Checkpoint", "rng": "JAX"}  # a run as the history keeps it
+# The page's own generation event takes the history the browser keeps as a last input.
 CALLS = {"generate": GENERATE, "generate_in_page": GENERATE + [[RUN]]}
-FIELDS = ["prompt", "negative", "style", "seed", "randomize", "guidance", "steps", "size", "sampler"]
+HISTORY = len(GENERATE)  # (its position)
+FIELDS = ["prompt", "negative", "style", "seed", "randomize", "guidance", "steps", "size", "sampler", "schedule", "rng"]
 OWN_SOURCE = "def build_demo(server: Server)"  # a line of app.py: must never be served
 
 
@@ -151,6 +152,8 @@ def test_file_data_inputs_never_read_a_file(app_server, http_client, fn_index):
         status, detail = http_client.join([_file_data(path), "(No style)"], fn_index["token_count"])
         assert status == 422 and "file object" in detail
         status, detail = http_client.join(GENERATE + [[{"prompt": _file_data(path)}]], fn_index["generate_in_page"])
+        assert status == 422 and detail == f"input {HISTORY + 1} is a file object; this app takes no files."
+        status, detail = http_client.join(GENERATE[:9] + [_file_data(path), "JAX"], fn_index["generate"])
         assert status == 422 and detail == "input 10 is a file object; this app takes no files."
         # ... and asked for directly, by every spelling of the path
         for spelled in (path, path.replace("/", "%2F"), path.replace(".", "%2e")):
@@ -233,8 +236,26 @@ MALFORMED = {
                        st.just(0)),
     "size": st.one_of(not_text, text.filter(lambda s: s.strip() not in SIZES.split(","))),
     "sampler": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s not in SAMPLERS)),
+    "schedule": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s not in SCHEDULES),
+                          st.sampled_from([s.lower() for s in SCHEDULES] + ["sgm_uniform", "normal", "Beta"])),
+    "rng": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s not in RNGS),
+                     st.sampled_from(["cpu", "GPU", "NV", "jax"])),
 }
-CASES = st.sampled_from(FIELDS).flatmap(lambda f: st.tuples(st.just(f), MALFORMED[f]))
+
+
+def _refused(sampler: str, schedule: str) -> bool:
+    try:
+        resolve_schedule(sampler, schedule)
+    except ValueError:
+        return True
+    return False
+
+
+# A sampler and a Schedule type, each valid, together not (DDIM on Karras): both set.
+REFUSED_PAIRS = [(sampler, schedule) for sampler in SAMPLERS for schedule in SCHEDULES if _refused(sampler, schedule)]
+PAIR = "sampler+schedule"
+CASES = st.one_of(st.sampled_from(FIELDS).flatmap(lambda f: st.tuples(st.just(f), MALFORMED[f])),
+                  st.tuples(st.just(PAIR), st.sampled_from(REFUSED_PAIRS)))
 
 
 @pytest.fixture(scope="module")
@@ -252,14 +273,17 @@ def test_fuzz_gradio_client(fuzz_client, http_client, fuzz_log, case):
 
     field, value = case
     args = list(GENERATE)
-    args[FIELDS.index(field)] = value
+    if field == PAIR:
+        args[FIELDS.index("sampler")], args[FIELDS.index("schedule")] = value
+    else:
+        args[FIELDS.index(field)] = value
     fuzz_log["inputs"] += 1
     with pytest.raises(AppError) as info:
         fuzz_client.predict(*args, api_name="/generate")
     message = str(info.value)
     assert message and "Traceback" not in message and " object at 0x" not in message, message
     assert any(name in message for name in ("Prompt", "prompt", "Negative prompt", "Style", "Seed", "Randomize",
-                                            "Guidance", "Steps", "Size", "Sampler")), message
+                                            "Guidance", "Steps", "Size", "Sampler", "Schedule type", "RNG")), message
     http_client.check("PREDICT", field, 200, message.encode())
 
 
@@ -269,8 +293,8 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
               '{"url": "http://127.0.0.1:1/x"}', "[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]", "1" + "0" * 400,
               "true", "false", "null", "[]", "{}", '"' + "y" * 100_000 + '"']
 # (position, value) pairs among those that make a valid call: no negative prompt, randomize on or off,
-# the default sampler.
-STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null")}
+# the default sampler, schedule and noise source.
+STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null"), (9, "null"), (10, "null")}
 
 
 def _join_raw(http_client, fuzz_log, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:
@@ -294,7 +318,7 @@ def test_fuzz_raw_values_through_the_queue(http_client, fn_index, fuzz_log, endp
                                               [json.dumps(v) for v in call], position, raw)
             if status == 200:  # a value the envelope allows: the handler refuses it through the queue
                 message = http_client.completion(session)
-                if (position, raw) in STILL_VALID or position == 9:  # (a malformed history is dropped, not refused)
+                if (position, raw) in STILL_VALID or position == HISTORY:  # (a malformed history is dropped, not refused)
                     assert message["success"] is True, message
                 elif endpoint == "generate":
                     assert message["success"] is False and message.get("output", {}).get("error"), message
@@ -397,6 +421,10 @@ def _raw_lying_length(port: int, path: str) -> int:
 # The page's paste box: anything at all, as text or as any JSON value.
 PASTES = st.one_of(st.text(max_size=400), st.text(st.sampled_from('abc:, "\\\n()<>0123456789.x-Negative prompt:Steps'),
                                                   max_size=600),
+                   st.lists(st.sampled_from(["a cat\n", "Steps: 3", "Sampler: ", "DDIM", "DPM++ 2M", "Euler a",
+                                             " Karras", "Schedule type: ", "karras", "sgm_uniform", "Exponential", "Beta",
+                                             "Checkpoint", "RNG: ", "CPU", "NV", "Version: sdxl-tpu 0.1.0", ", ",
+                                             "Seed: 5"]), max_size=24).map("".join),
                    huge_text, not_text, st.sampled_from([v for v in RAW_VALUES if len(v) < 1000]).map(json.loads))
 
 
@@ -418,13 +446,15 @@ def test_fuzz_the_paste_box(http_client, fn_index, fuzz_log, value):
     assert message["success"] is True, message
     *form, notes = message["output"]["data"]
     assert isinstance(notes, str) and notes and "Traceback" not in notes
-    prompt, negative, seed, randomize, guidance, steps, sampler, size = (
+    prompt, negative, seed, randomize, guidance, steps, sampler, schedule, size, rng = (
         None if isinstance(v, dict) and v.get("__type__") == "update" else v for v in form)  # (None: left as it was)
     assert all(v is None or isinstance(v, str) for v in (prompt, negative)), form
     assert seed is None or (type(seed) is int and 0 <= seed < 2**32 and randomize is False), form
     assert guidance is None or 0 <= guidance <= 20, form
     assert steps is None or (type(steps) is int and 1 <= steps <= 50), form
     assert sampler in (None, *SAMPLERS) and size in (None, *SIZES.split(",")), form
+    assert schedule in (None, *SCHEDULES) and rng in (None, *RNGS), form
+    assert sampler is None or schedule is None or not _refused(sampler, schedule), form  # a pair that runs
 
 
 def test_fuzz_ends_with_the_server_up_quiet_logs_and_a_normal_call(app_server, http_client, fuzz_client, fuzz_log):
