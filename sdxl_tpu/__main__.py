@@ -123,7 +123,7 @@ def _generate(args: argparse.Namespace) -> int:
         pipe = load_pipeline(s["model"], dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
                              step_progress=False, attention=args.attention, unet=s["unet"],
                              timestep_spacing=s["spacing"], prediction_type=s["prediction_type"], config=args.config,
-                             loras=args.lora)
+                             loras=args.lora or ([s["lora"]] if s["lora"] else None))
         if request.sampler is None:  # the checkpoint's own sampler: its schedule is checked now it is known
             schedule_input(pipe.default_sampler, request.schedule)
         result = pipe.run(request, images=args.images)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import os
 import threading
@@ -165,9 +166,11 @@ class Pipeline:
             return self._shard(fn, (P(), P()) + (bat,) * 6, (bat, bat)), (
                 self.params["text_encoder"], self.params["text_encoder_2"], ids, ids, weights, weights, lengths,
                 batch((b,), jnp.bool_))
-        if name == "noise":
-            fn = lambda s, t: scheduler.init(sampling.get_noise(s, lh, lw, c), s, t)
-            return self._shard(fn, (bat, P()), bat), (seeds, tables)
+        if name == "noise":  # JAX's initial noise, or the host's for the images that draw their own (RNG CPU)
+            def fn(s, t, host, use_host):
+                noise = jnp.where(use_host[:, None, None, None], host, sampling.get_noise(s, lh, lw, c))
+                return scheduler.init(noise, s, t)._replace(host_noise=use_host)
+            return self._shard(fn, (bat, P(), bat, bat), bat), (seeds, tables, latents, batch((b,), jnp.bool_))
         if name == "init":  # the state from initial latents the caller gives
             return self._shard(scheduler.init, (bat, bat, P()), bat), (latents, seeds, tables)
         if name in ("denoise", "denoise_unguided"):  # one step (stepwise: the last argument is the step) or all
@@ -206,6 +209,13 @@ class Pipeline:
                     programs[name] = fn.lower(*args).compile()
             self._compiled[size] = programs
         return self._compiled[size]
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019 (one per size, for the pipeline's life)
+    def _no_noise(self, size: tuple[int, int]) -> jax.Array:
+        """The host noise of a call where no image draws its own: zeros, kept on the devices."""
+        w, h = size
+        shape = (self.images_per_call, h // self.vae_factor, w // self.vae_factor, self.latent_channels)
+        return jax.device_put(np.zeros(shape, np.float32), self._batch)
 
     def is_compiled(self, size: tuple[int, int]) -> bool:
         return size in self._compiled
@@ -287,10 +297,9 @@ class Pipeline:
         if not 1 <= n <= self.images_per_call:
             raise ValueError(f"a call makes 1 to {self.images_per_call} images, not {n}")
         infos = [dataclasses.replace(info, sampler=info.sampler or self.default_sampler) for info in infos]
-        size, steps, name, rng = infos[0].size, infos[0].steps, infos[0].sampler, infos[0].rng
-        if any((i.size, i.steps, i.sampler, i.schedule, i.rng) != (size, steps, name, infos[0].schedule, rng)
-               for i in infos):
-            raise ValueError("the images of one call must share their size, step count, sampler, schedule and RNG")
+        size, steps, name = infos[0].size, infos[0].steps, infos[0].sampler
+        if any((i.size, i.steps, i.sampler, i.schedule) != (size, steps, name, infos[0].schedule) for i in infos):
+            raise ValueError("the images of one call must share their size, step count, sampler and schedule")
         if name not in self.samplers:
             raise RequestError(not_a_choice("Sampler", name, self.samplers))
         # What ran, as its parameters will say: Automatic resolved to the sampler's schedule.
@@ -312,23 +321,24 @@ class Pipeline:
         seeds = put(np.array([i.seed for i in slots], np.uint32))
         # RNG CPU: PyTorch's CPU generator per image, its stream continued from the initial noise into
         # each noisy step, as A1111's ImageRNG draws it (NCHW, as torch.randn's shape).
-        generators = [TorchCPUGenerator(i.seed) for i in slots] if rng == "CPU" else None
+        # Images of either source mix in a call: each draws its own.
+        own = np.array([i.rng == "CPU" for i in slots])
+        generators = [TorchCPUGenerator(i.seed) if cpu else None for i, cpu in zip(slots, own)] if own.any() else None
         noisy = {i for i in range(steps) if host_tables.update[i, 3] != 0} if generators else set()
         latent_shape = (self.latent_channels, size[1] // self.vae_factor, size[0] // self.vae_factor)
-        host_noise = lambda: put(np.stack([g.randn(latent_shape) for g in generators]).transpose(0, 2, 3, 1))
+        zeros = np.zeros(latent_shape, np.float32)
+        host_noise = lambda: put(np.stack([g.randn(latent_shape) if g else zeros for g in generators]).transpose(0, 2, 3, 1))
 
         with self._lock:
             start = time.perf_counter()
             lengths = put(text.lengths)
             context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
                                                  *map(put, text[:4]), lengths, put(text.zero_negative))
-            if latents is None and generators is None:
-                state = programs["noise"](seeds, tables)
+            if latents is None:
+                state = programs["noise"](seeds, tables, host_noise() if generators else self._no_noise(size), put(own))
             else:
-                initial = host_noise() if latents is None else put(latents.transpose(0, 2, 3, 1))
-                state = programs["init"](initial, seeds, tables)
-            if generators is not None:
-                state = state._replace(host_noise=put(np.ones(self.images_per_call, np.bool_)))
+                state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
+                state = state._replace(host_noise=put(own))
             jax.block_until_ready((context, pooled, state))
             t_text = time.perf_counter()
             conditioning = (context, lengths, pooled, put(text.time_ids), put(text.guidance), tables)

@@ -305,7 +305,8 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
             parser.error(f"--schedule {args.schedule} with --preset {recipe.name}: {e}")
     chosen = settle(recipe, model=args.model, unet=args.unet, spacing=args.spacing,
                     prediction_type=args.prediction_type)
-    loras = args.lora or [spec.strip() for spec in args.lora_env.split(",") if spec.strip()]
+    loras = (args.lora or [spec.strip() for spec in args.lora_env.split(",") if spec.strip()]
+             or ([chosen["lora"]] if chosen["lora"] else []))  # a preset's LoRA (LCM-LoRA) unless one is given
     if args.sizes is None:  # the tiny model is for trying things out: keep it quick on a CPU
         args.sizes = TINY_DEFAULT_SIZE if chosen["model"] == "tiny" else (recipe and recipe.size) or "1024x1024"
     try:

@@ -70,7 +70,7 @@ def recipe_named(name: str) -> Recipe:
 
 # What an entry point uses when neither the user nor a preset says otherwise.
 DEFAULTS = dict(model=BASE, unet=None, spacing=None, prediction_type=None, sampler=None, steps=20, guidance=5.0,
-                size="1024x1024")
+                size="1024x1024", lora=None)
 
 
 def settle(recipe: Recipe | None, **given) -> dict:

@@ -172,8 +172,8 @@ def test_result_carries_images_seeds_parameters_and_timings(tiny_pipeline):
     assert set(t) == {"text_encoding", "denoising", "decoding", "total"}
     assert t["total"] == pytest.approx(t["text_encoding"] + t["denoising"] + t["decoding"])
     text = result.infos[1].parameters_text("tiny")
-    assert text == ("b\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, CFG scale: 2, Seed: 4294967295, "
-                    f"Size: 96x64, Model: tiny, Version: sdxl-tpu {VERSION}")
+    assert text == ("b\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, Schedule type: Checkpoint, CFG scale: 2, "
+                    f"Seed: 4294967295, Size: 96x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")
     # A random base seed: drawn anew per call, image i gets base + i (wrapping at 2**32).
     draws = [tiny_pipeline.generate("x", steps=1, size=(64, 64)).seeds for _ in range(3)]
     assert len({d[0] for d in draws}) == 3
@@ -293,3 +293,18 @@ def test_a_restart_reuses_compiled_programs_from_the_persistent_cache(tiny_check
     hits, misses = map(int, result.stdout.split()[-2:])
     print(f"restart: {hits} programs from the cache, {misses} compiled")
     assert misses == 0 and hits >= 9  # encode + (noise, init, denoise, decode) per size
+
+
+def test_noise_sources_mix_in_a_call_each_image_its_own(tiny_pipeline):
+    """Images of RNG CPU and RNG JAX in one call (the batcher packs requests that differ only in
+    it): each comes out as in a call of its own kind, ancestral step noise included."""
+    kwargs = dict(seed=500, steps=3, size=(64, 64), sampler="Euler a", schedule="Uniform")
+    cpu = tiny_pipeline.request("a red chair", "blurry", rng="CPU", **kwargs).images(4)
+    jax_noise = tiny_pipeline.request("a red chair", "blurry", rng="JAX", **kwargs).images(4)
+    alone = {rng: _images(tiny_pipeline.run_images(infos)) for rng, infos in (("CPU", cpu), ("JAX", jax_noise))}
+    mixed = tiny_pipeline.run_images([cpu[0], jax_noise[1], cpu[2], jax_noise[3]])
+    assert [i.rng for i in mixed.infos] == ["CPU", "JAX", "CPU", "JAX"]
+    ours = _images(mixed)
+    for i, rng in enumerate(["CPU", "JAX", "CPU", "JAX"]):
+        np.testing.assert_allclose(ours[i], alone[rng][i], atol=1)
+    assert np.abs(alone["CPU"][0].astype(int) - alone["JAX"][0].astype(int)).mean() > 1  # the sources differ

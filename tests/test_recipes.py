@@ -37,3 +37,14 @@ def test_settle_prefers_what_is_given_then_the_preset_then_the_default():
     assert settle(None)["steps"] == 20 and settle(None)["model"] == "stabilityai/stable-diffusion-xl-base-1.0"
     s = settle(recipe_named("Turbo"), steps=3)
     assert (s["steps"], s["model"], s["guidance"], s["size"]) == (3, "stabilityai/sdxl-turbo", 0.0, "512x512")
+
+
+def test_the_lcm_preset_brings_its_lora_unless_one_is_given():
+    from sdxl_tpu.playground import parse_settings
+
+    lcm = recipe_named("LCM-LoRA 4-step")
+    assert (lcm.sampler, lcm.steps, lcm.guidance, lcm.brings_weights) == ("LCM", 4, 1.0, True)
+    assert parse_settings(["--preset", lcm.name], env={}).loras == [lcm.lora]
+    assert parse_settings(["--preset", lcm.name, "--lora", "mine.safetensors:0.5"], env={}).loras == ["mine.safetensors:0.5"]
+    assert parse_settings([], env={}).loras == []
+    assert "LCM-LoRA 4-step" not in SAMPLING  # it needs its weights: chosen at launch, not in the page's menu
