@@ -45,7 +45,8 @@ def test_sigterm_drains_then_exits_zero(draining_app):
     heartbeat.request("GET", f"/gradio_api/heartbeat/{uuid.uuid4().hex}")
     assert heartbeat.getresponse().status == 200
 
-    args = lambda seed, steps: ("a cat", "", "(No style)", seed, False, 5.0, steps, "96x64", "Euler")
+    args = lambda seed, steps: ("a cat", "", "(No style)", seed, False, 5.0, steps, "96x64", "Euler",
+                                 "Checkpoint", "JAX")
     jobs = [Client(base + "/", verbose=False, download_files=False).submit(*args(seed, 50), api_name="/generate")
             for seed in (1, 2)]  # one running, one queued behind it
     time.sleep(0.5)
