@@ -221,12 +221,18 @@ class DDIM(Sampler):
         timesteps = self.timesteps(steps)
         update, to_eps = np.zeros((steps, 6)), np.zeros((2, steps))
         for i, t in enumerate(timesteps):
-            a_t, a_prev = ac[t], self._alpha_prev(ac, t - self.num_train_timesteps // steps)
-            p, q = 1 / np.sqrt(a_t), -np.sqrt((1 - a_t) / a_t)  # x0 = (x - sqrt(1 - a_t) eps) / sqrt(a_t)
-            update[i] = [np.sqrt(a_prev) * p, np.sqrt(a_prev) * q + np.sqrt(1 - a_prev), 0.0, 0.0, p, q]
+            update[i] = self._row(ac, timesteps, i)
+            a_t = ac[t]
             to_eps[:, i] = 1 / np.sqrt(1 - a_t), -np.sqrt(a_t / (1 - a_t))  # x = sqrt(a_t) x0 + sqrt(1 - a_t) eps
         update = self._predicting(update, tuple(to_eps))
         return Tables(timesteps.astype(np.float32), np.ones(steps, np.float32), update.astype(np.float32), 1.0)
+
+    def _row(self, ac: np.ndarray, timesteps: np.ndarray, i: int) -> list[float]:
+        """a, b, c, n, p, q of step i, for an eps-predicting model."""
+        t = timesteps[i]
+        a_t, a_prev = ac[t], self._alpha_prev(ac, t - self.num_train_timesteps // len(timesteps))
+        p, q = 1 / np.sqrt(a_t), -np.sqrt((1 - a_t) / a_t)  # x0 = (x - sqrt(1 - a_t) eps) / sqrt(a_t)
+        return [np.sqrt(a_prev) * p, np.sqrt(a_prev) * q + np.sqrt(1 - a_prev), 0.0, 0.0, p, q]
 
 
 @dataclass(frozen=True)
@@ -256,24 +262,16 @@ class LCM(DDIM):
         origin = (np.arange(1, self.original_inference_steps + 1) * k - 1)[::-1]
         return origin[np.floor(np.linspace(0, len(origin), num=steps, endpoint=False)).astype(np.int64)]
 
-    def tables(self, steps: int) -> Tables:
-        self._check_steps(steps)
-        ac = self.alphas_cumprod().astype(np.float64)
-        timesteps = self.timesteps(steps)
-        update, to_eps = np.zeros((steps, 6)), np.zeros((2, steps))
-        for i, t in enumerate(timesteps):
-            a_t = ac[t]
-            scaled = t * self.timestep_scaling  # the boundary condition's scalings, sigma_data 0.5
-            c_skip, c_out = 0.25 / (scaled ** 2 + 0.25), scaled / np.sqrt(scaled ** 2 + 0.25)
-            p, q = c_skip + c_out / np.sqrt(a_t), -c_out * np.sqrt((1 - a_t) / a_t)  # the denoised estimate
-            if i < steps - 1:
-                a_prev = self._alpha_prev(ac, int(timesteps[i + 1]))
-                update[i] = [np.sqrt(a_prev) * p, np.sqrt(a_prev) * q, 0.0, np.sqrt(1 - a_prev), p, q]
-            else:
-                update[i] = [p, q, 0.0, 0.0, p, q]
-            to_eps[:, i] = 1 / np.sqrt(1 - a_t), -np.sqrt(a_t / (1 - a_t))
-        update = self._predicting(update, tuple(to_eps))
-        return Tables(timesteps.astype(np.float32), np.ones(steps, np.float32), update.astype(np.float32), 1.0)
+    def _row(self, ac: np.ndarray, timesteps: np.ndarray, i: int) -> list[float]:
+        t = timesteps[i]
+        a_t = ac[t]
+        scaled = t * self.timestep_scaling  # the boundary condition's scalings, sigma_data 0.5
+        c_skip, c_out = 0.25 / (scaled ** 2 + 0.25), scaled / np.sqrt(scaled ** 2 + 0.25)
+        p, q = c_skip + c_out / np.sqrt(a_t), -c_out * np.sqrt((1 - a_t) / a_t)  # the denoised estimate
+        if i == len(timesteps) - 1:
+            return [p, q, 0.0, 0.0, p, q]
+        a_prev = self._alpha_prev(ac, int(timesteps[i + 1]))
+        return [np.sqrt(a_prev) * p, np.sqrt(a_prev) * q, 0.0, np.sqrt(1 - a_prev), p, q]
 
 
 # -- by name ---------------------------------------------------------------------------------------
