@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-METHODS = ("euler", "euler_ancestral", "dpmpp_2m", "dpmpp_2m_sde")  # k-diffusion's sample_<method>
+METHODS = ("euler", "euler_ancestral", "dpmpp_2m", "dpmpp_2m_sde", "dpmpp_sde")  # k-diffusion's sample_<method>
 
 
 def model_sigmas(num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str) -> np.ndarray:
@@ -33,8 +33,9 @@ def model_sigmas(num_train_timesteps: int, beta_start: float, beta_end: float, b
 
 def sigma_to_t(sigmas: np.ndarray, train: np.ndarray) -> np.ndarray:
     """The fractional training timestep of each sigma, interpolated in log sigma (k-diffusion's
-    DiscreteSchedule.sigma_to_t; diffusers' _sigma_to_t is the same)."""
-    log_train = np.log(train.astype(np.float64))
+    DiscreteSchedule.sigma_to_t; diffusers' _sigma_to_t is the same). Both take the log of the
+    float32 training sigmas in float32."""
+    log_train = np.log(train).astype(np.float64)
     log_sigma = np.log(np.maximum(np.asarray(sigmas, np.float64), 1e-10))
     dists = log_sigma - log_train[:, np.newaxis]
     low = np.cumsum(dists >= 0, axis=0).argmax(axis=0).clip(max=len(log_train) - 2)
@@ -69,45 +70,62 @@ def schedule_sigmas(schedule: str, steps: int, train: np.ndarray) -> np.ndarray:
     return np.concatenate([np.asarray(sigmas, np.float32), [np.float32(0)]])
 
 
-def update_table(method: str, sigmas: np.ndarray) -> np.ndarray:
-    """(steps, 6) coefficients a, b, c, n, p, q of k-diffusion's sample_<method> (eta 1, s_noise 1,
-    midpoint for the SDE) on `sigmas`, for an eps-predicting model."""
+def ancestral(s: float, t: float) -> tuple[float, float]:
+    """k-diffusion's get_ancestral_step, eta 1: (sigma_down, sigma_up) of a step from s to t."""
+    up = min(t, np.sqrt(t ** 2 * (s ** 2 - t ** 2) / s ** 2))
+    return np.sqrt(t ** 2 - up ** 2), up
+
+
+def update_table(method: str, sigmas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, 6) coefficients a, b, c, n, p, q of k-diffusion's sample_<method> (eta 1, s_noise 1,
+    midpoint for the SDEs, r 1/2 for DPM++ SDE) on `sigmas`, for an eps-predicting model, and the
+    sigma each row evaluates the model at: one row per step, two for DPM++ SDE's (but the last)."""
     sig = sigmas.astype(np.float64)
-    steps = len(sig) - 1
-    update = np.zeros((steps, 6))
-    for i in range(steps):
+    rows, row_sigmas = [], []
+    for i in range(len(sig) - 1):
         s, t = sig[i], sig[i + 1]
         a, b, c, n = 1.0, t - s, 0.0, 0.0  # Euler: x + (t - s) d, d = eps
         if method == "euler_ancestral" and t > 0:
-            up = min(t, np.sqrt(t ** 2 * (s ** 2 - t ** 2) / s ** 2))
-            b, n = np.sqrt(t ** 2 - up ** 2) - s, up
+            down, n = ancestral(s, t)
+            b = down - s
         elif method == "dpmpp_2m":
             # x' = (t/s) x - expm1(-h) D', h = log(s/t), D' = (1 + k) D - k D_prev with k = h / (2 h_prev);
             # first order at the first step and into sigma 0 (where t/s = 0 and expm1(-h) = -1).
             e = t / s - 1
             k = 0.5 * np.log(s / t) / np.log(sig[i - 1] / s) if i > 0 and t > 0 else 0.0
             a, b, c = t / s - e * (1 + k), e * (1 + k) * s, e * k
-        elif method == "dpmpp_2m_sde":
-            if t == 0:  # the last step: the denoised estimate
-                a, b = 1.0, -s
-            else:
-                # x' = (t/s) e^-h x + F D + F k (D - D_prev) + t sqrt(F) z, F = -expm1(-2h), k = h / (2 h_prev)
-                h = np.log(s / t)
-                f = -np.expm1(-2 * h)
-                k = 0.5 * h / np.log(sig[i - 1] / s) if i > 0 else 0.0
-                a, b, c, n = (t / s) * np.exp(-h) + f * (1 + k), -f * (1 + k) * s, -f * k, t * np.sqrt(f)
-        elif method not in ("euler", "euler_ancestral"):
+        elif method == "dpmpp_2m_sde" and t > 0:  # (into sigma 0: the denoised estimate, Euler's row)
+            # x' = (t/s) e^-h x + F D + F k (D - D_prev) + t sqrt(F) z, F = -expm1(-2h), k = h / (2 h_prev)
+            h = np.log(s / t)
+            f = -np.expm1(-2 * h)
+            k = 0.5 * h / np.log(sig[i - 1] / s) if i > 0 else 0.0
+            a, b, c, n = (t / s) * np.exp(-h) + f * (1 + k), -f * (1 + k) * s, -f * k, t * np.sqrt(f)
+        elif method == "dpmpp_sde" and t > 0:
+            # Two evaluations: at s, an ancestral step to the midpoint sm = sqrt(s t) (x_2 = x + (sd - s) eps
+            # + su z), keeping x in m; at sm, from x (now m) with the midpoint's estimate D_2 = x_2 - sm eps_2:
+            # x' = (sd/s) x + (1 - sd/s) D_2 + su z, (sd, su) now the ancestral step from s to t.
+            mid = np.sqrt(s * t)
+            down, up = ancestral(s, mid)
+            rows.append([1.0, down - s, 0.0, up, 1.0, 0.0])
+            row_sigmas.append(s)
+            down, up = ancestral(s, t)
+            w = down / s
+            rows.append([1 - w, -(1 - w) * mid, w, up, 1.0, -mid])
+            row_sigmas.append(mid)
+            continue
+        elif method not in METHODS:
             raise ValueError(f"no k-diffusion method {method!r}; methods: {', '.join(METHODS)}")
-        update[i] = [a, b, c, n, 1.0, -s]
-    return update
+        rows.append([a, b, c, n, 1.0, -s])
+        row_sigmas.append(s)
+    return np.array(rows), np.array(row_sigmas)
 
 
 def tables(method: str, schedule: str, steps: int, train: np.ndarray):
-    """(timesteps, input scale, update, init sigma) of `method` on A1111's `schedule`; the update
-    for an eps-predicting model, with (u, v) such that eps = u x + v output for a model that
-    predicts the clean latents (x = x0 + sigma eps)."""
+    """(timesteps, input scale, update, init sigma) of `method` on A1111's `schedule`, per row; the
+    update for an eps-predicting model, with (u, v) such that eps = u x + v output for a model
+    that predicts the clean latents (x = x0 + sigma eps)."""
     sigmas = schedule_sigmas(schedule, steps, train)
-    s = sigmas[:-1].astype(np.float64)
+    update, s = update_table(method, sigmas)
     timesteps = sigma_to_t(s, train).astype(np.float32)
     scale = (1 / np.sqrt(s ** 2 + 1)).astype(np.float32)
-    return timesteps, scale, update_table(method, sigmas), float(sigmas[0]), (1 / s, -1 / s)
+    return timesteps, scale, update, float(sigmas[0]), (1 / s, -1 / s)

@@ -39,7 +39,7 @@ from .prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from .request import (ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, schedule_input,
                       size_input)
 from .samplers import samplers_for
-from .scheduler import MAX_STEPS, Sampler, Tables
+from .scheduler import MAX_ROWS, Sampler, Tables
 from .torch_rng import TorchCPUGenerator
 from .weights import read_json
 
@@ -138,8 +138,8 @@ class Pipeline:
             self._graphs["taesd"], state = nnx.split(preview_decoder)
             self.params["taesd"] = jax.device_put(state, self._replicated)
         self._compiled: dict[Any, Any] = {}
-        # Step indices live on the devices already, so the stepwise loop transfers nothing per step.
-        self._step_index = [jax.device_put(np.int32(i), self._replicated) for i in range(MAX_STEPS)]
+        # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
+        self._step_index = [jax.device_put(np.int32(i), self._replicated) for i in range(MAX_ROWS)]
 
     # -- the sharded programs -------------------------------------------------------------------
 
@@ -157,7 +157,7 @@ class Pipeline:
         k, tokens = self.max_prompt_chunks, self.max_prompt_chunks * sampling.MAX_TOKENS
         ids, latents = batch((b, 2, k, sampling.MAX_TOKENS), jnp.int32), batch((b, lh, lw, c))
         weights, lengths = batch((b, 2, k, sampling.MAX_TOKENS)), batch((b, 2), jnp.int32)
-        tables = Tables(rep((MAX_STEPS,)), rep((MAX_STEPS,)), rep((MAX_STEPS, 6)), rep(()))
+        tables = Tables(rep((MAX_ROWS,)), rep((MAX_ROWS,)), rep((MAX_ROWS, 6)), rep(()))
         seeds = batch((b,), jnp.uint32)
         te1, te2, unet, vae = (partial(nnx.merge, self._graphs[n]) for n in NETWORKS)
         bat = P(BATCH)
@@ -317,6 +317,9 @@ class Pipeline:
             latents = np.concatenate([latents, np.repeat(latents[-1:], self.images_per_call - n, axis=0)])
         put = lambda x: jax.device_put(x, self._batch)
         host_tables = self.samplers[name].padded_tables(steps, schedule)
+        # A row is one model evaluation; a step is one row, or two (DPM++ SDE's midpoint).
+        step_ends = self.samplers[name].step_ends(steps)
+        rows = step_ends[-1]
         tables = jax.device_put(host_tables, self._replicated)
         seeds = put(np.array([i.seed for i in slots], np.uint32))
         # RNG CPU: PyTorch's CPU generator per image, its stream continued from the initial noise into
@@ -324,7 +327,7 @@ class Pipeline:
         # Images of either source mix in a call: each draws its own.
         own = np.array([i.rng == "CPU" for i in slots])
         generators = [TorchCPUGenerator(i.seed) if cpu else None for i, cpu in zip(slots, own)] if own.any() else None
-        noisy = {i for i in range(steps) if host_tables.update[i, 3] != 0} if generators else set()
+        noisy = {i for i in range(rows) if host_tables.update[i, 3] != 0} if generators else set()
         latent_shape = (self.latent_channels, size[1] // self.vae_factor, size[0] // self.vae_factor)
         zeros = np.zeros(latent_shape, np.float32)
         host_noise = lambda: put(np.stack([g.randn(latent_shape) if g else zeros for g in generators]).transpose(0, 2, 3, 1))
@@ -353,7 +356,10 @@ class Pipeline:
 
                 def finish_oldest() -> None:
                     nonlocal done
-                    finished = jax.block_until_ready(in_flight.popleft())
+                    row, finished = in_flight.popleft()
+                    finished = jax.block_until_ready(finished)
+                    if row + 1 != step_ends[done]:  # the first of a step's two rows
+                        return
                     done += 1
                     if progress is not None:
                         progress(done, steps)
@@ -361,18 +367,18 @@ class Pipeline:
                     if done < steps and stop is not None and stop():
                         raise Cancelled(f"stopped after step {done} of {steps}")
 
-                for i in range(steps):
+                for i in range(rows):
                     if i in noisy:
                         state = state._replace(noise=host_noise())
                     state = denoise(self.params["unet"], state, *conditioning, self._step_index[i])
-                    in_flight.append(state)
+                    in_flight.append((i, state))
                     if len(in_flight) > LOOKAHEAD:
                         finish_oldest()
                 while in_flight:
                     finish_oldest()
             else:
-                # One dispatch for all steps, unless the host gives the noise: then one per noisy step.
-                bounds = [0, *sorted(noisy | {i + 1 for i in noisy}), steps]
+                # One dispatch for all rows, unless the host gives the noise: then one per noisy row.
+                bounds = [0, *sorted(noisy | {i + 1 for i in noisy}), rows]
                 for first, stop in zip(bounds, bounds[1:]):
                     if first < stop:
                         if first in noisy:

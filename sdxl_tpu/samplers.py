@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .configs import check_supported
-from .kdiffusion import sigma_to_t
+from .kdiffusion import sigma_to_t, update_table
 from .scheduler import MAX_STEPS, SAMPLERS, Sampler, Tables
 
 # Scheduler config keys whose value must be one of these (diffusers' defaults among them).
@@ -44,11 +44,24 @@ _SUPPORTED = {
 }
 
 
+_FIELDS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "timestep_spacing", "steps_offset",
+           "prediction_type")
+
+
 def _schedule_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return dict(num_train_timesteps=cfg.get("num_train_timesteps", 1000), beta_start=cfg.get("beta_start", 0.00085),
                 beta_end=cfg.get("beta_end", 0.012), beta_schedule=cfg.get("beta_schedule", "scaled_linear"),
                 timestep_spacing=cfg.get("timestep_spacing", "leading"),
                 steps_offset=cfg.get("steps_offset", 0), prediction_type=cfg.get("prediction_type", "epsilon"))
+
+
+# Samplers whose diffusers scheduler has no prediction_type "sample" (a model predicting the clean latents).
+_NOISE_ONLY = ("Euler a", "DPM++ SDE", "DPM++ SDE Karras")
+
+
+def _predicts_noise(name: str, scheduler: str, cfg: dict[str, Any]) -> None:
+    if cfg.get("prediction_type") == "sample":  # as diffusers: not implemented there
+        raise ValueError(f"{name} does not support prediction_type='sample' (diffusers' {scheduler} does not either)")
 
 
 @dataclass(frozen=True)
@@ -69,9 +82,8 @@ class EulerDiscrete(Sampler):
     @staticmethod
     def from_config(cfg: dict[str, Any], ancestral: bool = False) -> "EulerDiscrete":
         check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, None)})
-        if ancestral and cfg.get("prediction_type") == "sample":  # as diffusers: not implemented there
-            raise ValueError("Euler a does not support prediction_type='sample' (diffusers' "
-                             "EulerAncestralDiscreteScheduler does not either)")
+        if ancestral:
+            _predicts_noise("Euler a", "EulerAncestralDiscreteScheduler", cfg)
         return EulerDiscrete(**_schedule_fields(cfg), ancestral=ancestral)
 
     def timesteps(self, steps: int) -> np.ndarray:
@@ -183,6 +195,62 @@ class DPMSolverMultistep(Sampler):
 
 
 @dataclass(frozen=True)
+class DPMSolverSDE(Sampler):
+    """diffusers' DPMSolverSDEScheduler as AUTOMATIC1111's "DPM++ SDE" (k-diffusion's
+    sample_dpmpp_sde, r 1/2, eta 1): two model evaluations a step, at its sigma and at the
+    midpoint sqrt(s t), each followed by an ancestral move (kdiffusion.update_table has the
+    algebra); the last step, into sigma 0, is one Euler row. With `karras`, Karras sigmas
+    between the spaced schedule's ends ("DPM++ SDE Karras"). Its noise, in diffusers and A1111, is
+    a Brownian tree sampled at each row's interval; here it is unit noise per row (JAX or RNG CPU)."""
+
+    timestep_spacing: str = "linspace"  # diffusers' default for this scheduler
+    steps_offset: int = 0
+    karras: bool = False
+    rows_per_step = 2
+
+    @property
+    def name(self) -> str:
+        return "DPM++ SDE" + (" Karras" if self.karras else "")
+
+    @property
+    def kdiffusion_method(self) -> str:
+        return "dpmpp_sde"
+
+    @staticmethod
+    def from_config(cfg: dict[str, Any], karras: bool | None = None) -> "DPMSolverSDE":
+        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, True, None),
+                                           "noise_sampler_seed": (None,)})
+        karras = bool(cfg.get("use_karras_sigmas")) if karras is None else karras
+        _predicts_noise("DPM++ SDE" + (" Karras" if karras else ""), "DPMSolverSDEScheduler", cfg)
+        return DPMSolverSDE(**_schedule_fields(cfg), karras=karras)
+
+    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """Per step (not per row): the spaced timesteps, as Euler's, or with `karras` Karras sigmas
+        between the spaced sigmas' ends and their fractional timesteps."""
+        euler = EulerDiscrete(**{f: getattr(self, f) for f in _FIELDS})
+        timesteps, sigmas, init = euler.schedule(steps)
+        if self.karras:  # between the spaced sigmas' ends, in float64 as diffusers interpolates them
+            ends = np.interp(timesteps[[-1, 0]].astype(np.float64), np.arange(self.num_train_timesteps),
+                             self.train_sigmas())
+            rho, ramp = 7.0, np.linspace(0, 1, steps)
+            low, high = ends[0] ** (1 / rho), ends[1] ** (1 / rho)
+            karras = (high + ramp * (low - high)) ** rho
+            timesteps = sigma_to_t(karras, self.train_sigmas()).astype(np.float32)
+            sigmas = np.concatenate([karras, [0.0]]).astype(np.float32)
+            top = float(sigmas.max())
+            init = float(np.float32(top if self.timestep_spacing in ("linspace", "trailing") else (top ** 2 + 1) ** 0.5))
+        return timesteps, sigmas, init
+
+    def tables(self, steps: int) -> Tables:
+        _, sigmas, init = self.schedule(steps)
+        update, s = update_table("dpmpp_sde", sigmas)
+        timesteps = sigma_to_t(s, self.train_sigmas()).astype(np.float32)
+        timesteps[::2] = self.schedule(steps)[0]  # the steps' own, as diffusers gives them; midpoints between
+        update = self._predicting(update, (1 / s, -1 / s))
+        return Tables(timesteps, (1 / np.sqrt(s ** 2 + 1)).astype(np.float32), update.astype(np.float32), init)
+
+
+@dataclass(frozen=True)
 class DDIM(Sampler):
     """diffusers' DDIMScheduler, eta 0: x' = sqrt(alpha_prev) x0 + sqrt(1 - alpha_prev) eps, on
     variance-preserving latents (the model sees x as is; the initial noise is unit)."""
@@ -277,7 +345,7 @@ class LCM(DDIM):
 # -- by name ---------------------------------------------------------------------------------------
 
 _CLASSES = {"EulerDiscreteScheduler": "Euler", "EulerAncestralDiscreteScheduler": "Euler a",
-            "DPMSolverMultistepScheduler": "DPM++ 2M", "DDIMScheduler": "DDIM", "LCMScheduler": "LCM"}
+            "DPMSolverMultistepScheduler": "DPM++ 2M", "DPMSolverSDEScheduler": "DPM++ SDE", "DDIMScheduler": "DDIM", "LCMScheduler": "LCM"}
 
 
 def sampler_named(name: str, cfg: dict[str, Any] | None = None) -> Sampler:
@@ -293,6 +361,8 @@ def sampler_named(name: str, cfg: dict[str, Any] | None = None) -> Sampler:
         return EulerDiscrete.from_config(cfg, ancestral=name == "Euler a")
     if name.startswith("DPM++ 2M") and name in SAMPLERS:
         return DPMSolverMultistep.from_config(cfg, karras=name.endswith(" Karras"), sde=" SDE" in name)
+    if name in ("DPM++ SDE", "DPM++ SDE Karras"):
+        return DPMSolverSDE.from_config(cfg, karras=name.endswith(" Karras"))
     if name == "DDIM":
         return DDIM.from_config(cfg)
     if name == "LCM":
@@ -314,14 +384,14 @@ def samplers_for(cfg: dict[str, Any] | None = None) -> tuple[dict[str, Sampler],
     if default == "DPM++ 2M" and cfg.get("algorithm_type") == "sde-dpmsolver++":
         default = "DPM++ 2M SDE"
     if cfg.get("use_karras_sigmas"):
-        if not default.startswith("DPM++ 2M"):
+        if not default.startswith("DPM++"):
             raise ValueError(f"scheduler config: use_karras_sigmas=True is supported with DPMSolverMultistepScheduler "
-                             f"only, not {cfg.get('_class_name')}")
+                             f"and DPMSolverSDEScheduler only, not {cfg.get('_class_name')}")
         default += " Karras"
-    names = [n for n in SAMPLERS if not (n == "Euler a" and cfg.get("prediction_type") == "sample")]
+    names = [n for n in SAMPLERS if not (n in _NOISE_ONLY and cfg.get("prediction_type") == "sample")]
     if default not in names:
         raise ValueError(f"scheduler config: {default} does not support prediction_type={cfg.get('prediction_type')!r}")
     return {name: sampler_named(name, cfg) for name in names}, default
 
 
-__all__ = ["DDIM", "LCM", "MAX_STEPS", "DPMSolverMultistep", "EulerDiscrete", "sampler_named", "samplers_for"]
+__all__ = ["DDIM", "LCM", "MAX_STEPS", "DPMSolverMultistep", "DPMSolverSDE", "EulerDiscrete", "sampler_named", "samplers_for"]

@@ -10,7 +10,9 @@ fresh unit noise z:
 
 The coefficients depend only on the noise schedule and the step count. So a sampler is nothing
 but its tables, computed on the host in float64 from diffusers' float32 schedules: timesteps,
-the model-input scale, and (a, b, c, n, p, q) per step, padded to MAX_STEPS. Here: the device
+the model-input scale, and (a, b, c, n, p, q) per row, padded to MAX_ROWS. A row is one model
+evaluation: one per step, or two for a second-order step (DPM++ SDE evaluates at the midpoint
+too; its first row keeps x in m for the second). Here: the device
 half, the base of every sampler, and the names a request chooses from. One compiled
 program runs every sampler at every step count: choosing either per request never recompiles,
 and the denoising loop knows no method's details.
@@ -30,12 +32,13 @@ import numpy as np
 from . import kdiffusion
 
 MAX_STEPS = 50
+MAX_ROWS = 2 * MAX_STEPS  # room for a sampler of two model evaluations per step
 
 
 class Tables(NamedTuple):
-    timesteps: Any    # (steps,) model timesteps; zero padded to MAX_STEPS in the compiled loop
-    input_scale: Any  # (steps,) the model sees input_scale[i] * x
-    update: Any       # (steps, 6): a, b, c, n, p, q of step i (see the module docstring)
+    timesteps: Any    # (rows,) model timesteps; zero padded to MAX_ROWS in the compiled loop
+    input_scale: Any  # (rows,) the model sees input_scale[i] * x
+    update: Any       # (rows, 6): a, b, c, n, p, q of row i (see the module docstring)
     init_sigma: Any   # () the initial latents are init_sigma * unit noise
 
 
@@ -83,7 +86,8 @@ def step(state: State, eps: jax.Array, i: jax.Array, tables: Tables, noise: jax.
 
 # AUTOMATIC1111's names. "... Karras" is the old name of the sampler with Schedule type Karras
 # (A1111 before 1.9); on the checkpoint's schedule it is diffusers' use_karras_sigmas.
-SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 2M SDE Karras", "DDIM", "LCM")
+SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 2M SDE Karras", "DPM++ SDE",
+            "DPM++ SDE Karras", "DDIM", "LCM")
 
 # Schedule types: "Checkpoint" is the checkpoint's own scheduler config as diffusers runs it (the
 # default: diffusers' images, exactly); the others are A1111's (1.9 and later), on k-diffusion's
@@ -98,8 +102,8 @@ DEFAULT_RNG = "JAX"
 # Each sampler's schedule under "Automatic" (A1111's sampler options), and the k-diffusion update
 # it runs; DDIM and LCM have only their own timesteps (diffusers').
 _AUTOMATIC = {"Euler": "Uniform", "Euler a": "Uniform", "DPM++ 2M": "Karras", "DPM++ 2M Karras": "Karras",
-              "DPM++ 2M SDE": "Exponential", "DPM++ 2M SDE Karras": "Karras", "DDIM": "Checkpoint",
-              "LCM": "Checkpoint"}
+              "DPM++ 2M SDE": "Exponential", "DPM++ 2M SDE Karras": "Karras", "DPM++ SDE": "Karras",
+              "DPM++ SDE Karras": "Karras", "DDIM": "Checkpoint", "LCM": "Checkpoint"}
 
 
 def resolve_schedule(sampler: str, schedule: str) -> str:
@@ -143,6 +147,14 @@ class Sampler(abc.ABC):
         on its own timesteps only."""
         return None
 
+    #: model evaluations (table rows) per step but the last, which goes to sigma 0 in one
+    rows_per_step = 1
+
+    def step_ends(self, steps: int) -> tuple[int, ...]:
+        """For each of `steps` steps, the number of rows run when it is complete."""
+        k = self.rows_per_step
+        return tuple(k * i for i in range(1, steps)) + (k * (steps - 1) + 1,)
+
     @abc.abstractmethod
     def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
         """(timesteps, sigmas ending in 0, init sigma) as diffusers' scheduler has them after
@@ -150,7 +162,7 @@ class Sampler(abc.ABC):
 
     @abc.abstractmethod
     def tables(self, steps: int) -> Tables:
-        """Tables for `steps` steps (host, float32, unpadded)."""
+        """Tables for `steps` steps, step_ends(steps)[-1] rows (host, float32, unpadded)."""
 
     def kdiffusion_tables(self, steps: int, schedule: str) -> Tables:
         """Tables for `steps` steps of its k-diffusion function on A1111's Schedule type `schedule`
@@ -164,12 +176,14 @@ class Sampler(abc.ABC):
 
     @functools.lru_cache(maxsize=8 * MAX_STEPS)  # asked for on every request; a few per sampler
     def padded_tables(self, steps: int, schedule: str = "Checkpoint") -> Tables:
-        """The tables padded to MAX_STEPS, as the compiled loop takes them (read-only: shared), on
+        """The tables padded to MAX_ROWS, as the compiled loop takes them (read-only: shared), on
         the checkpoint's schedule or A1111's Schedule type `schedule` (resolved: not Automatic)."""
         t = self.tables(steps) if schedule == "Checkpoint" else self.kdiffusion_tables(steps, schedule)
-        timesteps, scale = np.zeros(MAX_STEPS, np.float32), np.zeros(MAX_STEPS, np.float32)
-        update = np.zeros((MAX_STEPS, 6), np.float32)
-        timesteps[:steps], scale[:steps], update[:steps] = t.timesteps, t.input_scale, t.update
+        rows = self.step_ends(steps)[-1]
+        assert len(t.update) == rows, (self.name, steps, len(t.update))
+        timesteps, scale = np.zeros(MAX_ROWS, np.float32), np.zeros(MAX_ROWS, np.float32)
+        update = np.zeros((MAX_ROWS, 6), np.float32)
+        timesteps[:rows], scale[:rows], update[:rows] = t.timesteps, t.input_scale, t.update
         for array in (timesteps, scale, update):
             array.setflags(write=False)
         return Tables(timesteps, scale, update, np.float32(t.init_sigma))
@@ -205,5 +219,5 @@ class Sampler(abc.ABC):
             raise ValueError(f"steps must be between 1 and {MAX_STEPS}, got {steps}")
 
 
-__all__ = ["DEFAULT_RNG", "DEFAULT_SCHEDULE", "MAX_STEPS", "RNGS", "SAMPLERS", "SCHEDULES", "Sampler", "State",
+__all__ = ["DEFAULT_RNG", "DEFAULT_SCHEDULE", "MAX_ROWS", "MAX_STEPS", "RNGS", "SAMPLERS", "SCHEDULES", "Sampler", "State",
            "Tables", "init", "model_input", "resolve_schedule", "step", "step_noise"]

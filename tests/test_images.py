@@ -59,7 +59,7 @@ def test_the_schedule_and_the_noise_source_are_named_as_they_ran():
         "Steps: 20, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 5.5, Seed: 7, Size: 64x32, Model: m, "
         f"RNG: CPU, Version: sdxl-tpu {VERSION}")
     automatic = {"Euler": "Uniform", "Euler a": "Uniform", "DPM++ 2M": "Karras", "DPM++ 2M Karras": "Karras",
-                 "DPM++ 2M SDE": "Exponential", "DDIM": "Checkpoint", "LCM": "Checkpoint"}
+                 "DPM++ 2M SDE": "Exponential", "DPM++ SDE": "Karras", "DDIM": "Checkpoint", "LCM": "Checkpoint"}
     for sampler, schedule in automatic.items():
         assert f"Sampler: {sampler}, Schedule type: {schedule}, " in settings(sampler=sampler, schedule="Automatic")
     assert "Sampler: Euler, Schedule type: SGM Uniform, " in settings(schedule="SGM Uniform")

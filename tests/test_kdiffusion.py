@@ -19,7 +19,7 @@ from sdxl_tpu.samplers import sampler_named
 from sdxl_tpu.scheduler import SCHEDULES, resolve_schedule
 
 METHODS = {"Euler": "sample_euler", "Euler a": "sample_euler_ancestral", "DPM++ 2M": "sample_dpmpp_2m",
-           "DPM++ 2M SDE": "sample_dpmpp_2m_sde"}
+           "DPM++ 2M SDE": "sample_dpmpp_2m_sde", "DPM++ SDE": "sample_dpmpp_sde"}
 K_SCHEDULES = [s for s in SCHEDULES if s not in ("Checkpoint", "Automatic")]
 SHAPE = (2, 8, 8, 4)  # (images, h, w, channels), NHWC as the loop holds latents
 
@@ -40,11 +40,12 @@ def our_loop():
 
 
 def run_ours(name, schedule, steps, noise, step_noises):
-    tables = sampler_named(name).padded_tables(steps, schedule)
+    sampler = sampler_named(name)
+    tables = sampler.padded_tables(steps, schedule)
     state = scheduler.init(noise, np.array([1, 2], np.uint32), tables)
     state = state._replace(host_noise=np.ones(SHAPE[0], np.bool_))
     draws = iter(step_noises)
-    for i in range(steps):  # one step at a time, the host's noise set before each noisy one
+    for i in range(sampler.step_ends(steps)[-1]):  # one row at a time, the host's noise set before each noisy one
         if tables.update[i, 3] != 0:
             state = state._replace(noise=next(draws))
         state = our_loop()(state, tables, np.array([i, i + 1], np.int32))
@@ -66,7 +67,7 @@ def run_kdiffusion(name, schedule, steps, noise, step_noises):
     x = torch.from_numpy(noise.transpose(0, 3, 1, 2).copy()) * sigmas[0]
     draws = iter(step_noises)
     extra = {}
-    if name in ("Euler a", "DPM++ 2M SDE"):
+    if name in ("Euler a", "DPM++ 2M SDE", "DPM++ SDE"):
         extra["noise_sampler"] = lambda sigma, sigma_next: torch.from_numpy(next(draws).transpose(0, 3, 1, 2).copy())
     if name == "DPM++ 2M SDE" and steps == 1:
         # k-diffusion 0.1.1 fails here (h_last = h before any h); its one step would be the denoised estimate.
@@ -82,7 +83,7 @@ def test_samplers_match_kdiffusion_on_a1111_schedules(name, schedule):
     rng = np.random.default_rng(7)
     for steps in (1, 2, 8, 20, 50):
         noise = rng.standard_normal(SHAPE).astype(np.float32)
-        step_noises = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(steps)]
+        step_noises = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2 * steps)]
         ref, ref_timesteps, ref_sigmas = run_kdiffusion(name, schedule, steps, noise, step_noises)
         ours, tables = run_ours(name, schedule, steps, noise, step_noises)
         case = (name, schedule, steps)
@@ -90,7 +91,10 @@ def test_samplers_match_kdiffusion_on_a1111_schedules(name, schedule):
         train = kdiffusion.model_sigmas(1000, 0.00085, 0.012, "scaled_linear")
         np.testing.assert_allclose(kdiffusion.schedule_sigmas(schedule, steps, train), ref_sigmas, rtol=2e-6,
                                    atol=1e-7, err_msg=str(case))
-        np.testing.assert_allclose(tables.timesteps[:steps], ref_timesteps, rtol=1e-5, atol=2e-4, err_msg=str(case))
+        # Every model evaluation's timestep (DPM++ SDE's midpoints among them), and none more.
+        np.testing.assert_allclose(tables.timesteps[:len(ref_timesteps)], ref_timesteps, rtol=1e-5, atol=2e-4,
+                                   err_msg=str(case))
+        assert sampler_named(name).step_ends(steps)[-1] == len(ref_timesteps)
         assert tables.init_sigma == pytest.approx(float(ref_sigmas[0]), rel=1e-6)
         rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
         assert rel <= 1e-5, (case, rel)
@@ -99,14 +103,16 @@ def test_samplers_match_kdiffusion_on_a1111_schedules(name, schedule):
 def test_karras_names_and_automatic_schedules():
     """"DPM++ 2M Karras" on Schedule type Karras (or Automatic) is DPM++ 2M on Karras' sigmas,
     the same tables; Automatic is each sampler's A1111 default; impossible combinations refused."""
-    for old, new in (("DPM++ 2M Karras", "DPM++ 2M"), ("DPM++ 2M SDE Karras", "DPM++ 2M SDE")):
+    for old, new in (("DPM++ 2M Karras", "DPM++ 2M"), ("DPM++ 2M SDE Karras", "DPM++ 2M SDE"),
+                     ("DPM++ SDE Karras", "DPM++ SDE")):
         for schedule in ("Karras", "Automatic"):
             a = sampler_named(old).padded_tables(20, resolve_schedule(old, schedule))
             b = sampler_named(new).padded_tables(20, "Karras")
             for x, y in zip(a, b):
                 np.testing.assert_array_equal(x, y)
-    assert [resolve_schedule(n, "Automatic") for n in ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M SDE", "DDIM", "LCM")] \
-        == ["Uniform", "Uniform", "Karras", "Exponential", "Checkpoint", "Checkpoint"]
+    assert [resolve_schedule(n, "Automatic") for n in ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M SDE", "DPM++ SDE",
+                                                       "DDIM", "LCM")] \
+        == ["Uniform", "Uniform", "Karras", "Exponential", "Karras", "Checkpoint", "Checkpoint"]
     with pytest.raises(ValueError, match="DDIM runs on its own timesteps"):
         resolve_schedule("DDIM", "Karras")
     with pytest.raises(ValueError, match=re.escape("for Schedule type Exponential choose DPM++ 2M.")):

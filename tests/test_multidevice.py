@@ -37,9 +37,13 @@ with CompileCounter() as counter:
     # The host's noise (RNG CPU) for an ancestral sampler: the fused loop runs one dispatch per step.
     cpu_noise = pipe.generate("a photo of a cat", "blurry", seed=11, steps=4, size=(64, 64), sampler="Euler a",
                               schedule="Automatic", rng="CPU")
+    # Two model evaluations a step (DPM++ SDE's rows), all in the one fused dispatch.
+    sde = pipe.generate("a photo of a cat", "blurry", seed=11, steps=4, size=(64, 64), sampler="DPM++ SDE",
+                        schedule="Karras")
 images = np.stack([np.asarray(im) for im in result.images])
 np.save(sys.argv[3], images)
 np.save(sys.argv[3].replace(".npy", "-cpu.npy"), np.stack([np.asarray(im) for im in cpu_noise.images]))
+np.save(sys.argv[3].replace(".npy", "-sde.npy"), np.stack([np.asarray(im) for im in sde.images]))
 shards = [s.data.shape for s in pipe.params["unet"]["conv_in"]["kernel"].get_value().addressable_shards]
 print(json.dumps({"images_per_call": pipe.images_per_call, "seeds": result.seeds, "collectives": collectives,
                   "host_transfers": host_transfers,
@@ -80,6 +84,17 @@ def test_four_devices_match_one_device(tiny_checkpoint, tiny_pipeline, compile_c
         rng="CPU").images])
     diff = np.abs(four.astype(int) - one.astype(int))
     print(f"RNG CPU, 1 vs 4 devices: max |diff| {diff.max()}, mean {diff.mean():.4f}")
+    assert diff.max() <= 2
+    # DPM++ SDE: fused on four devices as stepwise on one, its progress once per step, not per evaluation.
+    seen, previews = [], []
+    request = tiny_pipeline.request("a photo of a cat", "blurry", seed=11, steps=4, size=(64, 64), sampler="DPM++ SDE",
+                                    schedule="Karras")
+    one = tiny_pipeline.run(request, progress=lambda i, n: seen.append((i, n)), preview_every=1,
+                            preview=lambda i, n, images: previews.append((i, n, len(images))))
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert previews == [(1, 4, 4), (2, 4, 4), (3, 4, 4)]  # (none after the last)
+    diff = np.abs(np.load(tmp_path / "images-sde.npy").astype(int) - np.stack([np.asarray(im) for im in one.images]))
+    print(f"DPM++ SDE, 1 vs 4 devices: max |diff| {diff.max()}, mean {diff.mean():.4f}")
     assert diff.max() <= 2
 
 

@@ -46,16 +46,18 @@ def test_images_equal_diffusers(tiny_pipeline, reference_pipeline, steps, negati
 
 
 SCHEDULERS = {"Euler": "EulerDiscreteScheduler", "Euler a": "EulerAncestralDiscreteScheduler",
-              "DPM++ 2M": "DPMSolverMultistepScheduler", "DPM++ 2M Karras": "DPMSolverMultistepScheduler"}
+              "DPM++ 2M": "DPMSolverMultistepScheduler", "DPM++ 2M Karras": "DPMSolverMultistepScheduler",
+              "DPM++ SDE Karras": "DPMSolverSDEScheduler"}
 
 
 @pytest.mark.parametrize("sampler", list(SCHEDULERS))
 def test_every_sampler_equals_diffusers_end_to_end(tiny_pipeline, reference_pipeline, sampler, monkeypatch):
     """StableDiffusionXLPipeline with the same scheduler, switched as users do
     (`Scheduler.from_config(pipe.scheduler.config)`); for Euler a, diffusers is fed the noise our
-    steps draw (each image's from its seed and the step index)."""
+    steps draw (each image's from its seed and the step index); DPM++ SDE's Brownian tree is replaced
+    by the noise of each of our table rows (two model evaluations a step)."""
     import diffusers
-    from diffusers.schedulers import scheduling_euler_ancestral_discrete
+    from diffusers.schedulers import scheduling_dpmsolver_sde, scheduling_euler_ancestral_discrete
 
     from sdxl_tpu.scheduler import step_noise
 
@@ -70,6 +72,8 @@ def test_every_sampler_equals_diffusers_end_to_end(tiny_pipeline, reference_pipe
         return torch.from_numpy(np.asarray(z).transpose(0, 3, 1, 2).copy())
 
     monkeypatch.setattr(scheduling_euler_ancestral_discrete, "randn_tensor", our_noise)
+    monkeypatch.setattr(scheduling_dpmsolver_sde, "BrownianTreeNoiseSampler",
+                        lambda x, *args, **kwargs: lambda sigma, sigma_next: our_noise(x.shape))
     scheduler = getattr(diffusers, SCHEDULERS[sampler]).from_config(reference_pipeline.scheduler.config,
                                                                      use_karras_sigmas=sampler.endswith("Karras"))
     reference = diffusers.StableDiffusionXLPipeline(**{**reference_pipeline.components, "scheduler": scheduler})
@@ -79,7 +83,7 @@ def test_every_sampler_equals_diffusers_end_to_end(tiny_pipeline, reference_pipe
     assert [i.sampler for i in result.infos] == [sampler] * 4
     ref = reference(prompt, negative_prompt="blurry", num_inference_steps=steps, guidance_scale=5.0, height=64,
                     width=64, latents=latents, num_images_per_prompt=4, output_type="np").images
-    assert len(drawn) == (steps if sampler == "Euler a" else 0)
+    assert len(drawn) == {"Euler a": steps, "DPM++ SDE Karras": 2 * steps - 2}.get(sampler, 0)
     value = psnr(_images(result), np.round(ref * 255).astype(np.uint8))
     print(f"{sampler}: PSNR {value:.1f} dB")
     assert value >= 40

@@ -3,20 +3,22 @@ the latents after each step given the same model outputs (and, for Euler a, the 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from sdxl_tpu.presets import SCHEDULER_CONFIG
 from sdxl_tpu.samplers import EulerDiscrete, sampler_named, samplers_for
-from sdxl_tpu.scheduler import MAX_STEPS, SAMPLERS
+from sdxl_tpu.scheduler import MAX_ROWS, MAX_STEPS, SAMPLERS
 
 SPACINGS = ["leading", "trailing", "linspace"]
 
 
 def reference(name: str, spacing: str, prediction_type: str = "epsilon"):
     """diffusers' scheduler for an A1111 sampler name, as one would switch SDXL base to it."""
-    from diffusers import (DDIMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                           EulerDiscreteScheduler, LCMScheduler)
+    from diffusers import (DDIMScheduler, DPMSolverMultistepScheduler, DPMSolverSDEScheduler,
+                           EulerAncestralDiscreteScheduler, EulerDiscreteScheduler, LCMScheduler)
 
     config = dict(SCHEDULER_CONFIG, timestep_spacing=spacing, prediction_type=prediction_type)
     sde = dict(algorithm_type="sde-dpmsolver++")
@@ -26,6 +28,8 @@ def reference(name: str, spacing: str, prediction_type: str = "epsilon"):
             "DPM++ 2M Karras": lambda: DPMSolverMultistepScheduler.from_config(config, use_karras_sigmas=True),
             "DPM++ 2M SDE": lambda: DPMSolverMultistepScheduler.from_config(config, **sde),
             "DPM++ 2M SDE Karras": lambda: DPMSolverMultistepScheduler.from_config(config, use_karras_sigmas=True, **sde),
+            "DPM++ SDE": lambda: DPMSolverSDEScheduler.from_config(config),
+            "DPM++ SDE Karras": lambda: DPMSolverSDEScheduler.from_config(config, use_karras_sigmas=True),
             "DDIM": lambda: DDIMScheduler.from_config(config),
             "LCM": lambda: LCMScheduler.from_config(config),
             }[name]()
@@ -40,20 +44,29 @@ def test_tables_match_diffusers(name, spacing):
     for steps in range(1, MAX_STEPS + 1):
         ref.set_timesteps(steps)
         timesteps, sigmas, init = ours.schedule(steps)
-        np.testing.assert_array_equal(timesteps, ref.timesteps.numpy().astype(np.float32),
-                                      err_msg=f"{name}, {spacing}, {steps} steps")
-        np.testing.assert_array_equal(ours.tables(steps).timesteps, timesteps)
+        # DPM++ SDE's timesteps interleave each step's with its midpoint's; its sigmas repeat the inner ones.
+        rows, ref_timesteps = ours.tables(steps).timesteps, ref.timesteps.numpy().astype(np.float32)
+        assert len(rows) == len(ref_timesteps) == ours.step_ends(steps)[-1]
+        per_step = slice(None, None, ours.rows_per_step)
+        # (to a float32 ulp: DPM++ SDE Karras' fractional timesteps are float64 there)
+        np.testing.assert_allclose(timesteps, ref_timesteps[per_step], rtol=1e-6, atol=0,
+                                   err_msg=f"{name}, {spacing}, {steps} steps")
+        np.testing.assert_allclose(rows, ref_timesteps, rtol=1e-6)
+        np.testing.assert_array_equal(rows[per_step], timesteps)
         if not hasattr(ref, "sigmas"):  # DDIM and LCM work in timesteps and alphas only
             continue
-        np.testing.assert_allclose(sigmas, ref.sigmas.numpy(), rtol=2e-6, err_msg=f"{name}, {spacing}, {steps} steps")
+        ref_sigmas = ref.sigmas.numpy()
+        if ours.rows_per_step == 2:
+            ref_sigmas = ref_sigmas[[0, *range(1, len(ref_sigmas), 2)]]
+        np.testing.assert_allclose(sigmas, ref_sigmas, rtol=2e-6, err_msg=f"{name}, {spacing}, {steps} steps")
         np.testing.assert_allclose(init, float(ref.init_noise_sigma), rtol=2e-6)
 
 
 def test_padded_tables_and_step_range():
     sched = EulerDiscrete.from_config(SCHEDULER_CONFIG)
     t = sched.padded_tables(20)
-    assert t.timesteps.shape == (MAX_STEPS,) and t.input_scale.shape == (MAX_STEPS,)
-    assert t.update.shape == (MAX_STEPS, 6)
+    assert t.timesteps.shape == (MAX_ROWS,) and t.input_scale.shape == (MAX_ROWS,)
+    assert t.update.shape == (MAX_ROWS, 6)
     assert t.timesteps[19] == 1.0 and t.timesteps[20] == 0.0 and not t.update[20:].any()
     for bad in (0, MAX_STEPS + 1):
         with pytest.raises(ValueError, match="steps must be between 1 and 50"):
@@ -65,7 +78,8 @@ def test_unsupported_scheduler_configs_name_the_key():
         EulerDiscrete.from_config(dict(SCHEDULER_CONFIG, prediction_type="v_prediction"))
     with pytest.raises(ValueError, match="solver_order=3"):
         samplers_for({"_class_name": "DPMSolverMultistepScheduler", "solver_order": 3})
-    with pytest.raises(ValueError, match="use_karras_sigmas=True is supported with DPMSolverMultistepScheduler only"):
+    with pytest.raises(ValueError, match="use_karras_sigmas=True is supported with DPMSolverMultistepScheduler and "
+                                         "DPMSolverSDEScheduler only"):
         samplers_for(dict(SCHEDULER_CONFIG, use_karras_sigmas=True))
     with pytest.raises(ValueError, match="no sampler 'Heun'"):
         sampler_named("Heun")
@@ -75,6 +89,7 @@ def test_unsupported_scheduler_configs_name_the_key():
     assert samplers_for({"_class_name": "DPMSolverMultistepScheduler", "use_karras_sigmas": True})[1] == "DPM++ 2M Karras"
     assert samplers_for({"_class_name": "DPMSolverMultistepScheduler", "algorithm_type": "sde-dpmsolver++",
                          "use_karras_sigmas": True})[1] == "DPM++ 2M SDE Karras"
+    assert samplers_for({"_class_name": "DPMSolverSDEScheduler", "use_karras_sigmas": True})[1] == "DPM++ SDE Karras"
     assert samplers_for({"_class_name": "LCMScheduler"})[1] == "LCM"
     assert samplers_for({"_class_name": "DDIMScheduler"})[1] == "DDIM"
     with pytest.warns(UserWarning, match="'UniPCMultistepScheduler' is not implemented"):
@@ -94,8 +109,9 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
 
     from sdxl_tpu import scheduler
 
-    if name == "Euler a" and prediction_type == "sample":  # diffusers has no such mode; neither do we
-        with pytest.raises(ValueError, match="Euler a does not support prediction_type='sample'"):
+    if name in ("Euler a", "DPM++ SDE", "DPM++ SDE Karras") and prediction_type == "sample":
+        # diffusers has no such mode; neither do we
+        with pytest.raises(ValueError, match=f"{re.escape(name)} does not support prediction_type='sample'"):
             sampler_named(name, dict(SCHEDULER_CONFIG, prediction_type="sample"))
         assert name not in samplers_for(dict(SCHEDULER_CONFIG, prediction_type="sample"))[0]
         return
@@ -109,8 +125,11 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
         ours = sampler_named(name, dict(SCHEDULER_CONFIG, timestep_spacing=spacing, prediction_type=prediction_type))
         assert ours.prediction_type == prediction_type
         ref.set_timesteps(steps)
+        # DPM++ SDE draws from a Brownian tree it makes at its first step, unless it has a sampler already.
+        ref.noise_sampler = lambda sigma, sigma_next: torch.from_numpy(noises[-1].transpose(0, 3, 1, 2).copy())
         noise = rng.standard_normal((2, 8, 8, 4)).astype(np.float32)
         tables = ours.padded_tables(steps)
+        step_ends = ours.step_ends(steps)
         state = scheduler.init(noise, np.array([1, 2], np.uint32), tables)
         ref_x = torch.from_numpy(noise.transpose(0, 3, 1, 2).copy()) * ref.init_noise_sigma
         step = jax.jit(scheduler.step)
@@ -119,9 +138,10 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
             ref_in = ref.scale_model_input(ref_x, t).numpy()
             rel_in = np.linalg.norm(np.asarray(x_in).transpose(0, 3, 1, 2) - ref_in) / np.linalg.norm(ref_in)
             assert rel_in <= 1e-5, (name, spacing, steps, i, rel_in)
-            assert float(timestep) == float(t)
+            assert float(timestep) == pytest.approx(float(t), rel=1e-6)  # (DPM++ SDE's midpoints: float64 there)
             eps = rng.standard_normal(noise.shape).astype(np.float32)
             noises.append(rng.standard_normal(noise.shape).astype(np.float32))
+            x_before = state.x
             state = step(state, eps, np.int32(i), tables, noises[-1])
             out = ref.step(torch.from_numpy(eps.transpose(0, 3, 1, 2).copy()), t, ref_x,
                            **({"variance_noise": torch.from_numpy(noises[-1].transpose(0, 3, 1, 2).copy())}
@@ -132,7 +152,10 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
             assert rel <= 1e-5, (name, spacing, prediction_type, steps, i, rel)
             # The state's data prediction is the step's estimate of the clean latents (what a
             # preview shows): diffusers' pred_original_sample, DPM++'s converted model output, LCM's denoised.
-            x0 = (ref.model_outputs[-1] if name.startswith("DPM") else out.denoised if name == "LCM"
+            if i + 1 not in step_ends:  # DPM++ SDE's first evaluation keeps x in m for the midpoint's
+                np.testing.assert_array_equal(np.asarray(state.prediction), np.asarray(x_before))
+                continue
+            x0 = (ref.model_outputs[-1] if name.startswith("DPM++ 2M") else out.denoised if name == "LCM"
                   else out.pred_original_sample).numpy()
             ours_x0 = np.asarray(state.prediction).transpose(0, 3, 1, 2)
             rel = np.linalg.norm(ours_x0 - x0) / np.linalg.norm(x0)
@@ -169,10 +192,10 @@ def test_the_denoising_loop_applies_every_step_in_order():
     from sdxl_tpu.scheduler import Tables
 
     steps = 3
-    update = np.zeros((MAX_STEPS, 6), np.float32)
+    update = np.zeros((MAX_ROWS, 6), np.float32)
     update[:steps, 0] = 1.0  # a: keep x
     update[:steps, 1] = 10.0 ** np.arange(steps)  # b: add 10^i eps
-    tables = Tables(np.ones(MAX_STEPS, np.float32), np.ones(MAX_STEPS, np.float32), update, np.float32(1.0))
+    tables = Tables(np.ones(MAX_ROWS, np.float32), np.ones(MAX_ROWS, np.float32), update, np.float32(1.0))
     unet = lambda x, t, context, pooled, time_ids, context_lengths: jnp.ones_like(x)
     b = 2
     state = scheduler.init(jnp.zeros((b, 2, 2, 4)), jnp.arange(b, dtype=jnp.uint32), tables)
