@@ -33,7 +33,7 @@ from sdxl_tpu.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_P
 from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, log_refusal, parse_settings, seed_at,
                                  serve_metrics_apart, style_description)
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
-from sdxl_tpu.scheduler import MAX_STEPS
+from sdxl_tpu.names import MAX_STEPS
 from sdxl_tpu.serving import SHUTTING_DOWN, DrainingServer
 
 GENERATE, WARMING_UP = "Generate", "Warming up…"

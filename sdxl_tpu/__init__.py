@@ -10,7 +10,7 @@ from .samplers import EulerDiscrete
 from .scheduler import Sampler
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig
-from .weights import CheckpointError
+from .hub import CheckpointError
 
 __all__ = ["AutoencoderKL", "CLIPTextConfig", "CLIPTextModel", "CheckpointError", "CompileCounter", "EulerDiscrete",
            "GenerationError", "GenerationResult", "ImageInfo", "Models", "Pipeline", "Precision", "Request",

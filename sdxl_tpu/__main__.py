@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+    from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
 
     parser = _Parser(prog="python -m sdxl_tpu", description="Stable Diffusion XL in JAX.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -94,7 +94,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .checkpoint import CheckpointError
+    from .hub import CheckpointError
     from .compilation import DEFAULT_COMPILE_CACHE, enable_compile_cache
     from .images import save_png
     from .pipeline import GenerationError, load_pipeline
@@ -147,7 +147,7 @@ def _pasted(text: str | None) -> dict:
     if text is None:
         return {}
     from .infotext import parse, request_fields
-    from .scheduler import SAMPLERS
+    from .names import SAMPLERS
 
     parsed = parse(text)
     size = parsed.settings.get("Size", "")

@@ -23,7 +23,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from .checkpoint import SDXL_BASE, Models, config_root
+from .checkpoint import Models, config_root
+from .hub import SDXL_BASE
 from .clip import CLIPTextConfig, CLIPTextModel
 from .compilation import enable_compile_cache
 from .flops import model_flops
@@ -34,7 +35,7 @@ from .preview import every
 from .recipes import RECIPES, settle
 from .request import format_size, parse_size
 from .samplers import samplers_for
-from .scheduler import SAMPLERS
+from .names import SAMPLERS
 from .taesd import AutoencoderTiny, TAESDConfig, load_taesd
 from .unet import UNet2DConditionModel, UNetConfig
 from .vae import AutoencoderKL, VAEConfig

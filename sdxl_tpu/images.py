@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .request import schedule_used
+from .names import schedule_used
 from .version import VERSION
 
 if TYPE_CHECKING:

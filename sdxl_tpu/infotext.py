@@ -20,7 +20,7 @@ from typing import Any
 
 from .request import (GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, RequestError, format_size, number_input,
                       schedule_input, shown)
-from .scheduler import DEFAULT_RNG, MAX_STEPS, RNGS, SCHEDULES
+from .names import DEFAULT_RNG, MAX_STEPS, RNGS, SCHEDULES
 
 MAX_PARAMETERS_CHARS = 3 * MAX_PROMPT_CHARS  # prompt, negative prompt and the settings line
 _SETTING = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')

@@ -158,7 +158,7 @@ def lora_spec(spec: str | os.PathLike | tuple[str | os.PathLike, float]) -> tupl
 
 def read_loras(specs: Sequence[str | os.PathLike | tuple[str | os.PathLike, float]] | None) -> list[LoRA]:
     """LoRA files (see `lora_spec`), each local or on the Hub (owner/repo/file.safetensors)."""
-    from .checkpoint import resolve_file
+    from .hub import resolve_file
 
     loras = []
     for spec in specs or []:

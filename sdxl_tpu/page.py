@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, format_size
-from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE, MAX_STEPS, RNGS, SCHEDULES
+from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, MAX_STEPS, RNGS, SCHEDULES
 
 HISTORY_LENGTH = 24  # runs kept in the browser, newest first
 HISTORY_PER_PAGE = 12

@@ -30,7 +30,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import sampling, scheduler
-from .checkpoint import Models, config_root, is_single_file, load_models, load_tokenizers, resolve_file
+from .checkpoint import Models, config_root, is_single_file, load_models, load_tokenizers
+from .hub import resolve_file
 from .compilation import enable_compile_cache
 from .images import Stamp, file_hash
 from .lora import lora_spec

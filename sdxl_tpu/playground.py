@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import CheckpointError
+from .hub import CheckpointError
 from .compilation import DEFAULT_COMPILE_CACHE
 from .images import FORMATS, ImageStore, encode_all, encode_preview
 from .metrics import Metrics
@@ -29,9 +29,9 @@ from .pipeline import Cancelled, GenerationError, Pipeline, call_batch, load_pip
 from .recipes import BASE, RECIPES, SAMPLING, Recipe, recipe_named, settle
 from .remote import Unavailable, check_backend_url
 from .request import (MAX_PROMPT_CHARS, MAX_SEED, Request, RequestError, choice_input, format_size, json_type,
-                      number_input, parse_size, schedule_input, schedule_used, text_input)
+                      number_input, parse_size, schedule_input, text_input)
 from .prompts import CHUNK_TOKENS, DEFAULT_MAX_CHUNKS, MAX_CHUNKS, chunk_prompt
-from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES, schedule_used
 from .serving import SHUTTING_DOWN, Batcher, Generated, Job, QueueFull, ShuttingDown, StillCompiling, never
 from .taesd import PreviewDecoderError
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .prompts import PromptError, check_weights, parse_emphasis
-from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE, MAX_STEPS, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, MAX_STEPS, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
 MAX_SEED = 2**32 - 1
 # Three chunks of 75 tokens take about 1,000 characters of plain text, more with A1111's brackets
@@ -158,16 +158,6 @@ def schedule_input(sampler: str, schedule: str) -> str:
         return resolve_schedule(sampler, schedule)
     except ValueError as e:
         raise RequestError(str(e)) from None
-
-
-def schedule_used(sampler: str | None, schedule: str) -> str:
-    """The Schedule type that ran, as the parameters text and the answers name it: "Automatic"
-    resolved for `sampler` (what A1111 writes too); `schedule` itself where it cannot be resolved
-    (no sampler known)."""
-    try:
-        return resolve_schedule(sampler, schedule) if sampler else schedule
-    except (KeyError, ValueError):
-        return schedule
 
 
 # -- the request ------------------------------------------------------------------------------

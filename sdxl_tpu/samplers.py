@@ -15,7 +15,8 @@ import numpy as np
 
 from .configs import check_supported
 from .kdiffusion import sigma_to_t, update_table
-from .scheduler import MAX_STEPS, SAMPLERS, Sampler, Tables
+from .scheduler import Sampler, Tables
+from .names import MAX_STEPS, SAMPLERS
 
 # Scheduler config keys whose value must be one of these (diffusers' defaults among them).
 _SUPPORTED = {

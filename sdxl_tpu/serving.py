@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 from .pipeline import Cancelled, GenerationResult, guided
 from .preview import every
 from .request import ImageInfo, RequestError
-from .scheduler import DEFAULT_RNG, DEFAULT_SCHEDULE
+from .names import DEFAULT_RNG, DEFAULT_SCHEDULE
 
 log = logging.getLogger("sdxl_tpu.serving")
 

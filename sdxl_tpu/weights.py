@@ -19,6 +19,8 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from .hub import CheckpointError
+
 M = TypeVar("M", bound=nnx.Module)
 
 _RENAMED_LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight"}
@@ -29,10 +31,6 @@ _IGNORED_TENSORS = re.compile(r"(^|\.)position_ids$")
 # Pre-0.14 diffusers VAE attention names -> current names.
 _LEGACY_RENAMES = ((".query.", ".to_q."), (".key.", ".to_k."), (".value.", ".to_v."),
                    (".proj_attn.", ".to_out.0."))
-
-
-class CheckpointError(ValueError):
-    """A checkpoint does not match the model it is loaded into."""
 
 
 def torch_name(path: tuple) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 from reference import read_with_third_parties
 from served_app import get, read_metrics, requests_total, start_backend, wait_for
-from sdxl_tpu.scheduler import RNGS, SAMPLERS, SCHEDULES
+from sdxl_tpu.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.version import VERSION
 
 QUEUE_SIZE = 1

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from reference import read_with_third_parties
-from sdxl_tpu.scheduler import SAMPLERS
+from sdxl_tpu.names import SAMPLERS
 from sdxl_tpu.version import VERSION
 
 

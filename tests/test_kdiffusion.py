@@ -16,7 +16,7 @@ import pytest
 import kdiffusion_reference
 from sdxl_tpu import kdiffusion, sampling, scheduler
 from sdxl_tpu.samplers import sampler_named
-from sdxl_tpu.scheduler import SCHEDULES, resolve_schedule
+from sdxl_tpu.names import SCHEDULES, resolve_schedule
 
 METHODS = {"Euler": "sample_euler", "Euler a": "sample_euler_ancestral", "DPM++ 2M": "sample_dpmpp_2m",
            "DPM++ 2M SDE": "sample_dpmpp_2m_sde", "DPM++ SDE": "sample_dpmpp_sde"}

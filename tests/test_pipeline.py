@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sdxl_tpu import CompileCounter, GenerationError, RequestError
-from sdxl_tpu.scheduler import MAX_STEPS, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.names import MAX_STEPS, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 from sdxl_tpu.version import VERSION
 
 

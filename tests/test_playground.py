@@ -9,7 +9,7 @@ import pytest
 from sdxl_tpu.playground import (STYLES, ModelInfo, Server, Settings, apply_style, parse_settings, seed_at,
                                  style_description, validate)
 from sdxl_tpu.request import RequestError, clean_text, text_input
-from sdxl_tpu.scheduler import RNGS, SAMPLERS, SCHEDULES
+from sdxl_tpu.names import RNGS, SAMPLERS, SCHEDULES
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,

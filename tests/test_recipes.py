@@ -7,7 +7,7 @@ import pytest
 from sdxl_tpu.recipes import RECIPES, SAMPLING, recipe_named, settle
 from sdxl_tpu.request import Request
 from sdxl_tpu.samplers import samplers_for
-from sdxl_tpu.scheduler import SAMPLERS
+from sdxl_tpu.names import SAMPLERS
 
 
 def test_every_preset_is_a_valid_request_for_its_sampler_table():

@@ -10,7 +10,8 @@ import pytest
 
 from sdxl_tpu.presets import SCHEDULER_CONFIG
 from sdxl_tpu.samplers import EulerDiscrete, sampler_named, samplers_for
-from sdxl_tpu.scheduler import MAX_ROWS, MAX_STEPS, SAMPLERS
+from sdxl_tpu.scheduler import MAX_ROWS
+from sdxl_tpu.names import MAX_STEPS, SAMPLERS
 
 SPACINGS = ["leading", "trailing", "linspace"]
 
