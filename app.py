@@ -4,8 +4,8 @@
     python app.py --model tiny         # offline, the built-in tiny checkpoint
     python app.py --backend URL        # no model here: back ends (python -m sdxl_tpu serve) make the images
 
-UI and wiring only; everything testable lives in sdxl_tpu/playground.py (the server) and
-sdxl_tpu/page.py (what the page shows of its state).
+UI and wiring only; everything testable lives in sdxl_tpu/server/core.py (the server) and
+sdxl_tpu/server/page.py (what the page shows of its state).
 """
 
 from __future__ import annotations
@@ -25,16 +25,21 @@ from gradio.utils import get_upload_folder
 from starlette.routing import Mount
 
 from sdxl_tpu.compilation import enable_compile_cache, quiet_platforms
-from sdxl_tpu.http_guard import QueueView, RequestGuard, endpoints_of, mark_launched
-from sdxl_tpu.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sdxl_tpu.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS,
-                           RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, history_after, history_rows, matching_preset,
-                           pasted_form, schedule_choices, size_choices)
-from sdxl_tpu.playground import (DEFAULT_STYLE, EXAMPLES, STYLES, Server, gradio_handler, log_refusal, parse_settings, seed_at,
-                                 serve_metrics_apart, style_description)
+from sdxl_tpu.server.envelope import endpoints_of
+from sdxl_tpu.server.guard import QueueView, RequestGuard, mark_launched
+from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from sdxl_tpu.server.metrics import serve_metrics_apart
+from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS,
+                                  RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, history_after, history_rows, matching_preset,
+                                  pasted_form, schedule_choices, size_choices)
+from sdxl_tpu.server.core import Server
+from sdxl_tpu.server.errors import gradio_handler, log_refusal
+from sdxl_tpu.server.form import EXAMPLES, seed_at
+from sdxl_tpu.server.settings import parse_settings
+from sdxl_tpu.server.styles import DEFAULT_STYLE, style_description, STYLES
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
 from sdxl_tpu.names import MAX_STEPS
-from sdxl_tpu.serving import SHUTTING_DOWN, DrainingServer
+from sdxl_tpu.server.batcher import SHUTTING_DOWN, DrainingServer
 
 GENERATE, WARMING_UP = "Generate", "Warming up…"
 STOPPED = "Stopped."
@@ -137,7 +142,7 @@ def build_demo(server: Server) -> gr.Blocks:
 
         # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
         # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
-        # sdxl_tpu.playground checks each value and refuses, with a message, what is not right.
+        # sdxl_tpu.server.core checks each value and refuses, with a message, what is not right.
         def run_updates(fields, progress, previews: bool):
             # The request stops (waiting or between denoising steps) once Gradio no longer runs
             # its event: Stop, the page closed, the client cancelled or went away.

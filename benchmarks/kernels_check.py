@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from sdxl_tpu.layers import Attention, Precision  # noqa: E402
+from sdxl_tpu.models.layers import Attention, Precision  # noqa: E402
 
 _MATMUL = re.compile(r"\bdot\(|custom_call_target=\"__cublas")
 _KERNELS = {"cudnn flash attention": "__cudnn$fmha", "pallas (splash attention)": "tpu_custom_call"}

@@ -22,9 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sdxl_tpu.bench import random_models, random_tokenizers  # noqa: E402
-from sdxl_tpu.layers import Precision  # noqa: E402
-from sdxl_tpu.pipeline import Pipeline, compute_dtype_for  # noqa: E402
+from sdxl_tpu.bench.random_weights import random_models, random_tokenizers  # noqa: E402
+from sdxl_tpu.models.layers import Precision  # noqa: E402
+from sdxl_tpu.pipeline import Pipeline  # noqa: E402
+from sdxl_tpu.loading import compute_dtype_for  # noqa: E402
 from sdxl_tpu.presets import SCHEDULER_CONFIG, preset_configs  # noqa: E402
 from sdxl_tpu.samplers import samplers_for  # noqa: E402
 from sdxl_tpu.torch_rng import TorchCPUGenerator  # noqa: E402

@@ -1,18 +1,49 @@
-"""sdxl-tpu: Stable Diffusion XL in JAX/Flax, served from one compiled, replicated pipeline."""
+"""sdxl-tpu: Stable Diffusion XL in JAX/Flax, served from one compiled, replicated pipeline.
 
-from .checkpoint import Models, load_models, load_text_encoder, load_tokenizers, load_unet, load_vae, resolve
-from .clip import CLIPTextConfig, CLIPTextModel
-from .compilation import CompileCounter, enable_compile_cache
-from .layers import Precision
-from .pipeline import GenerationError, GenerationResult, Pipeline, load_pipeline
-from .request import ImageInfo, Request, RequestError
-from .samplers import EulerDiscrete
-from .scheduler import Sampler
-from .unet import UNet2DConditionModel, UNetConfig
-from .vae import AutoencoderKL, VAEConfig
-from .hub import CheckpointError
+The public API is below, each name imported from its module on first use: a part that runs no
+model (a front end, request checking) imports this package without JAX.
 
-__all__ = ["AutoencoderKL", "CLIPTextConfig", "CLIPTextModel", "CheckpointError", "CompileCounter", "EulerDiscrete",
-           "GenerationError", "GenerationResult", "ImageInfo", "Models", "Pipeline", "Precision", "Request",
-           "RequestError", "Sampler", "UNet2DConditionModel", "UNetConfig", "VAEConfig", "enable_compile_cache",
-           "load_models", "load_pipeline", "load_text_encoder", "load_tokenizers", "load_unet", "load_vae", "resolve"]
+    models/    the networks (text encoders, UNet, VAE, TAESD, layers, attention)
+    weights/   where weights come from and how they load (Hub, safetensors, single files, LoRA)
+    request, names, prompts, sampling, scheduler, samplers, kdiffusion, pipeline, compilation:
+               the generator, prompt to images
+    server/    the server core, the batcher, the back end, the front end's client, the guard
+    bench/     the benchmark
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {  # name -> the module (under sdxl_tpu) that defines it
+    "AutoencoderKL": "models.vae", "VAEConfig": "models.vae",
+    "CLIPTextConfig": "models.clip", "CLIPTextModel": "models.clip",
+    "UNet2DConditionModel": "models.unet", "UNetConfig": "models.unet",
+    "Precision": "models.layers",
+    "CheckpointError": "weights.errors", "resolve": "weights.hub",
+    "Models": "weights.checkpoint", "load_models": "weights.checkpoint",
+    "load_text_encoder": "weights.checkpoint", "load_tokenizers": "weights.checkpoint",
+    "load_unet": "weights.checkpoint", "load_vae": "weights.checkpoint",
+    "CompileCounter": "compilation", "enable_compile_cache": "compilation",
+    "GenerationError": "request", "GenerationResult": "pipeline", "Pipeline": "pipeline",
+    "load_pipeline": "loading",
+    "ImageInfo": "request", "Request": "request", "RequestError": "request",
+    "EulerDiscrete": "samplers", "Sampler": "scheduler",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sdxl_tpu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = sorted(_EXPORTS)

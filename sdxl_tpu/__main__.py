@@ -81,23 +81,24 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", default="outputs", help="output directory")
     serve = commands.add_parser("serve", help="serve the pipeline over plain HTTP: a back end for a load balancer "
                                               "(POST /v1/generate, /healthz, /readyz, /metrics)")
-    from .playground import add_settings_arguments
+    from .server.settings import add_settings_arguments
 
     add_settings_arguments(serve, dict(os.environ))
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
     serve.add_argument("--port", type=int, default=8000, help="port")
     bench = commands.add_parser("bench", help="benchmark compile time, latency, memory and FLOP utilisation")
-    from .bench import add_arguments
+    from .bench.run import add_arguments
 
     add_arguments(bench)
     return parser
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .hub import CheckpointError
+    from .weights.errors import CheckpointError
     from .compilation import DEFAULT_COMPILE_CACHE, enable_compile_cache
     from .images import save_png
-    from .pipeline import GenerationError, load_pipeline
+    from .request import GenerationError
+    from .loading import load_pipeline
     from .recipes import recipe_named, settle
     from .request import Request, schedule_input
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_platforms()  # no TPU error messages on a machine without TPU chips
     if args.command == "make-tiny":
-        from .tiny import write_checkpoint
+        from .weights.tiny import write_checkpoint
 
         try:
             path = write_checkpoint(args.directory, args.preset, seed=args.seed)
@@ -180,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {'tiny' if args.preset == 'tiny' else args.preset} SDXL checkpoint to {path}")
         return 0
     if args.command == "serve":
-        from .backend import main as serve_main
-        from .playground import settings_from_arguments
+        from .server.backend import main as serve_main
+        from .server.settings import settings_from_arguments
 
         return serve_main(settings_from_arguments(parser, args))
     if args.command == "bench":
-        from .bench import main as bench_main
+        from .bench.run import main as bench_main
 
         try:
             return bench_main(args)

@@ -9,46 +9,33 @@ steps, size micro-conditioning) is an input of the compiled programs, never a re
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import sampling, scheduler
-from .checkpoint import Models, config_root, is_single_file, load_models, load_tokenizers
-from .hub import resolve_file
-from .compilation import enable_compile_cache
-from .images import Stamp, file_hash
-from .lora import lora_spec
-from .preview import Previews, decode_taesd, preview_size
+from . import sampling
+from .denoising import HostNoise, denoise_fused, denoise_stepwise
+from .programs import BATCH, NETWORKS, PROGRAMS, program
+from .weights.checkpoint import Models
+from .images import Stamp
+from .preview import Previews
 from .prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
-from .request import (ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, schedule_input,
+from .request import (GenerationError, ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, schedule_input,
                       size_input)
-from .samplers import samplers_for
-from .scheduler import MAX_ROWS, Sampler, Tables
-from .torch_rng import TorchCPUGenerator
-from .weights import read_json
+from .scheduler import MAX_ROWS, Sampler
 
-BATCH = "batch"  # the mesh axis images are split over
-NETWORKS = ("text_encoder", "text_encoder_2", "unet", "vae")
-# denoise: with classifier-free guidance; denoise_unguided: the conditional pass alone, for calls
-# whose every image has guidance <= 1 (distilled models): half the UNet batch.
-PROGRAMS = ("encode", "noise", "init", "denoise", "denoise_unguided", "decode")
 
 
 @dataclass
@@ -71,20 +58,6 @@ def guided(infos: Sequence[ImageInfo]) -> bool:
     """Whether a call needs classifier-free guidance (any image's guidance above 1); without it
     the UNet runs the conditional pass alone."""
     return any(i.guidance_scale > 1 for i in infos)
-
-
-class GenerationError(RuntimeError):
-    """The pipeline produced something that is not an image (e.g. NaN)."""
-
-
-class Cancelled(Exception):
-    """The caller's `stop()` said the work is no longer wanted; the call ended between steps."""
-
-
-# Denoising steps dispatched ahead of the one being waited for: enough that the device never waits
-# for the host (dispatching a step takes far less than running one), few enough that a stopped call
-# ends within LOOKAHEAD + 1 steps.
-LOOKAHEAD = 1
 
 
 class Pipeline:
@@ -127,74 +100,26 @@ class Pipeline:
                 raise ValueError(f"size {w}x{h}: width and height must be positive multiples of {self.vae_factor}")
             self.sizes.append((w, h))
         self._lock = threading.Lock()
-        self._batch, self._replicated = NamedSharding(self.mesh, P(BATCH)), NamedSharding(self.mesh, P())
+        self.batch_sharding, self.replicated = NamedSharding(self.mesh, P(BATCH)), NamedSharding(self.mesh, P())
         # Each nnx module splits into its (static) graph and its arrays; the arrays are replicated.
-        self._graphs, self.params = {}, {}
+        self.graphs, self.params = {}, {}
         for name in NETWORKS:
-            self._graphs[name], state = nnx.split(getattr(models, name))
-            self.params[name] = jax.device_put(state, self._replicated)
+            self.graphs[name], state = nnx.split(getattr(models, name))
+            self.params[name] = jax.device_put(state, self.replicated)
         # Live previews: TAESD on the device when given, else the linear approximation on the host.
         self.preview_decoder = "taesd" if preview_decoder is not None else "approx"
         if preview_decoder is not None:
-            self._graphs["taesd"], state = nnx.split(preview_decoder)
-            self.params["taesd"] = jax.device_put(state, self._replicated)
+            self.graphs["taesd"], state = nnx.split(preview_decoder)
+            self.params["taesd"] = jax.device_put(state, self.replicated)
         self._compiled: dict[Any, Any] = {}
         # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
-        self._step_index = [jax.device_put(np.int32(i), self._replicated) for i in range(MAX_ROWS)]
+        self._step_index = [jax.device_put(np.int32(i), self.replicated) for i in range(MAX_ROWS)]
 
     # -- the sharded programs -------------------------------------------------------------------
 
-    def _shard(self, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:
-        # check_vma=False: Pallas kernels (splash attention, traced for TPU) declare their outputs
-        # without varying-axis types, which the check would reject; every output here is batch-split.
-        return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
-
-    def _program(self, name: str, size: tuple[int, int]) -> tuple[Callable, tuple]:
-        """The jitted program `name` for `size`, and abstract arguments to lower or trace it with."""
-        w, h = size
-        b, lh, lw, c = self.images_per_call, h // self.vae_factor, w // self.vae_factor, self.latent_channels
-        batch = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=self._batch)
-        rep = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
-        k, tokens = self.max_prompt_chunks, self.max_prompt_chunks * sampling.MAX_TOKENS
-        ids, latents = batch((b, 2, k, sampling.MAX_TOKENS), jnp.int32), batch((b, lh, lw, c))
-        weights, lengths = batch((b, 2, k, sampling.MAX_TOKENS)), batch((b, 2), jnp.int32)
-        tables = Tables(rep((MAX_ROWS,)), rep((MAX_ROWS,)), rep((MAX_ROWS, 6)), rep(()))
-        seeds = batch((b,), jnp.uint32)
-        te1, te2, unet, vae = (partial(nnx.merge, self._graphs[n]) for n in NETWORKS)
-        bat = P(BATCH)
-        if name == "encode":
-            fn = lambda p1, p2, *a: sampling.encode_text(te1(p1), te2(p2), *a)
-            return self._shard(fn, (P(), P()) + (bat,) * 6, (bat, bat)), (
-                self.params["text_encoder"], self.params["text_encoder_2"], ids, ids, weights, weights, lengths,
-                batch((b,), jnp.bool_))
-        if name == "noise":  # JAX's initial noise, or the host's for the images that draw their own (RNG CPU)
-            def fn(s, t, host, use_host):
-                noise = jnp.where(use_host[:, None, None, None], host, sampling.get_noise(s, lh, lw, c))
-                return scheduler.init(noise, s, t)._replace(host_noise=use_host)
-            return self._shard(fn, (bat, P(), bat, bat), bat), (seeds, tables, latents, batch((b,), jnp.bool_))
-        if name == "init":  # the state from initial latents the caller gives
-            return self._shard(scheduler.init, (bat, bat, P()), bat), (latents, seeds, tables)
-        if name in ("denoise", "denoise_unguided"):  # one step (stepwise: the last argument is the step) or all
-            state = jax.tree.map(lambda s: batch(s.shape, s.dtype),
-                                 jax.eval_shape(scheduler.init, latents, seeds, tables))
-            loop = partial(sampling.denoise_step if self.stepwise else sampling.denoise, guided=name == "denoise")
-            fn = lambda params, *a: loop(unet(params), *a)
-            args = (self.params["unet"], state, batch((b, 2, tokens, self.context_dim)), lengths,
-                    batch((b, 2, self.pooled_dim)), batch((b, 6)), batch((b,)), tables,
-                    rep((), jnp.int32) if self.stepwise else rep((2,), jnp.int32))
-            return self._shard(fn, (P(),) + (bat,) * 6 + (P(), P()), bat), args
-        if name == "decode":
-            fn = lambda params, x: sampling.decode(vae(params), x)
-            return self._shard(fn, (P(), bat), (bat, bat)), (self.params["vae"], latents)
-        if name == "preview":  # TAESD's image of the current clean-latents estimate, at preview size
-            taesd = partial(nnx.merge, self._graphs["taesd"])
-            fn = lambda params, x: decode_taesd(taesd(params), x, preview_size((w, h), self.vae_factor))
-            return self._shard(fn, (P(), bat), bat), (self.params["taesd"], latents)
-        raise ValueError(f"no program {name!r}; programs: {', '.join(PROGRAMS)}")
-
     def trace(self, name: str, size: Any) -> jax.stages.Traced:
         """Program `name` for `size`, traced but not compiled (to inspect or lower elsewhere)."""
-        fn, args = self._program(name, size_input(size, self.sizes))
+        fn, args = program(self, name, size_input(size, self.sizes))
         return fn.trace(*args)
 
     def compiled(self, size: Any) -> dict[str, Any]:
@@ -206,7 +131,7 @@ class Pipeline:
             programs = {"encode": encode} if encode else {}
             for name in PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ()):
                 if name not in programs:
-                    fn, args = self._program(name, size)
+                    fn, args = program(self, name, size)
                     programs[name] = fn.lower(*args).compile()
             self._compiled[size] = programs
         return self._compiled[size]
@@ -216,7 +141,7 @@ class Pipeline:
         """The host noise of a call where no image draws its own: zeros, kept on the devices."""
         w, h = size
         shape = (self.images_per_call, h // self.vae_factor, w // self.vae_factor, self.latent_channels)
-        return jax.device_put(np.zeros(shape, np.float32), self._batch)
+        return jax.device_put(np.zeros(shape, np.float32), self.batch_sharding)
 
     def is_compiled(self, size: tuple[int, int]) -> bool:
         return size in self._compiled
@@ -316,22 +241,17 @@ class Pipeline:
             if latents.shape != shape:
                 raise RequestError(f"latents must have shape {shape}, got {latents.shape}.")
             latents = np.concatenate([latents, np.repeat(latents[-1:], self.images_per_call - n, axis=0)])
-        put = lambda x: jax.device_put(x, self._batch)
+        put = lambda x: jax.device_put(x, self.batch_sharding)
         host_tables = self.samplers[name].padded_tables(steps, schedule)
         # A row is one model evaluation; a step is one row, or two (DPM++ SDE's midpoint).
         step_ends = self.samplers[name].step_ends(steps)
         rows = step_ends[-1]
-        tables = jax.device_put(host_tables, self._replicated)
+        tables = jax.device_put(host_tables, self.replicated)
         seeds = put(np.array([i.seed for i in slots], np.uint32))
-        # RNG CPU: PyTorch's CPU generator per image, its stream continued from the initial noise into
-        # each noisy step, as A1111's ImageRNG draws it (NCHW, as torch.randn's shape).
-        # Images of either source mix in a call: each draws its own.
+        # RNG CPU: each image that draws its own noise, as A1111's ImageRNG draws it (denoising.py).
         own = np.array([i.rng == "CPU" for i in slots])
-        generators = [TorchCPUGenerator(i.seed) if cpu else None for i, cpu in zip(slots, own)] if own.any() else None
-        noisy = {i for i in range(rows) if host_tables.update[i, 3] != 0} if generators else set()
         latent_shape = (self.latent_channels, size[1] // self.vae_factor, size[0] // self.vae_factor)
-        zeros = np.zeros(latent_shape, np.float32)
-        host_noise = lambda: put(np.stack([g.randn(latent_shape) if g else zeros for g in generators]).transpose(0, 2, 3, 1))
+        host = HostNoise([i.seed if cpu else None for i, cpu in zip(slots, own)], latent_shape, host_tables, rows, put)
 
         with self._lock:
             start = time.perf_counter()
@@ -339,7 +259,7 @@ class Pipeline:
             context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
                                                  *map(put, text[:4]), lengths, put(text.zero_negative))
             if latents is None:
-                state = programs["noise"](seeds, tables, host_noise() if generators else self._no_noise(size), put(own))
+                state = programs["noise"](seeds, tables, host.draw() if host else self._no_noise(size), put(own))
             else:
                 state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
                 state = state._replace(host_noise=put(own))
@@ -348,46 +268,14 @@ class Pipeline:
             conditioning = (context, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
             denoise = programs["denoise" if guided(infos) else "denoise_unguided"]
             if self.stepwise:
-                # Keep LOOKAHEAD steps queued on the device, report each step as it completes, and
-                # ask `stop` in between.
-                in_flight: collections.deque = collections.deque()
-                done = 0
                 on_device = partial(programs["preview"], self.params["taesd"]) if "preview" in programs else None
-                previews = Previews(on_device, n, steps, preview, preview_every)
-
-                def finish_oldest() -> None:
-                    nonlocal done
-                    row, finished = in_flight.popleft()
-                    finished = jax.block_until_ready(finished)
-                    if row + 1 != step_ends[done]:  # the first of a step's two rows
-                        return
-                    done += 1
-                    if progress is not None:
-                        progress(done, steps)
-                    previews.after_step(done, finished.prediction)
-                    if done < steps and stop is not None and stop():
-                        raise Cancelled(f"stopped after step {done} of {steps}")
-
-                for i in range(rows):
-                    if i in noisy:
-                        state = state._replace(noise=host_noise())
-                    state = denoise(self.params["unet"], state, *conditioning, self._step_index[i])
-                    in_flight.append((i, state))
-                    if len(in_flight) > LOOKAHEAD:
-                        finish_oldest()
-                while in_flight:
-                    finish_oldest()
+                state = denoise_stepwise(lambda s, i: denoise(self.params["unet"], s, *conditioning, self._step_index[i]),
+                                         state, step_ends, host, Previews(on_device, n, steps, preview, preview_every),
+                                         progress, stop)
             else:
-                # One dispatch for all rows, unless the host gives the noise: then one per noisy row.
-                bounds = [0, *sorted(noisy | {i + 1 for i in noisy}), rows]
-                for first, stop in zip(bounds, bounds[1:]):
-                    if first < stop:
-                        if first in noisy:
-                            state = state._replace(noise=host_noise())
-                        state = denoise(self.params["unet"], state, *conditioning, np.array([first, stop], np.int32))
-                state = jax.block_until_ready(state)
-                if progress is not None:
-                    progress(steps, steps)
+                state = denoise_fused(lambda s, first, end: denoise(self.params["unet"], s, *conditioning,
+                                                                    np.array([first, end], np.int32)),
+                                      state, step_ends, host, progress)
             t_denoise = time.perf_counter()
             images, finite = programs["decode"](self.params["vae"], state.x)
             images, finite = np.asarray(images)[:n], np.asarray(finite)[:n]  # (slicing on the device would compile)
@@ -399,88 +287,3 @@ class Pipeline:
         timings = {"text_encoding": t_text - start, "denoising": t_denoise - t_text,
                    "decoding": t_decode - t_denoise, "total": t_decode - start}
         return GenerationResult(images=[Image.fromarray(img) for img in images], infos=infos, timings=timings)
-
-
-# ---------------------------------------------------------------------------------------------
-# Building one
-# ---------------------------------------------------------------------------------------------
-
-def compute_dtype_for(dtype: str, compute_dtype: str | None = None) -> str:
-    """The activation dtype: as asked, else `dtype`, except float32 on a CPU, which has no
-    bfloat16 arithmetic (XLA emulates it there: slower and less precise than float32)."""
-    if compute_dtype:
-        return compute_dtype
-    return "float32" if jax.default_backend() == "cpu" else dtype
-
-
-def load_samplers(root: os.PathLike, timestep_spacing: str | None = None,
-                  prediction_type: str | None = None) -> tuple[dict[str, Sampler], str]:
-    """Every sampler on the checkpoint's noise schedule (scheduler/scheduler_config.json, else SDXL
-    base's), and the name of the checkpoint's own scheduler, the default. `timestep_spacing` and
-    `prediction_type` override the config's (SDXL-Lightning: "trailing"; its 1-step UNet: "sample")."""
-    from .presets import SCHEDULER_CONFIG
-
-    path = os.path.join(root, "scheduler", "scheduler_config.json")
-    config = dict(read_json(path)) if os.path.isfile(path) else dict(SCHEDULER_CONFIG)
-    if timestep_spacing is not None:
-        config["timestep_spacing"] = timestep_spacing
-    if prediction_type is not None:
-        config["prediction_type"] = prediction_type
-    return samplers_for(config)
-
-
-def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: Sequence[Any] = ((1024, 1024),),
-                  images_per_call: int = 4, devices: Sequence[jax.Device] | None = None, warmup: bool = True,
-                  step_progress: bool = True, compute_dtype: str | None = None, attention: str = "auto",
-                  compile_cache: str | os.PathLike | None = None, unet: str | os.PathLike | None = None,
-                  timestep_spacing: str | None = None, prediction_type: str | None = None,
-                  config: str | os.PathLike | None = None, loras: Sequence[str | tuple] | None = None,
-                  preview: str = "approx", max_prompt_chunks: int = DEFAULT_MAX_CHUNKS) -> Pipeline:
-    """Load an SDXL checkpoint (Hub id, local diffusers directory, "tiny", or a single-file
-    .safetensors with `config`: where its configs and tokenizers come from, default SDXL base
-    1.0's) and compile it.
-
-    With `warmup` every size in `sizes` is compiled before this returns; requests for other
-    sizes are refused rather than compiled. `dtype` is the parameter dtype; activations use
-    `compute_dtype`, by default the same except float32 on a CPU. `attention`: "auto" (the best
-    kernel per platform) or "xla". `compile_cache`, if given, is set as the process-wide JAX
-    persistent compilation cache (entry points usually set it once themselves). `unet`: a UNet
-    weights file instead of the checkpoint's (e.g. SDXL-Lightning's; local or
-    owner/repo/file.safetensors); `timestep_spacing` and `prediction_type` ("epsilon" or "sample")
-    override the scheduler config's. `loras`: LoRA files fused into the weights, as "file[:scale]"
-    or (file, scale) (kohya or diffusers format; see `sdxl_tpu.lora`). `preview`: how live previews
-    are decoded, "approx" (no weights) or "taesd" / a TAESD checkpoint directory or repo (see preview.py).
-    `max_prompt_chunks`: the longest prompt, in chunks of 75 tokens (see prompts.py).
-    """
-    if compile_cache is not None:
-        enable_compile_cache(compile_cache)
-    taesd = None
-    if preview != "approx":  # first: a preview decoder that cannot be had is refused before minutes of loading
-        from .layers import Precision
-        from .taesd import load_taesd
-
-        taesd = load_taesd(preview, Precision.of(compute_dtype_for(dtype, compute_dtype), dtype, attention=attention))
-    root = config_root(model, config)
-    models = load_models(model if is_single_file(model) else root, dtype=compute_dtype_for(dtype, compute_dtype),
-                         param_dtype=dtype, attention=attention, unet=unet, config=root, loras=loras)
-    index = dict(read_json(root / "model_index.json")) if (root / "model_index.json").is_file() else {}
-    samplers, default_sampler = load_samplers(root, timestep_spacing, prediction_type)
-    name = Path(str(model)).stem if is_single_file(model) else str(model)
-    if unet is not None:
-        name += f" + {Path(str(unet)).stem}"
-    # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
-    # hashing them is quick).
-    stamp = Stamp(name, file_hash(resolve_file(model), 10) if is_single_file(model) else None)
-    for spec in loras or []:
-        path, scale = lora_spec(spec)
-        name += f" + {Path(str(path)).stem}" + (f":{scale:g}" if scale != 1 else "")
-        stamp = dataclasses.replace(stamp, loras=stamp.loras + ((Path(str(path)).stem, scale,
-                                                                 file_hash(resolve_file(path), 12)),))
-    pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=sizes,
-                    images_per_call=images_per_call, devices=devices, model_name=name,
-                    force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
-                    step_progress=step_progress, preview_decoder=taesd, max_prompt_chunks=max_prompt_chunks,
-                    stamp=stamp)
-    if warmup:
-        pipe.warmup()
-    return pipe

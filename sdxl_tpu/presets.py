@@ -1,7 +1,7 @@
 """The architectures, in one place: each preset's component configs exactly as diffusers'
 config.json files hold them, SDXL base 1.0's scheduler config and model index.
 
-tiny:  a few MB, for tests and running offline (`sdxl_tpu.tiny` writes it as a checkpoint).
+tiny:  a few MB, for tests and running offline (`sdxl_tpu.weights.tiny` writes it as a checkpoint).
 small: SDXL's block structure, narrower and shallower, 256x256, for CPU benchmarks.
 sdxl:  SDXL base 1.0's architecture exactly (tests/test_full_size.py checks it against the
        published config and parameter counts).

@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
-    from sdxl_tpu.tiny import write_tiny_checkpoint
+    from sdxl_tpu.weights.tiny import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "sdxl-tiny")
 

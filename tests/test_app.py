@@ -288,12 +288,13 @@ def test_taesd_previews_offline_are_refused_first_with_one_line(tmp_path, monkey
     error line and exits 1, as for a model it cannot load)."""
     from huggingface_hub import constants
 
-    import sdxl_tpu.pipeline
-    from sdxl_tpu.playground import Server, Settings
+    import sdxl_tpu.loading
+    from sdxl_tpu.server.core import Server
+    from sdxl_tpu.server.settings import Settings
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setattr(sdxl_tpu.pipeline, "load_models", lambda *a, **k: pytest.fail("the model was loaded first"))
+    monkeypatch.setattr(sdxl_tpu.loading, "load_models", lambda *a, **k: pytest.fail("the model was loaded first"))
     server = Server(Settings(model="tiny", sizes=[(64, 64)], preview="taesd"))
     server.load()
     assert server.status == "error" and server.error == server.message and "\n" not in server.error
@@ -602,7 +603,8 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
     import uvicorn
 
     import app as app_module
-    from sdxl_tpu.playground import Server, Settings
+    from sdxl_tpu.server.core import Server
+    from sdxl_tpu.server.settings import Settings
 
     class Loaded:  # what the loader hands over once "loaded" (nothing is generated here)
         sizes, images_per_call, tokenizers = [(64, 64)], 4, (None, None)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdxl_tpu import attention as attn
+from sdxl_tpu.models import attention as attn
 
 
 def _qkv(batch, length, heads, head_dim, dtype=jnp.float32, kv_length=None):
@@ -96,7 +96,8 @@ def test_attention_kernel_is_a_model_setting(tiny_checkpoint):
     """load_models(attention="xla") reaches every attention call of every network; the
     environment variable is only the entry points' default."""
     from sdxl_tpu import load_models
-    from sdxl_tpu.pipeline import Pipeline, load_samplers
+    from sdxl_tpu.pipeline import Pipeline
+    from sdxl_tpu.loading import load_samplers
 
     for kernel, branches in (("auto", True), ("xla", False)):
         models = load_models(tiny_checkpoint, dtype="float32", attention=kernel)
@@ -146,7 +147,7 @@ def test_vae_decode_through_the_tpu_branch_matches_xla(tiny_checkpoint, monkeypa
     from pathlib import Path
 
     from sdxl_tpu import Precision, load_vae
-    from sdxl_tpu import layers
+    from sdxl_tpu.models import layers
 
     vae = load_vae(Path(tiny_checkpoint) / "vae", Precision())
     latents = jax.random.normal(jax.random.PRNGKey(0), (1, 32, 32, 4))

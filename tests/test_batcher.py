@@ -10,9 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from sdxl_tpu.pipeline import LOOKAHEAD, Cancelled, GenerationResult
+from sdxl_tpu.denoising import LOOKAHEAD
+
+from sdxl_tpu.request import Cancelled
+
+from sdxl_tpu.pipeline import GenerationResult
 from sdxl_tpu.request import ImageInfo, Request, RequestError
-from sdxl_tpu.serving import SHUTTING_DOWN, Batcher
+from sdxl_tpu.server.batcher import SHUTTING_DOWN, Batcher
 
 
 def infos(seed: int, n: int = 4, steps: int = 2, size=(64, 64), **more) -> list[ImageInfo]:

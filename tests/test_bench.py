@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sdxl_tpu.bench import add_arguments, build_pipeline, warm_compile_argv
-from sdxl_tpu.flops import model_flops
+from sdxl_tpu.bench.run import add_arguments, build_pipeline, warm_compile_argv
+from sdxl_tpu.bench.flops import model_flops
 from sdxl_tpu.presets import SCHEDULER_CONFIG, preset_configs
 from sdxl_tpu.samplers import EulerDiscrete
 
@@ -117,7 +117,7 @@ def test_warm_compile_child_compiles_the_same_workload(argv):
 def test_bench_takes_the_apps_generation_presets():
     """--preset names an architecture or one of the app's presets, spelled out as its options;
     options given explicitly win."""
-    from sdxl_tpu.bench import with_recipe
+    from sdxl_tpu.bench.run import with_recipe
 
     args = with_recipe(_parse("--preset", "Lightning 4-step", "--lora", "style.safetensors:0.5"))
     assert (args.model, args.unet, args.spacing, args.sampler, args.steps, args.guidance, args.size) == (

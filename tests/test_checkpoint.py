@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from sdxl_tpu import CheckpointError, Precision, load_models, load_unet, load_vae
-from sdxl_tpu.weights import TensorSource, weight_files
+from sdxl_tpu.weights.tensors import TensorSource, weight_files
 
 UNET_FILE = "diffusion_pytorch_model.safetensors"
 

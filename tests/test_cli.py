@@ -67,8 +67,8 @@ def test_single_file_model_with_loras(env, tmp_path):
     import numpy as np
     from safetensors.numpy import save_file
 
-    from sdxl_tpu.single_file import write_single_file
-    from sdxl_tpu.tiny import write_tiny_checkpoint
+    from sdxl_tpu.weights.single_file import write_single_file
+    from sdxl_tpu.weights.tiny import write_tiny_checkpoint
 
     root = write_tiny_checkpoint(tmp_path / "tiny")
     model = write_single_file(root, tmp_path / "my-finetune.safetensors")

@@ -6,8 +6,8 @@ import warnings
 import pytest
 
 from sdxl_tpu.configs import check_supported, warn_unknown
-from sdxl_tpu.unet import UNetConfig
-from sdxl_tpu.vae import VAEConfig
+from sdxl_tpu.models.unet import UNetConfig
+from sdxl_tpu.models.vae import VAEConfig
 
 SUPPORTED = {"prediction_type": ("epsilon",), "use_karras_sigmas": (False, None)}
 

@@ -289,9 +289,9 @@ def test_frontend_probes(name):
     assert frontend["livenessProbe"]["httpGet"]["path"] == "/healthz"
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container_port(frontend, frontend[kind]["httpGet"]["port"]) == 7860, kind
-    # A front end listens once a back end has described itself (sdxl_tpu.remote.CONNECT_SECONDS):
+    # A front end listens once a back end has described itself (sdxl_tpu.server.remote.CONNECT_SECONDS):
     # on a fresh cluster that is the back ends' download and compile, which it must outlast.
-    from sdxl_tpu.remote import CONNECT_SECONDS
+    from sdxl_tpu.server.remote import CONNECT_SECONDS
 
     startup = frontend["startupProbe"]
     budget = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)

@@ -1,4 +1,4 @@
-"""sdxl_tpu.flops: each counted primitive against a hand count, and the presets' UNet and VAE
+"""sdxl_tpu.bench.flops: each counted primitive against a hand count, and the presets' UNet and VAE
 against PyTorch's own FLOP counter run over diffusers' models (an independent count)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from sdxl_tpu.attention import attention
-from sdxl_tpu.flops import function_flops, model_flops
+from sdxl_tpu.models.attention import attention
+from sdxl_tpu.bench.flops import function_flops, model_flops
 from sdxl_tpu.presets import preset_configs
 
 f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)

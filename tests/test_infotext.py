@@ -10,7 +10,7 @@ import pytest
 
 from sdxl_tpu.images import Stamp, parameters_text
 from sdxl_tpu.infotext import parse, request_fields
-from sdxl_tpu.page import PASTED_FIELDS, pasted_form
+from sdxl_tpu.server.page import PASTED_FIELDS, pasted_form
 from sdxl_tpu.request import ImageInfo
 from sdxl_tpu.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 

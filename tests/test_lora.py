@@ -20,10 +20,10 @@ from safetensors.numpy import save_file
 
 from reference import rel_l2
 from sdxl_tpu import CheckpointError, load_pipeline
-from sdxl_tpu.checkpoint import load_models
-from sdxl_tpu.lora import LoRA, parse_lora_spec
-from sdxl_tpu.single_file import PREFIXES, place
-from sdxl_tpu.weights import flax_params_as_torch, read_json
+from sdxl_tpu.weights.checkpoint import load_models
+from sdxl_tpu.weights.lora import LoRA, parse_lora_spec
+from sdxl_tpu.weights.single_file import PREFIXES, place
+from sdxl_tpu.weights.tensors import flax_params_as_torch, read_json
 from test_pipeline import psnr
 
 TOL = 1e-5

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from sdxl_tpu import CompileCounter, Request
 from sdxl_tpu.images import ImageStore
-from sdxl_tpu.page import (CUSTOM, HISTORY_LENGTH, aspect_ratio, history_after, history_entry, history_rows,
-                           matching_preset, size_choices, size_label)
-from sdxl_tpu.playground import SDXL_SIZES, Server, Settings, parse_settings, parse_sizes
+from sdxl_tpu.server.page import (CUSTOM, HISTORY_LENGTH, aspect_ratio, history_after, history_entry, history_rows,
+                                  matching_preset, size_choices, size_label)
+from sdxl_tpu.server.core import Server
+from sdxl_tpu.server.settings import parse_settings, parse_sizes, SDXL_SIZES, Settings
 from sdxl_tpu.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb, every
 
 SIZES = [(64, 64), (96, 64)]
@@ -263,7 +264,7 @@ def test_taesd_previews_are_decoded_on_the_device_at_preview_size(tiny_checkpoin
     """With a TAESD checkpoint (--preview DIR), previews come from its decoder, compiled with the
     other programs (nothing compiles per call), at twice the latent resolution, images unchanged."""
     from sdxl_tpu import load_pipeline
-    from sdxl_tpu.tiny import write_tiny_taesd
+    from sdxl_tpu.weights.tiny import write_tiny_taesd
 
     pipe = load_pipeline(tiny_checkpoint, dtype="float32", sizes=[(64, 64)], preview=str(write_tiny_taesd(tmp_path)))
     assert pipe.preview_decoder == "taesd" and "preview" in pipe.compiled((64, 64))

@@ -6,8 +6,15 @@ import threading
 
 import pytest
 
-from sdxl_tpu.playground import (STYLES, ModelInfo, Server, Settings, apply_style, parse_settings, seed_at,
-                                 style_description, validate)
+from sdxl_tpu.server.core import Server
+
+from sdxl_tpu.server.form import seed_at, validate
+
+from sdxl_tpu.server.info import ModelInfo
+
+from sdxl_tpu.server.settings import parse_settings, Settings
+
+from sdxl_tpu.server.styles import apply_style, style_description, STYLES
 from sdxl_tpu.request import RequestError, clean_text, text_input
 from sdxl_tpu.names import RNGS, SAMPLERS, SCHEDULES
 
@@ -321,8 +328,10 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from sdxl_tpu.pipeline import Cancelled, GenerationResult
-    from sdxl_tpu.serving import SHUTTING_DOWN
+    from sdxl_tpu.request import Cancelled
+
+    from sdxl_tpu.pipeline import GenerationResult
+    from sdxl_tpu.server.batcher import SHUTTING_DOWN
 
     class SlowPipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)

@@ -40,7 +40,7 @@ def test_settle_prefers_what_is_given_then_the_preset_then_the_default():
 
 
 def test_the_lcm_preset_brings_its_lora_unless_one_is_given():
-    from sdxl_tpu.playground import parse_settings
+    from sdxl_tpu.server.settings import parse_settings
 
     lcm = recipe_named("LCM-LoRA 4-step")
     assert (lcm.sampler, lcm.steps, lcm.guidance, lcm.brings_weights) == ("LCM", 4, 1.0, True)

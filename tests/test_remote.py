@@ -1,4 +1,4 @@
-"""The front end's client of the back ends (sdxl_tpu.remote.Backend) against a scripted fake back
+"""The front end's client of the back ends (sdxl_tpu.server.remote.Backend) against a scripted fake back
 end on 127.0.0.1: what it retries (503 + Retry-After, a stream that breaks off, a refused
 connection), what it passes on (a 4xx's message), when it gives up, and that it stops when the
 caller has gone."""
@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sdxl_tpu.pipeline import Cancelled
-from sdxl_tpu.remote import Backend, Unavailable
+from sdxl_tpu.request import Cancelled
+from sdxl_tpu.server.remote import Backend, Unavailable
 from sdxl_tpu.request import Request, RequestError
 from served_app import free_port
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdxl_tpu.playground import validate
+from sdxl_tpu.server.form import validate
 from sdxl_tpu.request import MAX_SEED, Request, RequestError, parse_size, size_input
 
 SIZES = [(64, 64), (96, 64)]

@@ -1,7 +1,7 @@
 """Single-file SDXL checkpoints (SGM / AUTOMATIC1111 layout) load directly and compute what
 diffusers computes after `from_single_file` on the same file.
 
-The file is written by `sdxl_tpu.single_file.write_single_file` from a random diffusers-format
+The file is written by `sdxl_tpu.weights.single_file.write_single_file` from a random diffusers-format
 checkpoint; diffusers reading it back to exactly the original weights is what shows the layout is
 the real one. The checkpoint's two text encoders differ in width (and its projection is not
 square), as SDXL's do: diffusers tells them apart by width, and a transposed projection fails.
@@ -17,9 +17,9 @@ from safetensors.numpy import load_file, save_file
 
 from reference import nchw_to_nhwc, rel_l2
 from sdxl_tpu import CheckpointError, load_pipeline
-from sdxl_tpu.checkpoint import load_models
-from sdxl_tpu.single_file import PREFIXES, write_single_file
-from sdxl_tpu.weights import flax_params_as_torch
+from sdxl_tpu.weights.checkpoint import load_models
+from sdxl_tpu.weights.single_file import PREFIXES, write_single_file
+from sdxl_tpu.weights.tensors import flax_params_as_torch
 from test_pipeline import psnr
 
 TOL = 1e-4
@@ -31,7 +31,7 @@ WIDE_TEXT_ENCODER_2 = {"text_encoder_2": {"hidden_size": 48, "intermediate_size"
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """(diffusers directory, the same weights as one single file)."""
-    from sdxl_tpu.tiny import write_checkpoint
+    from sdxl_tpu.weights.tiny import write_checkpoint
 
     tmp = tmp_path_factory.mktemp("single-file")
     root = write_checkpoint(tmp / "diffusers", seed=3, overrides=WIDE_TEXT_ENCODER_2)

@@ -10,11 +10,13 @@ import pytest
 import torch
 from reference import nchw_to_nhwc, rel_l2
 
-from sdxl_tpu.layers import Precision
+from sdxl_tpu.models.layers import Precision
 from sdxl_tpu.presets import preset_configs
-from sdxl_tpu.taesd import TAESD_REPO, AutoencoderTiny, TAESDConfig, load_taesd
-from sdxl_tpu.tiny import write_tiny_taesd
-from sdxl_tpu.weights import CheckpointError
+from sdxl_tpu.models.taesd import AutoencoderTiny, TAESDConfig
+from sdxl_tpu.weights.hub import TAESD_REPO
+from sdxl_tpu.weights.taesd import load_taesd
+from sdxl_tpu.weights.tiny import write_tiny_taesd
+from sdxl_tpu.weights.errors import CheckpointError
 
 F32 = Precision.of("float32")
 

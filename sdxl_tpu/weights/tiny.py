@@ -18,11 +18,11 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from .clip import CLIPTextConfig, CLIPTextModel
-from .presets import SCHEDULER_CONFIG, model_index, preset_configs
-from .unet import UNet2DConditionModel, UNetConfig
-from .vae import AutoencoderKL, VAEConfig
-from .weights import torch_shapes
+from ..models.clip import CLIPTextConfig, CLIPTextModel
+from ..presets import SCHEDULER_CONFIG, model_index, preset_configs
+from ..models.unet import UNet2DConditionModel, UNetConfig
+from ..models.vae import AutoencoderKL, VAEConfig
+from .tensors import torch_shapes
 
 TINY_VERSION = 1  # bump when the checkpoint written here changes
 
@@ -165,7 +165,7 @@ def write_tiny_checkpoint(directory: str | os.PathLike, *, seed: int = 0) -> Pat
 
 def tiny_taesd_config() -> dict[str, Any]:
     """A small AutoencoderTiny config, as diffusers writes it, whose decoder upsamples by the tiny VAE's factor."""
-    from .presets import DIFFUSERS_VERSION
+    from ..presets import DIFFUSERS_VERSION
 
     stages = len(preset_configs("tiny")["vae"]["block_out_channels"])  # the VAE scales by 2 ** (stages - 1)
     widths = [8] * stages
@@ -181,7 +181,7 @@ def tiny_taesd_config() -> dict[str, Any]:
 
 def write_tiny_taesd(directory: str | os.PathLike, seed: int = 0) -> Path:
     """Write a tiny random TAESD (AutoencoderTiny) checkpoint in diffusers format to `directory`; return its path."""
-    from .taesd import AutoencoderTiny, TAESDConfig
+    from ..models.taesd import AutoencoderTiny, TAESDConfig
 
     config = tiny_taesd_config()
     model = nnx.eval_shape(lambda: AutoencoderTiny(TAESDConfig.from_dict(config)))

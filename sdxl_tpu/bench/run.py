@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -20,70 +19,28 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
 
-from .checkpoint import Models, config_root
-from .hub import SDXL_BASE
-from .clip import CLIPTextConfig, CLIPTextModel
-from .compilation import enable_compile_cache
+from ..weights.checkpoint import config_root
+from ..weights.hub import SDXL_BASE
+from ..compilation import enable_compile_cache
 from .flops import model_flops
-from .layers import Precision
-from .pipeline import Pipeline, compute_dtype_for, load_pipeline
-from .presets import SCHEDULER_CONFIG, preset_configs
-from .preview import every
-from .recipes import RECIPES, settle
-from .request import format_size, parse_size
-from .samplers import samplers_for
-from .names import SAMPLERS
-from .taesd import AutoencoderTiny, TAESDConfig, load_taesd
-from .unet import UNet2DConditionModel, UNetConfig
-from .vae import AutoencoderKL, VAEConfig
-from .weights import read_json
+from ..models.layers import Precision
+from ..pipeline import Pipeline
+from ..loading import compute_dtype_for, load_pipeline
+from ..presets import SCHEDULER_CONFIG, preset_configs
+from ..preview import every
+from ..recipes import RECIPES, settle
+from ..request import format_size, parse_size
+from ..samplers import samplers_for
+from ..names import SAMPLERS
+from ..models.taesd import AutoencoderTiny, TAESDConfig
+from ..weights.taesd import load_taesd
+from .random_weights import random_fill, random_models, random_tokenizers
+from ..weights.tensors import read_json
 
 ARCHITECTURES = ("tiny", "small", "sdxl")
 PROMPT, NEGATIVE = "a photo of an astronaut riding a horse on the moon", "blurry"
-
-
-def random_fill(model: nnx.Module, seed: int = 0) -> nnx.Module:
-    """An abstract model's parameters drawn at random (nothing read or written): on the host, one
-    parameter at a time, then placed on the device. (Drawn on the device, each distinct shape
-    compiled a program of its own: 30 s for the small preset.)"""
-    rng = np.random.default_rng(seed)
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        shape, dtype = var.get_value().shape, var.get_value().dtype
-        if path[-1] == "scale":
-            value = np.ones(shape, dtype)
-        elif path[-1] == "bias":
-            value = np.zeros(shape, dtype)
-        else:  # kernels (fan-in is every axis but the last) and embeddings
-            fan_in = math.prod(shape[:-1]) if path[-1] == "kernel" else 1
-            value = (rng.standard_normal(shape, np.float32) / math.sqrt(fan_in)).astype(dtype)
-        var.set_value(jax.device_put(value))
-    return model
-
-
-def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:
-    """The preset's architecture with random weights, made on the device (nothing read or written)."""
-    seeds = iter(range(seed, seed + 4))
-    fill = lambda model: random_fill(model, next(seeds))
-
-    te = lambda name, proj: fill(nnx.eval_shape(lambda: CLIPTextModel(
-        CLIPTextConfig.from_dict(configs[name], with_projection=proj), precision)))
-    return Models(text_encoder=te("text_encoder", False), text_encoder_2=te("text_encoder_2", True),
-                  unet=fill(nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(configs["unet"]), precision))),
-                  vae=fill(nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(configs["vae"]), precision))))
-
-
-def random_tokenizers():
-    """The tiny checkpoint's two CLIP tokenizers (a small BPE vocabulary), written and read back."""
-    from transformers import CLIPTokenizer
-
-    from .tiny import write_tokenizers
-
-    with tempfile.TemporaryDirectory(prefix="sdxl-bench-tokenizer-") as directory:
-        write_tokenizers(directory)
-        return tuple(CLIPTokenizer.from_pretrained(os.path.join(directory, name)) for name in ("tokenizer", "tokenizer_2"))
 
 
 # --- what is measured -------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Layers shared by the text encoders, the UNet and the VAE.
 
 Everything is channels-last (NHWC). Parameter names follow flax (`kernel`, `scale`,
-`embedding`, `bias`); `weights.py` maps them onto the PyTorch names mechanically.
+`embedding`, `bias`); `weights/tensors.py` maps them onto the PyTorch names mechanically.
 Attention goes through `attention.attention()` only: kernels are chosen and swapped there.
 """
 

@@ -38,17 +38,21 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .compilation import enable_compile_cache
-from .images import encode_preview
-from .infotext import parse as parse_parameters
-from .infotext import request_fields
+from ..compilation import enable_compile_cache
+from ..images import encode_preview
+from ..infotext import parse as parse_parameters
+from ..infotext import request_fields
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .pipeline import Cancelled
-from .playground import MAX_STYLED_PROMPT_CHARS, Server, Settings, log_refusal, serve_metrics_apart
-from .request import Request, RequestError, json_type, shown
-from .serving import DrainingServer, Generated, QueueFull, ShuttingDown, StillCompiling
+from ..request import Cancelled
+from .core import Server
+from .metrics import serve_metrics_apart
+from .errors import log_refusal
+from .settings import Settings
+from .styles import MAX_STYLED_PROMPT_CHARS
+from ..request import Request, RequestError, json_type, shown
+from .batcher import DrainingServer, Generated, QueueFull, ShuttingDown, StillCompiling
 
-log = logging.getLogger("sdxl_tpu.backend")
+log = logging.getLogger("sdxl_tpu.server.backend")
 
 FIELDS = ("prompt", "negative_prompt", "seed", "guidance_scale", "steps", "size", "sampler", "schedule", "rng",
           "parameters")

@@ -28,12 +28,14 @@ import uvicorn
 if TYPE_CHECKING:
     import numpy as np
 
-from .pipeline import Cancelled, GenerationResult, guided
-from .preview import every
-from .request import ImageInfo, RequestError
-from .names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..request import Cancelled
 
-log = logging.getLogger("sdxl_tpu.serving")
+from ..pipeline import GenerationResult, guided
+from ..preview import every
+from ..request import ImageInfo, RequestError
+from ..names import DEFAULT_RNG, DEFAULT_SCHEDULE
+
+log = logging.getLogger("sdxl_tpu.server.batcher")
 
 SHUTTING_DOWN = "The server is shutting down; please try again in a moment."
 BUSY = "The server is busy (its queue is full); please try again in a moment."

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 
-from .request import Request, RequestError, format_size
+from ..request import Request, RequestError, format_size
 
-log = logging.getLogger("sdxl_tpu.remote")
+log = logging.getLogger("sdxl_tpu.server.remote")
 
 UNAVAILABLE = "No image server could take the request (they are busy or unreachable); please try again in a moment."
 ATTEMPTS = 8
@@ -122,11 +122,11 @@ class Backend:
     def generate(self, request: Request, progress: Callable[[int, int], None] | None = None,
                  abandoned: Callable[[], bool] | None = None, image_format: str = "jpeg",
                  preview: Callable[[int, int, list[bytes]], None] | None = None):
-        """The request's images (a serving.Generated), made by some back end. Raises RequestError
+        """The request's images (a batcher.Generated), made by some back end. Raises RequestError
         with the back end's message for a request it refused, Cancelled when `abandoned()` turned
         true, Unavailable when no back end served it in `attempts` tries or `retry_seconds`.
         `preview(step, steps, files)` is given the back end's live previews (JPEG files)."""
-        from .pipeline import Cancelled
+        from ..request import Cancelled
 
         abandoned = abandoned or never
         body = json.dumps(request_json(request)).encode()
@@ -207,7 +207,7 @@ def _error_message(response: httpx.Response) -> str:
 def _events(response: httpx.Response, abandoned: Callable[[], bool]) -> Iterator[tuple[str, Any]]:
     """Server-sent events as (name, JSON data); checks `abandoned()` at every line (the back end
     sends a comment every second), raising Cancelled, which closes the stream."""
-    from .pipeline import Cancelled
+    from ..request import Cancelled
 
     event, data, received = "message", [], 0
     for line in response.iter_lines():
@@ -245,8 +245,8 @@ def _files(images: Any, image_format: str) -> list[bytes]:
 
 
 def _generated(data: dict[str, Any], image_format: str):
-    """The result event as a serving.Generated; ValueError when it is not what a back end sends."""
-    from .serving import Generated
+    """The result event as a batcher.Generated; ValueError when it is not what a back end sends."""
+    from .batcher import Generated
 
     files = _files(data["images"], image_format)
     seeds, parameters = data["seeds"], data["parameters"]

@@ -10,14 +10,14 @@ from typing import Any, TypeVar
 
 from flax import nnx
 
-from .clip import CLIPTextConfig, CLIPTextModel
-from .layers import Precision
-from .unet import UNet2DConditionModel, UNetConfig
-from .vae import AutoencoderKL, VAEConfig
+from ..models.clip import CLIPTextConfig, CLIPTextModel
+from ..models.layers import Precision
+from ..models.unet import UNet2DConditionModel, UNetConfig
+from ..models.vae import AutoencoderKL, VAEConfig
 from .lora import LoRA, combined_deltas, read_loras
 from .single_file import SingleFileView, check_single_file, in_single_file_layout
 from .hub import COMPONENTS, SDXL_BASE, resolve, resolve_file
-from .weights import (CheckpointError, TensorSource, load_into, normalize_clip_name, normalize_vae_name, read_json,
+from .tensors import (CheckpointError, TensorSource, load_into, normalize_clip_name, normalize_vae_name, read_json,
                       torch_shapes, weight_files)
 
 M = TypeVar("M", bound=nnx.Module)

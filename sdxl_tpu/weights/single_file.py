@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .weights import CheckpointError, TensorSource, normalize_clip_name, normalize_vae_name, read_json, weight_files
+from .errors import CheckpointError
+
+from .tensors import TensorSource, normalize_clip_name, normalize_vae_name, read_json, weight_files
 
 PREFIXES = {
     "unet": "model.diffusion_model.",

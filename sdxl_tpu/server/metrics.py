@@ -8,11 +8,15 @@ seconds.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from .compilation import CompileCounter
+from ..compilation import CompileCounter
+
+if TYPE_CHECKING:
+    from .core import Server
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # ok: images returned; user_error: refused input (the message says why); queue_full: turned away
@@ -63,3 +67,14 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def serve_metrics_apart(server: Server) -> None:
+    """--metrics HOST:PORT: /metrics on a listener of its own (e.g. reachable only in the cluster)."""
+    if server.settings.metrics not in ("public", "off"):
+        from prometheus_client import start_http_server
+
+        from .settings import metrics_address
+
+        host, port = metrics_address(server.settings.metrics)
+        start_http_server(port, addr=host, registry=server.metrics.registry)

@@ -10,8 +10,8 @@ behind this (see `mark_launched`); this layer does not replace them.
 What a request may be:
   - the page and its static files (GET/HEAD);
   - Gradio's queue protocol for the app's own events: queue/join, queue/data, heartbeat, cancel,
-    and call/<api_name> for the named endpoints; the JSON envelope is checked (fn_index,
-    session_hash, data's arity, event_data, no file objects) and forwarded as checked;
+    and call/<api_name> for the named endpoints; the JSON envelope is checked (envelope.py:
+    fn_index, session_hash, data's arity, event_data, no file objects) and forwarded as checked;
   - file=<path> for files inside Gradio's cache folder (the images the app wrote);
   - extra routes of the app itself (/healthz, /readyz).
 """
@@ -21,21 +21,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import unicodedata
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from .request import is_file_object, json_type, shown
+from ..request import shown
+from .envelope import (ID, Endpoint, Refused, check_cached_file, check_envelope, check_fn_index, check_id,
+                       parse_json, parse_json_object)
 
 log = logging.getLogger("sdxl_tpu.http")
 
 MAX_BODY_BYTES = 1 << 20  # a /generate call is a few kB; 1 MiB leaves room for the longest inputs
-MAX_DEPTH = 8  # of JSON nesting inside `data`; the app's inputs are flat
-ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a session hash or an event id
 API = "/gradio_api"
 STATIC_PAGES = frozenset(["/", "/config", "/config/", "/theme.css", "/favicon.ico", "/manifest.json", "/robots.txt",
                           f"{API}/info", f"{API}/info/", f"{API}/theme.css"])
@@ -43,22 +41,6 @@ STATIC_PREFIXES = ("/assets/", "/static/", "/svelte/")
 # What the page's "Use via API" panel asks for although this app serves neither (monitoring and MCP
 # are off): refused like anything else, but not logged, so opening the panel leaves the log quiet.
 UNLOGGED = frozenset(["/monitoring/summary", f"{API}/mcp/schema"])
-ENVELOPE_KEYS = {  # Gradio's PredictBody fields: key -> (JSON type check, what it must be)
-    "session_hash": (lambda v: v is None or isinstance(v, str), "a string"),
-    "event_id": (lambda v: v is None or isinstance(v, str) and ID.fullmatch(v), "an event id"),
-    "oauth_token": (lambda v: v is None or isinstance(v, str), "a string"),
-    "trigger_id": (lambda v: v is None or _is_int(v), "an integer"),
-    "simple_format": (lambda v: isinstance(v, bool), "true or false"),
-    "batched": (lambda v: v is None or isinstance(v, bool), "true or false"),
-}
-
-
-class Refused(Exception):
-    """A request refused before it reaches Gradio: HTTP status and a message for the client."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 class Answered(Exception):
@@ -67,100 +49,6 @@ class Answered(Exception):
     def __init__(self, status: int, body: dict):
         super().__init__(status)
         self.status, self.body = status, body
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One event handler of the Blocks as the queue protocol addresses it."""
-    fn_index: int
-    n_inputs: int
-    api_name: str | None
-    public: bool  # callable by name (call/<api_name>), not only by the page's fn_index
-    select: bool  # a .select() listener: Gradio builds SelectData from event_data["index"/"value"]
-
-
-def endpoints_of(config: dict) -> dict[int, Endpoint]:
-    """The Blocks' dependencies that run on the server and through the queue, by fn_index."""
-    out = {}
-    for dep in config["dependencies"]:
-        if not dep.get("backend_fn") or not dep.get("queue", True):
-            continue  # JS-only events and queue-less ones (the guard closes run/predict) are not callable
-        out[dep["id"]] = Endpoint(dep["id"], len(dep["inputs"]), dep.get("api_name"),
-                                  dep.get("api_visibility") == "public",
-                                  any(event == "select" for _, event in dep.get("targets", [])))
-    return out
-
-
-def check_data(data: Any, endpoint: Endpoint, *, files: bool = False) -> None:
-    """`data` has the endpoint's arity, bounded nesting and (unless `files`) no file objects: no
-    input of this app is a file, and a file object is how a client asks Gradio to read one."""
-    if not isinstance(data, list):
-        raise Refused(422, f"'data' must be a list of {endpoint.n_inputs} input values, got {json_type(data)}.")
-    if len(data) != endpoint.n_inputs:
-        name = f"/{endpoint.api_name}" if endpoint.api_name else f"fn_index {endpoint.fn_index}"
-        raise Refused(422, f"{name} takes {endpoint.n_inputs} input values, got {len(data)}.")
-    stack = [(value, 1, i) for i, value in enumerate(data)]
-    while stack:  # iterative: Gradio walks inputs recursively, so depth is bounded here
-        value, depth, index = stack.pop()
-        if depth > MAX_DEPTH:
-            raise Refused(422, f"input {index + 1} is nested too deeply.")
-        if not files and is_file_object(value):
-            raise Refused(422, f"input {index + 1} is a file object; this app takes no files.")
-        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-        stack.extend((child, depth + 1, index) for child in children)
-
-
-def check_envelope(body: Any, endpoints: dict[int, Endpoint], *, fn_index: int | None = None) -> dict:
-    """A queue call's JSON body (Gradio's PredictBody), checked field by field. `fn_index` is given
-    when the route names the endpoint (call/<api_name>)."""
-    if not isinstance(body, dict):
-        raise Refused(422, f"the request body must be a JSON object, got {json_type(body)}.")
-    if fn_index is None:
-        fn_index = check_fn_index(body.get("fn_index"), endpoints)
-    elif body.get("fn_index") not in (None, fn_index):
-        raise Refused(422, "'fn_index' does not match the endpoint named in the URL.")
-    endpoint = endpoints[fn_index]
-    for key, (ok, what) in ENVELOPE_KEYS.items():
-        if key in body and not ok(body[key]):
-            raise Refused(422, f"'{key}' must be {what}, got {json_type(body[key])}.")
-    check_data(body.get("data"), endpoint)
-    # event_data may be any JSON (a change event sends the new value); only handlers that ask for it
-    # read it, and a gallery's select event names an image (no file is read), so only depth is bounded.
-    event_data = body.get("event_data")
-    if endpoint.select and not (isinstance(event_data, dict) and "index" in event_data and "value" in event_data):
-        raise Refused(422, "'event_data' must be an object with 'index' and 'value' for a select event.")
-    if event_data is not None:
-        check_data([event_data], Endpoint(fn_index, 1, "event_data", False, False), files=True)
-    return {**body, "fn_index": fn_index}
-
-
-def check_fn_index(value: Any, endpoints: dict[int, Endpoint]) -> int:
-    if value is None:
-        raise Refused(422, "'fn_index' is required.")
-    if not _is_int(value):
-        raise Refused(422, f"'fn_index' must be an integer, got {json_type(value)}.")
-    if value not in endpoints:
-        raise Refused(422, f"'fn_index' must be one of this app's endpoints: {', '.join(map(str, endpoints))}.")
-    return value
-
-
-def check_id(value: Any, name: str = "session_hash") -> str:
-    if not isinstance(value, str) or not ID.fullmatch(value):
-        raise Refused(422, f"'{name}' must be 1 to 64 letters, digits, '-' or '_'.")
-    return value
-
-
-def check_cached_file(path: str, cache_dir: Path) -> None:
-    """file=<path> serves only regular files inside Gradio's cache folder, symlinks resolved."""
-    if not path or not path.startswith("/") or "://" in path:
-        raise Refused(403, "Only files this app wrote (its images) are served.")
-    real = Path(os.path.realpath(path))
-    if not real.is_relative_to(cache_dir) or not real.is_file():
-        raise Refused(404, "No such image (only files this app wrote are served, while they last).")
 
 
 def mark_launched(blocks: Any) -> None:
@@ -321,7 +209,7 @@ class RequestGuard:
         if method == "POST" and path == f"{API}/reset":
             # gradio_client posts here when a job is cancelled; Gradio's route does nothing (the
             # client's closed stream is what tells the server), so the guard answers for it.
-            data = _json_object(await _read_body(scope, receive, self.max_body))
+            data = parse_json_object(await _read_body(scope, receive, self.max_body))
             check_id(data.get("event_id"), "event_id")
             raise Answered(200, {"success": True})
         if method == "POST" and path in (f"{API}/queue/join", f"{API}/cancel") or (
@@ -352,33 +240,19 @@ class RequestGuard:
     async def _checked_post(self, path: str, scope: dict, receive) -> dict:
         body = await _read_body(scope, receive, self.max_body)
         if path == f"{API}/cancel":
-            data = _json_object(body)
+            data = parse_json_object(body)
             checked = {"session_hash": check_id(data.get("session_hash")),
                        "fn_index": check_fn_index(data.get("fn_index"), self.endpoints),
                        "event_id": check_id(data.get("event_id"), "event_id")}
         elif path == f"{API}/queue/join":
-            checked = check_envelope(_json(body), self.endpoints)
+            checked = check_envelope(parse_json(body), self.endpoints)
             check_id(checked.get("session_hash"))
         else:
             api_name = path[len(f"{API}/call/"):].removesuffix("/")
-            checked = check_envelope(_json(body), self.endpoints, fn_index=self._named(api_name).fn_index)
+            checked = check_envelope(parse_json(body), self.endpoints, fn_index=self._named(api_name).fn_index)
             if checked.get("session_hash") is not None:
                 check_id(checked["session_hash"])
         return checked
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise Refused(400, "The request body is not valid JSON.") from None
-
-
-def _json_object(body: bytes) -> dict:
-    data = _json(body)
-    if not isinstance(data, dict):
-        raise Refused(422, f"the request body must be a JSON object, got {json_type(data)}.")
-    return data
 
 
 async def _read_body(scope: dict, receive, limit: int) -> bytes:

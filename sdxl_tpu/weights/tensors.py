@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from .hub import CheckpointError
+from .errors import CheckpointError
 
 M = TypeVar("M", bound=nnx.Module)
 

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .unet import UNet2DConditionModel, UNetConfig
-from .vae import AutoencoderKL, VAEConfig
+from ..models.unet import UNet2DConditionModel, UNetConfig
+from ..models.vae import AutoencoderKL, VAEConfig
 
 
 def jaxpr_flops(jaxpr: Any) -> int:

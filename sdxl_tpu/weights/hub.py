@@ -9,8 +9,9 @@ import shutil
 from pathlib import Path
 
 
-class CheckpointError(ValueError):
-    """A checkpoint does not match the model it is loaded into."""
+from .errors import CheckpointError
+
+TAESD_REPO = "madebyollin/taesdxl"  # TAESD for SDXL, the live previews' decoder
 
 
 SDXL_BASE = "stabilityai/stable-diffusion-xl-base-1.0"  # where a single file's configs and tokenizers come from
@@ -89,4 +90,4 @@ def resolve_file(spec: str | os.PathLike) -> Path:
     return Path(hf_hub_download("/".join(parts[:2]), "/".join(parts[2:])))
 
 
-__all__ = ["COMPONENTS", "SDXL_BASE", "CheckpointError", "resolve", "resolve_file", "tiny_checkpoint_dir"]
+__all__ = ["COMPONENTS", "SDXL_BASE", "TAESD_REPO", "resolve", "resolve_file", "tiny_checkpoint_dir"]

@@ -1,0 +1,60 @@
+"""Random weights for an architecture (presets.py), made on the device with nothing read or
+written, and the tiny checkpoint's tokenizers: what `bench --random-weights` and benchmarks/ run."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from ..models.clip import CLIPTextConfig, CLIPTextModel
+from ..models.layers import Precision
+from ..models.unet import UNet2DConditionModel, UNetConfig
+from ..models.vae import AutoencoderKL, VAEConfig
+from ..weights.checkpoint import Models
+
+
+def random_fill(model: nnx.Module, seed: int = 0) -> nnx.Module:
+    """An abstract model's parameters drawn at random (nothing read or written): on the host, one
+    parameter at a time, then placed on the device. (Drawn on the device, each distinct shape
+    compiled a program of its own: 30 s for the small preset.)"""
+    rng = np.random.default_rng(seed)
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        shape, dtype = var.get_value().shape, var.get_value().dtype
+        if path[-1] == "scale":
+            value = np.ones(shape, dtype)
+        elif path[-1] == "bias":
+            value = np.zeros(shape, dtype)
+        else:  # kernels (fan-in is every axis but the last) and embeddings
+            fan_in = math.prod(shape[:-1]) if path[-1] == "kernel" else 1
+            value = (rng.standard_normal(shape, np.float32) / math.sqrt(fan_in)).astype(dtype)
+        var.set_value(jax.device_put(value))
+    return model
+
+
+def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:
+    """The preset's architecture with random weights, made on the device (nothing read or written)."""
+    seeds = iter(range(seed, seed + 4))
+    fill = lambda model: random_fill(model, next(seeds))
+
+    te = lambda name, proj: fill(nnx.eval_shape(lambda: CLIPTextModel(
+        CLIPTextConfig.from_dict(configs[name], with_projection=proj), precision)))
+    return Models(text_encoder=te("text_encoder", False), text_encoder_2=te("text_encoder_2", True),
+                  unet=fill(nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(configs["unet"]), precision))),
+                  vae=fill(nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(configs["vae"]), precision))))
+
+
+def random_tokenizers():
+    """The tiny checkpoint's two CLIP tokenizers (a small BPE vocabulary), written and read back."""
+    from transformers import CLIPTokenizer
+
+    from ..weights.tiny import write_tokenizers
+
+    with tempfile.TemporaryDirectory(prefix="sdxl-bench-tokenizer-") as directory:
+        write_tokenizers(directory)
+        return tuple(CLIPTokenizer.from_pretrained(os.path.join(directory, name)) for name in ("tokenizer", "tokenizer_2"))

@@ -1,0 +1,3 @@
+"""The networks, mirroring the checkpoint's module trees as diffusers' modeling files do: the CLIP
+text encoders (clip.py), the UNet (unet.py), the VAE (vae.py), TAESD for previews (taesd.py), the
+layers they share (layers.py) and attention behind one function (attention.py)."""

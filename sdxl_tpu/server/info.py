@@ -1,0 +1,83 @@
+"""What a server offers (the back end's `GET /v1/info`), from which a front end builds its page."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..images import FORMATS
+from ..names import RNGS, SAMPLERS, SCHEDULES
+from ..prompts import MAX_CHUNKS
+from ..recipes import RECIPES, SAMPLING, Recipe
+from ..request import RequestError, format_size, json_type, parse_size
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a server offers (the back end's `GET /v1/info`): a front end builds its page from it."""
+    model: str
+    sizes: list[tuple[int, int]]
+    samplers: list[str]
+    default_sampler: str
+    preset: str | None  # the launch preset (page defaults for steps, sampler, guidance)
+    presets: list[str]  # the presets the page offers
+    images_per_call: int
+    image_format: str
+    max_prompt_chunks: int
+    schedules: list[str]
+    default_schedule: str  # of a request that names none (the page's default)
+    rngs: list[str]
+    default_rng: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes]}
+
+    @staticmethod
+    def from_json(data: Any) -> ModelInfo:
+        """A server's description as it came over the network; ValueError names what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"the description must be a JSON object, got {json_type(data)}")
+        names = [f.name for f in dataclasses.fields(ModelInfo)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise ValueError(f"the description lacks {', '.join(missing)}")
+
+        def names_in(value: Any, known: Sequence[str], what: str) -> list[str]:
+            if not isinstance(value, list) or not all(isinstance(v, str) and v in known for v in value):
+                raise ValueError(f"{what} must be a list of: {', '.join(known)}")
+            return list(value)
+
+        try:
+            sizes = [parse_size(v) for v in data["sizes"]] if isinstance(data["sizes"], list) else None
+        except RequestError:
+            sizes = None
+        if not sizes:
+            raise ValueError("sizes must be a non-empty list of WIDTHxHEIGHT")
+        samplers = names_in(data["samplers"], list(SAMPLERS), "samplers")
+        if data["default_sampler"] not in samplers or data["preset"] not in (None, *RECIPES):
+            raise ValueError("default_sampler must be one of the samplers, preset null or a known preset")
+        schedules = names_in(data["schedules"], list(SCHEDULES), "schedules")
+        rngs = names_in(data["rngs"], list(RNGS), "rngs")
+        if data["default_schedule"] not in schedules or data["default_rng"] not in rngs:
+            raise ValueError("default_schedule must be one of the schedules and default_rng one of the rngs")
+        count = data["images_per_call"]
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1024:
+            raise ValueError("images_per_call must be a whole number from 1 to 1024")
+        if data["image_format"] not in FORMATS or not isinstance(data["model"], str):
+            raise ValueError(f"image_format must be one of {', '.join(FORMATS)} and model text")
+        chunks = data["max_prompt_chunks"]
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= MAX_CHUNKS:
+            raise ValueError(f"max_prompt_chunks must be a whole number from 1 to {MAX_CHUNKS}")
+        return ModelInfo(model=data["model"], sizes=sizes, samplers=samplers, default_sampler=data["default_sampler"],
+                         preset=data["preset"], presets=names_in(data["presets"], list(RECIPES), "presets"),
+                         images_per_call=count, image_format=data["image_format"], max_prompt_chunks=chunks,
+                         schedules=schedules, default_schedule=data["default_schedule"], rngs=rngs,
+                         default_rng=data["default_rng"])
+
+
+def offered_presets(recipe: Recipe | None) -> list[str]:
+    """The presets a page offers with launch preset `recipe`: that one when it brought its own
+    weights (a distilled model has one way to run), else the sampling presets any SDXL model runs."""
+    return [recipe.name] if recipe is not None and recipe.brings_weights else list(SAMPLING)
