@@ -22,11 +22,11 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from gradio.utils import get_upload_folder
-from starlette.routing import Mount
 
 from sdxl_tpu.compilation import enable_compile_cache, quiet_platforms
 from sdxl_tpu.server.envelope import endpoints_of
-from sdxl_tpu.server.guard import QueueView, RequestGuard, mark_launched
+from sdxl_tpu.server.guard import RequestGuard
+from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched
 from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sdxl_tpu.server.metrics import serve_metrics_apart
 from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS,
@@ -39,7 +39,7 @@ from sdxl_tpu.server.settings import parse_settings
 from sdxl_tpu.server.styles import DEFAULT_STYLE, style_description, STYLES
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
 from sdxl_tpu.names import MAX_STEPS
-from sdxl_tpu.server.batcher import SHUTTING_DOWN, DrainingServer
+from sdxl_tpu.server.batcher import SHUTTING_DOWN
 
 GENERATE, WARMING_UP = "Generate", "Warming up…"
 STOPPED = "Stopped."
@@ -136,7 +136,7 @@ def build_demo(server: Server) -> gr.Blocks:
         # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery
         # serves them without a copy; the store deletes old ones and Gradio forgets them too.
         server.images = server.image_store(Path(get_upload_folder()),
-                                           on_delete=lambda paths: gallery.temp_files.difference_update(paths))
+                                           on_delete=lambda paths: forget_served(gallery, paths))
         last_seeds = gr.State([])
         form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size, schedule, rng]  # (history order)
 
@@ -290,8 +290,7 @@ def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], Non
 
     guard = RequestGuard(app, endpoints, queue, cache_dir=get_upload_folder(), app_routes=routes,
                          closed=lambda: SHUTTING_DOWN if server.draining else None, on_join=count_turned_away)
-    gradio_app = next(r.app for r in app.routes if isinstance(r, Mount))
-    return guard, queue, gradio_app.stop_event.set
+    return guard, queue, heartbeat_stopper(app)
 
 
 def main(argv: list[str] | None = None) -> int:

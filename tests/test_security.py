@@ -177,7 +177,7 @@ def test_gradio_own_upload_check_is_in_force_behind_the_guard(tmp_path, monkeypa
     from gradio.context import LocalContext
 
     import app as app_module
-    from sdxl_tpu.server.guard import mark_launched
+    from sdxl_tpu.server.internals import mark_launched
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.settings import Settings
 

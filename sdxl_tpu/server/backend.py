@@ -50,7 +50,8 @@ from .errors import log_refusal
 from .settings import Settings
 from .styles import MAX_STYLED_PROMPT_CHARS
 from ..request import Request, RequestError, json_type, shown
-from .batcher import DrainingServer, Generated, QueueFull, ShuttingDown, StillCompiling
+from .batcher import Generated, QueueFull, ShuttingDown, StillCompiling
+from .internals import DrainingServer
 
 log = logging.getLogger("sdxl_tpu.server.backend")
 

@@ -1,5 +1,5 @@
 """Serving one pipeline to many callers: requests that arrive together share a call, abandoned
-work stops, and the web server drains before it exits.
+work stops, a full queue or a drain refuses new work with a message.
 
 `Batcher` owns the accelerator: one thread takes waiting requests and runs them through
 `Pipeline.run_images`. On a host with more chips than one request has images (v5e-8, 8 x H200),
@@ -8,22 +8,19 @@ noise sources may differ: each image draws its own); a lone request waits at
 most `max_wait` for a partner. A request whose caller has gone is dropped while it waits and,
 once running, stopped between denoising steps (when every request of its call has gone).
 
-`DrainingServer` is uvicorn's server with SIGTERM meaning "drain": a callback runs while the
-server still answers (readiness 503, new work refused), then it exits with status 0.
+(The web server's SIGTERM drain, uvicorn's server subclassed, is internals.DrainingServer.)
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import uvicorn
 
 if TYPE_CHECKING:
     import numpy as np
@@ -283,39 +280,3 @@ class Batcher:
                 self.on_call(images, result)
             except Exception:
                 log.exception("on_call failed")
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM drains: `drain()` runs in a thread while the server keeps
-    answering; when it returns, `before_exit()` runs in the event loop (e.g. to end long-lived
-    streams that would hold the shutdown) and the server exits, without re-raising SIGTERM, so
-    the process ends with status 0. SIGINT, or a second SIGTERM, stops at once as uvicorn does."""
-
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], None],
-                 before_exit: Callable[[], None] | None = None):
-        super().__init__(config)
-        self.drain, self.before_exit = drain, before_exit
-        self.draining = False
-        self._drained = threading.Event()
-
-    def handle_exit(self, sig: int, frame) -> None:
-        if sig == signal.SIGTERM and not self.draining and not self.should_exit:
-            self.draining = True
-            threading.Thread(target=self._drain, name="sdxl-drain", daemon=True).start()
-            return
-        super().handle_exit(sig, frame)
-
-    def _drain(self) -> None:
-        try:
-            self.drain()
-        except Exception:
-            log.exception("drain failed; exiting anyway")
-        finally:
-            self._drained.set()
-
-    async def on_tick(self, counter: int) -> bool:
-        if self._drained.is_set() and not self.should_exit:
-            if self.before_exit is not None:
-                self.before_exit()
-            self.should_exit = True
-        return await super().on_tick(counter)

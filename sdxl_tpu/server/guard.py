@@ -5,7 +5,7 @@ Gradio serves far more routes than this app uses (uploads, proxies, streams, run
 component servers, ...) and answers some malformed calls with a 500 and a logged traceback. A
 public Space should expose only what the page and the API need, and refuse everything else with
 a 4xx whose message names the problem, logged in one line. Gradio's own checks stay in force
-behind this (see `mark_launched`); this layer does not replace them.
+behind this (see internals.mark_launched); this layer does not replace them.
 
 What a request may be:
   - the page and its static files (GET/HEAD);
@@ -24,10 +24,10 @@ import os
 import unicodedata
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs
 
 from ..request import shown
+from .internals import QueueView
 from .envelope import (ID, Endpoint, Refused, check_cached_file, check_envelope, check_fn_index, check_id,
                        parse_json, parse_json_object)
 
@@ -49,65 +49,6 @@ class Answered(Exception):
     def __init__(self, status: int, body: dict):
         super().__init__(status)
         self.status, self.body = status, body
-
-
-def mark_launched(blocks: Any) -> None:
-    """Put Gradio's own file checks in force for Blocks mounted with gr.mount_gradio_app.
-
-    Gradio refuses input files that were not uploaded (processing_utils._check_allowed) only once
-    the Blocks "has launched", which only Blocks.launch() sets; mounted Blocks never do, so any
-    file-data object in any input made the server copy that file into its cache and serve it.
-    Gradio marks Blocks it swaps in on reload the same way (utils.BaseReloader.swap_blocks).
-    `is_running` too: while it is false Gradio also registers SVG input paths as static files and
-    its queue stops sending heartbeats.
-    """
-    blocks.has_launched = True
-    blocks.is_running = True
-
-
-class QueueView:
-    """What Gradio's queue holds, read from its bookkeeping as Gradio's own routes do.
-
-    For the guard: which sessions and events exist (Gradio's event streams for anything else
-    start a 200 response and then fail inside it, a 500 logged with a traceback, so the guard
-    answers 404 first). For the server: whether an event is still wanted, when it was queued,
-    and whether any work is left (to drain)."""
-
-    def __init__(self, blocks: Any):
-        self.blocks = blocks
-
-    def has_session(self, session_hash: str) -> bool:
-        return session_hash in self.blocks._queue.pending_messages_per_session
-
-    def has_event(self, event_id: str) -> bool:
-        queue = self.blocks._queue
-        event = queue.event_ids_to_events.get(event_id)
-        session = event.session_hash if event is not None else next(
-            (s for s, ids in queue.pending_event_ids_session.items() if event_id in ids), event_id)
-        return self.has_session(session)
-
-    def _running(self) -> list:
-        return [event for job in list(self.blocks._queue.active_jobs) if job for event in job]
-
-    def running_event(self, event_id: str | None) -> Any:
-        """The running event `event_id` while its caller is still there (Gradio marks an event
-        not alive when its page or client disconnects, and forgets it when it is cancelled)."""
-        return next((e for e in self._running() if e._id == event_id and e.alive), None)
-
-    @staticmethod
-    def current_event_id() -> str | None:
-        """The id of the event whose handler is running in this thread."""
-        from gradio.context import LocalContext
-
-        return LocalContext.event_id.get(None)
-
-    def waiting(self) -> int:
-        """Events queued and not yet started."""
-        return len(self.blocks._queue)
-
-    def busy(self) -> bool:
-        """Anything queued or running."""
-        return self.waiting() > 0 or bool(self._running())
 
 
 Handler = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
