@@ -67,7 +67,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--sizes", action="append", default=None,
-                        help="a --sizes value of the app (repeatable: one configuration each; default 1024x1024 and sdxl)")
+                        help="a --sizes value of the app (repeatable: one configuration each; "
+                             "default 1024x1024 and sdxl)")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

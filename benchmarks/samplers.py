@@ -88,7 +88,8 @@ def main() -> None:
                                       for c, m in median.items()},
         "cpu_noise_s_per_call": {  # the whole call's time, RNG CPU minus JAX
             "Euler (initial noise only)": total[("Euler", "Uniform", "CPU")] - total[("Euler", "Uniform", "JAX")],
-            "Euler a (initial + every step)": total[("Euler a", "Uniform", "CPU")] - total[("Euler a", "Uniform", "JAX")]},
+            "Euler a (initial + every step)": total[("Euler a", "Uniform", "CPU")]
+                                              - total[("Euler a", "Uniform", "JAX")]},
         "total_s": {name(c): m for c, m in total.items()},
         "host_draw_s_sdxl_4_images": statistics.median(draws),
     }

@@ -106,7 +106,8 @@ def _shapes_only_init_when_converting() -> None:
         def init_weights(self, rng):
             return jax.eval_shape(self.model.init_weights, rng)
 
-    loading.convert_pytorch_state_dict_to_flax = lambda state, model, *a, **k: convert(state, ShapesOnly(model), *a, **k)
+    loading.convert_pytorch_state_dict_to_flax = lambda state, model, *a, **k: convert(state, ShapesOnly(model),
+                                                                                       *a, **k)
 
 
 def _size(args) -> tuple[int, int]:

@@ -3,8 +3,9 @@ travels with the file), encoded once and kept on disk only for a while: one plac
 the app.
 
 PNG carries the parameters in its "parameters" text chunk; JPEG and WebP in the EXIF UserComment
-(type UNDEFINED, "UNICODE\\0" and UTF-16BE), as AUTOMATIC1111 writes it with piexif. JPEG at quality 95 is what the app serves by default:
-a 1024x1024 image encodes in about 10 ms, where PNG takes 140 ms at any compression level.
+(type UNDEFINED, "UNICODE\\0" and UTF-16BE), as AUTOMATIC1111 writes it with piexif. JPEG at quality
+95 is what the app serves by default: a 1024x1024 image encodes in about 10 ms, where PNG takes
+140 ms at any compression level.
 """
 
 from __future__ import annotations
@@ -155,9 +156,10 @@ def save_png(image: "Image.Image", info: "ImageInfo", path: str | os.PathLike, *
 
 
 class ImageStore:
-    """Generated images as files under `root`, each call's in its own folder. Folders older than `keep_seconds`, and the oldest beyond
-    `max_bytes` in all, are deleted as new ones arrive, so a server's disk use stays bounded;
-    `on_delete(paths)` is told which files went (e.g. to forget them in Gradio's file sets)."""
+    """Generated images as files under `root`, each call's in its own folder. Folders older than
+    `keep_seconds`, and the oldest beyond `max_bytes` in all, are deleted as new ones arrive, so a
+    server's disk use stays bounded; `on_delete(paths)` is told which files went (e.g. to forget
+    them in Gradio's file sets)."""
 
     def __init__(self, root: str | os.PathLike, *, fmt: str = "jpeg", keep_seconds: float = 3600.0,
                  max_bytes: int = 1 << 30, on_delete: Callable[[list[str]], None] | None = None):
@@ -199,7 +201,8 @@ class ImageStore:
         removed: list[str] = []
         with self._lock:
             now = time.monotonic()
-            while len(self._calls) > 1 and (now - self._calls[0][0] > self.keep_seconds or self._bytes > self.max_bytes):
+            while len(self._calls) > 1 and (now - self._calls[0][0] > self.keep_seconds
+                                            or self._bytes > self.max_bytes):
                 _, folder, paths, size = self._calls.popleft()
                 self._bytes -= size
                 gone.append(folder)

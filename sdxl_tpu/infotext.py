@@ -48,7 +48,8 @@ class Parameters:
 def parse(text: str) -> Parameters:
     """A parameters text -> prompt, negative prompt and settings (A1111's own reading)."""
     if not isinstance(text, str):
-        raise RequestError(f"Parameters must be text, got {'a list' if isinstance(text, list) else type(text).__name__}.")
+        raise RequestError("Parameters must be text, got "
+                           f"{'a list' if isinstance(text, list) else type(text).__name__}.")
     if len(text) > MAX_PARAMETERS_CHARS:
         raise RequestError(f"Parameters are {len(text):,} characters long; at most {MAX_PARAMETERS_CHARS:,} are read.")
     if any(unicodedata.category(ch) == "Cs" for ch in text):
@@ -74,7 +75,8 @@ def parse(text: str) -> Parameters:
     return Parameters("\n".join(prompt).strip(), "\n".join(negative or []).strip(), settings)
 
 
-def request_fields(parsed: Parameters, sizes: list[tuple[int, int]], samplers: list[str]) -> tuple[dict[str, Any], list[str]]:
+def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
+                   samplers: list[str]) -> tuple[dict[str, Any], list[str]]:
     """The request fields a pasted text gives (prompt, negative_prompt, steps, sampler, schedule,
     guidance_scale, seed, size, rng), and a note for everything it says that is not used: unknown
     keys, values out of range, a size, sampler or schedule this server does not offer (or a

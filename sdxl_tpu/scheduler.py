@@ -76,7 +76,8 @@ def step(state: State, eps: jax.Array, i: jax.Array, tables: Tables, noise: jax.
     a, b, c, n, p, q = jnp.asarray(tables.update)[i]
     if noise is None:  # only ancestral and SDE steps draw noise
         host = state.host_noise[:, None, None, None]
-        noise = jax.lax.cond(n != 0, lambda: jnp.where(host, state.noise, step_noise(state.seeds, i, state.x.shape[1:])),
+        noise = jax.lax.cond(n != 0, lambda: jnp.where(host, state.noise,
+                                                       step_noise(state.seeds, i, state.x.shape[1:])),
                              lambda: jnp.zeros_like(state.x))
     x = a * state.x + b * eps + c * state.prediction + n * noise
     return state._replace(x=x, prediction=p * state.x + q * eps)
@@ -137,7 +138,8 @@ class Sampler(abc.ABC):
         timesteps, scale, update, init, to_eps = kdiffusion.tables(self.kdiffusion_method, schedule, steps, train)
         return Tables(timesteps, scale, self._predicting(update, to_eps).astype(np.float32), init)
 
-    @functools.lru_cache(maxsize=8 * MAX_STEPS)  # asked for on every request; a few per sampler
+    # asked for on every request; a few per sampler
+    @functools.lru_cache(maxsize=8 * MAX_STEPS)  # noqa: B019 (samplers are few, frozen and live as long as the process)
     def padded_tables(self, steps: int, schedule: str = "Checkpoint") -> Tables:
         """The tables padded to MAX_ROWS, as the compiled loop takes them (read-only: shared), on
         the checkpoint's schedule or A1111's Schedule type `schedule` (resolved: not Automatic)."""

@@ -70,9 +70,11 @@ def read_with_third_parties(data: bytes, tmp_path) -> dict:
     info = ParserManager().parse(str(path))
     assert info is not None and info.generator.name == "AUTOMATIC1111", info
     (sampler,) = info.samplers
-    out = {"prompt": " ".join(p.value for p in info.prompts), "negative": " ".join(p.value for p in info.negative_prompts),
+    out = {"prompt": " ".join(p.value for p in info.prompts),
+           "negative": " ".join(p.value for p in info.negative_prompts),
            "sampler": sampler.name, **sampler.parameters, "size": info.metadata.get("Size"),
-           "model": sampler.model.name if sampler.model else None, "model_hash": sampler.model.hash if sampler.model else None}
+           "model": sampler.model.name if sampler.model else None,
+           "model_hash": sampler.model.hash if sampler.model else None}
     image = Image.open(path)
     if image.format != "PNG":
         comment = piexif.load(image.info["exif"])["Exif"][piexif.ExifIFD.UserComment]

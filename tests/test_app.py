@@ -58,14 +58,16 @@ def test_client_gets_four_images_with_seeds(client, tmp_path):
     from sdxl_tpu.images import read_parameters
 
     assert [read_parameters(Image.open(item["image"])) for item in gallery] == [
-        f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, Schedule type: Checkpoint, CFG scale: 5, "
-        f"Seed: {seed}, Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}" for seed in (41, 42, 43, 44)]
+        f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, Schedule type: Checkpoint, "
+        f"CFG scale: 5, Seed: {seed}, Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}"
+        for seed in (41, 42, 43, 44)]
     assert all(Image.open(item["image"]).format == "JPEG" for item in gallery)
     # ... which readers nobody here wrote read back exactly (A1111's own: piexif), non-Latin text too.
     gallery, _ = _generate(client, "東京の猫, café ✨🐈 (neon:1.2)", "模糊, größte", seed=9, steps=2)
     seen = read_with_third_parties(Path(gallery[0]["image"]).read_bytes(), tmp_path)
     assert seen == {"prompt": "東京の猫, café ✨🐈 (neon:1.2)", "negative": "模糊, größte", "sampler": "Euler",
-                    "scheduler": "Checkpoint", "steps": "2", "cfg_scale": "5", "seed": "9", "size": "64x64", "model": "tiny", "model_hash": None,
+                    "scheduler": "Checkpoint", "steps": "2", "cfg_scale": "5", "seed": "9", "size": "64x64",
+                    "model": "tiny", "model_hash": None,
                     "user_comment": read_parameters(Image.open(gallery[0]["image"]))}, seen
     gallery, _ = _generate(client, size="96x64", style="Pixel art", randomize=True)
     assert Image.open(gallery[0]["image"]).size == (96, 64)
@@ -477,8 +479,9 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, browse
                                 ("very " * 450, "Prompt is 2,250 characters long; at most 2,000 are accepted.")]:
             page.locator("#prompt textarea").fill(prompt)
             if prompt:  # the counter says it before anyone clicks
-                wait_for(lambda: message in page.locator("#token-count [data-testid=markdown]").inner_text(), 10,
-                         "no length warning")
+                wait_for(lambda: message  # noqa: B023 (called within the iteration)
+                                 in page.locator("#token-count [data-testid=markdown]").inner_text(),
+                         10, "no length warning")
             page.locator("#generate").click()
             page.locator("#run-status").get_by_text(message).wait_for(timeout=30_000)
             page.wait_for_timeout(300)
@@ -505,7 +508,8 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, browse
             page.locator("#prompt textarea").fill("a red panda")
             page.locator("#generate").click()
             wait_for(lambda: "could not take the request" in page.locator("#run-status").inner_text(), 30,
-                     f"no message: {page.locator('#run-status').inner_text()!r} {metrics(app_server)['sdxl_queue_depth']}")
+                     f"no message: {page.locator('#run-status').inner_text()!r} "
+                     f"{metrics(app_server)['sdxl_queue_depth']}")
             assert "busy" in page.locator(".toast-body").last.inner_text()  # Gradio's notice
             assert [img.get_attribute("src") for img in page.locator("#gallery .grid-container img").all()] == sources
         finally:
@@ -553,14 +557,16 @@ def test_browser_history_restores_a_run(app_server, browser):
         again = page.locator("#gallery .grid-container img").first.get_attribute("src")
         import urllib.parse
 
-        fetch = lambda src: urllib.request.urlopen(urllib.parse.urljoin(app_server["url"] + "/", src), timeout=30).read()
+        fetch = lambda src: urllib.request.urlopen(urllib.parse.urljoin(app_server["url"] + "/", src),
+                                                   timeout=30).read()
         from io import BytesIO
 
         from PIL import Image
 
         import numpy as np
 
-        assert np.array_equal(np.asarray(Image.open(BytesIO(fetch(first)))), np.asarray(Image.open(BytesIO(fetch(again)))))
+        assert np.array_equal(np.asarray(Image.open(BytesIO(fetch(first)))),
+                              np.asarray(Image.open(BytesIO(fetch(again)))))
     assert compiles(app_server) == before
 
 
@@ -581,8 +587,8 @@ def test_browser_the_form_tells_the_truth(app_server, browser):
         wait_for(lambda: preset.input_value() == "Quality", 10, "the preset menu does not follow the fields")
         counter = page.locator("#token-count [data-testid=markdown]")  # (not the progress tracker's timer)
         page.locator("#prompt textarea").fill("a cat")
-        wait_for(lambda: counter.inner_text().endswith("/ 225 tokens") and not counter.inner_text().startswith("0 "), 10,
-                 "no token count")
+        wait_for(lambda: counter.inner_text().endswith("/ 225 tokens") and not counter.inner_text().startswith("0 "),
+                 10, "no token count")
         plain = int(counter.inner_text().split()[0])
         choose(page, "style", "Anime")
         wait_for(lambda: int(counter.inner_text().split()[0]) > plain, 10, "the style's template is not counted")
@@ -684,8 +690,9 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
     """A1111's parameters text pasted into the page fills prompt, negative prompt, seed (Randomize
     off), guidance, steps, sampler, Schedule type, size and RNG; what it cannot use is listed; the
     run that follows makes what the form says, and a pasted piece of nonsense only gets a message."""
-    text = ("a lighthouse, (stormy:1.2) sea\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, Schedule type: Karras, "
-            "CFG scale: 4.5, Seed: 77, Size: 96x64, Model hash: 31e35c80fc, Model: sd_xl_base_1.0, Clip skip: 2, RNG: CPU")
+    text = ("a lighthouse, (stormy:1.2) sea\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, "
+            "Schedule type: Karras, CFG scale: 4.5, Seed: 77, Size: 96x64, Model hash: 31e35c80fc, "
+            "Model: sd_xl_base_1.0, Clip skip: 2, RNG: CPU")
     with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         open_advanced(page)
         page.get_by_text("Paste parameters").click()

@@ -52,7 +52,8 @@ def test_ready_after_warm_up_and_describes_itself(backend):
     assert get(backend["url"] + "/healthz") == (200, '{"status":"alive"}')
     status, text = get(backend["url"] + "/v1/info")
     assert status == 200
-    assert json.loads(text) == {"model": "tiny", "sizes": ["64x64"], "samplers": list(SAMPLERS), "default_sampler": "Euler",
+    assert json.loads(text) == {"model": "tiny", "sizes": ["64x64"], "samplers": list(SAMPLERS),
+                                "default_sampler": "Euler",
                                 "preset": None, "presets": ["Quality", "Balanced", "Fast"], "images_per_call": 4,
                                 "image_format": "webp", "max_prompt_chunks": 3, "schedules": list(SCHEDULES),
                                 "default_schedule": "Checkpoint", "rngs": list(RNGS), "default_rng": "JAX"}
@@ -86,8 +87,9 @@ def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
     assert answer["sampler"] == "DPM++ 2M Karras" and answer["format"] == "webp"
     assert (answer["schedule"], answer["rng"]) == ("Checkpoint", "JAX")  # left out: the server's defaults
     # An A1111 parameters text as a field: it fills what it says, the fields given win, the rest is noted.
-    status, _, body = post(backend, {"parameters": "a fox <lora:x:1>\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, "
-                                                   "CFG scale: 3, Seed: 99, Size: 64x64, Clip skip: 2, RNG: CPU",
+    status, _, body = post(backend, {"parameters": "a fox <lora:x:1>\nNegative prompt: fog\nSteps: 2, "
+                                                   "Sampler: Euler a, CFG scale: 3, Seed: 99, Size: 64x64, "
+                                                   "Clip skip: 2, RNG: CPU",
                                      "seed": 5, "schedule": "Checkpoint"})
     answer = json.loads(body)
     assert status == 200 and answer["seeds"] == [5, 6, 7, 8], body[:500]

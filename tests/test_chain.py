@@ -81,7 +81,8 @@ def chain(tmp_path_factory, compile_cache):
     """Back ends A and B (C is started by the test that needs it), nginx over A and B, and the
     front end over nginx."""
     root = tmp_path_factory.mktemp("chain")
-    starters = {name: start_backend(root / name, compile_cache, extra_args=("--queue-size", "4", "--drain-seconds", "60"))
+    starters = {name: start_backend(root / name, compile_cache,
+                                    extra_args=("--queue-size", "4", "--drain-seconds", "60"))
                 for name in ("A", "B", "C")}
     for name in ("A", "B", "C"):
         (root / name).mkdir()

@@ -30,7 +30,8 @@ def test_missing_tensor_is_named(tiny_checkpoint, tmp_path):
     d, tensors = _copy_component(tiny_checkpoint, "unet", tmp_path / "unet")
     del tensors["mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight"]
     save_file(tensors, str(d / UNET_FILE))
-    with pytest.raises(CheckpointError, match=r"missing: mid_block\.attentions\.0\.transformer_blocks\.0\.attn2\.to_k\.weight"):
+    with pytest.raises(CheckpointError, match=r"missing: mid_block\.attentions\.0\."
+                                              r"transformer_blocks\.0\.attn2\.to_k\.weight"):
         load_unet(d, Precision())
 
 
@@ -71,7 +72,8 @@ def test_legacy_vae_attention_names_load(tiny_checkpoint, tmp_path):
     tensors = load_file(str(d / UNET_FILE))
     legacy = {}
     for k, v in tensors.items():
-        for new, old in ((".to_q.", ".query."), (".to_k.", ".key."), (".to_v.", ".value."), (".to_out.0.", ".proj_attn.")):
+        for new, old in ((".to_q.", ".query."), (".to_k.", ".key."), (".to_v.", ".value."),
+                         (".to_out.0.", ".proj_attn.")):
             if ".mid_block.attentions." in k:
                 k = k.replace(new, old)
         legacy[k] = v

@@ -38,9 +38,9 @@ def test_generate_writes_pngs_with_parameters(env, tmp_path):
     assert [f.name for f in files] == ["10.png", "7.png", "8.png", "9.png"]
     image = Image.open(tmp_path / "8.png")
     assert image.size == (64, 64)
-    assert image.info["parameters"] == ("a photo of a cat\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M Karras, "
-                                        "Schedule type: Checkpoint, CFG scale: 5, Seed: 8, Size: 64x64, Model: tiny, "
-                                        f"RNG: JAX, Version: sdxl-tpu {VERSION}")
+    assert image.info["parameters"] == ("a photo of a cat\nNegative prompt: blurry\nSteps: 2, "
+                                        "Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 5, Seed: 8, "
+                                        f"Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")
     assert "denoising" in result.stdout and "total" in result.stdout
 
 
@@ -50,7 +50,8 @@ def test_presets_fill_what_is_not_given(env, tmp_path):
     result = _run(["generate", "a cat", "--preset", "Fast", "--seed", "1", "--size", "64x64", "--model", "tiny",
                    "--dtype", "float32", "--out", str(tmp_path / "fast")], env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Steps: 12, Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 5," in Image.open(tmp_path / "fast" / "1.png").info["parameters"]
+    assert ("Steps: 12, Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 5,"
+            in Image.open(tmp_path / "fast" / "1.png").info["parameters"])
     unet = str(Path(env["SDXL_TPU_TINY_DIR"]) / "unet" / "diffusion_pytorch_model.safetensors")  # written above
     result = _run(["generate", "a cat", "--preset", "Lightning 4-step", "--seed", "1", "--size", "64x64",
                    "--model", "tiny", "--unet", unet, "--dtype", "float32", "--out",
@@ -80,8 +81,8 @@ def test_single_file_model_with_loras(env, tmp_path):
     common = ["generate", "a cat", "--seed", "3", "--steps", "2", "--size", "64x64", "--dtype", "float32",
               "--model", str(model), "--config", str(root)]
     plain = _run([*common, "--out", str(tmp_path / "plain")], env)
-    styled = _run([*common, "--lora", f"{tmp_path / 'style.safetensors'}:0.7", "--lora", str(tmp_path / "style.safetensors"),
-                   "--out", str(tmp_path / "styled")], env)
+    styled = _run([*common, "--lora", f"{tmp_path / 'style.safetensors'}:0.7",
+                   "--lora", str(tmp_path / "style.safetensors"), "--out", str(tmp_path / "styled")], env)
     assert plain.returncode == 0 and styled.returncode == 0, (plain.stderr + styled.stderr)[-3000:]
     plain_image, styled_image = Image.open(tmp_path / "plain" / "3.png"), Image.open(tmp_path / "styled" / "3.png")
     # A1111's names: the checkpoint's short hash (SHA-256, 10 digits), each LoRA as a tag with its scale
@@ -92,12 +93,13 @@ def test_single_file_model_with_loras(env, tmp_path):
                                                    f"Version: sdxl-tpu {VERSION}")
     assert styled_image.info["parameters"].splitlines()[0] == "a cat <lora:style:0.7> <lora:style:1>"
     assert styled_image.info["parameters"].endswith(
-        f'Model hash: {model_hash}, Model: my-finetune, RNG: JAX, Lora hashes: "style: {lora_hash}, style: {lora_hash}", '
+        f'Model hash: {model_hash}, Model: my-finetune, RNG: JAX, '
+        f'Lora hashes: "style: {lora_hash}, style: {lora_hash}", '
         f"Version: sdxl-tpu {VERSION}")
     seen = read_with_third_parties((tmp_path / "styled" / "3.png").read_bytes(), tmp_path)
     assert seen == {"prompt": "a cat <lora:style:0.7> <lora:style:1>", "negative": "", "sampler": "Euler",
-                    "scheduler": "Checkpoint", "steps": "2", "cfg_scale": "5", "seed": "3", "size": "64x64", "model": "my-finetune",
-                    "model_hash": model_hash}, seen
+                    "scheduler": "Checkpoint", "steps": "2", "cfg_scale": "5", "seed": "3", "size": "64x64",
+                    "model": "my-finetune", "model_hash": model_hash}, seen
     assert np.asarray(plain_image).tolist() != np.asarray(styled_image).tolist()
 
 
@@ -153,13 +155,13 @@ def test_parameters_text_fills_what_is_not_given(env, tmp_path, capsys, monkeypa
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    text = ("a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Karras, CFG scale: 3, Seed: 40, "
-            "Size: 64x64, Model: elsewhere, Hires upscale: 2")
+    text = ("a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Karras, CFG scale: 3, "
+            "Seed: 40, Size: 64x64, Model: elsewhere, Hires upscale: 2")
     assert main(["generate", "--parameters", text, "--seed", "41", "--schedule", "Checkpoint", "--model", "tiny",
                  "--dtype", "float32", "--out", str(tmp_path)]) == 0
     notes = capsys.readouterr().err
     assert "note: Not used here: Model, Hires upscale." in notes
     assert "note: Not reproducible here: A1111's default noise source (GPU), so RNG JAX is used" in notes
     assert Image.open(tmp_path / "42.png").info["parameters"] == (
-        "a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Checkpoint, CFG scale: 3, Seed: 42, "
-        f"Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")
+        "a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Checkpoint, CFG scale: 3, "
+        f"Seed: 42, Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")

@@ -34,14 +34,15 @@ def test_each_format_carries_the_a1111_parameters_for_every_reader(fmt, pil_form
     assert read_parameters(_image()) is None
     with pytest.raises(ValueError, match="image format 'gif'"):
         encode(_image(), TEXT, "gif")
-    info = ImageInfo(seed=4_000_000_001, prompt="Ça, 東京の夜 ✨🐉, (neon:1.2)", negative_prompt="größte Unschärfe, 模糊",
+    info = ImageInfo(seed=4_000_000_001, prompt="Ça, 東京の夜 ✨🐉, (neon:1.2)",
+                     negative_prompt="größte Unschärfe, 模糊",
                      guidance_scale=6.5, steps=31, size=(64, 32), sampler="DPM++ 2M Karras", rng="CPU")
     stamp = Stamp("sd_xl_base_1.0", "31e35c80fc", (("pixel-art", 0.8, "0123456789ab"),))
     text = parameters_text(info, stamp)
     assert text.splitlines() == [
         "Ça, 東京の夜 ✨🐉, (neon:1.2) <lora:pixel-art:0.8>", "Negative prompt: größte Unschärfe, 模糊",
-        "Steps: 31, Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 6.5, Seed: 4000000001, Size: 64x32, "
-        'Model hash: 31e35c80fc, Model: sd_xl_base_1.0, RNG: CPU, Lora hashes: "pixel-art: 0123456789ab", '
+        "Steps: 31, Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 6.5, Seed: 4000000001, "
+        'Size: 64x32, Model hash: 31e35c80fc, Model: sd_xl_base_1.0, RNG: CPU, Lora hashes: "pixel-art: 0123456789ab", '
         f"Version: sdxl-tpu {VERSION}"]
     seen = read_with_third_parties(encode(_image(), text, fmt), tmp_path)
     assert seen.pop("user_comment", text) == text

@@ -31,7 +31,8 @@ def test_a1111_text_fills_the_fields_and_lists_the_rest():
     assert parsed.negative_prompt == "blurry, lowres"
     assert parsed.settings["Lora hashes"] == "detail: 0123456789ab"  # quoted: its comma is no separator
     fields, notes = request_fields(parsed, SIZES, list(SAMPLERS))
-    assert fields == {"prompt": "masterpiece, a (red:1.2) fox in the snow, night sky", "negative_prompt": "blurry, lowres",
+    assert fields == {"prompt": "masterpiece, a (red:1.2) fox in the snow, night sky",
+                      "negative_prompt": "blurry, lowres",
                       "steps": 30, "guidance_scale": 6.5, "seed": 1234567890, "size": (1152, 896),
                       "sampler": "DPM++ 2M", "schedule": "Karras", "rng": "JAX"}
     assert notes == ["Not applied: <lora:detail:0.6> (LoRAs are loaded with the model here, not per prompt).",
@@ -45,7 +46,8 @@ def test_our_own_parameters_text_reads_back_exactly():
     assert fields == {"prompt": info.prompt, "negative_prompt": "模糊", "steps": 20, "guidance_scale": 5.5, "seed": 7,
                       "size": (1024, 1024), "sampler": "Euler a", "schedule": "Checkpoint", "rng": "JAX"}
     assert notes == ["Not used here: Model, Version."]
-    for sampler, schedule, rng, read in [("DPM++ 2M", "Karras", "CPU", "Karras"), ("Euler", "SGM Uniform", "JAX", "SGM Uniform"),
+    for sampler, schedule, rng, read in [("DPM++ 2M", "Karras", "CPU", "Karras"),
+                                         ("Euler", "SGM Uniform", "JAX", "SGM Uniform"),
                                          ("DPM++ 2M SDE", "Automatic", "CPU", "Exponential")]:  # (Automatic: as it ran)
         info = ImageInfo(seed=7, prompt="a cat", negative_prompt="", guidance_scale=5.0, steps=20, size=(1024, 1024),
                          sampler=sampler, schedule=schedule, rng=rng)
@@ -53,7 +55,8 @@ def test_our_own_parameters_text_reads_back_exactly():
         assert (fields["sampler"], fields["schedule"], fields["rng"]) == (sampler, read, rng)
         assert notes == ["Not used here: Model, Version."]
     # Our texts from before the Schedule type and RNG were written: the checkpoint's schedule, JAX noise.
-    old = "a cat\nSteps: 20, Sampler: Euler a, CFG scale: 5, Seed: 7, Size: 1024x1024, Model: tiny, Version: sdxl-tpu 0.1.0"
+    old = ("a cat\nSteps: 20, Sampler: Euler a, CFG scale: 5, Seed: 7, Size: 1024x1024, Model: tiny, "
+           "Version: sdxl-tpu 0.1.0")
     fields, notes = request_fields(parse(old), SIZES, list(SAMPLERS))
     assert (fields["sampler"], fields["schedule"], fields["rng"]) == ("Euler a", "Checkpoint", "JAX")
     assert notes == ["Not used here: Model, Version."]
@@ -69,7 +72,8 @@ def test_what_cannot_be_used_is_named_not_fatal():
         "Not used: Seed: '-1' (Seed must be a whole number between 0 and 4294967295).",
         "Not used: Size: '512x512' (this server offers 1024x1024, 1152x896).",
         f"Not used: Sampler: 'Heun' (this server offers {', '.join(SAMPLERS)}).",
-        "Not reproducible here: A1111's RNG NV (NVIDIA's GPU noise), so RNG JAX is used; A1111's CPU noise is (RNG CPU).",
+        "Not reproducible here: A1111's RNG NV (NVIDIA's GPU noise), so RNG JAX is used; "
+        "A1111's CPU noise is (RNG CPU).",
         "Not used here: Clip skip."]
     # Fewer than three settings on the last line: it is prompt text, as A1111 decides.
     assert parse("a cat\nSteps: 20, Seed: 3").prompt == "a cat\nSteps: 20, Seed: 3"
@@ -97,9 +101,10 @@ def test_the_page_fills_its_form_and_says_what_it_did():
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=300), st.text(st.sampled_from('abc:,"\\\n()<>-0123456789.x Negative prompt:'),
                                                   max_size=300),
-                 st.lists(st.sampled_from(["a cat\n", "Steps: 3, ", "Sampler: ", "DDIM", "DPM++ 2M", "Euler a", " Karras",
-                                           "Schedule type: ", "karras", "SGM Uniform", "Exponential", "Checkpoint",
-                                           "RNG: ", "CPU", "NV", "Version: sdxl-tpu 0.1.0", ", ", "Seed: 5, "]),
+                 st.lists(st.sampled_from(["a cat\n", "Steps: 3, ", "Sampler: ", "DDIM", "DPM++ 2M", "Euler a",
+                                           " Karras", "Schedule type: ", "karras", "SGM Uniform", "Exponential",
+                                           "Checkpoint", "RNG: ", "CPU", "NV", "Version: sdxl-tpu 0.1.0", ", ",
+                                           "Seed: 5, "]),
                           max_size=20).map("".join),
                  st.none(), st.integers(), st.lists(st.text(max_size=5), max_size=3)))
 def test_any_paste_gives_fields_or_a_message(text):

@@ -24,7 +24,8 @@ COLLECTIVE = r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-sca
 collectives = {name: sorted(set(re.findall(COLLECTIVE, text))) for name, text in hlo.items()}
 # The check itself can see a collective: a sum over the sharded batch needs one.
 from jax.sharding import NamedSharding, PartitionSpec as P
-probe = jax.jit(lambda x: x.sum()).lower(jax.ShapeDtypeStruct((8,), np.float32, sharding=NamedSharding(pipe.mesh, P("batch"))))
+probe = jax.jit(lambda x: x.sum()).lower(jax.ShapeDtypeStruct((8,), np.float32,
+                                                              sharding=NamedSharding(pipe.mesh, P("batch"))))
 assert re.search(COLLECTIVE, probe.compile().as_text()), "collective detection is broken"
 # No host round-trips either: no callbacks, sends, receives, in- or outfeeds.
 HOST = r"callback|\b(send|recv|infeed|outfeed)\b"
@@ -110,7 +111,8 @@ assert jax.device_count() == 8, jax.devices()
 pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], images_per_call=4, compile_cache=sys.argv[2])
 batcher = Batcher(pipe, max_wait=0.02)
 a = Request.of("a red fox in the snow", "blurry", seed=100, steps=3, size=(64, 64)).images(4)
-b = Request.of(["a", "b", "c", "d"], "", seed=[5, 6, 7, 8], guidance_scale=[1, 2, 3, 4], steps=3, size=(64, 64)).images(4)
+b = Request.of(["a", "b", "c", "d"], "", seed=[5, 6, 7, 8], guidance_scale=[1, 2, 3, 4],
+               steps=3, size=(64, 64)).images(4)
 solo = [batcher.submit(a), batcher.submit(b)]
 calls_alone = batcher.calls
 together, start = [None, None], threading.Barrier(2)
@@ -126,7 +128,8 @@ direct, batched = [], []
 for _ in range(5):
     t0 = time.perf_counter(); pipe.run_images(a); direct.append(time.perf_counter() - t0)
     t0 = time.perf_counter(); batcher.submit(a); batched.append(time.perf_counter() - t0)
-equal = all(np.array_equal(np.asarray(x), np.asarray(y)) for s, t in zip(solo, together) for x, y in zip(s.images, t.images))
+equal = all(np.array_equal(np.asarray(x), np.asarray(y))
+            for s, t in zip(solo, together) for x, y in zip(s.images, t.images))
 print(json.dumps({"images_per_call": pipe.images_per_call, "calls_alone": calls_alone,
                   "calls_together": batcher.calls - 5 - calls_alone, "equal": equal,
                   "seeds": [t.seeds for t in together], "compiles": counter.compiles,

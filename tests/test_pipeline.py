@@ -127,7 +127,8 @@ def test_nothing_recompiles_after_warmup(tiny_pipeline):
             ("a cat", "", 1, "Euler"), ("a dog on a (beach:1.3)", "[blurry]", 2, "Euler a"),
             (long_prompt, long_prompt, 7, "DPM++ 2M"), (["a", "b", "c", "d"], ["", "x", "", "y"], MAX_STEPS, "Euler"),
             ("neon city BREAK rain", "rain", 13, "DPM++ 2M Karras"), ("a fox", "", 20, "Euler a"),
-            (two_chunks, "", 3, "Euler"), ([two_chunks, "a", long_prompt, "((b))"], ["x", two_chunks, "", ""], 2, "Euler a"),
+            (two_chunks, "", 3, "Euler"),
+            ([two_chunks, "a", long_prompt, "((b))"], ["x", two_chunks, "", ""], 2, "Euler a"),
         ]):
             tiny_pipeline.generate(prompt, negative, seed=[i, 2**32 - 1, 0, 12345] if i % 2 else i * 1000,
                                    guidance_scale=[1.0, 3.5, 7.0, 12.0] if i % 2 else 5.0 + i, steps=steps,

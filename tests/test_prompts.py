@@ -181,7 +181,8 @@ def test_prompts_make_the_images_a1111_users_expect(tiny_pipeline, one_chunk_pip
     with CompileCounter() as counter:
         assert np.array_equal(pixels(tiny_pipeline, "a cat on a mat", "blurry"), base)
         assert np.array_equal(pixels(tiny_pipeline, "a (cat:1.0) on a mat", "blurry"), base)
-        assert np.array_equal(pixels(tiny_pipeline, "a ((cat)) on a mat"), pixels(tiny_pipeline, "a (cat:1.21) on a mat"))
+        assert np.array_equal(pixels(tiny_pipeline, "a ((cat)) on a mat"),
+                              pixels(tiny_pipeline, "a (cat:1.21) on a mat"))
         assert not np.array_equal(pixels(tiny_pipeline, "a (cat:1.5) on a mat", "blurry"), base)
         head = "a photo of the sky, red " * 15  # 90 tokens
         long_a, long_b = pixels(tiny_pipeline, head + "cat"), pixels(tiny_pipeline, head + "dog")

@@ -15,7 +15,8 @@ def test_every_preset_is_a_valid_request_for_its_sampler_table():
         assert recipe.sampler in SAMPLERS
         Request.of("a cat", steps=recipe.steps, guidance_scale=recipe.guidance, sampler=recipe.sampler,
                    size=recipe.size or "1024x1024")
-        config = {"timestep_spacing": recipe.spacing or "leading", "prediction_type": recipe.prediction_type or "epsilon"}
+        config = {"timestep_spacing": recipe.spacing or "leading",
+                  "prediction_type": recipe.prediction_type or "epsilon"}
         assert recipe.sampler in samplers_for(config)[0], recipe.name
 
 
@@ -45,6 +46,7 @@ def test_the_lcm_preset_brings_its_lora_unless_one_is_given():
     lcm = recipe_named("LCM-LoRA 4-step")
     assert (lcm.sampler, lcm.steps, lcm.guidance, lcm.brings_weights) == ("LCM", 4, 1.0, True)
     assert parse_settings(["--preset", lcm.name], env={}).loras == [lcm.lora]
-    assert parse_settings(["--preset", lcm.name, "--lora", "mine.safetensors:0.5"], env={}).loras == ["mine.safetensors:0.5"]
+    assert parse_settings(["--preset", lcm.name, "--lora", "mine.safetensors:0.5"],
+                          env={}).loras == ["mine.safetensors:0.5"]
     assert parse_settings([], env={}).loras == []
     assert "LCM-LoRA 4-step" not in SAMPLING  # it needs its weights: chosen at launch, not in the page's menu

@@ -28,7 +28,8 @@ def reference(name: str, spacing: str, prediction_type: str = "epsilon"):
             "DPM++ 2M": lambda: DPMSolverMultistepScheduler.from_config(config),
             "DPM++ 2M Karras": lambda: DPMSolverMultistepScheduler.from_config(config, use_karras_sigmas=True),
             "DPM++ 2M SDE": lambda: DPMSolverMultistepScheduler.from_config(config, **sde),
-            "DPM++ 2M SDE Karras": lambda: DPMSolverMultistepScheduler.from_config(config, use_karras_sigmas=True, **sde),
+            "DPM++ 2M SDE Karras": lambda: DPMSolverMultistepScheduler.from_config(config, use_karras_sigmas=True,
+                                                                                   **sde),
             "DPM++ SDE": lambda: DPMSolverSDEScheduler.from_config(config),
             "DPM++ SDE Karras": lambda: DPMSolverSDEScheduler.from_config(config, use_karras_sigmas=True),
             "DDIM": lambda: DDIMScheduler.from_config(config),
@@ -87,7 +88,8 @@ def test_unsupported_scheduler_configs_name_the_key():
     # The checkpoint's own scheduler is the default sampler; an unknown one falls back to Euler.
     assert samplers_for(SCHEDULER_CONFIG)[1] == "Euler"
     assert samplers_for({"_class_name": "EulerAncestralDiscreteScheduler"})[1] == "Euler a"
-    assert samplers_for({"_class_name": "DPMSolverMultistepScheduler", "use_karras_sigmas": True})[1] == "DPM++ 2M Karras"
+    assert samplers_for({"_class_name": "DPMSolverMultistepScheduler",
+                         "use_karras_sigmas": True})[1] == "DPM++ 2M Karras"
     assert samplers_for({"_class_name": "DPMSolverMultistepScheduler", "algorithm_type": "sde-dpmsolver++",
                          "use_karras_sigmas": True})[1] == "DPM++ 2M SDE Karras"
     assert samplers_for({"_class_name": "DPMSolverSDEScheduler", "use_karras_sigmas": True})[1] == "DPM++ SDE Karras"

@@ -221,9 +221,9 @@ absurd_weight = st.tuples(st.text(st.sampled_from("()[]:\\ ,aBREAK"), max_size=2
                           st.one_of(st.floats(1e4, 1e300), st.floats(-1e300, -1e4)),  # (past [[...]] too)
                           st.text(st.sampled_from("()[]:\\ ,b"), max_size=20)).map(
     lambda t: f"{t[0]} (cat:{t[1]:.6g}) {t[2]}".replace("e+", "e"))
-bad_number = st.one_of(st.booleans(), text, st.lists(st.integers(), max_size=2), st.dictionaries(text, text, max_size=1),
-                       st.integers(max_value=-1), st.integers(min_value=2**32), st.floats(-1e300, -1e-9),
-                       st.floats(1e12, 1e300))
+bad_number = st.one_of(st.booleans(), text, st.lists(st.integers(), max_size=2),
+                       st.dictionaries(text, text, max_size=1), st.integers(max_value=-1), st.integers(min_value=2**32),
+                       st.floats(-1e300, -1e-9), st.floats(1e12, 1e300))
 # One field made malformed per case, so no case is a valid request (none runs the model).
 MALFORMED = {
     "prompt": st.one_of(not_text.filter(lambda v: v is not None), control, huge_text, absurd_weight),
@@ -319,7 +319,8 @@ def test_fuzz_raw_values_through_the_queue(http_client, fn_index, fuzz_log, endp
                                               [json.dumps(v) for v in call], position, raw)
             if status == 200:  # a value the envelope allows: the handler refuses it through the queue
                 message = http_client.completion(session)
-                if (position, raw) in STILL_VALID or position == HISTORY:  # (a malformed history is dropped, not refused)
+                # (a malformed history is dropped, not refused)
+                if (position, raw) in STILL_VALID or position == HISTORY:
                     assert message["success"] is True, message
                 elif endpoint == "generate":
                     assert message["success"] is False and message.get("output", {}).get("error"), message
@@ -333,7 +334,8 @@ def test_fuzz_raw_values_through_the_queue(http_client, fn_index, fuzz_log, endp
     # The light handlers (token count, style description) answer with a message, not an error:
     # every input of each, malformed in turn.
     for raw in RAW_VALUES:
-        for name, valid in (("token_count", ['"a cat"', '"(No style)"']), ("style_description", ['"a cat"', '"Anime"'])):
+        for name, valid in (("token_count", ['"a cat"', '"(No style)"']),
+                            ("style_description", ['"a cat"', '"Anime"'])):
             for position in range(len(valid)):
                 status, _, session = _join_raw(http_client, fuzz_log, fn_index[name], valid, position, raw)
                 if status == 200:
@@ -345,17 +347,20 @@ TRAVERSALS = ["../" * 8 + "etc/passwd", "..%2f" * 8 + "etc%2fpasswd", "%2e%2e/" 
               "%2e%2e%2f" * 8 + "etc/passwd", "%252e%252e%252f" * 8 + "etc/passwd", "..%5c" * 8 + "etc/passwd",
               "%c0%ae%c0%ae/" * 8 + "etc/passwd", "....//" * 8 + "etc/passwd", "/etc/passwd", "//etc/passwd",
               "/proc/self/environ", "%2fproc%2fself%2fenviron", "/proc/self/cwd/app.py", "file:///etc/passwd",
-              "http://127.0.0.1:1/", "\\..\\..\\etc\\passwd", "/./././etc/passwd", "%00/etc/passwd", "/etc/passwd%00.png"]
+              "http://127.0.0.1:1/", "\\..\\..\\etc\\passwd", "/./././etc/passwd", "%00/etc/passwd",
+              "/etc/passwd%00.png"]
 ROUTES = ["/gradio_api/file=", "/gradio_api/file/", "/gradio_api/proxy=", "/assets/", "/static/", "/svelte/",
           "/gradio_api/stream/", "/gradio_api/custom_component/", "/", "/gradio_api/run-history/records/"]
-OTHER_ROUTES = [("POST", "/gradio_api/vibe-edit"), ("GET", "/gradio_api/vibe-code"), ("POST", "/gradio_api/component_server"),
-                ("POST", "/gradio_api/process_recording"), ("POST", "/gradio_api/reset"), ("GET", "/gradio_api/runs"),
-                ("POST", "/gradio_api/run/predict"), ("POST", "/gradio_api/api/predict"), ("POST", "/gradio_api/run/generate"),
-                ("POST", "/gradio_api/call/v2/generate"), ("POST", "/login"), ("GET", "/logout"), ("GET", "/monitoring"),
-                ("GET", "/gradio_api/upload_progress"), ("POST", "/gradio_api/stream/x"), ("GET", "/openapi.json"),
-                ("GET", "/gradio_api/openapi.json"), ("GET", "/gradio_api/deep_link"), ("GET", "/gradio_api/app_id"),
-                ("PUT", "/gradio_api/queue/join"), ("DELETE", "/config"), ("PATCH", "/"), ("OPTIONS", "/gradio_api/info"),
-                ("GET", "/gradio_api/queue/join"), ("POST", "/gradio_api/queue/data"), ("POST", "/healthz")]
+OTHER_ROUTES = [("POST", "/gradio_api/vibe-edit"), ("GET", "/gradio_api/vibe-code"),
+                ("POST", "/gradio_api/component_server"), ("POST", "/gradio_api/process_recording"),
+                ("POST", "/gradio_api/reset"), ("GET", "/gradio_api/runs"), ("POST", "/gradio_api/run/predict"),
+                ("POST", "/gradio_api/api/predict"), ("POST", "/gradio_api/run/generate"),
+                ("POST", "/gradio_api/call/v2/generate"), ("POST", "/login"), ("GET", "/logout"),
+                ("GET", "/monitoring"), ("GET", "/gradio_api/upload_progress"), ("POST", "/gradio_api/stream/x"),
+                ("GET", "/openapi.json"), ("GET", "/gradio_api/openapi.json"), ("GET", "/gradio_api/deep_link"),
+                ("GET", "/gradio_api/app_id"), ("PUT", "/gradio_api/queue/join"), ("DELETE", "/config"), ("PATCH", "/"),
+                ("OPTIONS", "/gradio_api/info"), ("GET", "/gradio_api/queue/join"), ("POST", "/gradio_api/queue/data"),
+                ("POST", "/healthz")]
 
 
 def test_fuzz_raw_routes(app_server, http_client, fn_index, fuzz_log):
@@ -386,14 +391,16 @@ def test_fuzz_raw_routes(app_server, http_client, fn_index, fuzz_log):
     cases.append(("POST", "/gradio_api/queue/join", json.dumps({**good, "session_hash": None}).encode(), {}))
     cases += [("POST", f"/gradio_api/call/{name}", json.dumps({"data": GENERATE}).encode(), {})
               for name in ("nope", "token_count", "reuse_seed", "lambda", "load_example", "%00", "..%2fgenerate", "")]
-    cases += [("POST", path, body, {}) for body in envelopes[:12] for path in ("/gradio_api/cancel", "/gradio_api/reset")]
+    cases += [("POST", path, body, {})
+              for body in envelopes[:12] for path in ("/gradio_api/cancel", "/gradio_api/reset")]
     cases += [("GET", f"/gradio_api/queue/data?session_hash={s}", None, {})
               for s in ("", "%00", "a%20b", "x" * 65, uuid.uuid4().hex, "..%2f..%2f")]
     cases += [("GET", "/gradio_api/queue/data", None, {})]
     cases += [("GET", f"/gradio_api/heartbeat/{s}", None, {}) for s in ("", "%00", "a%20b", "x" * 65, "a/b")]
     cases += [("GET", f"/gradio_api/call/generate/{e}", None, {}) for e in (uuid.uuid4().hex, "%00", "x" * 65, "")]
     cases += [("POST", "/gradio_api/upload", b"--x\r\nContent-Disposition: form-data; name=\"files\"; "
-               b"filename=\"../../a.txt\"\r\n\r\nhello\r\n--x--\r\n", {"Content-Type": "multipart/form-data; boundary=x"})]
+               b"filename=\"../../a.txt\"\r\n\r\nhello\r\n--x--\r\n",
+               {"Content-Type": "multipart/form-data; boundary=x"})]
     cases += [("POST", "/gradio_api/upload", b"x" * (3 << 20), {"Content-Type": "multipart/form-data; boundary=x"})]
     cases += [("POST", "/gradio_api/queue/join", b"{}", {"Content-Length": "-1"})]
     assert len(cases) >= 500
@@ -423,9 +430,9 @@ def _raw_lying_length(port: int, path: str) -> int:
 PASTES = st.one_of(st.text(max_size=400), st.text(st.sampled_from('abc:, "\\\n()<>0123456789.x-Negative prompt:Steps'),
                                                   max_size=600),
                    st.lists(st.sampled_from(["a cat\n", "Steps: 3", "Sampler: ", "DDIM", "DPM++ 2M", "Euler a",
-                                             " Karras", "Schedule type: ", "karras", "sgm_uniform", "Exponential", "Beta",
-                                             "Checkpoint", "RNG: ", "CPU", "NV", "Version: sdxl-tpu 0.1.0", ", ",
-                                             "Seed: 5"]), max_size=24).map("".join),
+                                             " Karras", "Schedule type: ", "karras", "sgm_uniform", "Exponential",
+                                             "Beta", "Checkpoint", "RNG: ", "CPU", "NV", "Version: sdxl-tpu 0.1.0",
+                                             ", ", "Seed: 5"]), max_size=24).map("".join),
                    huge_text, not_text, st.sampled_from([v for v in RAW_VALUES if len(v) < 1000]).map(json.loads))
 
 

@@ -45,7 +45,8 @@ def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) 
     te = lambda name, proj: fill(nnx.eval_shape(lambda: CLIPTextModel(
         CLIPTextConfig.from_dict(configs[name], with_projection=proj), precision)))
     return Models(text_encoder=te("text_encoder", False), text_encoder_2=te("text_encoder_2", True),
-                  unet=fill(nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(configs["unet"]), precision))),
+                  unet=fill(nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(configs["unet"]),
+                                                                        precision))),
                   vae=fill(nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(configs["vae"]), precision))))
 
 
@@ -57,4 +58,5 @@ def random_tokenizers():
 
     with tempfile.TemporaryDirectory(prefix="sdxl-bench-tokenizer-") as directory:
         write_tokenizers(directory)
-        return tuple(CLIPTokenizer.from_pretrained(os.path.join(directory, name)) for name in ("tokenizer", "tokenizer_2"))
+        return tuple(CLIPTokenizer.from_pretrained(os.path.join(directory, name))
+                     for name in ("tokenizer", "tokenizer_2"))

@@ -1,6 +1,7 @@
 """TAESD, the tiny autoencoder (diffusers AutoencoderTiny; madebyollin/taesdxl for SDXL), channels-last: its
 decoder turns the UNet's latents into a rough image in a fraction of the VAE's time (live previews). The module
-tree mirrors diffusers' (`encoder.layers.N`, parameterless layers keep their index): weights/tensors.py maps the names."""
+tree mirrors diffusers' (`encoder.layers.N`, parameterless layers keep their index): weights/tensors.py maps
+the names."""
 
 from __future__ import annotations
 

@@ -129,7 +129,8 @@ class UNetConfig:
         if cfg.get("addition_time_embed_dim") is None:
             raise ValueError("unet config: addition_time_embed_dim is required for text_time conditioning")
         if cfg.get("projection_class_embeddings_input_dim") is None:
-            raise ValueError("unet config: projection_class_embeddings_input_dim is required for text_time conditioning")
+            raise ValueError("unet config: projection_class_embeddings_input_dim is required for text_time "
+                             "conditioning")
         upcast = cfg.get("upcast_attention") or False
         return UNetConfig(
             in_channels=cfg.get("in_channels", 4), out_channels=cfg.get("out_channels", 4),

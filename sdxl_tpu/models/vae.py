@@ -42,7 +42,8 @@ class VAEConfig:
             types = cfg.get(key, [block] * len(channels))
             bad = [t for t in types if t != block]
             if bad or len(types) != len(channels):
-                raise ValueError(f"vae config: unsupported {key}={types!r} (needs {block} per block_out_channels entry)")
+                raise ValueError(f"vae config: unsupported {key}={types!r} "
+                                 f"(needs {block} per block_out_channels entry)")
         return VAEConfig(in_channels=cfg.get("in_channels", 3), out_channels=cfg.get("out_channels", 3),
                          latent_channels=cfg.get("latent_channels", 4), block_out_channels=channels,
                          layers_per_block=cfg.get("layers_per_block", 2),

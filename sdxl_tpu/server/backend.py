@@ -210,7 +210,8 @@ class Generation:
                     yield f"event: progress\ndata: {json.dumps({'step': event[1], 'steps': event[2]})}\n\n"
                 elif event[0] == "preview":  # small JPEGs, a few times a run
                     images = [base64.b64encode(encode_preview(image)).decode("ascii") for image in event[3]]
-                    yield f"event: preview\ndata: {json.dumps({'step': event[1], 'steps': event[2], 'images': images})}\n\n"
+                    data = json.dumps({'step': event[1], 'steps': event[2], 'images': images})
+                    yield f"event: preview\ndata: {data}\n\n"
                 elif event[0] == "result":
                     yield f"event: result\ndata: {json.dumps(event[1])}\n\n"
                     return

@@ -113,8 +113,8 @@ class RequestGuard:
             await _send_json(send, e.status, {"detail": e.message})
         except Exception as e:  # a bug, not a client's fault: one line, no traceback to the client
             where = _innermost_frame(e)
-            log.error("error %s %s from %s: %s: %s (%s)", method, shown(path, 80), client_address(scope), type(e).__name__,
-                      shown(str(e), 200), where)
+            log.error("error %s %s from %s: %s: %s (%s)", method, shown(path, 80), client_address(scope),
+                      type(e).__name__, shown(str(e), 200), where)
             if not started:
                 await _send_json(send, 500, {"detail": "Internal error; it has been logged."})
             else:  # end the response the app began (uvicorn would log an incomplete one again)

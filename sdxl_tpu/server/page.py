@@ -147,7 +147,8 @@ def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[
         return {}, f"⚠️ {e}"
     if not fields["prompt"] and not fields["negative_prompt"] and not set(fields) - {"prompt", "negative_prompt",
                                                                                      "schedule", "rng"}:
-        return {}, "⚠️ Nothing to use: paste a parameters text (the prompt, \"Negative prompt: ...\", then \"Steps: ..., Seed: ...\")."
+        return {}, ("⚠️ Nothing to use: paste a parameters text (the prompt, \"Negative prompt: ...\", then "
+                    "\"Steps: ..., Seed: ...\").")
     form = {"prompt": fields["prompt"], "negative": fields["negative_prompt"]}
     names = {"seed": "seed", "guidance_scale": "guidance", "steps": "steps", "sampler": "sampler",
              "schedule": "schedule", "rng": "rng"}

@@ -13,8 +13,8 @@ STYLES: dict[str, tuple[str, str]] = {
     "(No style)": ("{prompt}", ""),
     "Cinematic": ("cinematic still {prompt} . emotional, harmonious, vignette, highly detailed, high budget, bokeh, "
                   "cinemascope, moody, epic, gorgeous, film grain, grainy",
-                  "anime, cartoon, graphic, text, painting, crayon, graphite, abstract, glitch, deformed, mutated, ugly, "
-                  "disfigured"),
+                  "anime, cartoon, graphic, text, painting, crayon, graphite, abstract, glitch, deformed, mutated, "
+                  "ugly, disfigured"),
     "Photographic": ("cinematic photo {prompt} . 35mm photograph, film, bokeh, professional, 4k, highly detailed",
                      "drawing, painting, crayon, sketch, graphite, impressionist, noisy, blurry, soft, deformed, ugly"),
     "Anime": ("anime artwork {prompt} . anime style, key visual, vibrant, studio anime, highly detailed",
@@ -49,7 +49,8 @@ def style_description(style: Any) -> str:
     except RequestError as e:
         log_refusal("style description", e)
         return str(e)
-    return f"**Prompt template:** `{template}`" + (f"  \n**Adds to the negative prompt:** `{negative}`" if negative else "")
+    adds = f"  \n**Adds to the negative prompt:** `{negative}`" if negative else ""
+    return f"**Prompt template:** `{template}`" + adds
 
 
 def style_entry(style: Any) -> tuple[str, str]:

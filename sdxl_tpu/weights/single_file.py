@@ -82,7 +82,8 @@ def _unet_key(name: str, config: Mapping[str, Any]) -> str:
         if kind == "downsamplers":  # the level's last input block; "conv." becomes "op."
             return f"input_blocks.{(level + 1) * per_block}.0.op.{rest.removeprefix('conv.')}"
         block = 1 + level * per_block + index
-        return f"input_blocks.{block}.0.{_resnet('unet', rest)}" if kind == "resnets" else f"input_blocks.{block}.1.{rest}"
+        return (f"input_blocks.{block}.0.{_resnet('unet', rest)}" if kind == "resnets"
+                else f"input_blocks.{block}.1.{rest}")
     if parts[0] == "mid_block":
         kind, index, rest = parts[1], int(parts[2]), ".".join(parts[3:])
         if kind == "attentions":
@@ -94,7 +95,8 @@ def _unet_key(name: str, config: Mapping[str, Any]) -> str:
             has_attention = "CrossAttn" in config["up_block_types"][level]
             return f"output_blocks.{level * per_block + per_block - 1}.{2 if has_attention else 1}.{rest}"
         block = level * per_block + index
-        return f"output_blocks.{block}.0.{_resnet('unet', rest)}" if kind == "resnets" else f"output_blocks.{block}.1.{rest}"
+        return (f"output_blocks.{block}.0.{_resnet('unet', rest)}" if kind == "resnets"
+                else f"output_blocks.{block}.1.{rest}")
     raise CheckpointError(f"no single-file name for UNet tensor {name}")
 
 
@@ -161,7 +163,8 @@ class SingleFileView:
         present = set(source.keys())
         claimed = {at.key for at in self.places.values()}
         self._keys = [name for name, at in self.places.items() if at.key in present]
-        self._keys += sorted(k for k in present - claimed if k.startswith(PREFIXES[component]) and not _NOT_WEIGHTS.search(k))
+        self._keys += sorted(k for k in present - claimed
+                             if k.startswith(PREFIXES[component]) and not _NOT_WEIGHTS.search(k))
 
     def keys(self) -> list[str]:
         return self._keys
