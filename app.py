@@ -23,15 +23,14 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from gradio.utils import get_upload_folder
 
-from sdxl_tpu.compilation import enable_compile_cache, quiet_platforms
 from sdxl_tpu.server.envelope import endpoints_of
 from sdxl_tpu.server.guard import RequestGuard
 from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched
 from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sdxl_tpu.server.metrics import serve_metrics_apart
 from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS,
-                                  RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, history_after, history_rows, matching_preset,
-                                  pasted_form, schedule_choices, size_choices)
+                                  RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, history_after, history_rows,
+                                  matching_preset, pasted_form, schedule_choices, size_choices)
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.errors import gradio_handler, log_refusal
 from sdxl_tpu.server.form import EXAMPLES, seed_at
@@ -74,7 +73,8 @@ def build_demo(server: Server) -> gr.Blocks:
     ready = server.ready
     presets = {r.name: [r.steps, r.sampler, r.guidance] for r in server.presets}
     start = server.recipe
-    steps0, sampler0, guidance0 = (start.steps, start.sampler, start.guidance) if start else (20, server.default_sampler, 5.0)
+    steps0, sampler0, guidance0 = ((start.steps, start.sampler, start.guidance) if start
+                                   else (20, server.default_sampler, 5.0))
     with gr.Blocks(title="SDXL on JAX", analytics_enabled=False) as demo:
         gr.Markdown("## Stable Diffusion XL, served from JAX")
         status = gr.Markdown(server.status_line, elem_id="status")
@@ -103,11 +103,12 @@ def build_demo(server: Server) -> gr.Blocks:
                     style = gr.Dropdown(list(STYLES), value=DEFAULT_STYLE, label="Style", elem_id="style")
                     style_info = gr.Markdown(style_description(DEFAULT_STYLE))
                     with gr.Row():
-                        seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed",
+                        seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED,
+                                         elem_id="seed",
                                          info="With Randomize on, each run draws new seeds; this shows the last run's.")
                         randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
-                    preset = gr.Dropdown([*presets, CUSTOM], value=matching_preset(presets, steps0, sampler0, guidance0),
-                                         label="Preset", elem_id="preset",
+                    preset = gr.Dropdown([*presets, CUSTOM], label="Preset", elem_id="preset",
+                                         value=matching_preset(presets, steps0, sampler0, guidance0),
                                          info="; ".join(f"{r.name}: {r.summary}" for r in server.presets))
                     guidance = gr.Slider(*GUIDANCE_RANGE, value=guidance0, step=0.1, label="Guidance scale",
                                          elem_id="guidance")
@@ -138,7 +139,8 @@ def build_demo(server: Server) -> gr.Blocks:
         server.images = server.image_store(Path(get_upload_folder()),
                                            on_delete=lambda paths: forget_served(gallery, paths))
         last_seeds = gr.State([])
-        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size, schedule, rng]  # (history order)
+        # (in the history's order)
+        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size, schedule, rng]
 
         # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
         # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
@@ -215,7 +217,8 @@ def build_demo(server: Server) -> gr.Blocks:
                      js=f"(p, s, sa, g) => ({json.dumps(presets)})[p] || [s, sa, g]")
         for field in (steps, sampler, guidance):
             field.change(None, inputs=[steps, sampler, guidance], outputs=[preset],
-                         js=MATCHING_PRESET_JS.replace("PRESETS", json.dumps(presets)).replace('"CUSTOM"', json.dumps(CUSTOM)))
+                         js=MATCHING_PRESET_JS.replace("PRESETS", json.dumps(presets)).replace('"CUSTOM"',
+                                                                                                json.dumps(CUSTOM)))
         examples.click(None, inputs=[examples], outputs=[prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
         history_table.click(None, inputs=[history_table, history, *form], outputs=form, js=RESTORE_HISTORY_JS)
 
@@ -226,7 +229,8 @@ def build_demo(server: Server) -> gr.Blocks:
         gallery.select(gradio_handler(reuse_seed, "reuse seed"), inputs=[last_seeds], outputs=[seed, randomize],
                        **light)
         prompt.change(server.token_count, inputs=[prompt, style], outputs=[tokens], **light)
-        pasted_into = [prompt, negative, seed, randomize, guidance, steps, sampler, schedule, size, rng]  # (PASTED_FIELDS)
+        # (in PASTED_FIELDS' order)
+        pasted_into = [prompt, negative, seed, randomize, guidance, steps, sampler, schedule, size, rng]
 
         def fill_from_pasted(text):
             form, notes = pasted_form(text, server.sizes, server.samplers)
@@ -239,13 +243,16 @@ def build_demo(server: Server) -> gr.Blocks:
         style.change(lambda prompt, style: (style_description(style), server.token_count(prompt, style)),
                      inputs=[prompt, style], outputs=[style_info, tokens], api_name="style_description", **light)
 
-        # While warming up (and while sizes compile) the page says so and refreshes.
+        # While warming up (and while sizes compile) the page says so and refreshes; a front end's
+        # page always does (its back ends come and go).
+        refreshing = lambda: not server.compiled_event.is_set() or server.engine.remote
+
         def refresh():
             sizes = size_choices(server.ready_sizes)
-            return (server.status_line, gr.Timer(active=not server.compiled_event.is_set()),
+            return (server.status_line, gr.Timer(active=refreshing()),
                     gr.Button(GENERATE if server.ready else WARMING_UP, interactive=server.ready), gr.Dropdown(sizes))
 
-        timer = gr.Timer(2.0, active=not server.compiled_event.is_set())
+        timer = gr.Timer(2.0, active=refreshing())
         timer.tick(refresh, outputs=[status, timer, run, size], **light)
         demo.load(lambda h: (*refresh(), gr.Dataset(samples=history_rows(h))), inputs=[history],
                   outputs=[status, timer, run, size, history_table], **light)
@@ -297,18 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
-    if settings.backend is None:
+    if settings.backend is None:  # (a front end runs no model: no JAX is imported)
+        from sdxl_tpu.compilation import quiet_platforms
+
         quiet_platforms()  # no TPU error messages on a machine without TPU chips
     server = Server(settings)
-    if settings.backend is not None:
-        # A front end builds its page from what the back ends offer (sizes, samplers, presets):
-        # it waits for them first (bounded), then answers at once.
-        print(f"waiting for the back end at {settings.backend}", flush=True)
-        server.load()
-        if server.status == "error":
-            print(f"error: {server.error}", file=sys.stderr, flush=True)
-            return 1
-    else:
+    if settings.backend is None:
+        from sdxl_tpu.compilation import enable_compile_cache
+
         enable_compile_cache(settings.compile_cache)  # once, for the process: a restart reuses compiled programs
     app, queue, end_streams = build_app(server)
     serve_metrics_apart(server)
@@ -326,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"ready: http://{settings.host}:{settings.port} ({server.message})", flush=True)
 
-    if settings.backend is None:
-        server.start()
+    # Listening at once: the page, /healthz, and /readyz (503) until the model is warm, or for a
+    # front end until a back end describes itself (it waits as long as that takes).
+    server.start()
     threading.Thread(target=stop_on_error, daemon=True).start()
     print(f"serving on http://{settings.host}:{settings.port} "
           f"({f'back end {settings.backend}' if settings.backend else f'loading {settings.model}'})", flush=True)

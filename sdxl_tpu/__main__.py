@@ -95,7 +95,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _generate(args: argparse.Namespace) -> int:
     from .weights.errors import CheckpointError
-    from .compilation import DEFAULT_COMPILE_CACHE, enable_compile_cache
+    from .compilation import enable_compile_cache
+    from .server.settings import DEFAULT_COMPILE_CACHE
     from .images import save_png
     from .request import GenerationError
     from .loading import load_pipeline

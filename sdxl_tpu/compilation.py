@@ -13,7 +13,6 @@ import jax
 import jax.monitoring
 from jax.experimental.compilation_cache import compilation_cache
 
-DEFAULT_COMPILE_CACHE = Path(os.environ.get("SDXL_TPU_COMPILE_CACHE", Path.home() / ".cache" / "sdxl_tpu" / "jax"))
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
@@ -33,7 +32,8 @@ def quiet_platforms(environ: dict[str, str] | None = None) -> str | None:
     starts its backends (the first computation or jax.devices()).
     """
     environ = os.environ if environ is None else environ
-    if environ.get("JAX_PLATFORMS") or environ.get("TPU_ACCELERATOR_TYPE") or importlib.util.find_spec("libtpu") is None:
+    if (environ.get("JAX_PLATFORMS") or environ.get("TPU_ACCELERATOR_TYPE")
+            or importlib.util.find_spec("libtpu") is None):
         return None
     if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
         return None

@@ -17,7 +17,8 @@ from .pipeline import Pipeline
 from .prompts import DEFAULT_MAX_CHUNKS
 from .samplers import samplers_for
 from .scheduler import Sampler
-from .weights.checkpoint import config_root, is_single_file, load_models, load_tokenizers
+from .weights.checkpoint import config_root, is_single_file, load_models
+from .weights.hub import load_tokenizers
 from .weights.hub import resolve_file
 from .weights.lora import lora_spec
 from .weights.tensors import read_json

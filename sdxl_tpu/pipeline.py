@@ -15,7 +15,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -32,32 +31,15 @@ from .weights.checkpoint import Models
 from .images import Stamp
 from .preview import Previews
 from .prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
-from .request import (GenerationError, ImageInfo, Request, RequestError, format_size, not_a_choice, parse_size, schedule_input,
-                      size_input)
+from .request import (GenerationError, GenerationResult, ImageInfo, Request, RequestError, format_size, guided,
+                      not_a_choice, parse_size, schedule_input, size_input)
 from .scheduler import MAX_ROWS, Sampler
 
-
-
-@dataclass
-class GenerationResult:
-    images: list  # PIL.Image.Image
-    infos: list[ImageInfo]
-    timings: dict[str, float] = field(default_factory=dict)  # seconds: text_encoding, denoising, decoding, total
-
-    @property
-    def seeds(self) -> list[int]:
-        return [i.seed for i in self.infos]
 
 
 def call_batch(images: int, devices: int) -> int:
     """The compiled batch for `images` per call: rounded up so every device gets as many."""
     return math.ceil(images / devices) * devices
-
-
-def guided(infos: Sequence[ImageInfo]) -> bool:
-    """Whether a call needs classifier-free guidance (any image's guidance above 1); without it
-    the UNet runs the conditional pass alone."""
-    return any(i.guidance_scale > 1 for i in infos)
 
 
 class Pipeline:
@@ -269,7 +251,8 @@ class Pipeline:
             denoise = programs["denoise" if guided(infos) else "denoise_unguided"]
             if self.stepwise:
                 on_device = partial(programs["preview"], self.params["taesd"]) if "preview" in programs else None
-                state = denoise_stepwise(lambda s, i: denoise(self.params["unet"], s, *conditioning, self._step_index[i]),
+                state = denoise_stepwise(lambda s, i: denoise(self.params["unet"], s, *conditioning,
+                                                              self._step_index[i]),
                                          state, step_ends, host, Previews(on_device, n, steps, preview, preview_every),
                                          progress, stop)
             else:

@@ -26,20 +26,12 @@ LATENT_RGB_FACTORS = np.array([[0.3651, 0.4232, 0.4341],
                                [0.1076, 0.1111, -0.0362],
                                [-0.3165, -0.2492, -0.2188]], np.float32)
 LATENT_RGB_BIAS = np.array([0.1084, -0.0175, -0.0011], np.float32)
-PREVIEWS_PER_RUN = 4  # the default cadence: about this many previews in a run of any length
 
 
 def approx_rgb(latents: np.ndarray) -> np.ndarray:
     """(B, h, w, 4) latents (as the UNet sees them) -> (B, h, w, 3) uint8 images."""
     rgb = np.asarray(latents, np.float32) @ LATENT_RGB_FACTORS + LATENT_RGB_BIAS
     return np.round(np.clip((rgb + 1.0) / 2.0, 0.0, 1.0) * 255.0).astype(np.uint8)
-
-
-def every(setting: int | None, steps: int) -> int:
-    """Steps between previews: `setting` (0: none), or by default about PREVIEWS_PER_RUN a run."""
-    if setting is not None:
-        return setting
-    return max(1, steps // (PREVIEWS_PER_RUN + 1)) if steps > 1 else 0
 
 
 def preview_size(size: tuple[int, int], vae_factor: int) -> tuple[int, int]:

@@ -11,7 +11,7 @@ import math
 import secrets
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,7 +73,8 @@ def shown(value: Any, limit: int = 40) -> str:
 
 
 def not_a_choice(name: str, value: Any, choices: Iterable[str]) -> str:
-    what = f"{name} {shown(value)} is not available" if isinstance(value, str) else f"{name} must be text, got {json_type(value)}"
+    what = (f"{name} {shown(value)} is not available" if isinstance(value, str)
+            else f"{name} must be text, got {json_type(value)}")
     return f"{what}; choose one of: {', '.join(choices)}."
 
 
@@ -191,6 +192,33 @@ class ImageInfo:
         return parameters_text(self, model)
 
 
+@dataclass
+class GenerationResult:
+    images: list  # PIL.Image.Image
+    infos: list[ImageInfo]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: text_encoding, denoising, decoding, total
+
+    @property
+    def seeds(self) -> list[int]:
+        return [i.seed for i in self.infos]
+
+
+def guided(infos: Sequence[ImageInfo]) -> bool:
+    """Whether a call needs classifier-free guidance (any image's guidance above 1); without it
+    the UNet runs the conditional pass alone."""
+    return any(i.guidance_scale > 1 for i in infos)
+
+
+PREVIEWS_PER_RUN = 4  # the default cadence: about this many previews in a run of any length
+
+
+def preview_cadence(setting: int | None, steps: int) -> int:
+    """Steps between live previews: `setting` (0: none), or by default about PREVIEWS_PER_RUN a run."""
+    if setting is not None:
+        return setting
+    return max(1, steps // (PREVIEWS_PER_RUN + 1)) if steps > 1 else 0
+
+
 def _one_or_each(value: Any, name: str, check: Callable[[Any], Any], per_image: bool) -> Any:
     """A value for every image or, where `per_image`, a list of one value per image (its length
     is checked against the image count when the request is spelled out)."""
@@ -240,13 +268,15 @@ class Request:
         def field(value: Any, name: str, check: Callable[[Any], Any]) -> Any:
             return _one_or_each(value, name, check, per_image)
 
-        sampler = None if sampler is None else choice_input(sampler, "Sampler", SAMPLERS if samplers is None else samplers)
+        sampler = None if sampler is None else choice_input(sampler, "Sampler",
+                                                            SAMPLERS if samplers is None else samplers)
         schedule = DEFAULT_SCHEDULE if schedule is None else choice_input(schedule, "Schedule type", SCHEDULES)
         if sampler is not None:  # the default sampler's combination is checked once it is known
             schedule_input(sampler, schedule)
         return Request(
             prompt=field(prompt, "Prompt", prompt_text),
-            negative_prompt=field(negative_prompt, "Negative prompt", lambda v: prompt_input(v, "Negative prompt", max_chars)),
+            negative_prompt=field(negative_prompt, "Negative prompt",
+                                  lambda v: prompt_input(v, "Negative prompt", max_chars)),
             seed=secrets.randbelow(MAX_SEED + 1) if seed is None else field(
                 seed, "Seed", lambda v: int(number_input(v, "Seed", 0, MAX_SEED, whole=True))),
             guidance_scale=field(guidance_scale, "Guidance scale",

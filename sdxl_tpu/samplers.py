@@ -13,40 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from .configs import check_supported
+from .configs import SCHEDULER_VALUES, check_supported
 from .kdiffusion import sigma_to_t, update_table
 from .scheduler import Sampler, Tables
 from .names import MAX_STEPS, SAMPLERS
 
-# Scheduler config keys whose value must be one of these (diffusers' defaults among them).
-_SUPPORTED = {
-    "beta_schedule": ("scaled_linear", "linear"),
-    "prediction_type": ("epsilon", "sample"),
-    "timestep_spacing": ("leading", "trailing", "linspace"),
-    "interpolation_type": ("linear",),
-    "use_exponential_sigmas": (False, None),
-    "use_beta_sigmas": (False, None),
-    "use_lu_lambdas": (False, None),
-    "use_flow_sigmas": (False, None),
-    "final_sigmas_type": ("zero", None),
-    "rescale_betas_zero_snr": (False, None),
-    "trained_betas": (None,),
-    "timestep_type": ("discrete", None),
-    "algorithm_type": ("dpmsolver++", "sde-dpmsolver++"),
-    "solver_order": (2,),
-    "solver_type": ("midpoint",),
-    "thresholding": (False,),
-    "lower_order_final": (True,),
-    "euler_at_final": (False,),
-    "variance_type": (None,),
-    "lambda_min_clipped": (-float("inf"),),
-    "clip_sample": (False, None),
-    "set_alpha_to_one": (False, True, None),
-}
-
-
 _FIELDS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "timestep_spacing", "steps_offset",
            "prediction_type")
+
+
+def init_sigma(top: float, spacing: str) -> float:
+    """The initial noise's scale for the largest sigma `top`, as diffusers' init_noise_sigma."""
+    return top if spacing in ("linspace", "trailing") else (top ** 2 + 1) ** 0.5
 
 
 def _schedule_fields(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +60,7 @@ class EulerDiscrete(Sampler):
 
     @staticmethod
     def from_config(cfg: dict[str, Any], ancestral: bool = False) -> "EulerDiscrete":
-        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, None)})
+        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, None)})
         if ancestral:
             _predicts_noise("Euler a", "EulerAncestralDiscreteScheduler", cfg)
         return EulerDiscrete(**_schedule_fields(cfg), ancestral=ancestral)
@@ -103,8 +81,7 @@ class EulerDiscrete(Sampler):
         train = self.train_sigmas()
         sigmas = np.interp(timesteps, np.arange(len(train)), train)
         sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
-        top = float(sigmas.max())
-        init = top if self.timestep_spacing in ("linspace", "trailing") else (top ** 2 + 1) ** 0.5
+        init = init_sigma(float(sigmas.max()), self.timestep_spacing)
         return timesteps, sigmas, float(np.float32(init))
 
     def tables(self, steps: int) -> Tables:
@@ -145,7 +122,7 @@ class DPMSolverMultistep(Sampler):
 
     @staticmethod
     def from_config(cfg: dict[str, Any], karras: bool | None = None, sde: bool | None = None) -> "DPMSolverMultistep":
-        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, True, None)})
+        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, True, None)})
         karras = bool(cfg.get("use_karras_sigmas")) if karras is None else karras
         sde = cfg.get("algorithm_type") == "sde-dpmsolver++" if sde is None else sde
         return DPMSolverMultistep(**_schedule_fields(cfg), karras=karras, sde=sde)
@@ -219,7 +196,7 @@ class DPMSolverSDE(Sampler):
 
     @staticmethod
     def from_config(cfg: dict[str, Any], karras: bool | None = None) -> "DPMSolverSDE":
-        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, True, None),
+        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, True, None),
                                            "noise_sampler_seed": (None,)})
         karras = bool(cfg.get("use_karras_sigmas")) if karras is None else karras
         _predicts_noise("DPM++ SDE" + (" Karras" if karras else ""), "DPMSolverSDEScheduler", cfg)
@@ -238,8 +215,7 @@ class DPMSolverSDE(Sampler):
             karras = (high + ramp * (low - high)) ** rho
             timesteps = sigma_to_t(karras, self.train_sigmas()).astype(np.float32)
             sigmas = np.concatenate([karras, [0.0]]).astype(np.float32)
-            top = float(sigmas.max())
-            init = float(np.float32(top if self.timestep_spacing in ("linspace", "trailing") else (top ** 2 + 1) ** 0.5))
+            init = float(np.float32(init_sigma(float(sigmas.max()), self.timestep_spacing)))
         return timesteps, sigmas, init
 
     def tables(self, steps: int) -> Tables:
@@ -264,7 +240,7 @@ class DDIM(Sampler):
 
     @staticmethod
     def from_config(cfg: dict[str, Any]) -> "DDIM":
-        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, None)})
+        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, None)})
         return DDIM(**_schedule_fields(cfg), set_alpha_to_one=cfg.get("set_alpha_to_one", True))
 
     def timesteps(self, steps: int) -> np.ndarray:
@@ -319,7 +295,7 @@ class LCM(DDIM):
 
     @staticmethod
     def from_config(cfg: dict[str, Any]) -> "LCM":
-        check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, None)})
+        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, None)})
         return LCM(**_schedule_fields(cfg), set_alpha_to_one=cfg.get("set_alpha_to_one", True),
                    original_inference_steps=cfg.get("original_inference_steps", 50),
                    timestep_scaling=cfg.get("timestep_scaling", 10.0))
@@ -346,7 +322,8 @@ class LCM(DDIM):
 # -- by name ---------------------------------------------------------------------------------------
 
 _CLASSES = {"EulerDiscreteScheduler": "Euler", "EulerAncestralDiscreteScheduler": "Euler a",
-            "DPMSolverMultistepScheduler": "DPM++ 2M", "DPMSolverSDEScheduler": "DPM++ SDE", "DDIMScheduler": "DDIM", "LCMScheduler": "LCM"}
+            "DPMSolverMultistepScheduler": "DPM++ 2M", "DPMSolverSDEScheduler": "DPM++ SDE", "DDIMScheduler": "DDIM",
+            "LCMScheduler": "LCM"}
 
 
 def sampler_named(name: str, cfg: dict[str, Any] | None = None) -> Sampler:
@@ -376,11 +353,11 @@ def samplers_for(cfg: dict[str, Any] | None = None) -> tuple[dict[str, Sampler],
     type), and the name of the config's own (its `_class_name`; Euler for classes not implemented
     here, with a warning)."""
     cfg = dict(cfg or {})
-    check_supported("scheduler", cfg, {**_SUPPORTED, "use_karras_sigmas": (False, True, None)})
+    check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, True, None)})
     default = _CLASSES.get(cfg.get("_class_name", "EulerDiscreteScheduler"))
     if default is None:
         warnings.warn(f"scheduler {cfg['_class_name']!r} is not implemented; the default sampler is Euler "
-                      f"(available: {', '.join(SAMPLERS)})")
+                      f"(available: {', '.join(SAMPLERS)})", stacklevel=2)
         default = "Euler"
     if default == "DPM++ 2M" and cfg.get("algorithm_type") == "sde-dpmsolver++":
         default = "DPM++ 2M SDE"
@@ -395,4 +372,5 @@ def samplers_for(cfg: dict[str, Any] | None = None) -> tuple[dict[str, Sampler],
     return {name: sampler_named(name, cfg) for name in names}, default
 
 
-__all__ = ["DDIM", "LCM", "MAX_STEPS", "DPMSolverMultistep", "DPMSolverSDE", "EulerDiscrete", "sampler_named", "samplers_for"]
+__all__ = ["DDIM", "LCM", "MAX_STEPS", "DPMSolverMultistep", "DPMSolverSDE", "EulerDiscrete", "sampler_named",
+           "samplers_for"]

@@ -14,7 +14,7 @@ from sdxl_tpu.denoising import LOOKAHEAD
 
 from sdxl_tpu.request import Cancelled
 
-from sdxl_tpu.pipeline import GenerationResult
+from sdxl_tpu.request import GenerationResult
 from sdxl_tpu.request import ImageInfo, Request, RequestError
 from sdxl_tpu.server.batcher import SHUTTING_DOWN, Batcher
 
@@ -126,7 +126,8 @@ def test_requests_with_other_noise_sources_share_a_call():
     pipe, batcher = held_batcher(images_per_call=8, max_wait=0.02)
     with ThreadPoolExecutor(3) as pool:
         held = started(pool, batcher, pipe, infos(0))
-        jax_noise, cpu_noise = (pool.submit(batcher.submit, infos(seed, rng=rng)) for seed, rng in ((10, "JAX"), (20, "CPU")))
+        jax_noise, cpu_noise = (pool.submit(batcher.submit, infos(seed, rng=rng))
+                                for seed, rng in ((10, "JAX"), (20, "CPU")))
         time.sleep(0.05)
         pipe.hold.set()
         results = [f.result(10) for f in (held, jax_noise, cpu_noise)]
@@ -188,6 +189,22 @@ def test_errors_reach_every_caller_and_closing_refuses_new_work():
     assert batcher.join(5)
     with pytest.raises(RequestError, match=SHUTTING_DOWN):
         batcher.submit(infos(0))
+
+
+def test_a_fault_after_the_call_fails_its_requests_and_the_batcher_goes_on():
+    """A result the batcher cannot split (a bug on either side) reaches its callers as an error;
+    the batcher's thread survives it and serves the next request."""
+    pipe = FakePipeline(images_per_call=8)
+    real = pipe.run_images
+    pipe.run_images = lambda *args, **kwargs: object()  # no images, no infos
+    batcher = Batcher(pipe)
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(AttributeError):
+            pool.submit(batcher.submit, infos(0)).result(10)
+    pipe.run_images = real
+    assert len(batcher.submit(infos(5)).images) == 4
+    batcher.close()
+    assert batcher.join(5)
 
 
 def test_close_with_stop_running_cancels_the_call_in_flight():

@@ -289,13 +289,9 @@ def test_frontend_probes(name):
     assert frontend["livenessProbe"]["httpGet"]["path"] == "/healthz"
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container_port(frontend, frontend[kind]["httpGet"]["port"]) == 7860, kind
-    # A front end listens once a back end has described itself (sdxl_tpu.server.remote.CONNECT_SECONDS):
-    # on a fresh cluster that is the back ends' download and compile, which it must outlast.
-    from sdxl_tpu.server.remote import CONNECT_SECONDS
-
-    startup = frontend["startupProbe"]
-    budget = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
-    assert budget > CONNECT_SECONDS, f"startupProbe allows {budget} s, the front end waits {CONNECT_SECONDS:.0f} s"
+    # A front end answers /healthz at once and /readyz only while a back end answers (tests/test_frontend.py):
+    # it starts on /healthz and leaves the Service's endpoints while its back ends are away, never restarted for it.
+    assert frontend["startupProbe"]["httpGet"]["path"] == "/healthz"
 
 
 @pytest.mark.parametrize("deployment", ["sdxl-backend", "sdxl-frontend"])

@@ -19,7 +19,8 @@ from sdxl_tpu.server.page import (CUSTOM, HISTORY_LENGTH, aspect_ratio, history_
                                   matching_preset, size_choices, size_label)
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.settings import parse_settings, parse_sizes, SDXL_SIZES, Settings
-from sdxl_tpu.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb, every
+from sdxl_tpu.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb
+from sdxl_tpu.request import preview_cadence as every
 
 SIZES = [(64, 64), (96, 64)]
 RUN = dict(prompt="a cat", negative="", style="(No style)", seed=7, guidance=5.0, steps=20, sampler="Euler",
@@ -56,7 +57,8 @@ def test_history_keeps_the_newest_runs_first_and_drops_what_is_not_a_run():
     history: list = []
     for i in range(HISTORY_LENGTH + 5):
         history = history_after(history, {**RUN, "seed": i})
-    assert len(history) == HISTORY_LENGTH and [e["seed"] for e in history[:3]] == [HISTORY_LENGTH + 4, HISTORY_LENGTH + 3,
+    assert len(history) == HISTORY_LENGTH and [e["seed"] for e in history[:3]] == [HISTORY_LENGTH + 4,
+                                                                                   HISTORY_LENGTH + 3,
                                                                                    HISTORY_LENGTH + 2]
     again = history_after(history, {**RUN, "seed": HISTORY_LENGTH + 2})  # the same run again moves to the top
     assert [e["seed"] for e in again[:3]] == [HISTORY_LENGTH + 2, HISTORY_LENGTH + 4, HISTORY_LENGTH + 3]
@@ -113,7 +115,8 @@ def test_the_approximation_maps_each_latent_pixel_to_rgb_where_it_is():
     rgb = approx_rgb(latents)
     assert rgb.shape == (2, 4, 6, 3) and rgb.dtype == np.uint8
     expect = lambda v: np.round(np.clip((v + 1) / 2, 0, 1) * 255)
-    np.testing.assert_array_equal(rgb[0, :, :3], np.broadcast_to(expect(LATENT_RGB_FACTORS[0] + LATENT_RGB_BIAS), (4, 3, 3)))
+    np.testing.assert_array_equal(rgb[0, :, :3],
+                                  np.broadcast_to(expect(LATENT_RGB_FACTORS[0] + LATENT_RGB_BIAS), (4, 3, 3)))
     np.testing.assert_array_equal(rgb[0, :, 3:], np.broadcast_to(expect(LATENT_RGB_BIAS), (4, 3, 3)))
     np.testing.assert_array_equal(rgb[1, 1, 2], expect(-2 * LATENT_RGB_FACTORS[3] + LATENT_RGB_BIAS))
     assert (rgb[1, 0] == expect(LATENT_RGB_BIAS)).all()
@@ -163,15 +166,18 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
         updates = list(server.stream(fields()))
     assert counter.compiles == 0
     kinds = [u[0] for u in updates]
-    assert kinds == ["progress", "progress", "preview", "progress", "progress", "preview", "progress", "progress", "done"]
+    assert kinds == ["progress", "progress", "preview", "progress", "progress", "preview", "progress", "progress",
+                     "done"]
     assert [u[1:] for u in updates if u[0] == "progress"] == [(i, 6) for i in range(1, 7)]
     previews = [u[1] for u in updates if u[0] == "preview"]
-    assert [[caption for _, caption in p] for p in previews] == [["preview · step 2 / 6"] * 4, ["preview · step 4 / 6"] * 4]
+    assert [[caption for _, caption in p] for p in previews] == [["preview · step 2 / 6"] * 4,
+                                                                 ["preview · step 4 / 6"] * 4]
     for path, _ in previews[0]:
         with Image.open(path) as image:
             assert image.format == "JPEG" and image.size == (96 // 8, 64 // 8)
     gallery, seeds, info, sampler = updates[-1][1:]
-    assert seeds == [5, 6, 7, 8] and sampler == "Euler" and "6 steps of Euler (Schedule type Checkpoint, RNG JAX)" in info
+    assert (seeds == [5, 6, 7, 8] and sampler == "Euler"
+            and "6 steps of Euler (Schedule type Checkpoint, RNG JAX)" in info)
     assert [caption for _, caption in gallery] == ["seed 5", "seed 6", "seed 7", "seed 8"]
     assert all(Image.open(path).size == (96, 64) for path, _ in gallery)
     # An API caller that asks for no previews gets the same images, without them.

@@ -26,8 +26,8 @@ OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=Fal
 def _validate(**overrides):
     args = {**OK, **overrides}
     return validate(args["prompt"], args["negative"], args["style"], args["seed"], args["randomize"],
-                    args["guidance"], args["steps"], args["size"], args["sampler"], SIZES, schedule=args.get("schedule"),
-                    rng=args.get("rng"))
+                    args["guidance"], args["steps"], args["size"], args["sampler"], SIZES,
+                    schedule=args.get("schedule"), rng=args.get("rng"))
 
 
 def test_ten_styles_with_templates():
@@ -47,7 +47,8 @@ def test_clean_text_strips_control_characters():
 def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
     assert text_input(None, "Prompt") == "" and text_input(" a\tcat ", "Prompt") == "a cat"
     assert text_input("x" * 1000, "Prompt") == "x" * 1000
-    for value, message in [(["a"], "Prompt must be text, got a list."), ({"a": 1}, "Prompt must be text, got an object."),
+    for value, message in [(["a"], "Prompt must be text, got a list."),
+                           ({"a": 1}, "Prompt must be text, got an object."),
                            (5, "Prompt must be text, got a number."), (True, "Prompt must be text, got true/false."),
                            ("x" * 2001, "Prompt is 2,001 characters long; at most 2,000 are accepted."),
                            ("a\ud800b", "Prompt contains a lone surrogate")]:
@@ -137,7 +138,8 @@ def test_settings_from_arguments_and_environment():
     assert (s.unet, s.timestep_spacing) == (None, None)
     s = parse_settings(["--unet", "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors"],
                        env={"SDXL_SPACING": "trailing"})
-    assert (s.unet, s.timestep_spacing) == ("ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors", "trailing")
+    assert (s.unet, s.timestep_spacing) == ("ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors",
+                                            "trailing")
     s = parse_settings(["--preset", "Turbo"], env={})
     assert (s.model, s.sizes, s.timestep_spacing, s.unet, s.recipe.sampler) == (
         "stabilityai/sdxl-turbo", [(512, 512)], "trailing", None, "Euler a")
@@ -154,8 +156,8 @@ def test_settings_from_arguments_and_environment():
     s = parse_settings(["--lora", "c.safetensors", "--lora", "d.safetensors:2"], env={"SDXL_LORA": "a.safetensors"})
     assert (s.config, s.loras) == (None, ["c.safetensors", "d.safetensors:2"])  # given options win
     assert parse_settings([], env={}).loras == []
-    for bad in (["--metrics", "9100"], ["--preset", "Ultra"], ["--metrics", "host:99999"], ["--metrics", "yes"], ["--drain-seconds", "-1"],
-                ["--spacing", "even"], ["--schedule", "Beta"], ["--rng", "GPU"]):
+    for bad in (["--metrics", "9100"], ["--preset", "Ultra"], ["--metrics", "host:99999"], ["--metrics", "yes"],
+                ["--drain-seconds", "-1"], ["--spacing", "even"], ["--schedule", "Beta"], ["--rng", "GPU"]):
         with pytest.raises(SystemExit):
             parse_settings(bad, env={})
 
@@ -189,7 +191,8 @@ def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with
         def is_compiled(self, size):
             return True
 
-    server = Server(Settings(model="tiny", sizes=SIZES, schedule="Automatic", rng="CPU"), loader=lambda s: FakePipeline())
+    server = Server(Settings(model="tiny", sizes=SIZES, schedule="Automatic", rng="CPU"),
+                    loader=lambda s: FakePipeline())
     server.load()
     assert (server.info.schedules, server.info.rngs) == (list(SCHEDULES), list(RNGS))
     assert (server.default_schedule, server.default_rng) == ("Automatic", "CPU")
@@ -330,7 +333,7 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
 
     from sdxl_tpu.request import Cancelled
 
-    from sdxl_tpu.pipeline import GenerationResult
+    from sdxl_tpu.request import GenerationResult
     from sdxl_tpu.server.batcher import SHUTTING_DOWN
 
     class SlowPipeline:
@@ -360,7 +363,8 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
         time.sleep(0.02)
         assert server.drain(seconds=5) is True
         assert short.result(5).seeds == [3, 4, 5, 6]
-    assert server.status == "draining" and not server.ready and server.metrics.registry.get_sample_value("sdxl_ready") == 0
+    assert (server.status == "draining" and not server.ready
+            and server.metrics.registry.get_sample_value("sdxl_ready") == 0)
     with pytest.raises(RequestError, match=SHUTTING_DOWN):
         server.generate(_validate())
 

@@ -29,9 +29,8 @@ from ..models.layers import Precision
 from ..pipeline import Pipeline
 from ..loading import compute_dtype_for, load_pipeline
 from ..presets import SCHEDULER_CONFIG, preset_configs
-from ..preview import every
 from ..recipes import RECIPES, settle
-from ..request import format_size, parse_size
+from ..request import format_size, parse_size, preview_cadence
 from ..samplers import samplers_for
 from ..names import SAMPLERS
 from ..models.taesd import AutoencoderTiny, TAESDConfig
@@ -97,7 +96,8 @@ def _memory(programs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int, **previews) -> list[tuple[float, dict[str, float]]]:
+def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int,
+                **previews) -> list[tuple[float, dict[str, float]]]:
     """(latency, the pipeline's own stage timings) of `runs` calls (`previews`: run_images' preview
     and preview_every)."""
     calls = []
@@ -161,13 +161,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     median = statistics.median(latencies)
     _, timings = sorted(calls, key=lambda c: c[0])[len(calls) // 2]  # the stages of the (upper) median call
     report.update(latency_s={"median": median, "min": min(latencies), "max": max(latencies), "runs": len(latencies)},
-                  stage_s=timings, s_per_step=timings["denoising"] / args.steps, images_per_s=pipe.images_per_call / median)
+                  stage_s=timings, s_per_step=timings["denoising"] / args.steps,
+                  images_per_s=pipe.images_per_call / median)
 
     if args.compare_progress or args.compare_previews:
         stepwise = build_pipeline(args, step_progress=True)
         stepwise.warmup()
         _time_calls(stepwise, args, 1)
-        every_steps = every(args.preview_every, args.steps)
+        every_steps = preview_cadence(args.preview_every, args.steps)
         shown = []
         previews = dict(preview=lambda step, steps, images: shown.append(images.shape), preview_every=every_steps)
         _time_calls(stepwise, args, 1, **previews)
@@ -271,8 +272,8 @@ def format_report(r: dict[str, Any]) -> str:
     if "previews" in r:
         p = r["previews"]
         lines.append(f"live previews     {100 * p['overhead']:+.1f} % latency ({p['per_call']} {p['decoder']} previews "
-                     f"of {p['size'][1]}x{p['size'][0]} a call, every {p['every']} steps: median {p['latency_on_s']:.3f} s "
-                     f"on, {p['latency_off_s']:.3f} s off, both stepwise)" if p["size"] else
+                     f"of {p['size'][1]}x{p['size'][0]} a call, every {p['every']} steps: median "
+                     f"{p['latency_on_s']:.3f} s on, {p['latency_off_s']:.3f} s off, both stepwise)" if p["size"] else
                      "live previews     none at this step count")
     return "\n".join(lines)
 
@@ -285,7 +286,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="Hub id, local directory or single-file .safetensors "
                                                       "(overrides the preset's weights)")
     parser.add_argument("--config", default=None,
-                        help="for a single-file --model: where its configs and tokenizers come from (default SDXL base)")
+                        help="for a single-file --model: where its configs and tokenizers come from "
+                             "(default SDXL base)")
     parser.add_argument("--random-weights", action="store_true", help="random weights of the preset's architecture")
     parser.add_argument("--unet", default=None, help="UNet weights file instead of the checkpoint's")
     parser.add_argument("--lora", action="append", default=None, metavar="FILE[:SCALE]",
@@ -296,7 +298,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what the UNet predicts, instead of the scheduler config's")
     parser.add_argument("--size", default=None, help="WIDTHxHEIGHT (default: the preset's)")
     parser.add_argument("--steps", type=int, default=None, help="default 20, or the preset's")
-    parser.add_argument("--sampler", choices=SAMPLERS, default=None, help="default: the checkpoint's (Euler for presets)")
+    parser.add_argument("--sampler", choices=SAMPLERS, default=None,
+                        help="default: the checkpoint's (Euler for presets)")
     parser.add_argument("--guidance", type=float, default=None,
                         help="guidance scale (default 5, or the preset's); <= 1 runs the conditional pass alone "
                              "(half the UNet batch)")

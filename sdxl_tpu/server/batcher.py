@@ -21,16 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..request import Cancelled, GenerationResult, ImageInfo, RequestError, guided, preview_cadence
 
 if TYPE_CHECKING:
     import numpy as np
-
-from ..request import Cancelled
-
-from ..pipeline import GenerationResult, guided
-from ..preview import every
-from ..request import ImageInfo, RequestError
-from ..names import DEFAULT_RNG, DEFAULT_SCHEDULE
 
 log = logging.getLogger("sdxl_tpu.server.batcher")
 
@@ -221,6 +216,11 @@ class Batcher:
         while (batch := self._next_call()) is not None:
             try:
                 self._run(batch)
+            except Exception as e:  # a bug here must fail its call's requests, not hang them and the queue
+                log.exception("a call failed in the batcher")
+                for job in batch:
+                    if not job.done.is_set():
+                        self._finish(job, error=e)
             finally:
                 self._running = []
 
@@ -247,7 +247,8 @@ class Batcher:
         # Previews only when a caller shows them (an API caller that waits for the result does not).
         previews = {}
         if any(job.preview is not None for job in batch):
-            previews = dict(preview=preview, preview_every=every(self.preview_every, batch[0].infos[0].steps))
+            every = preview_cadence(self.preview_every, batch[0].infos[0].steps)
+            previews = dict(preview=preview, preview_every=every)
         try:
             result = self.pipeline.run_images([i for j in batch for i in j.infos], progress=progress,
                                               stop=lambda: all(self._gone(j) for j in batch), **previews)

@@ -4,7 +4,6 @@ back ends'), the request handler with its progress and previews, counting, savin
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import tempfile
 import threading
@@ -13,24 +12,24 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..images import ImageStore, encode_preview
 from ..names import RNGS, SAMPLERS, SCHEDULES
-from ..request import Cancelled
-from ..pipeline import Pipeline
 from ..recipes import RECIPES, Recipe
 from ..request import Request, RequestError, format_size, parse_size, schedule_input
 from ..weights.errors import CheckpointError, PreviewDecoderError
-from .batcher import SHUTTING_DOWN, Generated, Job, QueueFull, ShuttingDown, StillCompiling, never
+from .batcher import SHUTTING_DOWN, Generated, Job, StillCompiling, never
 from .engines import LocalEngine, RemoteEngine
 from .errors import log
 from .form import FORM_FIELDS, token_count, validate
 from .info import ModelInfo, offered_presets
 from .metrics import Metrics
-from .remote import Unavailable
 from .settings import Settings, model_not_found_message
 from .styles import DEFAULT_STYLE
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
 
 
 class Server:
@@ -56,6 +55,8 @@ class Server:
         self.warmup_seconds: float | None = None
         self.queue_waiting: Callable[[], int] = lambda: 0  # requests waiting in the web server's queue
         self.metrics = Metrics()
+        if settings.backend is None:  # (a front end compiles nothing and imports no JAX)
+            self.metrics.compiles.listen()
         self.metrics.queue_depth.set_function(lambda: self.queue_waiting() + self.engine.waiting)
         self.ready_event = threading.Event()
         self.done_event = threading.Event()
@@ -108,6 +109,8 @@ class Server:
             self.ready_event.set()
             if not self.compiling:
                 self.compiled_event.set()
+            if self.engine.remote:
+                threading.Thread(target=self._follow_the_back_ends, name="sdxl-backends", daemon=True).start()
         finally:
             self.done_event.set()
 
@@ -124,6 +127,24 @@ class Server:
                 return
             log.info("compiled %s in %.1f s", format_size(size), time.perf_counter() - start)
         self.compiled_event.set()
+
+    def _follow_the_back_ends(self, every: float | None = None) -> None:
+        """A front end's readiness follows its back ends, which come and go: not ready ("waiting")
+        while none answers, ready again once one does; it never exits for them."""
+        from .remote import CHECK_SECONDS
+
+        while not self.draining:
+            time.sleep(CHECK_SECONDS if every is None else every)
+            missing = self.engine.answering()
+            if missing is not None and self.status == "ready":
+                self.status = "waiting"
+                self.message = f"Waiting for the back ends at {self.settings.backend}: {missing.rstrip('.')}."
+                self.metrics.ready.set(0)
+                log.warning("the back ends do not answer: %s", missing)
+            elif missing is None and self.status == "waiting":
+                self.status, self.message = "ready", self.engine.ready_message(0.0, self.info)
+                self.metrics.ready.set(1)
+                log.info("the back ends answer again")
 
     @property
     def compiling(self) -> list[tuple[int, int]]:
@@ -240,31 +261,9 @@ class Server:
 
     # -- requests -------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def counted(self, queued_at: float) -> Iterator[None]:
-        """Counts the request run inside in `metrics` by outcome (and, when it succeeds, the
-        seconds since `queued_at`, time.monotonic() when it arrived)."""
-        outcome = "failed"
-        try:
-            yield
-            outcome = "ok"
-            self.metrics.request_seconds.observe(time.monotonic() - queued_at)
-        except QueueFull:
-            outcome = "queue_full"
-            raise
-        except ShuttingDown:
-            outcome = "draining"
-            raise
-        except Unavailable:  # no back end could serve it: the user is told, but it is no user error
-            raise
-        except RequestError:
-            outcome = "user_error"
-            raise
-        except (Cancelled, GeneratorExit):  # (GeneratorExit: a page's stream closed by the web server)
-            outcome = "cancelled"
-            raise
-        finally:
-            self.metrics.count(outcome)
+    def counted(self, queued_at: float):
+        """Counts the request run inside by outcome (see Metrics.counted)."""
+        return self.metrics.counted(queued_at)
 
     def stream(self, fields: Sequence[Any], abandoned: Callable[[], bool] | None = None,
                queued_at: float | None = None, previews: bool = True) -> Iterator[tuple]:

@@ -173,6 +173,8 @@ class RemoteEngine:
         return f"Ready: images are made by {info.model} on the back ends."
 
     def start(self) -> ModelInfo:
+        """Waits, however long, until a back end describes itself: the page and /healthz answer
+        meanwhile, /readyz says 503 (back ends download and compile for minutes)."""
         from .remote import Backend
 
         self.backend = Backend(self.settings.backend)
@@ -183,12 +185,20 @@ class RemoteEngine:
         return info
 
     def _load_tokenizer(self, model: str) -> None:
-        from ..weights.checkpoint import load_tokenizer
+        from ..weights.hub import load_tokenizer
 
         try:  # (a model with another UNet is named "BASE + UNET"; the tokenizer is the base's)
             self.tokenizer = load_tokenizer(model.split(" + ")[0])
         except Exception as e:  # best effort: the page works without token counts
             log.info("no tokenizer for %s (token counts are not shown): %s", model, e)
+
+    def answering(self) -> str | None:
+        """None while a back end answers; else why not (one try, for readiness to follow them)."""
+        try:
+            self.backend.describe(wait_seconds=0)
+        except OSError as e:
+            return str(e)
+        return None
 
     def concurrency(self) -> int:
         """As many as the queue holds: the back ends queue and balance them."""

@@ -7,13 +7,17 @@ seconds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from ..compilation import CompileCounter
+from ..request import Cancelled, RequestError
+from .batcher import QueueFull, ShuttingDown
+from .remote import Unavailable
 
 if TYPE_CHECKING:
     from .core import Server
@@ -30,14 +34,20 @@ BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0
 
 class _Compiles:
     """XLA compilations since the server started (warm-up included; flat once it is warm: a
-    request that compiled would show here)."""
+    request that compiled would show here); 0 where nothing compiles (a front end, no JAX)."""
 
     def __init__(self) -> None:
-        self.counter = CompileCounter().__enter__()  # listens for the life of the process
+        self.counter = None
+
+    def listen(self) -> None:
+        from ..compilation import CompileCounter
+
+        if self.counter is None:
+            self.counter = CompileCounter().__enter__()  # listens for the life of the process
 
     def collect(self):
         family = CounterMetricFamily("sdxl_compiles", "XLA backend compilations since start (warm-up included)")
-        family.add_metric([], self.counter.compiles)
+        family.add_metric([], self.counter.compiles if self.counter is not None else 0)
         yield family
 
 
@@ -61,6 +71,32 @@ class Metrics:
                                          buckets=BUCKETS, registry=r)
         self.compiles = _Compiles()
         r.register(self.compiles)
+
+    @contextlib.contextmanager
+    def counted(self, queued_at: float) -> Iterator[None]:
+        """Counts the request run inside by outcome (and, when it succeeds, the seconds since
+        `queued_at`, time.monotonic() when it arrived)."""
+        outcome = "failed"
+        try:
+            yield
+            outcome = "ok"
+            self.request_seconds.observe(time.monotonic() - queued_at)
+        except QueueFull:
+            outcome = "queue_full"
+            raise
+        except ShuttingDown:
+            outcome = "draining"
+            raise
+        except Unavailable:  # no back end could serve it: the user is told, but it is no user error
+            raise
+        except RequestError:
+            outcome = "user_error"
+            raise
+        except (Cancelled, GeneratorExit):  # (GeneratorExit: a page's stream closed by the web server)
+            outcome = "cancelled"
+            raise
+        finally:
+            self.count(outcome)
 
     def count(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()

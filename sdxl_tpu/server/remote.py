@@ -16,6 +16,8 @@ import base64
 import binascii
 import json
 import logging
+import os
+import math
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -31,7 +33,8 @@ UNAVAILABLE = "No image server could take the request (they are busy or unreacha
 ATTEMPTS = 8
 RETRY_SECONDS = 120.0  # no new attempt starts later than this after the first
 MAX_PAUSE = 5.0  # the longest wait between attempts, whatever Retry-After says
-CONNECT_SECONDS = 900.0  # how long a front end waits at start-up for a back end to describe itself
+# How often a front end asks whether the back ends answer (its readiness follows them).
+CHECK_SECONDS = float(os.environ.get("SDXL_REMOTE_CHECK_SECONDS", "5"))
 READ_TIMEOUT = 60.0  # a back end sends something every second while it works
 MAX_RESPONSE_BYTES = 256 << 20  # four 1024x1024 PNGs in base64 are about 12 MB
 MAGIC = {"jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",), "webp": (b"RIFF",)}
@@ -99,9 +102,10 @@ class Backend:
 
     # -- start-up -------------------------------------------------------------------------------
 
-    def describe(self, wait_seconds: float = CONNECT_SECONDS) -> dict[str, Any]:
-        """GET /v1/info: what the back ends offer (sizes, samplers, ...). Waits (bounded) until one
-        answers: back ends answer once warm. Raises OSError when none did in time."""
+    def describe(self, wait_seconds: float = math.inf) -> dict[str, Any]:
+        """GET /v1/info: what the back ends offer (sizes, samplers, ...). Waits until one answers
+        (back ends answer once warm), at most `wait_seconds` (0: one try). Raises OSError when
+        none did in time."""
         deadline, pause, reason = time.monotonic() + wait_seconds, 0.25, ""
         while True:
             try:

@@ -8,14 +8,17 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from ..compilation import DEFAULT_COMPILE_CACHE
 from ..images import FORMATS
 from ..names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SCHEDULES
 from ..prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..recipes import BASE, RECIPES, Recipe, recipe_named, settle
 from ..request import RequestError, parse_size, schedule_input
 from .remote import check_backend_url
+
+# JAX's persistent compilation cache (a restart reuses compiled programs); named here, where no JAX is.
+DEFAULT_COMPILE_CACHE = Path(os.environ.get("SDXL_TPU_COMPILE_CACHE", Path.home() / ".cache" / "sdxl_tpu" / "jax"))
 
 
 DEFAULT_MODEL = BASE
@@ -104,10 +107,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, env: dict[str, str])
                         help="how live previews are decoded: 'approx' (a linear latent-to-RGB map, no weights), "
                              "'taesd' (the tiny autoencoder madebyollin/taesdxl, downloaded once) or a local TAESD "
                              "directory in diffusers format (env SDXL_PREVIEW)")
-    parser.add_argument("--max-prompt-chunks", type=int, default=int(env.get("SDXL_MAX_PROMPT_CHUNKS", DEFAULT_MAX_CHUNKS)),
-                        metavar="N", help=f"the longest prompt, in chunks of 75 tokens as A1111 splits them (default "
-                                          f"{DEFAULT_MAX_CHUNKS}: 225 tokens); every program has room for N, so no "
-                                          f"prompt recompiles (env SDXL_MAX_PROMPT_CHUNKS)")
+    parser.add_argument("--max-prompt-chunks", type=int,
+                        default=int(env.get("SDXL_MAX_PROMPT_CHUNKS", DEFAULT_MAX_CHUNKS)), metavar="N",
+                        help=f"the longest prompt, in chunks of 75 tokens as A1111 splits them (default "
+                             f"{DEFAULT_MAX_CHUNKS}: 225 tokens); every program has room for N, so no "
+                             f"prompt recompiles (env SDXL_MAX_PROMPT_CHUNKS)")
     parser.add_argument("--schedule", default=env.get("SDXL_SCHEDULE") or DEFAULT_SCHEDULE, choices=list(SCHEDULES),
                         help=f"the Schedule type of requests that name none, and the page's default (env "
                              f"SDXL_SCHEDULE; default {DEFAULT_SCHEDULE}: the checkpoint's scheduler config as "
@@ -119,7 +123,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, env: dict[str, str])
     parser.add_argument("--unet", default=env.get("SDXL_UNET") or None,
                         help="UNet weights file instead of the model's (diffusers names, one .safetensors; local or "
                              "owner/repo/file.safetensors, e.g. SDXL-Lightning's) (env SDXL_UNET)")
-    parser.add_argument("--spacing", default=env.get("SDXL_SPACING") or None, choices=["leading", "trailing", "linspace"],
+    parser.add_argument("--spacing", default=env.get("SDXL_SPACING") or None,
+                        choices=["leading", "trailing", "linspace"],
                         help="timestep spacing instead of the scheduler config's (few-step models: trailing) "
                              "(env SDXL_SPACING)")
     parser.add_argument("--prediction-type", default=env.get("SDXL_PREDICTION_TYPE") or None,

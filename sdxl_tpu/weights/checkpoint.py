@@ -116,20 +116,3 @@ def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtyp
                   unet=load_unet(root / "unet", p, TensorSource([resolve_file(unet)]) if unet is not None else file,
                                  loras=adapters),
                   vae=load_vae(root / "vae", p, weights=file, loras=adapters))
-
-
-def load_tokenizer(model: str | os.PathLike):
-    """The first CLIPTokenizer of `model` alone (a front end's token counts): "tiny", a local
-    directory, or a Hub repo's small files (configs and tokenizers, not the weights)."""
-    from transformers import CLIPTokenizer
-
-    return CLIPTokenizer.from_pretrained(str(resolve(model, weights=False) / "tokenizer"))
-
-
-def load_tokenizers(model: str | os.PathLike):
-    """transformers CLIPTokenizers from tokenizer/ and tokenizer_2/."""
-    from transformers import CLIPTokenizer
-
-    root = resolve(model)
-    return (CLIPTokenizer.from_pretrained(str(root / "tokenizer")),
-            CLIPTokenizer.from_pretrained(str(root / "tokenizer_2")))

@@ -70,7 +70,8 @@ def resolve(model: str | os.PathLike, *, variant: str | None = "fp16", weights: 
     local = Path(snapshot_download(repo, allow_patterns=patterns))
     missing = [c for c in COMPONENTS if not any((local / c).glob("*.safetensors"))]
     if missing:  # no variant for these: take the plain weights
-        local = Path(snapshot_download(repo, allow_patterns=list(_SMALL_FILES) + [f"{c}/*.safetensors*" for c in missing],
+        local = Path(snapshot_download(repo,
+                                       allow_patterns=list(_SMALL_FILES) + [f"{c}/*.safetensors*" for c in missing],
                                        ignore_patterns=[f"*.{variant}.*", f"*.{variant}-*"] if variant else None))
     return local
 
@@ -90,4 +91,22 @@ def resolve_file(spec: str | os.PathLike) -> Path:
     return Path(hf_hub_download("/".join(parts[:2]), "/".join(parts[2:])))
 
 
-__all__ = ["COMPONENTS", "SDXL_BASE", "TAESD_REPO", "resolve", "resolve_file", "tiny_checkpoint_dir"]
+def load_tokenizer(model: str | os.PathLike):
+    """The first CLIPTokenizer of `model` alone (a front end's token counts): "tiny", a local
+    directory, or a Hub repo's small files (configs and tokenizers, not the weights)."""
+    from transformers import CLIPTokenizer
+
+    return CLIPTokenizer.from_pretrained(str(resolve(model, weights=False) / "tokenizer"))
+
+
+def load_tokenizers(model: str | os.PathLike):
+    """transformers CLIPTokenizers from tokenizer/ and tokenizer_2/."""
+    from transformers import CLIPTokenizer
+
+    root = resolve(model)
+    return (CLIPTokenizer.from_pretrained(str(root / "tokenizer")),
+            CLIPTokenizer.from_pretrained(str(root / "tokenizer_2")))
+
+
+__all__ = ["COMPONENTS", "SDXL_BASE", "TAESD_REPO", "load_tokenizer", "load_tokenizers", "resolve", "resolve_file",
+           "tiny_checkpoint_dir"]

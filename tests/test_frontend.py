@@ -1,0 +1,107 @@
+"""A front end (`python app.py --backend URL`) as it runs on a Space while its back ends come and
+go: it listens at once (the page, /healthz, /readyz 503 saying it waits for the back ends), runs
+no model and maps no JAX, becomes ready when a back end describes itself, is not ready while they
+are away, ready again when they return, and never exits for them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from served_app import ROOT, free_port, get, wait_for
+
+from sdxl_tpu.names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+
+INFO = {"model": "fake-sdxl", "sizes": ["64x64"], "samplers": list(SAMPLERS), "default_sampler": "Euler",
+        "preset": None, "presets": ["Quality"], "images_per_call": 4, "image_format": "jpeg",
+        "max_prompt_chunks": 3, "schedules": list(SCHEDULES), "default_schedule": DEFAULT_SCHEDULE,
+        "rngs": list(RNGS), "default_rng": DEFAULT_RNG}
+
+
+class InfoOnlyBackend:
+    """Answers GET /v1/info as a back end does once warm; nothing else is needed here."""
+
+    def __init__(self, port: int):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                body = json.dumps(INFO).encode() if self.path == "/v1/info" else b"{}"
+                self.send_response(200 if self.path == "/v1/info" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def readyz(base: str) -> tuple[int, dict]:
+    status, text = get(base + "/readyz")
+    return status, (json.loads(text) if text else {})
+
+
+def mapped(pid: int, name: str) -> bool:
+    with open(f"/proc/{pid}/maps") as maps:
+        return name in maps.read()
+
+
+def test_a_front_end_answers_at_once_and_follows_its_back_ends(tmp_path):
+    port, backend_port = free_port(), free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_REMOTE_CHECK_SECONDS="0.5")
+    started = time.monotonic()
+    with open(tmp_path / "frontend.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "app.py", "--backend", f"http://127.0.0.1:{backend_port}",
+                                 "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    backend = None
+    try:
+        # No back end yet: listening anyway, alive, not ready, and saying why.
+        wait_for(lambda: get(base + "/healthz")[0] == 200, 120, "the front end never answered /healthz")
+        print(f"front end: /healthz after {time.monotonic() - started:.1f} s, no back end")
+        status, body = readyz(base)
+        assert status == 503 and body["status"] == "loading", body
+        assert f"back end at http://127.0.0.1:{backend_port}" in body["message"], body
+        page_status, page = get(base + "/")  # the page, saying in its status line what it waits for
+        assert page_status == 200 and "Connecting to the back end at" in page
+        # It runs no model: JAX (jaxlib's extension) is not even mapped into the process.
+        assert not mapped(proc.pid, "jaxlib") and not mapped(proc.pid, "flax"), "a front end loaded JAX"
+        with open(f"/proc/{proc.pid}/status") as f:
+            rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        print(f"front end: RSS {rss / 1024:.0f} MB")
+        # A back end comes: ready.
+        backend = InfoOnlyBackend(backend_port)
+        wait_for(lambda: readyz(base)[0] == 200, 30, "the front end did not become ready when a back end answered")
+        assert "fake-sdxl" in readyz(base)[1]["message"]
+        # It goes: not ready (the load balancer stops sending users), but alive and listening.
+        backend.stop()
+        backend = None
+        wait_for(lambda: readyz(base)[0] == 503, 30, "the front end stayed ready with its back ends gone")
+        status, body = readyz(base)
+        assert body["status"] == "waiting" and "Waiting for the back ends" in body["message"], body
+        assert get(base + "/healthz")[0] == 200 and proc.poll() is None
+        # It returns: ready again.
+        backend = InfoOnlyBackend(backend_port)
+        wait_for(lambda: readyz(base)[0] == 200, 30, "the front end did not become ready again")
+        assert proc.poll() is None
+        # Still no JAX after serving its back ends' description (token counts need only a tokenizer).
+        assert not mapped(proc.pid, "jaxlib"), "a front end loaded JAX once connected"
+    finally:
+        if backend is not None:
+            backend.stop()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
