@@ -139,8 +139,11 @@ class LocalEngine:
 
     def submit(self, request: Request, progress: Callable[[int, int], None], abandoned: Callable[[], bool],
                preview: Callable[[int, int, Any], None] | None, image_format: str, done: Done) -> None:
-        job = self.enqueue(request, progress=progress, abandoned=abandoned, preview=preview,
-                           on_done=lambda: done(lambda: self.finish(job)))
+        # The job is handed over through `held`, taken out when collected: no job <-> callback
+        # reference cycle keeps a finished call's images alive until the garbage collector runs.
+        held: dict[str, Job] = {}
+        held["job"] = self.enqueue(request, progress=progress, abandoned=abandoned, preview=preview,
+                                   on_done=lambda: done(lambda: self.finish(held.pop("job"))))
 
     def close(self, stop_running: bool) -> None:
         if self.batcher is not None:
