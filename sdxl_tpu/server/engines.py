@@ -10,11 +10,13 @@ messages the page shows while it starts."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from ..images import encode_all
 from ..names import RNGS, SCHEDULES, schedule_used
-from ..request import GenerationError, Request, RequestError
+from ..request import GenerationError, Request, RequestError, format_size
 from .batcher import Batcher, Generated, Job, never
 from .errors import log
 from .info import ModelInfo, offered_presets
@@ -60,8 +62,6 @@ class LocalEngine:
         return model_not_found_message(self.settings.model, str(error).rstrip("."))
 
     def ready_message(self, seconds: float, info: ModelInfo) -> str:
-        from ..request import format_size
-
         what = format_size(info.sizes[0]) if self.compiling else "every size"
         return f"Ready ({seconds:.0f} s to load and compile {what})."
 
@@ -121,10 +121,6 @@ class LocalEngine:
     def finish(self, job: Job) -> Generated:
         """A finished job's images, encoded in the server's format with their parameters (or what
         stopped them, raised)."""
-        import time
-
-        from ..images import encode_all
-
         try:
             result = job.outcome()
         except GenerationError as e:
