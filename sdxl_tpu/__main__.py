@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -22,106 +21,49 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+    from .options import add_options
 
     parser = _Parser(prog="python -m sdxl_tpu", description="Stable Diffusion XL in JAX.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    tiny = commands.add_parser("make-tiny", help="write a tiny random SDXL checkpoint in diffusers format")
-    tiny.add_argument("directory")
-    tiny.add_argument("--seed", type=int, default=0)
-    tiny.add_argument("--preset", choices=["tiny", "small", "sdxl"], default="tiny",
-                      help="architecture: tiny (default), small (benchmarks), sdxl (full size, about 14 GB)")
-
-    gen = commands.add_parser("generate", help="generate images and write them as PNGs")
-    gen.add_argument("prompt", nargs="?", default=None, help="the prompt (or from --parameters)")
-    gen.add_argument("--parameters", default=None, metavar="TEXT",
-                     help="an AUTOMATIC1111 parameters text (as its PNG Info shows it, or as our images carry it): "
-                          "prompt, negative prompt, steps, sampler, Schedule type, CFG scale, seed, size and RNG; "
-                          "options given explicitly win; what it says that is not used is listed")
-    gen.add_argument("--negative", default="", help="negative prompt")
-    gen.add_argument("--seed", type=int, default=None, help="base seed; image i gets seed + i (default: random)")
-    gen.add_argument("--preset", default=None,
-                     help="settings that go together, e.g. 'Lightning 4-step', 'Turbo', 'Quality' (see README); "
-                          "options given explicitly win")
-    gen.add_argument("--steps", type=int, default=None, help="default 20")
-    gen.add_argument("--guidance", type=float, default=None, help="default 5")
-    gen.add_argument("--sampler", default=None,
-                     help=f"one of {', '.join(SAMPLERS)} (AUTOMATIC1111's names; default: the checkpoint's scheduler)")
-    gen.add_argument("--schedule", default=None, choices=list(SCHEDULES), metavar="SCHEDULE",
-                     help=f"Schedule type: {', '.join(SCHEDULES)} (default {DEFAULT_SCHEDULE}: the checkpoint's "
-                          "scheduler config as diffusers runs it; Automatic: each sampler's AUTOMATIC1111 default; "
-                          "the others are AUTOMATIC1111's)")
-    gen.add_argument("--rng", default=None, choices=list(RNGS),
-                     help=f"where the noise comes from: {DEFAULT_RNG} (default) or CPU (PyTorch's CPU generator per "
-                          "image seed, as AUTOMATIC1111's RNG CPU and ComfyUI draw it)")
-    gen.add_argument("--size", default=None, help="WIDTHxHEIGHT (default 1024x1024)")
-    gen.add_argument("--images", type=int, default=4,
-                     help="images to make in one call (the compiled batch is rounded up to the device count)")
-    gen.add_argument("--model", default=None,
-                     help="Hub repo id, local diffusers directory, single-file .safetensors (A1111/ComfyUI layout; "
-                          "local or owner/repo/file.safetensors), or 'tiny' (default: SDXL base 1.0)")
-    gen.add_argument("--config", default=None,
-                     help="for a single-file --model: the diffusers checkpoint (Hub id or directory) whose configs "
-                          "and tokenizers it uses (default: SDXL base 1.0's; only those small files are fetched)")
-    gen.add_argument("--unet", default=None,
-                     help="UNet weights file instead of the model's (diffusers or single-file layout; local or "
-                          "owner/repo/file.safetensors)")
-    gen.add_argument("--lora", action="append", default=None, metavar="FILE[:SCALE]",
-                     help="LoRA fused into the weights at load, kohya or diffusers format, scale default 1 "
-                          "(repeatable)")
-    gen.add_argument("--spacing", default=None, choices=["leading", "trailing", "linspace"],
-                     help="timestep spacing instead of the scheduler config's (few-step models: trailing)")
-    gen.add_argument("--prediction-type", default=None, choices=["epsilon", "sample"],
-                     help="what the UNet predicts, instead of the scheduler config's (SDXL-Lightning 1-step: sample)")
-    gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    gen.add_argument("--compile-cache", default=None, help="JAX compilation cache directory")
-    gen.add_argument("--attention", default=os.environ.get("SDXL_TPU_ATTENTION", "auto"), choices=["auto", "xla"],
-                     help="attention kernel: auto (best per platform) or xla (env SDXL_TPU_ATTENTION)")
-    gen.add_argument("--out", default="outputs", help="output directory")
-    serve = commands.add_parser("serve", help="serve the pipeline over plain HTTP: a back end for a load balancer "
-                                              "(POST /v1/generate, /healthz, /readyz, /metrics)")
-    from .server.settings import add_settings_arguments
-
-    add_settings_arguments(serve, dict(os.environ))
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
-    serve.add_argument("--port", type=int, default=8000, help="port")
-    bench = commands.add_parser("bench", help="benchmark compile time, latency, memory and FLOP utilisation")
-    from .bench.run import add_arguments
-
-    add_arguments(bench)
+    for command, help in (
+            ("make-tiny", "write a tiny random SDXL checkpoint in diffusers format"),
+            ("generate", "generate images and write them as PNGs"),
+            ("serve", "serve the pipeline over plain HTTP: a back end for a load balancer (POST /v1/generate, "
+                      "/healthz, /readyz, /metrics)"),
+            ("bench", "benchmark compile time, latency, memory and FLOP utilisation")):
+        add_options(commands.add_parser(command, help=help), command)
     return parser
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .weights.errors import CheckpointError
     from .compilation import enable_compile_cache
-    from .server.settings import DEFAULT_COMPILE_CACHE
     from .images import save_png
     from .request import GenerationError
     from .loading import load_pipeline
+    from .options import fill_defaults
     from .recipes import recipe_named, settle
     from .request import Request, schedule_input
 
     try:  # the request is checked before anything is loaded
         pasted = _pasted(args.parameters)
+        args = fill_defaults(parser, args, "generate", given={
+            "prompt": pasted.get("prompt"), "negative": pasted.get("negative_prompt"), "seed": pasted.get("seed"),
+            "steps": pasted.get("steps"), "guidance": pasted.get("guidance_scale"), "sampler": pasted.get("sampler"),
+            "size": pasted.get("size"), "schedule": pasted.get("schedule"), "rng": pasted.get("rng")})
         s = settle(recipe_named(args.preset) if args.preset else None, model=args.model, unet=args.unet,
-                   spacing=args.spacing, prediction_type=args.prediction_type,
-                   **{key: getattr(args, arg) if getattr(args, arg) is not None else pasted.get(field)
-                      for key, arg, field in (("sampler", "sampler", "sampler"), ("steps", "steps", "steps"),
-                                              ("guidance", "guidance", "guidance_scale"), ("size", "size", "size"))})
-        prompt = args.prompt if args.prompt is not None else pasted.get("prompt", "")
-        negative = args.negative if args.negative or args.parameters is None else pasted.get("negative_prompt", "")
-        given = lambda arg, field: getattr(args, arg) if getattr(args, arg) is not None else pasted.get(field)
-        request = Request.of(prompt, negative, seed=given("seed", "seed"), guidance_scale=s["guidance"],
-                             steps=s["steps"], size=s["size"], sampler=s["sampler"],
-                             schedule=given("schedule", "schedule"), rng=given("rng", "rng"))
+                   spacing=args.spacing, prediction_type=args.prediction_type, sampler=args.sampler,
+                   steps=args.steps, guidance=args.guidance, size=args.size)
+        request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=s["guidance"],
+                             steps=s["steps"], size=s["size"], sampler=s["sampler"], schedule=args.schedule,
+                             rng=args.rng)
     except ValueError as e:
         return _fail(str(e))
     if args.images < 1:
         return _fail("--images must be at least 1")
     try:
-        enable_compile_cache(args.compile_cache or DEFAULT_COMPILE_CACHE)
+        if args.compile_cache:
+            enable_compile_cache(args.compile_cache)
         pipe = load_pipeline(s["model"], dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
                              step_progress=False, attention=args.attention, unet=s["unet"],
                              timestep_spacing=s["spacing"], prediction_type=s["prediction_type"], config=args.config,
@@ -170,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     from .compilation import quiet_platforms
+    from .options import fill_defaults
 
     quiet_platforms()  # no TPU error messages on a machine without TPU chips
+    if args.command != "generate":  # (generate fills them in after reading --parameters)
+        args = fill_defaults(parser, args, args.command)
     if args.command == "make-tiny":
         from .weights.tiny import write_checkpoint
 
@@ -193,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             return bench_main(args)
         except (ValueError, OSError) as e:
             return _fail(str(e))
-    return _generate(args)
+    return _generate(parser, args)
 
 
 if __name__ == "__main__":

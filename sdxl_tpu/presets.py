@@ -74,6 +74,9 @@ def vae_config(channels=(16, 16, 32, 32), *, groups: int = 8, layers: int = 1,
     }
 
 
+ARCHITECTURES = ("tiny", "small", "sdxl")  # what preset_configs builds
+
+
 def preset_configs(preset: str, vocab_size: int = 49408) -> dict[str, Any]:
     """Component configs (as config.json files hold them) and the default image size of a preset.
 

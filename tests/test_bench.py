@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sdxl_tpu.bench.run import add_arguments, build_pipeline, warm_compile_argv
+from sdxl_tpu.bench.run import build_pipeline, warm_compile_argv
+from sdxl_tpu.options import add_options, fill_defaults
 from sdxl_tpu.bench.flops import model_flops
 from sdxl_tpu.presets import SCHEDULER_CONFIG, preset_configs
 from sdxl_tpu.samplers import EulerDiscrete
@@ -25,8 +26,8 @@ from sdxl_tpu.samplers import EulerDiscrete
 
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(argv)
+    add_options(parser, "bench")
+    return fill_defaults(parser, parser.parse_args(argv), "bench")
 
 
 def test_bench_tiny_reports_consistent_figures(tmp_path):

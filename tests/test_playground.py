@@ -172,8 +172,9 @@ def test_default_schedule_and_noise_source_settings(capsys):
     s = parse_settings([], env={"SDXL_SCHEDULE": "SGM Uniform", "SDXL_RNG": "CPU"})
     assert (s.schedule, s.rng) == ("SGM Uniform", "CPU")
     assert parse_settings(["--schedule", "Automatic"], env={"SDXL_SCHEDULE": "Karras"}).schedule == "Automatic"
-    for argv, env, message in [([], {"SDXL_SCHEDULE": "karras"}, "--schedule must be one of Checkpoint, Automatic,"),
-                               ([], {"SDXL_RNG": "NV"}, "--rng must be one of JAX, CPU, got 'NV'"),
+    for argv, env, message in [([], {"SDXL_SCHEDULE": "karras"},
+                                "SDXL_SCHEDULE (for --schedule) must be one of Checkpoint, Automatic,"),
+                               ([], {"SDXL_RNG": "NV"}, "SDXL_RNG (for --rng) must be one of JAX, CPU, got 'NV'"),
                                (["--preset", "Quality", "--schedule", "Exponential"], {},
                                 "--schedule Exponential with --preset Quality: DPM++ 2M Karras names its schedule")]:
         with pytest.raises(SystemExit):

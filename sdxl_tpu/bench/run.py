@@ -32,13 +32,11 @@ from ..presets import SCHEDULER_CONFIG, preset_configs
 from ..recipes import RECIPES, settle
 from ..request import format_size, parse_size, preview_cadence
 from ..samplers import samplers_for
-from ..names import SAMPLERS
 from ..models.taesd import AutoencoderTiny, TAESDConfig
 from ..weights.taesd import load_taesd
 from .random_weights import random_fill, random_models, random_tokenizers
 from ..weights.tensors import read_json
 
-ARCHITECTURES = ("tiny", "small", "sdxl")
 PROMPT, NEGATIVE = "a photo of an astronaut riding a horse on the moon", "blurry"
 
 
@@ -276,58 +274,6 @@ def format_report(r: dict[str, Any]) -> str:
                      f"{p['latency_on_s']:.3f} s on, {p['latency_off_s']:.3f} s off, both stepwise)" if p["size"] else
                      "live previews     none at this step count")
     return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=[*ARCHITECTURES, *RECIPES], default="tiny", metavar="PRESET",
-                        help="an architecture (tiny, small, sdxl) or a generation preset of the app ("
-                             + ", ".join(RECIPES) + "; its weights, sampler, steps, guidance and size; options "
-                             "given explicitly win)")
-    parser.add_argument("--model", default=None, help="Hub id, local directory or single-file .safetensors "
-                                                      "(overrides the preset's weights)")
-    parser.add_argument("--config", default=None,
-                        help="for a single-file --model: where its configs and tokenizers come from "
-                             "(default SDXL base)")
-    parser.add_argument("--random-weights", action="store_true", help="random weights of the preset's architecture")
-    parser.add_argument("--unet", default=None, help="UNet weights file instead of the checkpoint's")
-    parser.add_argument("--lora", action="append", default=None, metavar="FILE[:SCALE]",
-                        help="LoRA fused into the weights (repeatable)")
-    parser.add_argument("--spacing", default=None, choices=["leading", "trailing", "linspace"],
-                        help="timestep spacing instead of the checkpoint's scheduler config's")
-    parser.add_argument("--prediction-type", default=None, choices=["epsilon", "sample"],
-                        help="what the UNet predicts, instead of the scheduler config's")
-    parser.add_argument("--size", default=None, help="WIDTHxHEIGHT (default: the preset's)")
-    parser.add_argument("--steps", type=int, default=None, help="default 20, or the preset's")
-    parser.add_argument("--sampler", choices=SAMPLERS, default=None,
-                        help="default: the checkpoint's (Euler for presets)")
-    parser.add_argument("--guidance", type=float, default=None,
-                        help="guidance scale (default 5, or the preset's); <= 1 runs the conditional pass alone "
-                             "(half the UNet batch)")
-    parser.add_argument("--images", type=int, default=4)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float32"],
-                        help="activation dtype (default: --dtype, but float32 on a CPU)")
-    parser.add_argument("--attention", choices=["auto", "xla"], default=os.environ.get("SDXL_TPU_ATTENTION", "auto"),
-                        help="attention kernel: auto (the best per platform) or xla (default: $SDXL_TPU_ATTENTION, "
-                             "else auto)")
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--compile-cache", default=None, help="(default: a fresh directory, so compiles are cold)")
-    parser.add_argument("--no-warm-compile", dest="warm_compile", action="store_false",
-                        help="skip the second process that measures a warm (cached) compile")
-    parser.add_argument("--compare-progress", action="store_true",
-                        help="also compile the stepwise loop (per-step progress) and compare its latency")
-    parser.add_argument("--compare-previews", action="store_true",
-                        help="also measure live previews: the stepwise loop with and without them, calls alternated")
-    parser.add_argument("--preview", default="approx",
-                        help="how previews are decoded: approx, taesd (random taesdxl-shaped weights with "
-                             "--random-weights, else madebyollin/taesdxl) or a TAESD directory")
-    parser.add_argument("--preview-every", type=int, default=None, metavar="N",
-                        help="steps between previews (default: about four a run)")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for utilisation")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--compile-only", action="store_true",
-                        help="compile, report compile time and compiled memory, run nothing (e.g. does SDXL at "
-                             "1024x1024 fit a 16 GB chip?)")
 
 
 def with_recipe(args: argparse.Namespace) -> argparse.Namespace:

@@ -1,0 +1,277 @@
+"""Every command-line option of the app, `serve`, `generate`, `bench` and `make-tiny`, in one
+table: flag, environment variable, default, choices, help. Parsers are built from it and
+README's option table is written from it (`python -m sdxl_tpu.options`), so they cannot drift.
+
+An option given on the command line wins; then (where a command takes them from elsewhere, as
+`generate` takes --parameters) the other source; then its environment variable; then its default.
+An option reads its environment variable in every command that takes it. JAX-free: a front end
+parses its settings without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .images import FORMATS
+from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+from .presets import ARCHITECTURES
+from .prompts import DEFAULT_MAX_CHUNKS
+from .recipes import RECIPES
+
+COMMANDS = ("app", "serve", "generate", "bench", "make-tiny")
+SERVERS = ("app", "serve")
+MODEL = ("app", "serve", "generate", "bench")  # the commands that load a model
+RUN = ("generate", "bench")  # the commands that make one call themselves
+
+# JAX's persistent compilation cache (a restart reuses compiled programs).
+DEFAULT_COMPILE_CACHE = str(Path.home() / ".cache" / "sdxl_tpu" / "jax")
+DTYPES = ("bfloat16", "float32")
+SPACINGS = ("leading", "trailing", "linspace")
+
+
+def preview_every(text: str) -> int | None:
+    """--preview-every: 'auto' (None) or a whole number of steps, 0 for none."""
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a whole number of steps (0: no previews), got {text!r}")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str  # "--model", or a positional argument's name
+    commands: tuple[str, ...]
+    help: str
+    env: str | None = None
+    default: Any = None  # when neither the command line nor the environment gives one
+    shown_default: str | None = None  # how the default reads, where None stands for something (e.g. "the preset's")
+    choices: Sequence[str] | None = None
+    type: Callable[[str], Any] = str
+    metavar: str | None = None
+    action: str | None = None  # "append" (the environment variable: comma-separated), "store_true", "store_false"
+    dest: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.dest or self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def positional(self) -> bool:
+        return not self.flag.startswith("-")
+
+    @property
+    def switch(self) -> bool:
+        return self.action in ("store_true", "store_false")
+
+    def default_text(self) -> str:
+        if self.shown_default is not None:
+            return self.shown_default
+        if self.switch:
+            return "off"
+        return "none" if self.default in (None, []) else "empty" if self.default == "" else str(self.default)
+
+
+def option(flag, commands, help, **kw) -> Option:  # noqa: A002 (argparse's word)
+    return Option(flag, tuple(commands), help, **kw)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # --- what is generated (generate; the page's form for the servers) ---
+    option("prompt", ["generate"], "the prompt (or from --parameters)", default="", metavar="PROMPT"),
+    option("--parameters", ["generate"],
+           "an AUTOMATIC1111 parameters text (as its PNG Info shows it, or as our images carry it): prompt, negative "
+           "prompt, steps, sampler, Schedule type, CFG scale, seed, size and RNG; options given explicitly win; what "
+           "it says that is not used is listed", metavar="TEXT"),
+    option("--negative", ["generate"], "negative prompt", default=""),
+    option("--seed", ["generate"], "base seed; image i gets seed + i", type=int, shown_default="random"),
+    option("--steps", RUN, "denoising steps", type=int, shown_default="20, or the preset's"),
+    option("--guidance", RUN, "guidance scale; <= 1 runs the conditional pass alone (half the UNet batch)", type=float,
+           shown_default="5, or the preset's"),
+    option("--sampler", RUN, "the sampler, by AUTOMATIC1111's name", choices=list(SAMPLERS), metavar="SAMPLER",
+           shown_default="the checkpoint's scheduler, or the preset's"),
+    option("--schedule", [*SERVERS, "generate"],
+           "Schedule type (for the servers: of requests that name none, and the page's default); "
+           f"{DEFAULT_SCHEDULE}: the checkpoint's scheduler config as diffusers runs it; Automatic: each sampler's "
+           "AUTOMATIC1111 default; the others are AUTOMATIC1111's", env="SDXL_SCHEDULE", default=DEFAULT_SCHEDULE,
+           choices=list(SCHEDULES), metavar="SCHEDULE"),
+    option("--rng", [*SERVERS, "generate"],
+           "where the noise comes from (for the servers: of requests that name none, and the page's default); CPU: "
+           "PyTorch's CPU generator per image seed, as AUTOMATIC1111's RNG CPU and ComfyUI draw it", env="SDXL_RNG",
+           default=DEFAULT_RNG, choices=list(RNGS)),
+    option("--size", RUN, "WIDTHxHEIGHT", shown_default="1024x1024, or the preset's (bench: the architecture's)"),
+    option("--images", RUN, "images in one call (the compiled batch is rounded up to the device count)", type=int,
+           default=4),
+    option("--out", ["generate"], "where the PNGs are written", default="outputs"),
+    # --- the model ---
+    option("--preset", [*SERVERS, "generate"],
+           "settings that go together (weights, sampler, spacing, steps, guidance, size), e.g. 'Lightning 4-step' or "
+           "'Turbo'; options given explicitly win", env="SDXL_PRESET", choices=list(RECIPES), metavar="PRESET"),
+    option("--preset", ["bench"],
+           "an architecture (" + ", ".join(ARCHITECTURES) + ") or one of the app's presets (" + ", ".join(RECIPES)
+           + "; its weights, sampler, steps, guidance and size; options given explicitly win)", default="tiny",
+           choices=[*ARCHITECTURES, *RECIPES], metavar="PRESET"),
+    option("--model", MODEL,
+           "Hub repo id, local diffusers directory, single-file .safetensors (A1111/ComfyUI layout, local or "
+           "owner/repo/file.safetensors), or 'tiny'", env="SDXL_MODEL",
+           shown_default="SDXL base 1.0, or the preset's"),
+    option("--random-weights", ["bench"], "random weights of the preset's architecture (nothing is loaded)",
+           action="store_true"),
+    option("--config", MODEL,
+           "for a single-file --model: the diffusers checkpoint (Hub id or directory) whose configs and tokenizers it "
+           "uses; only those small files are fetched", env="SDXL_CONFIG", shown_default="SDXL base 1.0's"),
+    option("--unet", MODEL,
+           "UNet weights file instead of the model's (diffusers or single-file layout, one .safetensors; local or "
+           "owner/repo/file.safetensors, e.g. SDXL-Lightning's)", env="SDXL_UNET"),
+    option("--lora", MODEL, "LoRA fused into the weights at load, kohya or diffusers format, scale default 1; "
+           "repeatable (environment: comma-separated)", env="SDXL_LORA", action="append", metavar="FILE[:SCALE]",
+           default=[], shown_default="none, or the preset's"),
+    option("--spacing", MODEL, "timestep spacing instead of the scheduler config's (few-step models: trailing)",
+           env="SDXL_SPACING", choices=SPACINGS),
+    option("--prediction-type", MODEL, "what the UNet predicts, instead of the scheduler config's (SDXL-Lightning's "
+           "1-step UNet: sample)", env="SDXL_PREDICTION_TYPE", choices=("epsilon", "sample")),
+    option("--dtype", MODEL, "parameter and activation dtype", env="SDXL_DTYPE", default="bfloat16", choices=DTYPES),
+    option("--compute-dtype", ["bench"], "activation dtype", choices=DTYPES,
+           shown_default="--dtype, but float32 on a CPU"),
+    option("--attention", MODEL, "attention kernel: auto (the best per platform) or xla", env="SDXL_TPU_ATTENTION",
+           default="auto", choices=("auto", "xla")),
+    option("--compile-cache", [*SERVERS, "generate"], "JAX's persistent compilation cache directory (a restart "
+           "reuses compiled programs); '' for none", env="SDXL_TPU_COMPILE_CACHE", default=DEFAULT_COMPILE_CACHE,
+           shown_default="~/.cache/sdxl_tpu/jax"),
+    option("--compile-cache", ["bench"], "JAX's persistent compilation cache directory",
+           shown_default="a fresh directory, so compiles are cold"),
+    option("--max-prompt-chunks", SERVERS,
+           f"the longest prompt, in chunks of 75 tokens as A1111 splits them ({DEFAULT_MAX_CHUNKS}: 225 tokens); "
+           "every program has room for N, so no prompt recompiles", env="SDXL_MAX_PROMPT_CHUNKS", type=int,
+           default=DEFAULT_MAX_CHUNKS, metavar="N"),
+    # --- what the servers compile, preview and serve ---
+    option("--sizes", SERVERS, "comma-separated WIDTHxHEIGHT sizes to compile, or 'sdxl' for SDXL's nine trained "
+           "sizes; ready once the first is compiled, the others follow in the background", env="SDXL_SIZES",
+           shown_default="1024x1024, or the preset's; 256x256 for the tiny model"),
+    option("--preview-every", [*SERVERS, "bench"], "live previews every N denoising steps; auto: about four a run; "
+           "0: none", env="SDXL_PREVIEW_EVERY", type=preview_every, metavar="N", shown_default="auto"),
+    option("--preview", [*SERVERS, "bench"], "how live previews are decoded: 'approx' (a linear latent-to-RGB map, "
+           "no weights), 'taesd' (the tiny autoencoder madebyollin/taesdxl, downloaded once; bench with "
+           "--random-weights: random weights of its shape) or a local TAESD directory in diffusers format",
+           env="SDXL_PREVIEW", default="approx"),
+    option("--image-format", SERVERS, "format of served images, parameters embedded (jpeg: quality 95, fastest; "
+           "png: lossless)", env="SDXL_IMAGE_FORMAT", default="jpeg", choices=list(FORMATS)),
+    option("--queue-size", SERVERS, "requests that may wait; more are told the server is busy",
+           env="SDXL_QUEUE_SIZE", type=int, default=16),
+    option("--drain-seconds", SERVERS, "on SIGTERM, how long requests already accepted may take to finish before the "
+           "process exits", env="SDXL_DRAIN_SECONDS", type=float, default=60.0),
+    option("--metrics", SERVERS, "where GET /metrics (Prometheus) is served: 'public' (on --port), 'off', or "
+           "HOST:PORT for a listener of its own, e.g. 127.0.0.1:9100", env="SDXL_METRICS", default="public"),
+    option("--host", ["app"], "address to listen on (0.0.0.0 on Spaces)", env="GRADIO_SERVER_NAME",
+           default="127.0.0.1"),
+    option("--port", ["app"], "port", env="GRADIO_SERVER_PORT", type=int, default=7860),
+    option("--host", ["serve"], "address to listen on (0.0.0.0 in a container)", default="127.0.0.1"),
+    option("--port", ["serve"], "port", type=int, default=8000),
+    option("--keep-images", ["app"], "seconds a served image stays downloadable", env="SDXL_KEEP_IMAGES",
+           type=float, default=3600.0),
+    option("--image-cache-mb", ["app"], "most disk the served images may take; the oldest go first",
+           env="SDXL_IMAGE_CACHE_MB", type=int, default=1024),
+    option("--backend", ["app"], "URL of back ends (`python -m sdxl_tpu serve`, usually behind a load balancer): the "
+           "page sends each generation there and loads no model; the model options are then the back end's and "
+           "unused here", env="SDXL_BACKEND"),
+    # --- what bench measures ---
+    option("--runs", ["bench"], "timed calls", type=int, default=5),
+    option("--no-warm-compile", ["bench"], "skip the second process that measures a warm (cached) compile",
+           action="store_false", dest="warm_compile"),
+    option("--compare-progress", ["bench"], "also compile the stepwise loop (per-step progress) and compare its "
+           "latency", action="store_true"),
+    option("--compare-previews", ["bench"], "also measure live previews: the stepwise loop with and without them, "
+           "calls alternated", action="store_true"),
+    option("--peak-tflops", ["bench"], "per-device peak for utilisation", type=float,
+           shown_default="the datasheet's, where known"),
+    option("--compile-only", ["bench"], "compile, report compile time and compiled memory, run nothing (e.g. does "
+           "SDXL at 1024x1024 fit a 16 GB chip?)", action="store_true"),
+    option("--json", ["bench"], "print one JSON object", action="store_true"),
+    # --- make-tiny ---
+    option("directory", ["make-tiny"], "where the checkpoint is written", metavar="DIR"),
+    option("--seed", ["make-tiny"], "seed of the random weights", type=int, default=0),
+    option("--preset", ["make-tiny"], "architecture: tiny, small (benchmarks), sdxl (full size, about 14 GB)",
+           default="tiny", choices=ARCHITECTURES),
+)
+
+
+def options_for(command: str) -> list[Option]:
+    if command not in COMMANDS:
+        raise ValueError(f"no command {command!r}")
+    return [o for o in OPTIONS if command in o.commands]
+
+
+def add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """`command`'s options on `parser`. Each is None when not given (switches: their default), so
+    that `fill_defaults` can tell what the command line said."""
+    for o in options_for(command):
+        kw: dict[str, Any] = {"help": help_text(o).replace("%", "%%")}
+        if o.positional:
+            parser.add_argument(o.flag, nargs="?" if o.default is not None else None, default=None, metavar=o.metavar,
+                                **kw)
+        elif o.switch:
+            parser.add_argument(o.flag, action=o.action, dest=o.name, **kw)
+        else:
+            parser.add_argument(o.flag, dest=o.name, default=None, type=o.type, choices=o.choices, metavar=o.metavar,
+                                action=o.action, **kw)
+
+
+def help_text(o: Option) -> str:
+    listed = f"; one of: {', '.join(o.choices)}" if o.choices and o.metavar else ""  # (else argparse lists them)
+    return o.help + listed + (f" (env {o.env}; " if o.env else " (") + f"default {o.default_text()})"
+
+
+def fill_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str,
+                  env: Mapping[str, str] | None = None, given: Mapping[str, Any] | None = None) -> argparse.Namespace:
+    """`args` with what the command line left out taken from `given` (another source the command
+    has, e.g. generate's --parameters), the environment, then the defaults; a bad environment
+    value ends the program through `parser.error`, naming the variable."""
+    env = os.environ if env is None else env
+    given = given or {}
+    for o in options_for(command):
+        if o.switch or getattr(args, o.name) is not None:
+            continue
+        if given.get(o.name) is not None:
+            setattr(args, o.name, given[o.name])
+        elif o.env and env.get(o.env, "").strip():
+            setattr(args, o.name, from_environment(parser, o, env[o.env].strip()))
+        else:
+            setattr(args, o.name, list(o.default) if isinstance(o.default, list) else o.default)
+    return args
+
+
+def from_environment(parser: argparse.ArgumentParser, o: Option, text: str) -> Any:
+    parts = [p.strip() for p in text.split(",") if p.strip()] if o.action == "append" else [text]
+    values = []
+    for part in parts:
+        try:
+            value = o.type(part)
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"{o.env} (for {o.flag}) {e}")
+        except ValueError:
+            kind = {int: "a whole number", float: "a number"}.get(o.type, "valid")
+            parser.error(f"{o.env} (for {o.flag}) must be {kind}, got {part!r}")
+        if o.choices is not None and value not in o.choices:
+            parser.error(f"{o.env} (for {o.flag}) must be one of {', '.join(o.choices)}, got {part!r}")
+        values.append(value)
+    return values if o.action == "append" else values[0]
+
+
+def markdown_table() -> str:
+    """README's table of options."""
+    lines = ["| Option | Environment | Default | Commands | What it does |", "|---|---|---|---|---|"]
+    for o in OPTIONS:
+        choices = f" One of: {', '.join(o.choices)}." if o.choices else ""
+        cell = lambda text: text.replace("|", "\\|")
+        lines.append(f"| `{o.flag}` | {f'`{o.env}`' if o.env else ''} | {cell(o.default_text())} | "
+                     f"{', '.join(o.commands)} | {cell(o.help)}.{cell(choices)} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

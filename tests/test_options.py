@@ -1,0 +1,131 @@
+"""One table of options (sdxl_tpu/options.py) for the app, serve, generate, bench and make-tiny:
+every parser is built from it, every option reads its environment variable in every command
+that takes it, and README's table is the one it writes."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from pathlib import Path
+
+import pytest
+
+from sdxl_tpu.__main__ import _build_parser
+from sdxl_tpu.options import COMMANDS, OPTIONS, add_options, fill_defaults, markdown_table, options_for
+from sdxl_tpu.server.settings import Settings, parse_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse(command: str, argv: list[str], env: dict[str, str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_options(parser, command)
+    required = [o.flag.upper() for o in options_for(command) if o.positional and o.default is None]
+    return fill_defaults(parser, parser.parse_args(required + argv), command, env)
+
+
+def samples(o) -> tuple[str, str]:
+    """Two valid, different values of option `o`, as text."""
+    if o.choices:
+        return o.choices[0], o.choices[-1]
+    return {int: ("3", "5"), float: ("2.5", "7.5")}.get(o.type, ("2", "3") if o.name == "preview_every" else ("a", "b"))
+
+
+def test_no_parser_is_built_outside_the_table():
+    """The options cannot drift apart again: no add_argument anywhere in the package or app.py
+    but options.py's."""
+    calls = []
+    for path in [ROOT / "app.py", *sorted((ROOT / "sdxl_tpu").rglob("*.py"))]:
+        if path.name == "options.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert calls == []
+
+
+def test_each_command_has_each_flag_once_and_every_command_its_options():
+    for command in COMMANDS:
+        flags = [o.flag for o in options_for(command)]
+        assert len(flags) == len(set(flags)), command
+    subparsers = next(a for a in _build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("generate", "serve", "bench", "make-tiny"):
+        actions = subparsers.choices[command]._actions
+        seen = {s for a in actions for s in a.option_strings or [a.dest]} - {"-h", "--help"}
+        assert seen == {o.flag if not o.positional else o.name for o in options_for(command)}, command
+    # Options with one name mean the same in every command that shares a row, and the model's options
+    # are the same rows for the servers, generate and bench (the drift the table removed).
+    for flag in ("--model", "--dtype", "--attention", "--lora", "--unet", "--spacing", "--prediction-type"):
+        rows = [o for o in OPTIONS if o.flag == flag]
+        assert len(rows) == 1 and set(rows[0].commands) == {"app", "serve", "generate", "bench"}, flag
+
+
+@pytest.mark.parametrize("command", ["app", "serve", "generate", "bench"])
+def test_command_line_wins_over_environment_which_wins_over_default(command):
+    for o in options_for(command):
+        if o.switch or o.positional:
+            continue
+        first, second = samples(o)
+        default = parse(command, [], {}).__dict__[o.name]
+        assert default == o.default, (command, o.flag)
+        if o.env is None:
+            assert parse(command, [], {"SDXL_" + o.name.upper(): first}).__dict__[o.name] == default
+            continue
+        value = lambda text, o=o: [text] if o.action == "append" else o.type(text)
+        assert parse(command, [], {o.env: first}).__dict__[o.name] == value(first), (command, o.flag)
+        assert parse(command, [o.flag, second], {o.env: first}).__dict__[o.name] == value(second), (command, o.flag)
+        assert parse(command, [], {o.env: "  "}).__dict__[o.name] == default  # blank: unset
+
+
+def test_generate_reads_the_environment_like_the_servers():
+    """Before the table, `generate` ignored SDXL_DTYPE (and the model's other variables) and listed
+    no presets."""
+    env = {"SDXL_DTYPE": "float32", "SDXL_MODEL": "tiny", "SDXL_LORA": "a.safetensors, b.safetensors:0.5",
+           "SDXL_TPU_ATTENTION": "xla", "SDXL_SCHEDULE": "Karras"}
+    args = parse("generate", ["a cat"], env)
+    assert (args.dtype, args.model, args.lora, args.attention, args.schedule) == (
+        "float32", "tiny", ["a.safetensors", "b.safetensors:0.5"], "xla", "Karras")
+    served = parse_settings([], env=env)
+    assert (served.dtype, served.model, served.loras, served.attention, served.schedule) == (
+        "float32", "tiny", ["a.safetensors", "b.safetensors:0.5"], "xla", "Karras")
+    help_text = _build_parser()._actions[1].choices["generate"].format_help()
+    assert "Lightning 4-step" in " ".join(help_text.split()) and "SDXL_DTYPE" in help_text
+
+
+def test_generate_takes_pasted_parameters_before_the_environment():
+    parser = argparse.ArgumentParser()
+    add_options(parser, "generate")
+    args = fill_defaults(parser, parser.parse_args(["--rng", "JAX"]), "generate", {"SDXL_SCHEDULE": "Karras",
+                                                                                  "SDXL_RNG": "CPU"},
+                         given={"schedule": "Exponential", "rng": "CPU", "prompt": "a dog"})
+    assert (args.schedule, args.rng, args.prompt) == ("Exponential", "JAX", "a dog")
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"SDXL_QUEUE_SIZE": "many"}, "SDXL_QUEUE_SIZE (for --queue-size) must be a whole number, got 'many'"),
+    ({"SDXL_DRAIN_SECONDS": "1m"}, "SDXL_DRAIN_SECONDS (for --drain-seconds) must be a number, got '1m'"),
+    ({"SDXL_DTYPE": "float16"}, "SDXL_DTYPE (for --dtype) must be one of bfloat16, float32, got 'float16'"),
+    ({"SDXL_PRESET": "Ultra"}, "SDXL_PRESET (for --preset) must be one of"),
+    ({"SDXL_PREVIEW_EVERY": "often"}, "SDXL_PREVIEW_EVERY (for --preview-every) must be 'auto' or a whole number"),
+    ({"GRADIO_SERVER_PORT": "http"}, "GRADIO_SERVER_PORT (for --port) must be a whole number"),
+])
+def test_a_bad_environment_value_is_one_line_naming_the_variable(env, named, capsys):
+    """Before the table, a bad number in the environment was a traceback at start (int() on it)."""
+    with pytest.raises(SystemExit) as exit_:
+        parse_settings([], env=env)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and named in err and "Traceback" not in err
+
+
+def test_settings_defaults_are_the_tables():
+    s, parsed = Settings(), parse_settings([], env={})
+    for field in ("dtype", "host", "port", "attention", "queue_size", "image_format", "keep_images_seconds",
+                  "max_image_bytes", "drain_seconds", "metrics", "preview", "compile_cache", "schedule", "rng"):
+        assert getattr(s, field) == getattr(parsed, field), field
+
+
+def test_readme_table_is_the_tables():
+    readme = (ROOT / "README.md").read_text()
+    begin, end = "<!-- options table: begin -->\n", "\n<!-- options table: end -->"
+    assert readme[readme.index(begin) + len(begin):readme.index(end)] == markdown_table(), (
+        "README's option table is stale: rewrite it with `python -m sdxl_tpu.options`")
