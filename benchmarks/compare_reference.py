@@ -106,6 +106,22 @@ class Worker:
             self.proc.wait(timeout=60)
 
 
+def make_report(args: argparse.Namespace, ours: dict, reference: dict, latencies: dict[str, list[float]]) -> dict:
+    """The figures printed: each worker's start-up (`ours`, `reference`: what it reported when ready),
+    the latencies of the alternated calls, their medians and the throughput ratio (ours over the
+    reference's: above 1 when ours is faster)."""
+    med = {k: statistics.median(v) for k, v in latencies.items()}
+    return {
+        "preset": args.preset, "steps": args.steps, "dtype": args.dtype, "images": ours["images"],
+        "size": ours["size"], "devices": ours["devices"], "device_kind": ours["device_kind"],
+        "versions": {"ours": ours["versions"], "reference": reference["versions"]},
+        **{figure: {"ours": ours[figure], "reference": reference[figure]}
+           for figure in ("load_s", "compile_s", "first_call_s")},
+        "latency_s": latencies, "median_latency_s": med,
+        "throughput_ratio": med["reference"] / med["ours"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=["tiny", "small", "sdxl"], default="small")
@@ -156,17 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         for w in workers:
             w.close()
 
-    med = {k: statistics.median(v) for k, v in latencies.items()}
-    report = {
-        "preset": args.preset, "steps": args.steps, "dtype": args.dtype, "images": ours.ready["images"],
-        "size": ours.ready["size"], "devices": ours.ready["devices"], "device_kind": ours.ready["device_kind"],
-        "versions": {"ours": ours.ready["versions"], "reference": reference.ready["versions"]},
-        "load_s": {"ours": ours.ready["load_s"], "reference": reference.ready["load_s"]},
-        "compile_s": {"ours": ours.ready["compile_s"], "reference": reference.ready["compile_s"]},
-        "first_call_s": {"ours": ours.ready["first_call_s"], "reference": reference.ready["first_call_s"]},
-        "latency_s": latencies, "median_latency_s": med,
-        "throughput_ratio": med["reference"] / med["ours"],
-    }
+    report = make_report(args, ours.ready, reference.ready, latencies)
+    med = report["median_latency_s"]
     if args.json:
         print(json.dumps(report))
     else:
