@@ -326,20 +326,23 @@ def test_the_length_limit_applies_to_what_the_user_typed_not_the_style():
     assert len(request.prompt) > 1000 and "x" * 1000 in request.prompt
 
 
-def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
+def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
     """Server.drain: not ready at once; a request that finishes in time gets its images, one that
-    would outlast the deadline is cancelled there; afterwards new work is refused."""
+    would outlast the deadline is cancelled there; afterwards new work is refused. (Through
+    Server.generate itself: the fake pipeline's images are encoded and written to `tmp_path`.)"""
     import time
     from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
 
-    from sdxl_tpu.request import Cancelled
+    from PIL import Image
 
-    from sdxl_tpu.request import GenerationResult
+    from sdxl_tpu.images import ImageStore, read_parameters
+    from sdxl_tpu.request import Cancelled, GenerationResult
     from sdxl_tpu.server.batcher import SHUTTING_DOWN
 
     class SlowPipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
-        model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
+        model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
         max_prompt_chunks = 3
 
         def is_compiled(self, size):
@@ -350,26 +353,46 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
                 time.sleep(0.01)
                 if stop():
                     raise Cancelled(f"stopped after step {step + 1}")
-            return GenerationResult(images=[], infos=list(infos), timings={})
+                if progress is not None:
+                    progress(step + 1, infos[0].steps)
+            width, height = infos[0].size  # each image one grey, from its seed
+            images = [Image.new("RGB", (width, height), (i.seed * 40 % 256,) * 3) for i in infos]
+            return GenerationResult(images=images, infos=list(infos),
+                                    timings={"text_encoding": 0.01, "denoising": 0.1, "decoding": 0.02,
+                                             "total": 0.13})
 
-    def server_with(pipeline):
-        server = Server(Settings(model="tiny", sizes=SIZES), loader=lambda s: pipeline)
+    def server_with(pipeline, folder):
+        server = Server(Settings(model="tiny", sizes=SIZES, image_format="png"), loader=lambda s: pipeline,
+                        images=ImageStore(tmp_path / folder, fmt="png"))
         server.load()
-        server.generate = lambda request: server.batcher.submit(request.images(4))  # no image files here
         return server
 
-    server = server_with(SlowPipeline())
+    server = server_with(SlowPipeline(), "first")
+    steps_seen = []
     with ThreadPoolExecutor(1) as pool:
-        short = pool.submit(server.generate, _validate(steps=10))
+        short = pool.submit(server.generate, _validate(steps=10, sampler="Euler"),
+                            progress=lambda i, n: steps_seen.append((i, n)))
         time.sleep(0.02)
         assert server.drain(seconds=5) is True
-        assert short.result(5).seeds == [3, 4, 5, 6]
+        gallery, seeds, info = short.result(5)
+    assert seeds == [3, 4, 5, 6] and [caption for _, caption in gallery] == ["seed 3", "seed 4", "seed 5", "seed 6"]
+    assert steps_seen == [(i, 10) for i in range(1, 11)]
+    assert info.startswith("Generated 4 images of 64x64 in 0.13 s (text 0.01 s, denoising 0.10 s for 10 steps of "
+                           "Euler (Schedule type Checkpoint, RNG JAX), decoding 0.02 s; ")
+    assert info.endswith("Seeds: 3, 4, 5, 6.")
+    for (path, _), seed in zip(gallery, seeds):  # written where the server serves from, parameters embedded
+        assert Path(path).is_relative_to(tmp_path / "first")
+        with Image.open(path) as image:
+            assert (image.format, image.size, image.getpixel((0, 0))) == ("PNG", (64, 64), (seed * 40 % 256,) * 3)
+            assert read_parameters(image).startswith("a cat\nSteps: 10, Sampler: Euler, ")
+            assert f"Seed: {seed}, " in read_parameters(image) and "Model: fake-model" in read_parameters(image)
+    assert server.metrics.registry.get_sample_value("sdxl_images_total") == 4
     assert (server.status == "draining" and not server.ready
             and server.metrics.registry.get_sample_value("sdxl_ready") == 0)
     with pytest.raises(RequestError, match=SHUTTING_DOWN):
         server.generate(_validate())
 
-    server = server_with(SlowPipeline())
+    server = server_with(SlowPipeline(), "second")
     with ThreadPoolExecutor(1) as pool:
         long = pool.submit(server.generate, _validate(steps=50))
         time.sleep(0.05)
@@ -378,3 +401,4 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline():
         assert time.monotonic() - start < 0.4
         with pytest.raises(Cancelled):
             long.result(5)
+    assert not any(p.is_file() for p in (tmp_path / "second").rglob("*"))  # no images written for it
