@@ -29,13 +29,14 @@ from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, 
 from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sdxl_tpu.server.metrics import serve_metrics_apart
 from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS,
-                                  RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, history_after, history_rows,
-                                  matching_preset, pasted_form, schedule_choices, size_choices)
+                                  RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, form_defaults, history_after,
+                                  history_rows, pasted_form, preset_fields, schedule_choices, size_choices)
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.errors import gradio_handler, log_refusal
 from sdxl_tpu.server.form import EXAMPLES, seed_at
 from sdxl_tpu.server.settings import parse_settings
 from sdxl_tpu.server.styles import DEFAULT_STYLE, style_description, STYLES
+from sdxl_tpu.recipes import RECIPES
 from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
 from sdxl_tpu.names import MAX_STEPS
 from sdxl_tpu.server.batcher import SHUTTING_DOWN
@@ -71,10 +72,10 @@ CSS = """
 
 def build_demo(server: Server) -> gr.Blocks:
     ready = server.ready
-    presets = {r.name: [r.steps, r.sampler, r.guidance] for r in server.presets}
-    start = server.recipe
-    steps0, sampler0, guidance0 = ((start.steps, start.sampler, start.guidance) if start
-                                   else (20, server.default_sampler, 5.0))
+    # The page is built before the model is loaded (or a front end's back ends answer): its menus
+    # and defaults are refreshed from what the model offers once it does (see `model_menus`).
+    presets = preset_fields(RECIPES.values())  # (the menu offers some; choosing one fills the form in the browser)
+    start = form_defaults(server.recipe, server.default_sampler, server.presets)
     with gr.Blocks(title="SDXL on JAX", analytics_enabled=False) as demo:
         gr.Markdown("## Stable Diffusion XL, served from JAX")
         status = gr.Markdown(server.status_line, elem_id="status")
@@ -107,14 +108,15 @@ def build_demo(server: Server) -> gr.Blocks:
                                          elem_id="seed",
                                          info="With Randomize on, each run draws new seeds; this shows the last run's.")
                         randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
-                    preset = gr.Dropdown([*presets, CUSTOM], label="Preset", elem_id="preset",
-                                         value=matching_preset(presets, steps0, sampler0, guidance0),
-                                         info="; ".join(f"{r.name}: {r.summary}" for r in server.presets))
-                    guidance = gr.Slider(*GUIDANCE_RANGE, value=guidance0, step=0.1, label="Guidance scale",
+                    preset = gr.Dropdown([*(r.name for r in server.presets), CUSTOM], label="Preset",
+                                         elem_id="preset", value=start["preset"], info=preset_info(server))
+                    offered = gr.Textbox(json.dumps([r.name for r in server.presets]), visible="hidden")
+                    guidance = gr.Slider(*GUIDANCE_RANGE, value=start["guidance"], step=0.1, label="Guidance scale",
                                          elem_id="guidance")
-                    steps = gr.Slider(1, MAX_STEPS, value=steps0, step=1, label="Steps", elem_id="steps")
+                    steps = gr.Slider(1, MAX_STEPS, value=start["steps"], step=1, label="Steps", elem_id="steps")
                     with gr.Row():
-                        sampler = gr.Dropdown(list(server.samplers), value=sampler0, label="Sampler", elem_id="sampler")
+                        sampler = gr.Dropdown(list(server.samplers), value=start["sampler"], label="Sampler",
+                                              elem_id="sampler")
                         schedule = gr.Dropdown(schedule_choices(server.schedules), value=server.default_schedule,
                                                label="Schedule type", elem_id="schedule", info=SCHEDULE_INFO)
                     rng = gr.Dropdown(list(server.rngs), value=server.default_rng, label="RNG", elem_id="rng",
@@ -216,7 +218,7 @@ def build_demo(server: Server) -> gr.Blocks:
         preset.input(None, inputs=[preset, steps, sampler, guidance], outputs=[steps, sampler, guidance],
                      js=f"(p, s, sa, g) => ({json.dumps(presets)})[p] || [s, sa, g]")
         for field in (steps, sampler, guidance):
-            field.change(None, inputs=[steps, sampler, guidance], outputs=[preset],
+            field.change(None, inputs=[steps, sampler, guidance, offered], outputs=[preset],
                          js=MATCHING_PRESET_JS.replace("PRESETS", json.dumps(presets)).replace('"CUSTOM"',
                                                                                                 json.dumps(CUSTOM)))
         examples.click(None, inputs=[examples], outputs=[prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
@@ -247,17 +249,43 @@ def build_demo(server: Server) -> gr.Blocks:
         # page always does (its back ends come and go).
         refreshing = lambda: not server.compiled_event.is_set() or server.engine.remote
 
-        def refresh():
-            sizes = size_choices(server.ready_sizes)
-            return (server.status_line, gr.Timer(active=refreshing()),
-                    gr.Button(GENERATE if server.ready else WARMING_UP, interactive=server.ready), gr.Dropdown(sizes))
+        def model_menus(seen: str):
+            """The sampler, schedule, RNG and preset menus as the model (a front end: its back ends)
+            offers them, when that differs from what the page has (`seen`); the first time the page
+            sees the model described, its defaults too."""
+            names = [r.name for r in server.presets]
+            offer = json.dumps([server.samplers, server.schedules, server.rngs, names]) if server.info else ""
+            if offer == seen or not offer:
+                return *[gr.skip()] * 8,
+            now = {} if seen else {**form_defaults(server.recipe, server.default_sampler, server.presets),
+                                   "schedule": server.default_schedule, "rng": server.default_rng}
+            value = lambda key: {"value": now[key]} if now else {}
+            return (json.dumps(names), gr.Dropdown(choices=list(server.samplers), **value("sampler")),
+                    gr.Dropdown(choices=schedule_choices(server.schedules), **value("schedule")),
+                    gr.Dropdown(choices=list(server.rngs), **value("rng")),
+                    gr.Dropdown(choices=[*names, CUSTOM], info=preset_info(server), **value("preset")),
+                    now.get("steps", gr.skip()), now.get("guidance", gr.skip()), offer)
 
-        timer = gr.Timer(2.0, active=refreshing())
-        timer.tick(refresh, outputs=[status, timer, run, size], **light)
-        demo.load(lambda h: (*refresh(), gr.Dataset(samples=history_rows(h))), inputs=[history],
-                  outputs=[status, timer, run, size, history_table], **light)
+        def refresh(seen: str):
+            sizes = size_choices(server.ready_sizes)
+            first = not seen and server.info is not None and sizes  # (the model's first size, as at a reload)
+            return (server.status_line, gr.Timer(active=refreshing()),
+                    gr.Button(GENERATE if server.ready else WARMING_UP, interactive=server.ready),
+                    gr.Dropdown(sizes, **({"value": sizes[0][1]} if first else {})), *model_menus(seen))
+
+        seen_offer = gr.State("")  # the model's offer this page's menus show ("": not described yet)
+        # (`offered` first: the preset menu's match, run when steps or guidance change, reads it)
+        refreshed = [status, timer := gr.Timer(2.0, active=refreshing()), run, size, offered, sampler, schedule, rng,
+                     preset, steps, guidance, seen_offer]
+        timer.tick(refresh, inputs=[seen_offer], outputs=refreshed, **light)
+        demo.load(lambda seen, h: (*refresh(seen), gr.Dataset(samples=history_rows(h))), inputs=[seen_offer, history],
+                  outputs=[*refreshed, history_table], **light)
     demo.queue(default_concurrency_limit=1, max_size=server.settings.queue_size, api_open=False)
     return demo
+
+
+def preset_info(server: Server) -> str:
+    return "; ".join(f"{r.name}: {r.summary}" for r in server.presets)
 
 
 def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], None]]:

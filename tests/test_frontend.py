@@ -1,7 +1,8 @@
 """A front end (`python app.py --backend URL`) as it runs on a Space while its back ends come and
 go: it listens at once (the page, /healthz, /readyz 503 saying it waits for the back ends), runs
-no model and maps no JAX, becomes ready when a back end describes itself, is not ready while they
-are away, ready again when they return, and never exits for them."""
+no model and maps no JAX, becomes ready when a back end describes itself (the open page's menus
+and defaults become the back end's), is not ready while they are away, ready again when they
+return, and never exits for them."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from served_app import ROOT, free_port, get, wait_for
+from served_app import ROOT, artifact, free_port, get, playground_page, wait_for
 
-from sdxl_tpu.names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+from sdxl_tpu.names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SCHEDULES
 
-INFO = {"model": "fake-sdxl", "sizes": ["64x64"], "samplers": list(SAMPLERS), "default_sampler": "Euler",
-        "preset": None, "presets": ["Quality"], "images_per_call": 4, "image_format": "jpeg",
+# A back end unlike the front end's own defaults (20 steps, guidance 5, every sampler, the sampling
+# presets): SDXL-Lightning's 4-step preset, two samplers.
+INFO = {"model": "fake-sdxl", "sizes": ["64x64"], "samplers": ["Euler", "Euler a"], "default_sampler": "Euler",
+        "preset": "Lightning 4-step", "presets": ["Lightning 4-step"], "images_per_call": 4, "image_format": "jpeg",
         "max_prompt_chunks": 3, "schedules": list(SCHEDULES), "default_schedule": DEFAULT_SCHEDULE,
         "rngs": list(RNGS), "default_rng": DEFAULT_RNG}
 
@@ -80,17 +83,43 @@ def test_a_front_end_answers_at_once_and_follows_its_back_ends(tmp_path):
         with open(f"/proc/{proc.pid}/status") as f:
             rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
         print(f"front end: RSS {rss / 1024:.0f} MB")
-        # A back end comes: ready.
-        backend = InfoOnlyBackend(backend_port)
-        wait_for(lambda: readyz(base)[0] == 200, 30, "the front end did not become ready when a back end answered")
-        assert "fake-sdxl" in readyz(base)[1]["message"]
-        # It goes: not ready (the load balancer stops sending users), but alive and listening.
-        backend.stop()
-        backend = None
-        wait_for(lambda: readyz(base)[0] == 503, 30, "the front end stayed ready with its back ends gone")
-        status, body = readyz(base)
-        assert body["status"] == "waiting" and "Waiting for the back ends" in body["message"], body
-        assert get(base + "/healthz")[0] == 200 and proc.poll() is None
+        with playground_page(base, "Connecting to the back end at") as page:
+            # A person opening the page now sees why nothing can run yet.
+            run = page.locator("#generate")
+            assert run.inner_text() == "Warming up…" and run.is_disabled()
+            page.screenshot(path=str(artifact(tmp_path, "front-end-waiting.png")))
+            # A back end comes: ready, and the open page takes its offer without a reload.
+            backend = InfoOnlyBackend(backend_port)
+            wait_for(lambda: readyz(base)[0] == 200, 30, "the front end did not become ready when a back end answered")
+            assert "fake-sdxl" in readyz(base)[1]["message"]
+            page.get_by_text("fake-sdxl").first.wait_for(timeout=30_000)
+            page.locator("#generate:not([disabled])").wait_for(timeout=10_000)
+            assert run.inner_text() == "Generate"
+            assert page.locator("#size input").input_value() == "1:1 square · 64 × 64"  # the back end's one size
+            page.get_by_text("Advanced").click()
+            page.locator("#preset input").wait_for(state="visible", timeout=10_000)
+            wait_for(lambda: page.locator("#preset input").input_value() == "Lightning 4-step", 10,
+                     "the preset menu did not become the back end's")
+            assert page.locator("#steps input[type=number]").input_value() == "4"
+            assert float(page.locator("#guidance input[type=number]").input_value()) == 0
+            assert page.locator("#sampler input").input_value() == "Euler"
+            page.locator("#sampler input").click()
+            options = lambda menu: [text.split("\n")[-1]  # (a ✓ marks the chosen one)
+                                    for text in page.locator(f"#{menu} [role=option]").all_inner_texts()]
+            assert options("sampler") == ["Euler", "Euler a"]
+            page.keyboard.press("Escape")
+            page.locator("#preset input").click()
+            assert options("preset") == ["Lightning 4-step", "Custom"]
+            page.keyboard.press("Escape")
+            # It goes: not ready (the load balancer stops sending users), but alive and listening, and
+            # the page says so.
+            backend.stop()
+            backend = None
+            wait_for(lambda: readyz(base)[0] == 503, 30, "the front end stayed ready with its back ends gone")
+            status, body = readyz(base)
+            assert body["status"] == "waiting" and "Waiting for the back ends" in body["message"], body
+            assert get(base + "/healthz")[0] == 200 and proc.poll() is None
+            page.get_by_text("Waiting for the back ends").first.wait_for(timeout=30_000)
         # It returns: ready again.
         backend = InfoOnlyBackend(backend_port)
         wait_for(lambda: readyz(base)[0] == 200, 30, "the front end did not become ready again")

@@ -62,12 +62,27 @@ def matching_preset(presets: dict[str, Sequence[Any]], steps: Any, sampler: Any,
 
 
 # The same rule in the browser (the preset menu follows the fields without a server event).
-MATCHING_PRESET_JS = """(steps, sampler, guidance) => {
-  for (const [name, p] of Object.entries(PRESETS)) {
-    if (p[0] === steps && p[1] === sampler && Math.abs(p[2] - guidance) < 1e-6) return name;
+# (`offered`: the preset names the menu offers now, from a hidden field the server refreshes)
+MATCHING_PRESET_JS = """(steps, sampler, guidance, offered) => {
+  for (const name of JSON.parse(offered || "[]")) {
+    const p = PRESETS[name];
+    if (p && p[0] === steps && p[1] === sampler && Math.abs(p[2] - guidance) < 1e-6) return name;
   }
   return "CUSTOM";
 }"""
+
+
+def preset_fields(recipes: Sequence[Any]) -> dict[str, list[Any]]:
+    """{preset name: [steps, sampler, guidance]}: what choosing a preset puts in the form."""
+    return {r.name: [r.steps, r.sampler, r.guidance] for r in recipes}
+
+
+def form_defaults(recipe: Any, default_sampler: str, offered: Sequence[Any]) -> dict[str, Any]:
+    """The form's starting steps, sampler and guidance (the launch preset's, else 20, the model's
+    sampler and 5) and the preset menu's entry for them."""
+    steps, sampler, guidance = (recipe.steps, recipe.sampler, recipe.guidance) if recipe else (20, default_sampler, 5.0)
+    return dict(steps=steps, sampler=sampler, guidance=guidance,
+                preset=matching_preset(preset_fields(offered), steps, sampler, guidance))
 
 
 def history_entry(value: Any) -> dict[str, Any] | None:
