@@ -205,10 +205,32 @@ def test_gradio_own_upload_check_is_in_force_behind_the_guard(tmp_path, monkeypa
 # Fuzz: malformed inputs through gradio_client and raw HTTP, >= 1,000 in all
 # ---------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def fuzz_log(app_server):
-    """The app log's length before the fuzz run, and the number of malformed inputs sent since."""
-    return {"start": len(app_server["log"].read_text().splitlines()), "inputs": 0}
+class AppLog:
+    """The app's log from the moment this is made on, and the malformed inputs sent since: each
+    test (each fuzz example) checks what its own inputs added, whatever ran before it."""
+
+    def __init__(self, app):
+        self.path, self.inputs = app["log"], 0
+        self.start = self.path.stat().st_size
+
+    def lines(self) -> list[str]:
+        with open(self.path, "rb") as f:
+            f.seek(self.start)
+            return f.read().decode("utf-8", "replace").splitlines()
+
+    def assert_quiet(self) -> list[str]:
+        """At most two log lines per malformed input, none a traceback or an error."""
+        lines = self.lines()
+        assert self.inputs > 0
+        assert len(lines) <= 2 * self.inputs, f"{len(lines)} log lines for {self.inputs} inputs:\n" + "\n".join(
+            lines[-40:])
+        assert not [line for line in lines if "Traceback" in line or "ERROR" in line], "\n".join(lines[-40:])
+        return lines
+
+
+@pytest.fixture
+def app_log(app_server):
+    return AppLog(app_server)
 
 
 text = st.text(st.characters(codec="utf-8"), max_size=30)
@@ -269,16 +291,23 @@ def fuzz_client(app_server):
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=CASES)
-def test_fuzz_gradio_client(fuzz_client, http_client, fuzz_log, case):
+def test_fuzz_gradio_client(fuzz_client, http_client, case):
+    field, value = case
+    log = AppLog(http_client.app)
+    _predict_refused(fuzz_client, http_client, log, field, value)
+    log.assert_quiet()
+
+
+def _predict_refused(fuzz_client, http_client, log: AppLog, field: str, value) -> None:
+    """/generate through gradio_client with `field` malformed: an error event naming the field."""
     from gradio_client.exceptions import AppError
 
-    field, value = case
     args = list(GENERATE)
     if field == PAIR:
         args[FIELDS.index("sampler")], args[FIELDS.index("schedule")] = value
     else:
         args[FIELDS.index(field)] = value
-    fuzz_log["inputs"] += 1
+    log.inputs += 1
     with pytest.raises(AppError) as info:
         fuzz_client.predict(*args, api_name="/generate")
     message = str(info.value)
@@ -298,46 +327,56 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
 STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null"), (9, "null"), (10, "null")}
 
 
-def _join_raw(http_client, fuzz_log, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:
+def _join_raw(http_client, log: AppLog, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:
     """queue/join with input `position` replaced by the raw JSON text `raw` (the others as given,
     JSON text too): (status, body, session)."""
     values = list(values)
     values[position] = raw
     session = uuid.uuid4().hex
     body = ('{"data": [%s], "fn_index": %d, "session_hash": "%s"}' % (", ".join(values), fn, session)).encode()
-    fuzz_log["inputs"] += 1
+    log.inputs += 1
     status, text = http_client.request("POST", "/gradio_api/queue/join", body)
     return status, text, session
 
 
 @pytest.mark.parametrize("endpoint", CALLS)  # the API's event and the page's
-def test_fuzz_raw_values_through_the_queue(http_client, fn_index, fuzz_log, endpoint):
-    call = CALLS[endpoint]
-    for position in range(len(call)):
+def test_fuzz_raw_values_through_the_queue(http_client, fn_index, app_log, endpoint):
+    for position in range(len(CALLS[endpoint])):
         for raw in RAW_VALUES:
-            status, text, session = _join_raw(http_client, fuzz_log, fn_index[endpoint],
-                                              [json.dumps(v) for v in call], position, raw)
-            if status == 200:  # a value the envelope allows: the handler refuses it through the queue
-                message = http_client.completion(session)
-                # (a malformed history is dropped, not refused)
-                if (position, raw) in STILL_VALID or position == HISTORY:
-                    assert message["success"] is True, message
-                elif endpoint == "generate":
-                    assert message["success"] is False and message.get("output", {}).get("error"), message
-                else:  # the page's event shows the refusal in its status line (and a notice) instead of failing
-                    line = message["output"]["data"][3]
-                    assert message["success"] is True and line.startswith("⚠️ ") and len(line) > 10, message
-            else:
-                assert status in (413, 422) and json.loads(text)["detail"], text
-    if endpoint != "generate":
-        return
+            _raw_value_refused(http_client, app_log, fn_index, endpoint, position, raw)
+    if endpoint == "generate":
+        _light_handlers_answer_raw_values(http_client, app_log, fn_index)
+    app_log.assert_quiet()
+
+
+def _raw_value_refused(http_client, log: AppLog, fn_index, endpoint: str, position: int, raw: str) -> None:
+    """`endpoint` through the queue with input `position` the raw JSON text `raw`: refused at the
+    envelope (4xx) or by the handler (an error event, or the page's warning line)."""
+    call = CALLS[endpoint]
+    status, text, session = _join_raw(http_client, log, fn_index[endpoint], [json.dumps(v) for v in call], position,
+                                      raw)
+    if status == 200:  # a value the envelope allows: the handler refuses it through the queue
+        message = http_client.completion(session)
+        # (a malformed history is dropped, not refused)
+        if (position, raw) in STILL_VALID or position == HISTORY:
+            assert message["success"] is True, message
+        elif endpoint == "generate":
+            assert message["success"] is False and message.get("output", {}).get("error"), message
+        else:  # the page's event shows the refusal in its status line (and a notice) instead of failing
+            line = message["output"]["data"][3]
+            assert message["success"] is True and line.startswith("⚠️ ") and len(line) > 10, message
+    else:
+        assert status in (413, 422) and json.loads(text)["detail"], text
+
+
+def _light_handlers_answer_raw_values(http_client, log: AppLog, fn_index) -> None:
     # The light handlers (token count, style description) answer with a message, not an error:
     # every input of each, malformed in turn.
     for raw in RAW_VALUES:
         for name, valid in (("token_count", ['"a cat"', '"(No style)"']),
                             ("style_description", ['"a cat"', '"Anime"'])):
             for position in range(len(valid)):
-                status, _, session = _join_raw(http_client, fuzz_log, fn_index[name], valid, position, raw)
+                status, _, session = _join_raw(http_client, log, fn_index[name], valid, position, raw)
                 if status == 200:
                     message = http_client.completion(session)
                     assert message["msg"] == "process_completed" and message["success"], message
@@ -363,7 +402,7 @@ OTHER_ROUTES = [("POST", "/gradio_api/vibe-edit"), ("GET", "/gradio_api/vibe-cod
                 ("POST", "/healthz")]
 
 
-def test_fuzz_raw_routes(app_server, http_client, fn_index, fuzz_log):
+def test_fuzz_raw_routes(app_server, http_client, fn_index, app_log):
     generate = fn_index["generate"]
     session = uuid.uuid4().hex
     good = {"data": GENERATE, "fn_index": generate, "session_hash": session}
@@ -405,16 +444,24 @@ def test_fuzz_raw_routes(app_server, http_client, fn_index, fuzz_log):
     cases += [("POST", "/gradio_api/queue/join", b"{}", {"Content-Length": "-1"})]
     assert len(cases) >= 500
     for method, path, body, headers in cases:
-        fuzz_log["inputs"] += 1
-        if "Content-Length" in headers:  # a lying header: sent by hand
-            status = _raw_lying_length(app_server["port"], path)
-            http_client.check(method, path, status, b"")
-            assert 400 <= status < 500
-            continue
-        status, data = http_client.request(method, path, body, headers)
-        assert 400 <= status < 500, (method, path[:100], status, data[:200])
-        if method != "HEAD" and data:
-            assert json.loads(data).get("detail"), (method, path[:100], data[:200])
+        _route_refused(app_server, http_client, app_log, method, path, body, headers)
+    app_log.assert_quiet()
+
+
+def _route_refused(app_server, http_client, log: AppLog, method: str, path: str, body: bytes | None = None,
+                   headers: dict | None = None) -> None:
+    """A raw request the app must refuse: a 4xx, with a message where there is a body."""
+    headers = headers or {}
+    log.inputs += 1
+    if "Content-Length" in headers:  # a lying header: sent by hand
+        status = _raw_lying_length(app_server["port"], path)
+        http_client.check(method, path, status, b"")
+        assert 400 <= status < 500
+        return
+    status, data = http_client.request(method, path, body, headers)
+    assert 400 <= status < 500, (method, path[:100], status, data[:200])
+    if method != "HEAD" and data:
+        assert json.loads(data).get("detail"), (method, path[:100], data[:200])
 
 
 def _raw_lying_length(port: int, path: str) -> int:
@@ -439,14 +486,20 @@ PASTES = st.one_of(st.text(max_size=400), st.text(st.sampled_from('abc:, "\\\n()
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(value=PASTES)
-def test_fuzz_the_paste_box(http_client, fn_index, fuzz_log, value):
+def test_fuzz_the_paste_box(http_client, fn_index, value):
     """Whatever is pasted: the event succeeds with a line of notes (what was filled, what was not
     used, or what is wrong), the form gets only values it can take, nothing is a 5xx."""
+    log = AppLog(http_client.app)
+    _paste(http_client, log, fn_index, value)
+    log.assert_quiet()
+
+
+def _paste(http_client, log: AppLog, fn_index, value) -> None:
     try:
         raw = json.dumps(value, allow_nan=True)
     except ValueError:  # (a lone surrogate: send it as JSON escapes)
         raw = json.dumps(value, ensure_ascii=True)
-    status, text, session = _join_raw(http_client, fuzz_log, fn_index["paste_parameters"], ["null"], 0, raw)
+    status, text, session = _join_raw(http_client, log, fn_index["paste_parameters"], ["null"], 0, raw)
     if status != 200:  # refused at the envelope (a file object: this app takes no files)
         assert 400 <= status < 500 and json.loads(text).get("detail"), text[:300]
         return
@@ -465,15 +518,47 @@ def test_fuzz_the_paste_box(http_client, fn_index, fuzz_log, value):
     assert sampler is None or schedule is None or not _refused(sampler, schedule), form  # a pair that runs
 
 
-def test_fuzz_ends_with_the_server_up_quiet_logs_and_a_normal_call(app_server, http_client, fuzz_client, fuzz_log):
-    assert fuzz_log["inputs"] >= 1000, fuzz_log
+# One of each kind of malformed input above, sent by the test below itself (it runs alone too).
+SAMPLE_FIELDS = [("prompt", ["a cat"]), ("negative", {"a": "b"}), ("style", "Bogus"), ("seed", -1),
+                 ("randomize", "yes"), ("guidance", 25.0), ("steps", 0), ("size", "huge"), ("sampler", "Heun"),
+                 ("schedule", "Beta"), ("rng", "GPU"), ("prompt", "x" * (MAX_PROMPT_CHARS + 1)),
+                 ("prompt", "(cat:1e300)"), (PAIR, REFUSED_PAIRS[0])]
+SAMPLE_PASTES = ["a cat\nSteps: 3, Sampler: DDIM, Schedule type: Karras", ["not", "text"], "x" * 7000, None]
+
+
+def test_malformed_inputs_leave_the_server_up_its_log_quiet_and_a_normal_call_working(app_server, http_client,
+                                                                                      fuzz_client, fn_index,
+                                                                                      app_log):
+    def file_object(log: AppLog, path: str, position: int) -> None:  # in place of a text, a number, a dropdown
+        data = list(GENERATE)
+        data[position] = _file_data(path)
+        log.inputs += 1
+        assert http_client.join(data, fn_index["generate"])[0] == 422
+
+    sends = [lambda log, f=f, v=v: _predict_refused(fuzz_client, http_client, log, f, v) for f, v in SAMPLE_FIELDS]
+    sends += [lambda log, e=e, p=p, r=r: _raw_value_refused(http_client, log, fn_index, e, p, r)
+              for e in CALLS for p in (0, 3, 6, HISTORY - 1) for r in RAW_VALUES]
+    for path in ("/etc/passwd", str(app_server["secret_file"]), "../" * 12 + "etc/passwd"):
+        sends += [lambda log, path=path, p=p: file_object(log, path, p) for p in (0, 3, 7)]
+        sends.append(lambda log, path=path: _route_refused(app_server, http_client, log, "GET",
+                                                           f"/gradio_api/file={path}"))
+    sends += [lambda log, path=route + t: _route_refused(app_server, http_client, log, "GET", path)
+              for route in ROUTES[:4] for t in TRAVERSALS]
+    sends.append(lambda log: _route_refused(app_server, http_client, log, "POST", "/gradio_api/queue/join", b"{"))
+    sends.append(lambda log: _route_refused(app_server, http_client, log, "POST", "/gradio_api/queue/join", b"{}",
+                                            {"Content-Length": "-1"}))
+    sends += [lambda log, v=v: _paste(http_client, log, fn_index, v) for v in SAMPLE_PASTES]
+    for send in sends:  # each input's own lines, then all of them together
+        log = AppLog(app_server)
+        send(log)
+        log.assert_quiet()
+        app_log.inputs += log.inputs
+
+    assert app_log.inputs >= 200, app_log.inputs
     assert get(app_server["url"] + "/healthz")[0] == 200
-    lines = app_server["log"].read_text().splitlines()[fuzz_log["start"]:]
-    per_input = len(lines) / fuzz_log["inputs"]
-    print(f"fuzz: {fuzz_log['inputs']} malformed inputs, {http_client.count} HTTP responses {http_client.statuses}, "
-          f"{len(lines)} log lines ({per_input:.2f} per input)")
-    assert per_input <= 2, "\n".join(lines[-40:])
-    assert not [line for line in lines if "Traceback" in line or "ERROR" in line], "\n".join(lines[-40:])
+    lines = app_log.assert_quiet()
+    print(f"{app_log.inputs} malformed inputs, {len(lines)} log lines ({len(lines) / app_log.inputs:.2f} per input)")
+    assert lines, "no refusal was logged"  # (so the window read is the app's log)
     gallery, info = fuzz_client.predict(*GENERATE, api_name="/generate")
     assert len(gallery) == 4 and "Generated 4 images" in info
     assert _cached_files_containing(app_server["cache_dir"], [app_server["secret"], OWN_SOURCE, "root:x:0:0"]) == []
