@@ -108,9 +108,9 @@ def build_demo(server: Server) -> gr.Blocks:
                                          elem_id="seed",
                                          info="With Randomize on, each run draws new seeds; this shows the last run's.")
                         randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
-                    preset = gr.Dropdown([*(r.name for r in server.presets), CUSTOM], label="Preset",
-                                         elem_id="preset", value=start["preset"], info=preset_info(server))
-                    offered = gr.Textbox(json.dumps([r.name for r in server.presets]), visible="hidden")
+                    preset = gr.Dropdown([*preset_names(server), CUSTOM], label="Preset", elem_id="preset",
+                                         value=start["preset"], info=preset_info(server))
+                    offered = gr.Textbox(json.dumps(preset_names(server)), visible="hidden")
                     guidance = gr.Slider(*GUIDANCE_RANGE, value=start["guidance"], step=0.1, label="Guidance scale",
                                          elem_id="guidance")
                     steps = gr.Slider(1, MAX_STEPS, value=start["steps"], step=1, label="Steps", elem_id="steps")
@@ -253,7 +253,7 @@ def build_demo(server: Server) -> gr.Blocks:
             """The sampler, schedule, RNG and preset menus as the model (a front end: its back ends)
             offers them, when that differs from what the page has (`seen`); the first time the page
             sees the model described, its defaults too."""
-            names = [r.name for r in server.presets]
+            names = preset_names(server)
             offer = json.dumps([server.samplers, server.schedules, server.rngs, names]) if server.info else ""
             if offer == seen or not offer:
                 return *[gr.skip()] * 8,
@@ -282,6 +282,11 @@ def build_demo(server: Server) -> gr.Blocks:
                   outputs=[*refreshed, history_table], **light)
     demo.queue(default_concurrency_limit=1, max_size=server.settings.queue_size, api_open=False)
     return demo
+
+
+def preset_names(server: Server) -> list[str]:
+    """The presets the preset menu offers (the model's; a front end: its back ends')."""
+    return [r.name for r in server.presets]
 
 
 def preset_info(server: Server) -> str:

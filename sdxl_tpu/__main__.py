@@ -47,10 +47,8 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     try:  # the request is checked before anything is loaded
         pasted = _pasted(args.parameters)
-        args = fill_defaults(parser, args, "generate", given={
-            "prompt": pasted.get("prompt"), "negative": pasted.get("negative_prompt"), "seed": pasted.get("seed"),
-            "steps": pasted.get("steps"), "guidance": pasted.get("guidance_scale"), "sampler": pasted.get("sampler"),
-            "size": pasted.get("size"), "schedule": pasted.get("schedule"), "rng": pasted.get("rng")})
+        args = fill_defaults(parser, args, "generate", given={option: pasted.get(_PASTED_AS.get(option, option))
+                                                              for option in _PASTED})
         s = settle(recipe_named(args.preset) if args.preset else None, model=args.model, unet=args.unet,
                    spacing=args.spacing, prediction_type=args.prediction_type, sampler=args.sampler,
                    steps=args.steps, guidance=args.guidance, size=args.size)
@@ -83,6 +81,11 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print(f"text encoding {t['text_encoding']:.3f} s, denoising {t['denoising']:.3f} s, "
           f"decoding {t['decoding']:.3f} s, total {t['total']:.3f} s")
     return 0
+
+
+# The options --parameters may fill, and the request fields they are where the names differ.
+_PASTED = ("prompt", "negative", "seed", "steps", "guidance", "sampler", "size", "schedule", "rng")
+_PASTED_AS = {"negative": "negative_prompt", "guidance": "guidance_scale"}
 
 
 def _pasted(text: str | None) -> dict:

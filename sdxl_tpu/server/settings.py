@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..names import DEFAULT_RNG, DEFAULT_SCHEDULE
-from ..options import DEFAULT_COMPILE_CACHE, add_options, fill_defaults, options_for
+from ..options import add_options, fill_defaults, options_for
 from ..prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..recipes import BASE, Recipe, recipe_named, settle
 from ..request import RequestError, parse_size, schedule_input
@@ -32,7 +32,7 @@ class Settings:
     dtype: str = default("--dtype")
     host: str = default("--host", "app")
     port: int = default("--port", "app")
-    compile_cache: str | None = DEFAULT_COMPILE_CACHE
+    compile_cache: str | None = default("--compile-cache")
     attention: str = default("--attention")
     images_per_call: int = 4
     queue_size: int = default("--queue-size")
