@@ -27,6 +27,18 @@ def env(tmp_path_factory, compile_cache):
             "SDXL_TPU_COMPILE_CACHE": str(compile_cache)}
 
 
+@pytest.fixture
+def main(env, monkeypatch):
+    """The CLI's entry point in this process, under `env`: what a process of its own adds (exit
+    codes, stderr) is checked once, by the tests that run one; this saves the JAX import and
+    start-up, some 4 s a run."""
+    from sdxl_tpu.__main__ import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return main
+
+
 def test_generate_writes_pngs_with_parameters(env, tmp_path):
     result = _run(["generate", "a photo of a cat", "--negative", "blurry", "--seed", "7", "--steps", "2",
                    "--guidance", "5", "--sampler", "DPM++ 2M Karras", "--schedule", "Checkpoint", "--rng", "JAX",
@@ -43,25 +55,22 @@ def test_generate_writes_pngs_with_parameters(env, tmp_path):
     assert "denoising" in result.stdout and "total" in result.stdout
 
 
-def test_presets_fill_what_is_not_given(env, tmp_path):
+def test_presets_fill_what_is_not_given(main, env, tmp_path):
     """--preset: a sampling preset on any model; a model preset's weights replaced by local ones
     (its UNet file from the Hub is not reachable here); options given explicitly win."""
-    result = _run(["generate", "a cat", "--preset", "Fast", "--seed", "1", "--size", "64x64", "--model", "tiny",
-                   "--dtype", "float32", "--out", str(tmp_path / "fast")], env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert main(["generate", "a cat", "--preset", "Fast", "--seed", "1", "--size", "64x64", "--model", "tiny",
+                 "--dtype", "float32", "--out", str(tmp_path / "fast")]) == 0
     assert ("Steps: 12, Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 5,"
             in Image.open(tmp_path / "fast" / "1.png").info["parameters"])
     unet = str(Path(env["SDXL_TPU_TINY_DIR"]) / "unet" / "diffusion_pytorch_model.safetensors")  # written above
-    result = _run(["generate", "a cat", "--preset", "Lightning 4-step", "--seed", "1", "--size", "64x64",
-                   "--model", "tiny", "--unet", unet, "--dtype", "float32", "--out",
-                   str(tmp_path / "lightning")], env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert main(["generate", "a cat", "--preset", "Lightning 4-step", "--seed", "1", "--size", "64x64",
+                 "--model", "tiny", "--unet", unet, "--dtype", "float32", "--out", str(tmp_path / "lightning")]) == 0
     parameters = Image.open(tmp_path / "lightning" / "1.png").info["parameters"]
     assert ("Steps: 4, Sampler: Euler, Schedule type: Checkpoint, CFG scale: 0, Seed: 1, Size: 64x64, "
             "Model: tiny + diffusion_pytorch_model, RNG: JAX,") in parameters
 
 
-def test_single_file_model_with_loras(env, tmp_path):
+def test_single_file_model_with_loras(main, tmp_path):
     """--model FILE.safetensors (configs and tokenizers from --config) and --lora FILE[:SCALE],
     repeatable: the LoRAs change the images and are named in their parameters."""
     import numpy as np
@@ -79,10 +88,9 @@ def test_single_file_model_with_loras(env, tmp_path):
               str(tmp_path / "style.safetensors"))
     common = ["generate", "a cat", "--seed", "3", "--steps", "2", "--size", "64x64", "--dtype", "float32",
               "--model", str(model), "--config", str(root)]
-    plain = _run([*common, "--out", str(tmp_path / "plain")], env)
-    styled = _run([*common, "--lora", f"{tmp_path / 'style.safetensors'}:0.7",
-                   "--lora", str(tmp_path / "style.safetensors"), "--out", str(tmp_path / "styled")], env)
-    assert plain.returncode == 0 and styled.returncode == 0, (plain.stderr + styled.stderr)[-3000:]
+    assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*common, "--lora", f"{tmp_path / 'style.safetensors'}:0.7",
+                 "--lora", str(tmp_path / "style.safetensors"), "--out", str(tmp_path / "styled")]) == 0
     plain_image, styled_image = Image.open(tmp_path / "plain" / "3.png"), Image.open(tmp_path / "styled" / "3.png")
     # A1111's names: the checkpoint's short hash (SHA-256, 10 digits), each LoRA as a tag with its scale
     # in the prompt and its hash (12 digits); as readers nobody here wrote see them.
@@ -124,12 +132,8 @@ def test_single_file_model_with_loras(env, tmp_path):
     (["generate", "x", "--model", "tiny", "--size", "64x64", "--lora", "/nonexistent/style.safetensors"],
      "weights file '/nonexistent/style.safetensors' is neither an existing file"),
 ])
-def test_bad_arguments_are_one_line_errors(env, args, message, capsys, monkeypatch):
-    """In this process (what a subprocess adds is checked below, once): about 3 s less per case."""
-    from sdxl_tpu.__main__ import main
-
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+def test_bad_arguments_are_one_line_errors(main, args, message, capsys):
+    """In this process (what a subprocess adds is checked below, once)."""
     try:
         code = main(args)
     except SystemExit as e:
@@ -147,13 +151,9 @@ def test_a_bad_argument_ends_the_process_with_one_line(env):
         "error: Steps must be a whole number between 1 and 50."], result.stderr[-2000:]
 
 
-def test_parameters_text_fills_what_is_not_given(env, tmp_path, capsys, monkeypatch):
+def test_parameters_text_fills_what_is_not_given(main, tmp_path, capsys):
     """--parameters: an A1111 text (here our own, from an image) gives prompt, negative prompt,
     steps, sampler, CFG scale, seed and size; options given win; the rest is noted."""
-    from sdxl_tpu.__main__ import main
-
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     text = ("a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Karras, CFG scale: 3, "
             "Seed: 40, Size: 64x64, Model: elsewhere, Hires upscale: 2")
     assert main(["generate", "--parameters", text, "--seed", "41", "--schedule", "Checkpoint", "--model", "tiny",
