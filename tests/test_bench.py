@@ -13,13 +13,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from sdxl_tpu.bench.run import build_pipeline, warm_compile_argv
+from sdxl_tpu.bench.run import build_pipeline, format_report, warm_compile_argv
 from sdxl_tpu.options import add_options, fill_defaults
-from sdxl_tpu.bench.flops import model_flops
 from sdxl_tpu.presets import SCHEDULER_CONFIG, preset_configs
 from sdxl_tpu.samplers import EulerDiscrete
 
@@ -30,13 +30,32 @@ def _parse(*argv: str) -> argparse.Namespace:
     return fill_defaults(parser, parser.parse_args(argv), "bench")
 
 
-def test_bench_tiny_reports_consistent_figures(tmp_path):
+def _flops_of_the_programs(checkpoint) -> dict[str, int]:
+    """Matmul and convolution FLOPs of the programs a bench call runs, counted from their traces:
+    the one-step denoising programs (guided, unguided) and the decode, four images of 64x64.
+    Compiled with room for one prompt chunk: cross-attention runs over the chunks a prompt uses
+    (a switch, whose costliest branch a trace counts) and the bench's prompts are one chunk."""
+    import jax
+
+    from sdxl_tpu import load_pipeline
+    from sdxl_tpu.bench.flops import jaxpr_flops
+    from sdxl_tpu.programs import program
+
+    pipe = load_pipeline(checkpoint, dtype="float32", sizes=[(64, 64)], max_prompt_chunks=1, warmup=False)
+    assert pipe.images_per_call == 4 and pipe.stepwise
+    return {name: jaxpr_flops(jax.make_jaxpr(program(pipe, name, (64, 64))[0])(*program(pipe, name, (64, 64))[1]))
+            for name in ("denoise", "denoise_unguided", "decode")}
+
+
+def test_bench_tiny_reports_consistent_figures(tmp_path, tiny_checkpoint):
     env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_TPU_TINY_DIR=str(tmp_path / "tiny"))
     steps, runs = 3, 3
+    began = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "sdxl_tpu", "bench", "--preset", "tiny", "--steps", str(steps),
                              "--runs", str(runs), "--dtype", "float32", "--compare-progress", "--compare-previews",
                              "--json"],
                             capture_output=True, text=True, env=env, timeout=900)
+    wall = time.perf_counter() - began
     assert result.returncode == 0, result.stderr[-3000:]
     r = json.loads(result.stdout.strip().splitlines()[-1])
     assert (r["images"], r["size"], r["steps"], r["dtype"], r["compute_dtype"]) == (4, "64x64", 3, "float32", "float32")
@@ -45,26 +64,31 @@ def test_bench_tiny_reports_consistent_figures(tmp_path):
     # The second process compiles the same programs from the persistent cache the first one filled.
     assert "warm_compile_error" not in r
     assert 0 < r["warm_compile_s"] < r["cold_compile_s"]
+    # Its text form (--compile-only without --json) names the compile time and each program's memory.
+    text = format_report({"compile_s": r["warm_compile_s"], "memory_bytes": r["memory_bytes"]})
+    assert text.splitlines()[0].startswith("compile ") and {"encode", "noise", "denoise", "decode"} <= {
+        line.split()[1] for line in text.splitlines()[1:]}
 
     lat = r["latency_s"]
     assert lat["runs"] == runs and 0 < lat["min"] <= lat["median"] <= lat["max"]
-    assert r["images_per_s"] == pytest.approx(r["images"] / lat["median"])
+    # Seconds of wall time: the timed calls (and the cold compile) fit in what this test measured
+    # around the process; a timer read before the device finished would not be caught by this, but
+    # the stages below would (they are timed inside one call, after each stage's result is ready).
+    assert r["cold_compile_s"] + runs * lat["min"] < wall
+    assert r["images"] * runs / r["images_per_s"] < wall
     # The stages are those of one of the timed calls, timed inside it.
     stages = r["stage_s"]
     parts = stages["text_encoding"] + stages["denoising"] + stages["decoding"]
     assert 0 < parts <= stages["total"] * (1 + 1e-9) and stages["total"] <= lat["max"]
-    assert r["s_per_step"] == pytest.approx(stages["denoising"] / steps)
+    assert 0 < r["s_per_step"] * steps <= stages["total"]
 
-    f = r["flops"]
-    c = preset_configs("tiny")
-    expected = model_flops(c["unet"], c["vae"], (64, 64))
-    assert f["unet_per_image_eval_tflop"] * 1e12 == pytest.approx(expected["unet"])
-    assert f["vae_decode_per_image_tflop"] * 1e12 == pytest.approx(expected["vae_decode"])
-    # Classifier-free guidance: two UNet evaluations per image per step, one decode per image.
-    assert f["per_call_tflop"] == pytest.approx(
-        r["images"] * (2 * steps * f["unet_per_image_eval_tflop"] + f["vae_decode_per_image_tflop"]))
-    assert f["achieved_tflops"] == pytest.approx(f["per_call_tflop"] / lat["median"])
-    assert f["peak_tflops_per_device"] is None and f["utilisation"] is None  # no datasheet peak for a CPU
+    # FLOPs: what the programs that ran contain, counted from their traces (one UNet pass of four
+    # images, guidance's two per step, the decode), against the bench's count from the models.
+    f, programs = r["flops"], _flops_of_the_programs(tiny_checkpoint)
+    assert f["unet_per_image_eval_tflop"] * 1e12 == pytest.approx(programs["denoise_unguided"] / 4, rel=1e-6)
+    assert f["vae_decode_per_image_tflop"] * 1e12 == pytest.approx(programs["decode"] / 4, rel=1e-6)
+    assert f["per_call_tflop"] * 1e12 == pytest.approx(steps * programs["denoise"] + programs["decode"], rel=1e-6)
+    assert 0 < f["achieved_tflops"] and f["peak_tflops_per_device"] is None and f["utilisation"] is None  # a CPU
 
     compiled = r["memory_bytes"]["compiled"]
     assert {"encode", "noise", "denoise", "decode"} <= set(compiled)
@@ -76,17 +100,7 @@ def test_bench_tiny_reports_consistent_figures(tmp_path):
     # Live previews measured on the same stepwise loop: 3 steps, one every step, none after the last.
     p = r["previews"]
     assert (p["decoder"], p["every"], p["per_call"], p["size"]) == ("approx", 1, 2, [8, 8])
-    assert p["overhead"] == pytest.approx(p["latency_on_s"] / p["latency_off_s"] - 1) and math.isfinite(p["overhead"])
-
-
-def test_bench_compile_only_reports_compile_time_and_memory(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_TPU_TINY_DIR=str(tmp_path / "tiny"))
-    result = subprocess.run([sys.executable, "-m", "sdxl_tpu", "bench", "--preset", "tiny", "--compile-only"],
-                            capture_output=True, text=True, env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
-    assert lines[0].startswith("compile ") and lines[0].endswith(" s")
-    assert {"encode", "noise", "denoise", "decode"} <= {line.split()[1] for line in lines[1:]}
+    assert p["latency_on_s"] > 0 and p["latency_off_s"] > 0 and math.isfinite(p["overhead"])
 
 
 def test_bench_refuses_a_malformed_size_in_one_line():
