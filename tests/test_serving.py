@@ -1,20 +1,35 @@
-"""The served app over many calls: disk and memory stay flat (a Space runs for days)."""
+"""The served app over its life, in one process: many calls leave disk and memory flat (a Space
+runs for days); then SIGTERM with work in flight: not ready at once, new calls told the server is
+going away, the accepted requests finish, and the process exits 0 although a page's heartbeat
+stream is open."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import signal
+import statistics
+import time
+import urllib.error
+import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
 
-from served_app import start_app
+from served_app import free_port, get, start_app
 
-WARMUP_CALLS, SOAK_CALLS = 20, 120
+WARMUP_CALLS, SOAK_CALLS, SAMPLE_EVERY = 20, 120, 5
 
 
 @pytest.fixture(scope="module")
-def soak_app(tmp_path_factory, compile_cache):
-    # Images stay downloadable for 2 s here (an hour by default), so a short run shows the sweep.
-    yield from start_app(tmp_path_factory.mktemp("soak"), compile_cache, extra_args=("--keep-images", "2"))
+def served(tmp_path_factory, compile_cache):
+    """One app for the module's tests, in order: the soak, then SIGTERM (which ends it). Images
+    stay downloadable for 2 s here (an hour by default), so a short run shows the sweep."""
+    metrics_port = free_port()
+    for app in start_app(tmp_path_factory.mktemp("served"), compile_cache,
+                         extra_args=("--keep-images", "2", "--metrics", f"127.0.0.1:{metrics_port}")):
+        yield {**app, "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}
 
 
 def _disk(folder: Path) -> tuple[int, int]:
@@ -29,33 +44,106 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_disk_and_memory_stay_flat_over_many_calls(soak_app):
+def test_disk_and_memory_stay_flat_over_many_calls(served):
     from gradio_client import Client
 
-    client = Client(soak_app["url"] + "/", verbose=False, download_files=False)
-    cache, pid = soak_app["cache_dir"], soak_app["proc"].pid
-    samples = []
-    for i in range(SOAK_CALLS):  # bounded
+    client = Client(served["url"] + "/", verbose=False, download_files=False)
+    cache, pid = served["cache_dir"], served["proc"].pid
+    disk, rss = {}, {}
+    for i in range(1, SOAK_CALLS + 1):  # bounded
         gallery, _ = client.predict("a photo of a cat", "blurry", "(No style)", i, False, 5.0, 1, "64x64",
                                     api_name="/generate")
         assert len(gallery) == 4
-        if i + 1 in (WARMUP_CALLS, SOAK_CALLS):
-            samples.append((*_disk(cache), _rss_bytes(pid)))
-    (files_warm, bytes_warm, rss_warm), (files_end, bytes_end, rss_end) = samples
-    per_call = (bytes_end - bytes_warm) / (SOAK_CALLS - WARMUP_CALLS)
-    print(f"after {WARMUP_CALLS} calls: {files_warm} files, {bytes_warm:,} bytes, RSS {rss_warm / 2**20:.1f} MiB; "
-          f"after {SOAK_CALLS}: {files_end} files, {bytes_end:,} bytes, RSS {rss_end / 2**20:.1f} MiB "
-          f"({per_call:+,.0f} bytes and {(rss_end - rss_warm) / (SOAK_CALLS - WARMUP_CALLS) / 1024:+.1f} KiB RSS "
-          "per call)")
+        if i >= WARMUP_CALLS and i % SAMPLE_EVERY == 0:
+            disk[i], rss[i] = _disk(cache), _rss_bytes(pid)
+    (files_warm, bytes_warm), (files_end, bytes_end) = disk[WARMUP_CALLS], disk[SOAK_CALLS]
+    growth = [(rss[i] - rss[i - SAMPLE_EVERY]) / SAMPLE_EVERY / 1024 for i in sorted(rss)[1:]]  # KiB a call
+    print(f"after {WARMUP_CALLS} calls: {files_warm} files, {bytes_warm:,} bytes, RSS "
+          f"{rss[WARMUP_CALLS] / 2**20:.1f} MiB; after {SOAK_CALLS}: {files_end} files, {bytes_end:,} bytes, RSS "
+          f"{rss[SOAK_CALLS] / 2**20:.1f} MiB; RSS growth, KiB a call, every {SAMPLE_EVERY} calls: "
+          + " ".join(f"{g:+.0f}" for g in growth))
     # Disk: only what the last couple of seconds wrote is still there (4 images a call, ~2 kB each);
     # before the sweep it grew by every call's images, for good.
     assert files_end <= 4 * 20 and bytes_end <= 4 * 20 * 8_000
-    # Memory: flat after warm-up, within allocator noise (a leak of one 64x64 call's images, ~50 kB,
-    # over 100 calls would be 5 MB).
-    assert rss_end - rss_warm <= 24 * 2**20
+    # Memory: flat after warm-up. Holding on to each call's images (4 x 12 kB of pixels) grows
+    # RSS steadily; the allocator adds one-off jumps of either sign (+3.6 MiB and +18 MiB in some
+    # runs), which the median of the per-interval growth ignores. Measured 2026-12-02: a median of
+    # 4 KiB a call as served; 22-37 KiB with a deliberate leak of every image PIL saves (a
+    # sitecustomize keeping a copy of each).
+    assert statistics.median(growth) <= 12, growth
     # The newest images are still served.
     import urllib.request
 
     with urllib.request.urlopen(gallery[0]["image"]["url"], timeout=10) as response:
         assert response.status == 200 and response.read(3) == b"\xff\xd8\xff"  # a JPEG
 
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = get(url)
+    assert status == 200, text
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == name and s.labels == labels)
+
+
+def test_sigterm_drains_then_exits_zero(served):
+    from gradio_client import Client
+
+    base, proc = served["url"], served["proc"]
+    # --metrics HOST:PORT: a listener of its own; the public port does not serve them.
+    assert get(base + "/metrics")[0] == 404
+    assert _metric(served["metrics_url"], "sdxl_ready") == 1
+    # A page's heartbeat stream, held open for the whole test (it kept the process alive before).
+    heartbeat = http.client.HTTPConnection("127.0.0.1", served["port"], timeout=60)
+    heartbeat.request("GET", f"/gradio_api/heartbeat/{uuid.uuid4().hex}")
+    assert heartbeat.getresponse().status == 200
+
+    args = lambda seed, steps: ("a cat", "", "(No style)", seed, False, 5.0, steps, "96x64", "Euler",
+                                 "Checkpoint", "JAX")
+    jobs = [Client(base + "/", verbose=False, download_files=False).submit(*args(seed, 50), api_name="/generate")
+            for seed in (1, 2)]  # one running, one queued behind it
+    time.sleep(0.5)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    deadline = sent + 5
+    while get(base + "/readyz")[0] != 503:  # bounded: 5 s
+        assert time.monotonic() < deadline, "readyz did not turn 503"
+        time.sleep(0.02)
+    not_ready_after = time.monotonic() - sent
+    status, body = get(base + "/readyz")
+    assert status == 503 and json.loads(body)["status"] == "draining"
+    assert _metric(served["metrics_url"], "sdxl_ready") == 0
+
+    # A new call is told, at once, that the server is going away (503 + Retry-After: a load
+    # balancer tries another server).
+    join = urllib.request.Request(base + "/gradio_api/queue/join", method="POST",
+                                  headers={"Content-Type": "application/json"},
+                                  data=json.dumps({"data": list(args(3, 1)), "fn_index": _generate_fn_index(base),
+                                                   "session_hash": uuid.uuid4().hex}).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(join, timeout=10)
+    assert refused.value.code == 503 and refused.value.headers["Retry-After"]
+    assert "shutting down" in json.loads(refused.value.read())["detail"]
+    assert _metric(served["metrics_url"], "sdxl_requests_total", outcome="draining") == 1
+
+    # Both accepted requests finish with their images.
+    for job, seed in zip(jobs, (1, 2)):
+        gallery, info = job.result(120)
+        assert len(gallery) == 4 and f"Seeds: {seed}, {seed + 1}" in info
+    finished = time.monotonic() - sent
+    code = proc.wait(timeout=60)  # bounded; before, it never exited while a heartbeat was open
+    exited = time.monotonic() - sent
+    print(f"SIGTERM: not ready after {not_ready_after:.2f} s, accepted requests done after {finished:.2f} s, "
+          f"exit {code} after {exited:.2f} s")
+    assert not_ready_after < 1.0
+    assert code == 0 and exited - finished < 15
+    log = served["log"].read_text()
+    assert "drained" in log and "Traceback" not in log
+
+
+def _generate_fn_index(base: str) -> int:
+    status, text = get(base + "/config")
+    assert status == 200
+    config = json.loads(text)
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
