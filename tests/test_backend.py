@@ -25,8 +25,10 @@ QUEUE_SIZE = 1
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory, compile_cache):
+    """One back end for the module; its last test stops it (SIGTERM)."""
     yield from start_backend(tmp_path_factory.mktemp("backend"), compile_cache,
-                             extra_args=("--queue-size", str(QUEUE_SIZE), "--image-format", "webp"))
+                             extra_args=("--queue-size", str(QUEUE_SIZE), "--image-format", "webp",
+                                         "--drain-seconds", "60"))
 
 
 def post(backend, body: bytes | str | dict, headers: dict[str, str] | None = None,
@@ -216,14 +218,7 @@ def test_full_queue_answers_503_with_retry_after_at_once(backend):
     assert requests_total(after, "ok") - requests_total(before, "ok") == 2
 
 
-@pytest.fixture(scope="module")
-def draining_backend(tmp_path_factory, compile_cache):
-    yield from start_backend(tmp_path_factory.mktemp("draining-backend"), compile_cache,
-                             extra_args=("--drain-seconds", "60"))
-
-
-def test_sigterm_drains_accepted_work_then_exits_zero(draining_backend):
-    backend = draining_backend
+def test_sigterm_drains_accepted_work_then_exits_zero(backend):
     proc, long = backend["proc"], {"prompt": "a cat", "steps": 50, "seed": 3}
     results: dict[str, tuple] = {}
     threads = [threading.Thread(target=lambda name=name: results.__setitem__(name, post(backend, long)))
