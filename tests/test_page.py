@@ -266,13 +266,15 @@ def test_preview_files_are_small_jpegs():
     assert len(blob) < 8000
 
 
-def test_taesd_previews_are_decoded_on_the_device_at_preview_size(tiny_checkpoint, tiny_pipeline, tmp_path):
+def test_taesd_previews_are_decoded_on_the_device_at_preview_size(tiny_checkpoint, tiny_pipeline, compile_cache,
+                                                                  tmp_path):
     """With a TAESD checkpoint (--preview DIR), previews come from its decoder, compiled with the
     other programs (nothing compiles per call), at twice the latent resolution, images unchanged."""
     from sdxl_tpu import load_pipeline
     from sdxl_tpu.weights.tiny import write_tiny_taesd
 
-    pipe = load_pipeline(tiny_checkpoint, dtype="float32", sizes=[(64, 64)], preview=str(write_tiny_taesd(tmp_path)))
+    pipe = load_pipeline(tiny_checkpoint, dtype="float32", sizes=[(64, 64)], preview=str(write_tiny_taesd(tmp_path)),
+                         compile_cache=compile_cache)  # the programs but the preview are the fixture's
     assert pipe.preview_decoder == "taesd" and "preview" in pipe.compiled((64, 64))
     infos = Request.of("a cat", seed=3, steps=8, size=(64, 64)).images(4)
     seen = []
