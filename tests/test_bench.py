@@ -43,8 +43,11 @@ def _flops_of_the_programs(checkpoint) -> dict[str, int]:
 
     pipe = load_pipeline(checkpoint, dtype="float32", sizes=[(64, 64)], max_prompt_chunks=1, warmup=False)
     assert pipe.images_per_call == 4 and pipe.stepwise
-    return {name: jaxpr_flops(jax.make_jaxpr(program(pipe, name, (64, 64))[0])(*program(pipe, name, (64, 64))[1]))
-            for name in ("denoise", "denoise_unguided", "decode")}
+    counts = {}
+    for name in ("denoise", "denoise_unguided", "decode"):
+        fn, args = program(pipe, name, (64, 64))
+        counts[name] = jaxpr_flops(jax.make_jaxpr(fn)(*args))
+    return counts
 
 
 def test_bench_tiny_reports_consistent_figures(tmp_path, tiny_checkpoint):

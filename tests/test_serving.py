@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from served_app import free_port, get, start_app
+from served_app import free_port, get, read_metrics, requests_total, start_app
 
 WARMUP_CALLS, SOAK_CALLS, SAMPLE_EVERY = 20, 120, 5
 
@@ -49,14 +49,16 @@ def test_disk_and_memory_stay_flat_over_many_calls(served):
 
     client = Client(served["url"] + "/", verbose=False, download_files=False)
     cache, pid = served["cache_dir"], served["proc"].pid
-    disk, rss = {}, {}
+    disk, rss = [], {}
     for i in range(1, SOAK_CALLS + 1):  # bounded
         gallery, _ = client.predict("a photo of a cat", "blurry", "(No style)", i, False, 5.0, 1, "64x64",
                                     api_name="/generate")
         assert len(gallery) == 4
         if i >= WARMUP_CALLS and i % SAMPLE_EVERY == 0:
-            disk[i], rss[i] = _disk(cache), _rss_bytes(pid)
-    (files_warm, bytes_warm), (files_end, bytes_end) = disk[WARMUP_CALLS], disk[SOAK_CALLS]
+            rss[i] = _rss_bytes(pid)
+        if i in (WARMUP_CALLS, SOAK_CALLS):
+            disk.append(_disk(cache))
+    (files_warm, bytes_warm), (files_end, bytes_end) = disk
     growth = [(rss[i] - rss[i - SAMPLE_EVERY]) / SAMPLE_EVERY / 1024 for i in sorted(rss)[1:]]  # KiB a call
     print(f"after {WARMUP_CALLS} calls: {files_warm} files, {bytes_warm:,} bytes, RSS "
           f"{rss[WARMUP_CALLS] / 2**20:.1f} MiB; after {SOAK_CALLS}: {files_end} files, {bytes_end:,} bytes, RSS "
@@ -72,19 +74,8 @@ def test_disk_and_memory_stay_flat_over_many_calls(served):
     # sitecustomize keeping a copy of each).
     assert statistics.median(growth) <= 12, growth
     # The newest images are still served.
-    import urllib.request
-
     with urllib.request.urlopen(gallery[0]["image"]["url"], timeout=10) as response:
         assert response.status == 200 and response.read(3) == b"\xff\xd8\xff"  # a JPEG
-
-
-def _metric(url: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    status, text = get(url)
-    assert status == 200, text
-    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                if s.name == name and s.labels == labels)
 
 
 def test_sigterm_drains_then_exits_zero(served):
@@ -93,7 +84,7 @@ def test_sigterm_drains_then_exits_zero(served):
     base, proc = served["url"], served["proc"]
     # --metrics HOST:PORT: a listener of its own; the public port does not serve them.
     assert get(base + "/metrics")[0] == 404
-    assert _metric(served["metrics_url"], "sdxl_ready") == 1
+    assert read_metrics(served["metrics_url"])["sdxl_ready"] == 1
     # A page's heartbeat stream, held open for the whole test (it kept the process alive before).
     heartbeat = http.client.HTTPConnection("127.0.0.1", served["port"], timeout=60)
     heartbeat.request("GET", f"/gradio_api/heartbeat/{uuid.uuid4().hex}")
@@ -113,7 +104,7 @@ def test_sigterm_drains_then_exits_zero(served):
     not_ready_after = time.monotonic() - sent
     status, body = get(base + "/readyz")
     assert status == 503 and json.loads(body)["status"] == "draining"
-    assert _metric(served["metrics_url"], "sdxl_ready") == 0
+    assert read_metrics(served["metrics_url"])["sdxl_ready"] == 0
 
     # A new call is told, at once, that the server is going away (503 + Retry-After: a load
     # balancer tries another server).
@@ -125,7 +116,7 @@ def test_sigterm_drains_then_exits_zero(served):
         urllib.request.urlopen(join, timeout=10)
     assert refused.value.code == 503 and refused.value.headers["Retry-After"]
     assert "shutting down" in json.loads(refused.value.read())["detail"]
-    assert _metric(served["metrics_url"], "sdxl_requests_total", outcome="draining") == 1
+    assert requests_total(read_metrics(served["metrics_url"]), "draining") == 1
 
     # Both accepted requests finish with their images.
     for job, seed in zip(jobs, (1, 2)):
