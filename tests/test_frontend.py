@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -19,8 +20,9 @@ from served_app import ROOT, artifact, free_port, get, playground_page, wait_for
 from sdxl_tpu.names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SCHEDULES
 
 # A back end unlike the front end's own defaults (20 steps, guidance 5, every sampler, the sampling
-# presets): SDXL-Lightning's 4-step preset, two samplers.
-INFO = {"model": "fake-sdxl", "sizes": ["64x64"], "samplers": ["Euler", "Euler a"], "default_sampler": "Euler",
+# presets): SDXL-Lightning's 4-step preset, two samplers; it serves the built-in tiny model, whose
+# tokenizer the front end makes itself (without JAX) to count tokens.
+INFO = {"model": "tiny", "sizes": ["64x64"], "samplers": ["Euler", "Euler a"], "default_sampler": "Euler",
         "preset": "Lightning 4-step", "presets": ["Lightning 4-step"], "images_per_call": 4, "image_format": "jpeg",
         "max_prompt_chunks": 3, "schedules": list(SCHEDULES), "default_schedule": DEFAULT_SCHEDULE,
         "rngs": list(RNGS), "default_rng": DEFAULT_RNG}
@@ -62,7 +64,8 @@ def mapped(pid: int, name: str) -> bool:
 
 def test_a_front_end_answers_at_once_and_follows_its_back_ends(tmp_path):
     port, backend_port = free_port(), free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_REMOTE_CHECK_SECONDS="0.5")
+    tiny = tmp_path / "tiny"  # (where "tiny" is written: nothing there yet)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_REMOTE_CHECK_SECONDS="0.5", SDXL_TPU_TINY_DIR=str(tiny))
     started = time.monotonic()
     with open(tmp_path / "frontend.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "app.py", "--backend", f"http://127.0.0.1:{backend_port}",
@@ -91,8 +94,8 @@ def test_a_front_end_answers_at_once_and_follows_its_back_ends(tmp_path):
             # A back end comes: ready, and the open page takes its offer without a reload.
             backend = InfoOnlyBackend(backend_port)
             wait_for(lambda: readyz(base)[0] == 200, 30, "the front end did not become ready when a back end answered")
-            assert "fake-sdxl" in readyz(base)[1]["message"]
-            page.get_by_text("fake-sdxl").first.wait_for(timeout=30_000)
+            assert "images are made by tiny" in readyz(base)[1]["message"]
+            page.get_by_text("images are made by tiny").first.wait_for(timeout=30_000)
             page.locator("#generate:not([disabled])").wait_for(timeout=10_000)
             assert run.inner_text() == "Generate"
             assert page.locator("#size input").input_value() == "1:1 square · 64 × 64"  # the back end's one size
@@ -103,6 +106,11 @@ def test_a_front_end_answers_at_once_and_follows_its_back_ends(tmp_path):
             assert page.locator("#steps input[type=number]").input_value() == "4"
             assert float(page.locator("#guidance input[type=number]").input_value()) == 0
             assert page.locator("#sampler input").input_value() == "Euler"
+            # Token counts with the back end's tokenizer (loaded in the background once it answered).
+            counter = page.locator("#token-count [data-testid=markdown]")
+            page.locator("#prompt textarea").fill("a cat sitting on a red chair")
+            counted = lambda: re.fullmatch(r"[1-9]\d* / 225 tokens", counter.inner_text())
+            wait_for(counted, 60, "the front end counted no tokens for the back end's model")
             page.locator("#sampler input").click()
             options = lambda menu: [text.split("\n")[-1]  # (a ✓ marks the chosen one)
                                     for text in page.locator(f"#{menu} [role=option]").all_inner_texts()]
@@ -124,8 +132,10 @@ def test_a_front_end_answers_at_once_and_follows_its_back_ends(tmp_path):
         backend = InfoOnlyBackend(backend_port)
         wait_for(lambda: readyz(base)[0] == 200, 30, "the front end did not become ready again")
         assert proc.poll() is None
-        # Still no JAX after serving its back ends' description (token counts need only a tokenizer).
-        assert not mapped(proc.pid, "jaxlib"), "a front end loaded JAX once connected"
+        # Still no JAX after serving its back ends' description: the tiny model's tokenizer was
+        # written alone, not the checkpoint (whose random weights need JAX).
+        assert not mapped(proc.pid, "jaxlib") and not mapped(proc.pid, "flax"), "a front end loaded JAX once connected"
+        assert (tmp_path / "tiny-tokenizers" / "tokenizer" / "vocab.json").is_file() and not tiny.exists()
     finally:
         if backend is not None:
             backend.stop()

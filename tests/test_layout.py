@@ -113,7 +113,8 @@ def test_request_checking_imports_no_jax():
     """What a front end needs to check requests and name things: no JAX, no flax."""
     code = ("import sys\n"
             "import sdxl_tpu, sdxl_tpu.request, sdxl_tpu.names, sdxl_tpu.infotext, sdxl_tpu.images, sdxl_tpu.prompts\n"
-            "import sdxl_tpu.recipes, sdxl_tpu.weights.hub, sdxl_tpu.server.page, sdxl_tpu.server.styles\n"
+            "import sdxl_tpu.recipes, sdxl_tpu.weights.hub, sdxl_tpu.weights.tiny_tokenizers, sdxl_tpu.server.page\n"
+            "import sdxl_tpu.server.styles\n"
             "print(sorted(m for m in ('jax', 'flax', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -54,7 +54,7 @@ def random_tokenizers():
     """The tiny checkpoint's two CLIP tokenizers (a small BPE vocabulary), written and read back."""
     from transformers import CLIPTokenizer
 
-    from ..weights.tiny import write_tokenizers
+    from ..weights.tiny_tokenizers import write_tokenizers
 
     with tempfile.TemporaryDirectory(prefix="sdxl-bench-tokenizer-") as directory:
         write_tokenizers(directory)

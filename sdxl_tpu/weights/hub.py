@@ -21,23 +21,45 @@ _SMALL_FILES = ["model_index.json", "*/config.json", "scheduler/scheduler_config
                 "tokenizer_2/*"]
 
 
-def tiny_checkpoint_dir() -> Path:
-    """The built-in tiny checkpoint ("tiny"), written once to the user cache ($SDXL_TPU_TINY_DIR)."""
-    from .tiny import TINY_VERSION, write_tiny_checkpoint
+def _tiny_dir() -> Path:
+    from .tiny_tokenizers import TINY_VERSION
 
     default = Path.home() / ".cache" / "sdxl_tpu" / f"tiny-v{TINY_VERSION}"
-    directory = Path(os.environ.get("SDXL_TPU_TINY_DIR", default))
-    if not (directory / "model_index.json").is_file():
-        # Write beside it and rename, so concurrent first runs never see half a checkpoint.
+    return Path(os.environ.get("SDXL_TPU_TINY_DIR", default))
+
+
+def _written_once(directory: Path, marker: str, write) -> Path:
+    """`directory`, written by `write(path)` unless `marker` is in it already."""
+    if not (directory / marker).is_file():
+        # Write beside it and rename, so concurrent first runs never see half of it.
         staging = directory.with_name(f"{directory.name}.{os.getpid()}.tmp")
-        write_tiny_checkpoint(staging)
+        write(staging)
         try:
             staging.rename(directory)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
-            if not (directory / "model_index.json").is_file():
+            if not (directory / marker).is_file():
                 raise
     return directory
+
+
+def tiny_checkpoint_dir() -> Path:
+    """The built-in tiny checkpoint ("tiny"), written once to the user cache ($SDXL_TPU_TINY_DIR)."""
+    from .tiny import write_tiny_checkpoint
+
+    return _written_once(_tiny_dir(), "model_index.json", write_tiny_checkpoint)
+
+
+def tiny_tokenizers_dir() -> Path:
+    """The tiny checkpoint's tokenizer/ and tokenizer_2/ without its weights (writing those needs
+    JAX): the checkpoint's own where it is written, else written once beside it."""
+    from .tiny_tokenizers import write_tokenizers
+
+    checkpoint = _tiny_dir()
+    if (checkpoint / "model_index.json").is_file():
+        return checkpoint
+    return _written_once(checkpoint.with_name(f"{checkpoint.name}-tokenizers"), "tokenizer_2/tokenizer_config.json",
+                         write_tokenizers)
 
 
 def resolve(model: str | os.PathLike, *, variant: str | None = "fp16", weights: bool = True) -> Path:
@@ -96,7 +118,8 @@ def load_tokenizer(model: str | os.PathLike):
     directory, or a Hub repo's small files (configs and tokenizers, not the weights)."""
     from transformers import CLIPTokenizer
 
-    return CLIPTokenizer.from_pretrained(str(resolve(model, weights=False) / "tokenizer"))
+    root = tiny_tokenizers_dir() if str(model) == "tiny" else resolve(model, weights=False)
+    return CLIPTokenizer.from_pretrained(str(root / "tokenizer"))
 
 
 def load_tokenizers(model: str | os.PathLike):
@@ -109,4 +132,4 @@ def load_tokenizers(model: str | os.PathLike):
 
 
 __all__ = ["COMPONENTS", "SDXL_BASE", "TAESD_REPO", "load_tokenizer", "load_tokenizers", "resolve", "resolve_file",
-           "tiny_checkpoint_dir"]
+           "tiny_checkpoint_dir", "tiny_tokenizers_dir"]
