@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 
 from .errors import CheckpointError
+from .tiny_tokenizers import TINY_VERSION, write_tokenizers  # (no JAX: a front end writes these)
 
 TAESD_REPO = "madebyollin/taesdxl"  # TAESD for SDXL, the live previews' decoder
 
@@ -22,13 +24,11 @@ _SMALL_FILES = ["model_index.json", "*/config.json", "scheduler/scheduler_config
 
 
 def _tiny_dir() -> Path:
-    from .tiny_tokenizers import TINY_VERSION
-
     default = Path.home() / ".cache" / "sdxl_tpu" / f"tiny-v{TINY_VERSION}"
     return Path(os.environ.get("SDXL_TPU_TINY_DIR", default))
 
 
-def _written_once(directory: Path, marker: str, write) -> Path:
+def _written_once(directory: Path, marker: str, write: Callable[[Path], object]) -> Path:
     """`directory`, written by `write(path)` unless `marker` is in it already."""
     if not (directory / marker).is_file():
         # Write beside it and rename, so concurrent first runs never see half of it.
@@ -53,8 +53,6 @@ def tiny_checkpoint_dir() -> Path:
 def tiny_tokenizers_dir() -> Path:
     """The tiny checkpoint's tokenizer/ and tokenizer_2/ without its weights (writing those needs
     JAX): the checkpoint's own where it is written, else written once beside it."""
-    from .tiny_tokenizers import write_tokenizers
-
     checkpoint = _tiny_dir()
     if (checkpoint / "model_index.json").is_file():
         return checkpoint
