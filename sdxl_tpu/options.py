@@ -1,6 +1,6 @@
 """Every command-line option of the app, `serve`, `generate`, `bench` and `make-tiny`, in one
 table: flag, environment variable, default, choices, help. Parsers are built from it and
-README's option table is written from it (`python -m sdxl_tpu.options`), so they cannot drift.
+docs/options.md's option table is written from it (`python -m sdxl_tpu.options`), so they cannot drift.
 
 An option given on the command line wins; then (where a command takes them from elsewhere, as
 `generate` takes --parameters) the other source; then its environment variable; then its default.
@@ -263,7 +263,7 @@ def from_environment(parser: argparse.ArgumentParser, o: Option, text: str) -> A
 
 
 def markdown_table() -> str:
-    """README's table of options."""
+    """docs/options.md's table of options."""
     lines = ["| Option | Environment | Default | Commands | What it does |", "|---|---|---|---|---|"]
     for o in OPTIONS:
         choices = f" One of: {', '.join(o.choices)}." if o.choices else ""

@@ -1,6 +1,6 @@
 """One table of options (sdxl_tpu/options.py) for the app, serve, generate, bench and make-tiny:
 every parser is built from it, every option reads its environment variable in every command
-that takes it, and README's table is the one it writes."""
+that takes it, and docs/options.md's table is the one it writes."""
 
 from __future__ import annotations
 
@@ -124,8 +124,8 @@ def test_settings_defaults_are_the_tables():
         assert getattr(s, field) == getattr(parsed, field), field
 
 
-def test_readme_table_is_the_tables():
-    readme = (ROOT / "README.md").read_text()
+def test_the_documented_table_is_the_tables():
+    doc = (ROOT / "docs" / "options.md").read_text()
     begin, end = "<!-- options table: begin -->\n", "\n<!-- options table: end -->"
-    assert readme[readme.index(begin) + len(begin):readme.index(end)] == markdown_table(), (
-        "README's option table is stale: rewrite it with `python -m sdxl_tpu.options`")
+    assert doc[doc.index(begin) + len(begin):doc.index(end)] == markdown_table(), (
+        "docs/options.md's option table is stale: rewrite it with `python -m sdxl_tpu.options`")
