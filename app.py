@@ -35,10 +35,10 @@ from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.errors import gradio_handler, log_refusal
 from sdxl_tpu.server.form import EXAMPLES, seed_at
 from sdxl_tpu.server.settings import parse_settings
-from sdxl_tpu.server.styles import DEFAULT_STYLE, style_description, STYLES
-from sdxl_tpu.recipes import RECIPES
-from sdxl_tpu.request import GUIDANCE_RANGE, MAX_SEED
-from sdxl_tpu.names import MAX_STEPS
+from sdxl_tpu.spec.styles import DEFAULT_STYLE, style_description, STYLES
+from sdxl_tpu.spec.recipes import RECIPES
+from sdxl_tpu.spec.fields import GUIDANCE_RANGE, MAX_SEED
+from sdxl_tpu.spec.fields import MAX_STEPS
 from sdxl_tpu.server.batcher import SHUTTING_DOWN
 
 GENERATE, WARMING_UP = "Generate", "Warming up…"
@@ -338,12 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
     if settings.backend is None:  # (a front end runs no model: no JAX is imported)
-        from sdxl_tpu.compilation import quiet_platforms
+        from sdxl_tpu.generate.compilation import quiet_platforms
 
         quiet_platforms()  # no TPU error messages on a machine without TPU chips
     server = Server(settings)
     if settings.backend is None:
-        from sdxl_tpu.compilation import enable_compile_cache
+        from sdxl_tpu.generate.compilation import enable_compile_cache
 
         enable_compile_cache(settings.compile_cache)  # once, for the process: a restart reuses compiled programs
     app, queue, end_streams = build_app(server)

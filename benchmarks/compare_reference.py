@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "sdxl_tpu", "make-tiny", str(checkpoint), "--preset", args.preset],
                        check=True, env=env, stdout=subprocess.DEVNULL)
     reference_python = ensure_reference_env()
-    from sdxl_tpu.presets import preset_configs
+    from sdxl_tpu.weights.architectures import preset_configs
 
     width, height = preset_configs(args.preset)["size"]
     common = ["--checkpoint", str(checkpoint), "--size", f"{width}x{height}", "--steps", str(args.steps),

@@ -21,11 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdxl_tpu.bench.random_weights import random_models, random_tokenizers  # noqa: E402
 from sdxl_tpu.models.layers import Precision  # noqa: E402
-from sdxl_tpu.pipeline import Pipeline  # noqa: E402
-from sdxl_tpu.loading import compute_dtype_for  # noqa: E402
-from sdxl_tpu.presets import SCHEDULER_CONFIG, preset_configs  # noqa: E402
-from sdxl_tpu.prompts import chunk_prompt  # noqa: E402
-from sdxl_tpu.samplers import samplers_for  # noqa: E402
+from sdxl_tpu.generate.pipeline import Pipeline  # noqa: E402
+from sdxl_tpu.generate.loading import compute_dtype_for  # noqa: E402
+from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG
+from sdxl_tpu.weights.architectures import preset_configs  # noqa: E402
+from sdxl_tpu.spec.prompts import chunk_prompt  # noqa: E402
+from sdxl_tpu.sampler.from_config import samplers_for  # noqa: E402
 
 WORDS = "a photo of an astronaut riding a horse on the moon, detailed, "
 

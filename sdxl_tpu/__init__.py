@@ -3,11 +3,14 @@
 The public API is below, each name imported from its module on first use: a part that runs no
 model (a front end, request checking) imports this package without JAX.
 
+    spec/      what a generation is, JAX-free: names, the form's fields, requests and their checks,
+               A1111's prompts and parameters texts, recipes, options
+    sampler/   the samplers' host tables (numpy), by name
+    generate/  the generator (JAX): prompt to images, compiled and sharded
     models/    the networks (text encoders, UNet, VAE, TAESD, layers, attention)
-    weights/   where weights come from and how they load (Hub, safetensors, single files, LoRA)
-    request, names, prompts, sampling, scheduler, samplers, kdiffusion, pipeline, compilation:
-               the generator, prompt to images
-    server/    the server core, the batcher, the back end, the front end's client, the guard
+    weights/   where weights come from and how they load (Hub, safetensors, single files, LoRA),
+               and the architectures
+    server/    the server: its core, the engines, the batcher, the back end, the guard
     bench/     the benchmark
 """
 
@@ -25,11 +28,11 @@ _EXPORTS = {  # name -> the module (under sdxl_tpu) that defines it
     "Models": "weights.checkpoint", "load_models": "weights.checkpoint",
     "load_text_encoder": "weights.checkpoint", "load_tokenizers": "weights.hub",
     "load_unet": "weights.checkpoint", "load_vae": "weights.checkpoint",
-    "CompileCounter": "compilation", "enable_compile_cache": "compilation",
-    "GenerationError": "request", "GenerationResult": "request", "Pipeline": "pipeline",
-    "load_pipeline": "loading",
-    "ImageInfo": "request", "Request": "request", "RequestError": "request",
-    "EulerDiscrete": "samplers", "Sampler": "scheduler",
+    "CompileCounter": "generate.compilation", "enable_compile_cache": "generate.compilation",
+    "GenerationError": "spec.errors", "GenerationResult": "spec.request", "Pipeline": "generate.pipeline",
+    "load_pipeline": "generate.loading",
+    "ImageInfo": "spec.request", "Request": "spec.request", "RequestError": "spec.errors",
+    "EulerDiscrete": "sampler.diffusers", "Sampler": "sampler.tables", "sampler_named": "sampler.from_config",
 }
 
 

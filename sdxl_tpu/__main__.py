@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from .options import add_options
+    from .spec.options import add_options
 
     parser = _Parser(prog="python -m sdxl_tpu", description="Stable Diffusion XL in JAX.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -37,13 +37,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .weights.errors import CheckpointError
-    from .compilation import enable_compile_cache
-    from .images import save_png
-    from .request import GenerationError
-    from .loading import load_pipeline
-    from .options import fill_defaults
-    from .recipes import recipe_named, settle
-    from .request import Request, schedule_input
+    from .generate.compilation import enable_compile_cache
+    from .spec.images import save_png
+    from .spec.errors import GenerationError
+    from .generate.loading import load_pipeline
+    from .spec.options import fill_defaults
+    from .spec.recipes import recipe_named, settle
+    from .spec.request import Request
+    from .spec.values import schedule_input
 
     try:  # the request is checked before anything is loaded
         pasted = _pasted(args.parameters)
@@ -93,8 +94,8 @@ def _pasted(text: str | None) -> dict:
     it says that is not used is noted on stderr."""
     if text is None:
         return {}
-    from .infotext import parse, request_fields
-    from .names import SAMPLERS
+    from .spec.infotext import parse, request_fields
+    from .spec.names import SAMPLERS
 
     parsed = parse(text)
     size = parsed.settings.get("Size", "")
@@ -114,8 +115,8 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
-    from .compilation import quiet_platforms
-    from .options import fill_defaults
+    from .generate.compilation import quiet_platforms
+    from .spec.options import fill_defaults
 
     quiet_platforms()  # no TPU error messages on a machine without TPU chips
     if args.command != "generate":  # (generate fills them in after reading --parameters)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kdiffusion_reference
-from sdxl_tpu.infotext import parse, request_fields
+from sdxl_tpu.spec.infotext import parse, request_fields
 
 PROMPT, NEGATIVE, SEED, CFG = "a lighthouse in a storm, dramatic sky", "blurry, low quality", 3000000000, 5.5
 # The settings line as A1111 writes it: 1.9 and later name the schedule apart; before, "... Karras" samplers.

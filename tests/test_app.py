@@ -55,7 +55,7 @@ def test_client_gets_four_images_with_seeds(client, tmp_path):
     assert all(Image.open(item["image"]).size == (64, 64) for item in gallery)
     assert "Generated 4 images of 64x64" in info and "Seeds: 41, 42, 43, 44" in info
     # Each image the API returns carries its A1111 parameters (JPEG: EXIF UserComment).
-    from sdxl_tpu.images import read_parameters
+    from sdxl_tpu.spec.images import read_parameters
 
     assert [read_parameters(Image.open(item["image"])) for item in gallery] == [
         f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, Schedule type: Checkpoint, "
@@ -86,7 +86,7 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client):
     from gradio_client.exceptions import AppError
     from PIL import Image
 
-    from sdxl_tpu.images import read_parameters
+    from sdxl_tpu.spec.images import read_parameters
 
     parameters = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
     assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-3:]] == [
@@ -280,7 +280,8 @@ def test_without_quiet_platforms_libtpu_would_log_errors():
     run = lambda code: subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                                       timeout=300)
     noisy = run("import jax; jax.devices()")
-    quiet = run("from sdxl_tpu.compilation import quiet_platforms; quiet_platforms(); import jax; print(jax.devices())")
+    quiet = run("from sdxl_tpu.generate.compilation import quiet_platforms; quiet_platforms(); "
+                "import jax; print(jax.devices())")
     assert "TPU" in noisy.stderr and quiet.returncode == 0 and "TPU" not in quiet.stderr and "Cpu" in quiet.stdout
 
 
@@ -290,13 +291,14 @@ def test_taesd_previews_offline_are_refused_first_with_one_line(tmp_path, monkey
     error line and exits 1, as for a model it cannot load)."""
     from huggingface_hub import constants
 
-    import sdxl_tpu.loading
+    import sdxl_tpu.generate.loading
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.settings import Settings
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setattr(sdxl_tpu.loading, "load_models", lambda *a, **k: pytest.fail("the model was loaded first"))
+    monkeypatch.setattr(sdxl_tpu.generate.loading, "load_models",
+                        lambda *a, **k: pytest.fail("the model was loaded first"))
     server = Server(Settings(model="tiny", sizes=[(64, 64)], preview="taesd"))
     server.load()
     assert server.status == "error" and server.error == server.message and "\n" not in server.error
@@ -398,7 +400,7 @@ def test_browser_progress_previews_images_and_the_seed_used(app_server, browser,
             page.locator("#gallery").get_by_label("Download", exact=True).click()
         from PIL import Image
 
-        from sdxl_tpu.images import read_parameters
+        from sdxl_tpu.spec.images import read_parameters
 
         parameters = read_parameters(Image.open(Path(download.value.path())))
         assert parameters.startswith("a lighthouse on a cliff during a storm\nNegative prompt: blurry\nSteps: 20,")
@@ -648,7 +650,7 @@ def test_browser_schedule_and_rng_reach_the_image_and_the_history_restores_them(
 
     from PIL import Image
 
-    from sdxl_tpu.images import read_parameters
+    from sdxl_tpu.spec.images import read_parameters
 
     before = compiles(app_server)
     with playground_page(app_server["url"], "Ready (", browser=browser) as page:

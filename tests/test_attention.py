@@ -96,8 +96,8 @@ def test_attention_kernel_is_a_model_setting(tiny_checkpoint):
     """load_models(attention="xla") reaches every attention call of every network; the
     environment variable is only the entry points' default."""
     from sdxl_tpu import load_models
-    from sdxl_tpu.pipeline import Pipeline
-    from sdxl_tpu.loading import load_samplers
+    from sdxl_tpu.generate.pipeline import Pipeline
+    from sdxl_tpu.sampler.from_config import load_samplers
 
     for kernel, branches in (("auto", True), ("xla", False)):
         models = load_models(tiny_checkpoint, dtype="float32", attention=kernel)

@@ -17,7 +17,7 @@ import pytest
 
 from reference import read_with_third_parties
 from served_app import get, read_metrics, requests_total, start_backend, wait_for
-from sdxl_tpu.names import RNGS, SAMPLERS, SCHEDULES
+from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.version import VERSION
 
 QUEUE_SIZE = 1
@@ -64,7 +64,7 @@ def test_ready_after_warm_up_and_describes_itself(backend):
 def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
     from PIL import Image
 
-    from sdxl_tpu.images import read_parameters
+    from sdxl_tpu.spec.images import read_parameters
 
     status, headers, body = post(backend, {"prompt": "a cat, 夜の街 ✨", "negative_prompt": "blurry, größte",
                                            "seed": 7, "guidance_scale": 4.5, "steps": 2, "size": "64x64",

@@ -10,12 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from sdxl_tpu.denoising import LOOKAHEAD
+from sdxl_tpu.generate.denoising import LOOKAHEAD
 
-from sdxl_tpu.request import Cancelled
+from sdxl_tpu.spec.errors import Cancelled
 
-from sdxl_tpu.request import GenerationResult
-from sdxl_tpu.request import ImageInfo, Request, RequestError
+from sdxl_tpu.spec.request import GenerationResult
+from sdxl_tpu.spec.request import ImageInfo, Request
+from sdxl_tpu.spec.errors import RequestError
 from sdxl_tpu.server.batcher import SHUTTING_DOWN, Batcher
 
 

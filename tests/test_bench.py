@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from sdxl_tpu.bench.run import build_pipeline, format_report, warm_compile_argv
-from sdxl_tpu.options import add_options, fill_defaults
-from sdxl_tpu.presets import SCHEDULER_CONFIG, preset_configs
-from sdxl_tpu.samplers import EulerDiscrete
+from sdxl_tpu.spec.options import add_options, fill_defaults
+from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG
+from sdxl_tpu.weights.architectures import preset_configs
+from sdxl_tpu.sampler.from_config import sampler_named
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -39,7 +40,7 @@ def _flops_of_the_programs(checkpoint) -> dict[str, int]:
 
     from sdxl_tpu import load_pipeline
     from sdxl_tpu.bench.flops import jaxpr_flops
-    from sdxl_tpu.programs import program
+    from sdxl_tpu.generate.programs import program
 
     pipe = load_pipeline(checkpoint, dtype="float32", sizes=[(64, 64)], max_prompt_chunks=1, warmup=False)
     assert pipe.images_per_call == 4 and pipe.stepwise
@@ -171,7 +172,7 @@ def test_checkpoint_pipelines_use_the_checkpoints_scheduler(tiny_checkpoint, tmp
     args = _parse("--model", str(checkpoint), "--dtype", "float32")
     args.size = (64, 64)
     pipe = build_pipeline(args)
-    assert pipe.sampler == EulerDiscrete.from_config({**config, "timestep_spacing": "trailing", "steps_offset": 0})
+    assert pipe.sampler == sampler_named("Euler", {**config, "timestep_spacing": "trailing", "steps_offset": 0})
     assert pipe.model_name == str(checkpoint) and pipe.images_per_call == 4
 
 
@@ -179,7 +180,7 @@ def test_random_weight_pipelines_use_sdxl_base_scheduler():
     args = _parse("--preset", "small", "--random-weights", "--images", "1")
     args.size = (256, 256)
     pipe = build_pipeline(args)  # nothing compiles before the first call
-    assert pipe.sampler == EulerDiscrete.from_config(SCHEDULER_CONFIG)
+    assert pipe.sampler == sampler_named("Euler", SCHEDULER_CONFIG)
     assert pipe.model_name == "small" and pipe.images_per_call == 1
 
 

@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from sdxl_tpu.configs import check_supported, warn_unknown
+from sdxl_tpu.spec.configs import check_supported, warn_unknown
 from sdxl_tpu.models.unet import UNetConfig
 from sdxl_tpu.models.vae import VAEConfig
 

@@ -10,7 +10,7 @@ from jax import lax
 
 from sdxl_tpu.models.attention import attention
 from sdxl_tpu.bench.flops import function_flops, model_flops
-from sdxl_tpu.presets import preset_configs
+from sdxl_tpu.weights.architectures import preset_configs
 
 f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
 

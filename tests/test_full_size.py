@@ -15,7 +15,7 @@ import torch
 
 from reference import nchw_to_nhwc, random_model, rel_l2
 from sdxl_tpu import Precision, load_text_encoder, load_unet, load_vae
-from sdxl_tpu.presets import preset_configs
+from sdxl_tpu.weights.architectures import preset_configs
 
 pytestmark = pytest.mark.full_size
 F32 = Precision()

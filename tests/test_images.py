@@ -11,8 +11,10 @@ import pytest
 from PIL import Image
 
 from reference import read_with_third_parties
-from sdxl_tpu.images import ImageStore, Stamp, encode, parameters_text, read_parameters, save_png
-from sdxl_tpu.request import ImageInfo
+from sdxl_tpu.server.files import ImageStore
+from sdxl_tpu.spec.infotext import Stamp, parameters_text
+from sdxl_tpu.spec.images import encode, encode_all, read_parameters, save_png
+from sdxl_tpu.spec.request import ImageInfo
 from sdxl_tpu.version import VERSION
 
 INFO = ImageInfo(seed=7, prompt="a cät 🐈", negative_prompt="blurry", guidance_scale=5.5, steps=20, size=(64, 32),
@@ -23,6 +25,11 @@ TEXT = ("a cät 🐈\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, Schedu
 
 def _image(value: int = 0) -> Image.Image:
     return Image.fromarray(np.full((32, 64, 3), value, np.uint8))
+
+
+def _save(store: ImageStore, values: list[int]) -> list[str]:
+    """One call's images (one per value, its seed) written to `store` as the server writes them."""
+    return store.write(encode_all([_image(v) for v in values], [TEXT] * len(values), store.fmt), values)
 
 
 @pytest.mark.parametrize("fmt, pil_format", [("png", "PNG"), ("jpeg", "JPEG"), ("webp", "WEBP")])
@@ -79,10 +86,10 @@ def test_png_is_lossless(tmp_path):
 def test_the_store_deletes_old_calls_and_says_which(tmp_path):
     forgotten = []
     store = ImageStore(tmp_path / "store", fmt="png", keep_seconds=0.2, on_delete=forgotten.extend)
-    first = store.save([_image(1), _image(2)], [INFO, INFO], model="m")
+    first = _save(store, [1, 2])
     assert [read_parameters(Image.open(p)) for p in first] == [TEXT, TEXT]
     time.sleep(0.3)
-    second = store.save([_image(3)], [INFO], model="m")
+    second = _save(store, [3])
     assert forgotten == first  # the first call's folder is gone, and the caller was told
     assert [Path(p).exists() for p in first + second] == [False, False, True]
     assert store.bytes_on_disk == sum(Path(p).stat().st_size for p in second)
@@ -92,6 +99,6 @@ def test_the_store_deletes_old_calls_and_says_which(tmp_path):
 
 def test_the_store_keeps_its_bytes_bounded_but_always_the_newest_call(tmp_path):
     store = ImageStore(tmp_path / "store", fmt="png", max_bytes=1)  # smaller than any call
-    paths = [store.save([_image(i)], [INFO], model="m")[0] for i in range(5)]
+    paths = [_save(store, [i])[0] for i in range(5)]
     on_disk = sorted(str(p) for p in (tmp_path / "store").rglob("*.png"))
     assert on_disk == [paths[-1]]

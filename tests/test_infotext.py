@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 
 import pytest
 
-from sdxl_tpu.images import Stamp, parameters_text
-from sdxl_tpu.infotext import parse, request_fields
+from sdxl_tpu.spec.infotext import Stamp, parameters_text
+from sdxl_tpu.spec.infotext import parse, request_fields
 from sdxl_tpu.server.page import PASTED_FIELDS, pasted_form
-from sdxl_tpu.request import ImageInfo
-from sdxl_tpu.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.spec.request import ImageInfo
+from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
 SIZES = [(1024, 1024), (1152, 896)]
 # As A1111 1.10's PNG Info shows an SDXL image (its schedule apart from the sampler, a quoted value).

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 import kdiffusion_reference
-from sdxl_tpu import kdiffusion, sampling, scheduler
-from sdxl_tpu.samplers import sampler_named
-from sdxl_tpu.names import SCHEDULES, resolve_schedule
+from sdxl_tpu.generate import update
+from sdxl_tpu.sampler.sigmas import alphas_cumprod, schedule_sigmas, train_sigmas
+from sdxl_tpu.generate import sampling
+from sdxl_tpu.sampler.from_config import sampler_named
+from sdxl_tpu.spec.names import SCHEDULES, resolve_schedule
 
 METHODS = {"Euler": "sample_euler", "Euler a": "sample_euler_ancestral", "DPM++ 2M": "sample_dpmpp_2m",
            "DPM++ 2M SDE": "sample_dpmpp_2m_sde", "DPM++ SDE": "sample_dpmpp_sde"}
@@ -42,7 +44,7 @@ def our_loop():
 def run_ours(name, schedule, steps, noise, step_noises):
     sampler = sampler_named(name)
     tables = sampler.padded_tables(steps, schedule)
-    state = scheduler.init(noise, np.array([1, 2], np.uint32), tables)
+    state = update.init(noise, np.array([1, 2], np.uint32), tables)
     state = state._replace(host_noise=np.ones(SHAPE[0], np.bool_))
     draws = iter(step_noises)
     for i in range(sampler.step_ends(steps)[-1]):  # one row at a time, the host's noise set before each noisy one
@@ -77,6 +79,11 @@ def run_kdiffusion(name, schedule, steps, noise, step_noises):
     return out.numpy().transpose(0, 2, 3, 1), np.array(seen), sigmas.numpy()
 
 
+def a1111_train_sigmas() -> np.ndarray:
+    """SDXL's training sigmas as A1111 holds them (float64 betas)."""
+    return train_sigmas(alphas_cumprod(1000, 0.00085, 0.012, "scaled_linear", betas_dtype=np.float64))
+
+
 @pytest.mark.parametrize("schedule", K_SCHEDULES)
 @pytest.mark.parametrize("name", list(METHODS))
 def test_samplers_match_kdiffusion_on_a1111_schedules(name, schedule):
@@ -88,8 +95,7 @@ def test_samplers_match_kdiffusion_on_a1111_schedules(name, schedule):
         ours, tables = run_ours(name, schedule, steps, noise, step_noises)
         case = (name, schedule, steps)
         # The schedule itself: A1111's sigmas, and the fractional timesteps k-diffusion gives the model.
-        train = kdiffusion.model_sigmas(1000, 0.00085, 0.012, "scaled_linear")
-        np.testing.assert_allclose(kdiffusion.schedule_sigmas(schedule, steps, train), ref_sigmas, rtol=2e-6,
+        np.testing.assert_allclose(schedule_sigmas(schedule, steps, a1111_train_sigmas()), ref_sigmas, rtol=2e-6,
                                    atol=1e-7, err_msg=str(case))
         # Every model evaluation's timestep (DPM++ SDE's midpoints among them), and none more.
         np.testing.assert_allclose(tables.timesteps[:len(ref_timesteps)], ref_timesteps, rtol=1e-5, atol=2e-4,
@@ -125,19 +131,18 @@ def test_karras_names_and_automatic_schedules():
 def test_a_sample_predicting_model_on_a1111_schedules():
     """A model that predicts the clean latents (SDXL-Lightning's 1-step UNet) runs the same
     k-diffusion update: its output converted to eps inside the tables."""
-    from sdxl_tpu.presets import SCHEDULER_CONFIG
+    from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal(SHAPE).astype(np.float32)
     for name in ("Euler", "DPM++ 2M", "DPM++ 2M SDE"):
         eps_model = sampler_named(name).padded_tables(8, "Karras")
         x0_model = sampler_named(name, dict(SCHEDULER_CONFIG, prediction_type="sample")).padded_tables(8, "Karras")
-        state = scheduler.init(x, np.array([1, 2], np.uint32), eps_model)
-        sigma = float(kdiffusion.schedule_sigmas("Karras", 8, kdiffusion.model_sigmas(
-            1000, 0.00085, 0.012, "scaled_linear"))[0])
+        state = update.init(x, np.array([1, 2], np.uint32), eps_model)
+        sigma = float(schedule_sigmas("Karras", 8, a1111_train_sigmas())[0])
         eps = rng.standard_normal(SHAPE).astype(np.float32)
         x0 = np.asarray(state.x) - sigma * eps  # the same prediction, said as the clean latents
         noise = np.zeros(SHAPE, np.float32)
-        a = scheduler.step(state, eps, 0, eps_model, noise)
-        b = scheduler.step(state, x0, 0, x0_model, noise)
+        a = update.step(state, eps, 0, eps_model, noise)
+        b = update.step(state, x0, 0, x0_model, noise)
         np.testing.assert_allclose(np.asarray(a.x), np.asarray(b.x), rtol=2e-4, atol=2e-5)

@@ -62,18 +62,18 @@ def graph() -> dict[str, set[str]]:
 
 def test_the_folders_show_the_parts():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
-    assert folders == ["bench", "models", "server", "weights"]
+    assert folders == ["bench", "generate", "models", "sampler", "server", "spec", "weights"]
     for folder in folders:
         assert ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())), folder
     # The generator sits at the top; the networks, weights and servers each in their folder.
     assert {p.stem for p in (PACKAGE / "models").glob("*.py")} >= {"clip", "unet", "vae", "taesd", "attention"}
     assert {p.stem for p in (PACKAGE / "server").glob("*.py")} >= {"core", "batcher", "backend", "remote", "guard"}
-    assert all((PACKAGE / f"{m}.py").is_file() for m in ("sampling", "scheduler", "samplers", "pipeline", "request"))
+    assert all((PACKAGE / "generate" / f"{m}.py").is_file() for m in ("sampling", "update", "pipeline"))
 
 
 def test_no_import_cycles():
     edges = graph()
-    assert "sdxl_tpu.pipeline" in edges and "sdxl_tpu.sampling" in edges["sdxl_tpu.pipeline"]  # the graph sees imports
+    assert "sdxl_tpu.generate.sampling" in edges["sdxl_tpu.generate.pipeline"]  # the graph sees imports
     cycles, state = [], {}
 
     def visit(node: str, path: list[str]) -> None:
@@ -106,15 +106,15 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
 def test_modules_are_short():
     lengths = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert {m: n for m, n in lengths.items() if n > MAX_LINES} == {}
-    assert lengths["sdxl_tpu.pipeline"] <= MAX_PIPELINE_LINES
+    assert lengths["sdxl_tpu.generate.pipeline"] <= MAX_PIPELINE_LINES
 
 
 def test_request_checking_imports_no_jax():
     """What a front end needs to check requests and name things: no JAX, no flax."""
     code = ("import sys\n"
-            "import sdxl_tpu, sdxl_tpu.request, sdxl_tpu.names, sdxl_tpu.infotext, sdxl_tpu.images, sdxl_tpu.prompts\n"
-            "import sdxl_tpu.recipes, sdxl_tpu.weights.hub, sdxl_tpu.weights.tiny_tokenizers, sdxl_tpu.server.page\n"
-            "import sdxl_tpu.server.styles\n"
+            "import sdxl_tpu, sdxl_tpu.spec.request, sdxl_tpu.spec.names, sdxl_tpu.spec.infotext\n"
+            "import sdxl_tpu.spec.images, sdxl_tpu.spec.prompts, sdxl_tpu.spec.styles, sdxl_tpu.spec.recipes\n"
+            "import sdxl_tpu.weights.hub, sdxl_tpu.weights.tiny_tokenizers, sdxl_tpu.server.page\n"
             "print(sorted(m for m in ('jax', 'flax', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -14,13 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdxl_tpu import CompileCounter, Request
-from sdxl_tpu.images import ImageStore
+from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.page import (CUSTOM, HISTORY_LENGTH, aspect_ratio, history_after, history_entry, history_rows,
                                   matching_preset, size_choices, size_label)
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.settings import parse_settings, parse_sizes, SDXL_SIZES, Settings
-from sdxl_tpu.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb
-from sdxl_tpu.request import preview_cadence as every
+from sdxl_tpu.generate.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb
+from sdxl_tpu.spec.request import preview_cadence as every
 
 SIZES = [(64, 64), (96, 64)]
 RUN = dict(prompt="a cat", negative="", style="(No style)", seed=7, guidance=5.0, steps=20, sampler="Euler",
@@ -191,7 +191,7 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
 def test_the_schedule_and_the_noise_source_reach_the_images_and_the_line_that_reports_them(server):
     from PIL import Image
 
-    from sdxl_tpu.images import read_parameters
+    from sdxl_tpu.spec.images import read_parameters
 
     *_, (_, gallery, seeds, info, sampler) = server.stream(fields(sampler="Euler a", schedule="Checkpoint", rng="CPU",
                                                                   steps=2), previews=False)
@@ -199,7 +199,7 @@ def test_the_schedule_and_the_noise_source_reach_the_images_and_the_line_that_re
     texts = [read_parameters(Image.open(path)) for path, _ in gallery]
     assert all("Sampler: Euler a, Schedule type: Checkpoint, " in t and ", RNG: CPU, " in t for t in texts), texts
     # A combination the sampler does not run on is refused before anything runs, saying why.
-    from sdxl_tpu.request import RequestError
+    from sdxl_tpu.spec.errors import RequestError
 
     with pytest.raises(RequestError, match=r"^DPM\+\+ 2M Karras names its schedule \(Karras\)"):
         list(server.stream(fields(sampler="DPM++ 2M Karras", schedule="Exponential")))
@@ -230,7 +230,7 @@ def test_a_closed_stream_stops_its_request_and_counts_it_cancelled(server):
 def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_pipeline, tmp_path, monkeypatch):
     """Ready with the first size; a request for one still compiling is refused, saying so, until
     it is compiled in the background; then it runs without compiling."""
-    from sdxl_tpu.request import RequestError
+    from sdxl_tpu.spec.errors import RequestError
 
     monkeypatch.setitem(tiny_pipeline._compiled, (96, 64), None)  # restored afterwards
     del tiny_pipeline._compiled[(96, 64)]  # as if not compiled yet (it comes back from the compile cache)
@@ -257,7 +257,7 @@ def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_pipelin
 def test_preview_files_are_small_jpegs():
     from PIL import Image
 
-    from sdxl_tpu.images import encode_preview
+    from sdxl_tpu.spec.images import encode_preview
 
     pixels = (np.arange(32 * 48 * 3) % 256).astype(np.uint8).reshape(32, 48, 3)
     blob = encode_preview(pixels)

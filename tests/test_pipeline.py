@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from sdxl_tpu import CompileCounter, GenerationError, RequestError
-from sdxl_tpu.names import MAX_STEPS, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.spec.fields import MAX_STEPS
+from sdxl_tpu.spec.infotext import parameters_text
+from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 from sdxl_tpu.version import VERSION
 
 
@@ -59,7 +61,7 @@ def test_every_sampler_equals_diffusers_end_to_end(tiny_pipeline, reference_pipe
     import diffusers
     from diffusers.schedulers import scheduling_dpmsolver_sde, scheduling_euler_ancestral_discrete
 
-    from sdxl_tpu.scheduler import step_noise
+    from sdxl_tpu.generate.update import step_noise
 
     steps, seed = 6, 100  # first-order, second-order and final DPM++ steps
     latents = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(7))
@@ -176,7 +178,7 @@ def test_result_carries_images_seeds_parameters_and_timings(tiny_pipeline):
     t = result.timings
     assert set(t) == {"text_encoding", "denoising", "decoding", "total"}
     assert t["total"] == pytest.approx(t["text_encoding"] + t["denoising"] + t["decoding"])
-    text = result.infos[1].parameters_text("tiny")
+    text = parameters_text(result.infos[1], "tiny")
     assert text == ("b\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, Schedule type: Checkpoint, CFG scale: 2, "
                     f"Seed: 4294967295, Size: 96x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")
     # A random base seed: drawn anew per call, image i gets base + i (wrapping at 2**32).
@@ -261,7 +263,7 @@ def test_compile_cache_can_be_moved_after_earlier_compiles(tmp_path):
     import sys
 
     script = ("import sys, jax, jax.numpy as jnp\n"
-              "from sdxl_tpu.compilation import enable_compile_cache\n"
+              "from sdxl_tpu.generate.compilation import enable_compile_cache\n"
               "enable_compile_cache(sys.argv[1] + '-first')\n"
               "jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()\n"
               "enable_compile_cache(sys.argv[1])\n"

@@ -10,13 +10,14 @@ from sdxl_tpu.server.core import Server
 
 from sdxl_tpu.server.form import seed_at, validate
 
-from sdxl_tpu.server.info import ModelInfo
+from sdxl_tpu.server.offer import ModelInfo
 
 from sdxl_tpu.server.settings import parse_settings, Settings
 
-from sdxl_tpu.server.styles import apply_style, style_description, STYLES
-from sdxl_tpu.request import RequestError, clean_text, text_input
-from sdxl_tpu.names import RNGS, SAMPLERS, SCHEDULES
+from sdxl_tpu.spec.styles import apply_style, style_description, STYLES
+from sdxl_tpu.spec.errors import RequestError
+from sdxl_tpu.spec.values import clean_text, text_input
+from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
@@ -336,8 +337,10 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
 
     from PIL import Image
 
-    from sdxl_tpu.images import ImageStore, read_parameters
-    from sdxl_tpu.request import Cancelled, GenerationResult
+    from sdxl_tpu.server.files import ImageStore
+    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.spec.errors import Cancelled
+    from sdxl_tpu.spec.request import GenerationResult
     from sdxl_tpu.server.batcher import SHUTTING_DOWN
 
     class SlowPipeline:

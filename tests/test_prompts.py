@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from reference import rel_l2
-from sdxl_tpu import CompileCounter, RequestError, load_pipeline, load_tokenizers, sampling
-from sdxl_tpu.prompts import BREAK, chunk_prompt, parse_emphasis
-from sdxl_tpu.request import ImageInfo
+from sdxl_tpu import CompileCounter, RequestError, load_pipeline, load_tokenizers
+from sdxl_tpu.generate import sampling
+from sdxl_tpu.spec.prompts import BREAK, chunk_prompt, parse_emphasis
+from sdxl_tpu.spec.request import ImageInfo
 
 # A1111's modules/prompt_parser.py, parse_prompt_attention's docstring: every example, verbatim.
 A1111_EXAMPLES = [

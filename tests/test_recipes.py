@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sdxl_tpu.recipes import RECIPES, SAMPLING, recipe_named, settle
-from sdxl_tpu.request import Request
-from sdxl_tpu.samplers import samplers_for
-from sdxl_tpu.names import SAMPLERS
+from sdxl_tpu.spec.recipes import RECIPES, SAMPLING, recipe_named, settle
+from sdxl_tpu.spec.request import Request
+from sdxl_tpu.sampler.from_config import samplers_for
+from sdxl_tpu.spec.names import SAMPLERS
 
 
 def test_every_preset_is_a_valid_request_for_its_sampler_table():

@@ -1,4 +1,4 @@
-"""The one request type and its rules (sdxl_tpu.request), shared by the API, the CLI and the
+"""The one request type and its rules (sdxl_tpu.spec.request), shared by the API, the CLI and the
 playground: the same value gets the same message wherever it comes in."""
 
 from __future__ import annotations
@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 from sdxl_tpu.server.form import validate
-from sdxl_tpu.request import MAX_SEED, Request, RequestError, parse_size, size_input
+from sdxl_tpu.spec.fields import MAX_SEED
+from sdxl_tpu.spec.request import Request
+from sdxl_tpu.spec.values import parse_size, size_input
+from sdxl_tpu.spec.errors import RequestError
 
 SIZES = [(64, 64), (96, 64)]
 

@@ -8,10 +8,11 @@ import re
 import numpy as np
 import pytest
 
-from sdxl_tpu.presets import SCHEDULER_CONFIG
-from sdxl_tpu.samplers import EulerDiscrete, sampler_named, samplers_for
-from sdxl_tpu.scheduler import MAX_ROWS
-from sdxl_tpu.names import MAX_STEPS, SAMPLERS
+from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG
+from sdxl_tpu.sampler.from_config import sampler_named, samplers_for
+from sdxl_tpu.sampler.tables import MAX_ROWS
+from sdxl_tpu.spec.fields import MAX_STEPS
+from sdxl_tpu.spec.names import SAMPLERS
 
 SPACINGS = ["leading", "trailing", "linspace"]
 
@@ -45,7 +46,7 @@ def test_tables_match_diffusers(name, spacing):
     assert ours.name == name
     for steps in range(1, MAX_STEPS + 1):
         ref.set_timesteps(steps)
-        timesteps, sigmas, init = ours.schedule(steps)
+        timesteps, sigmas, init = ours.sigmas(steps)
         # DPM++ SDE's timesteps interleave each step's with its midpoint's; its sigmas repeat the inner ones.
         rows, ref_timesteps = ours.tables(steps).timesteps, ref.timesteps.numpy().astype(np.float32)
         assert len(rows) == len(ref_timesteps) == ours.step_ends(steps)[-1]
@@ -65,7 +66,7 @@ def test_tables_match_diffusers(name, spacing):
 
 
 def test_padded_tables_and_step_range():
-    sched = EulerDiscrete.from_config(SCHEDULER_CONFIG)
+    sched = sampler_named("Euler", SCHEDULER_CONFIG)
     t = sched.padded_tables(20)
     assert t.timesteps.shape == (MAX_ROWS,) and t.input_scale.shape == (MAX_ROWS,)
     assert t.update.shape == (MAX_ROWS, 6)
@@ -77,7 +78,7 @@ def test_padded_tables_and_step_range():
 
 def test_unsupported_scheduler_configs_name_the_key():
     with pytest.raises(ValueError, match=r"prediction_type='v_prediction' \(supported: \('epsilon', 'sample'\)\)"):
-        EulerDiscrete.from_config(dict(SCHEDULER_CONFIG, prediction_type="v_prediction"))
+        sampler_named("Euler", dict(SCHEDULER_CONFIG, prediction_type="v_prediction"))
     with pytest.raises(ValueError, match="solver_order=3"):
         samplers_for({"_class_name": "DPMSolverMultistepScheduler", "solver_order": 3})
     with pytest.raises(ValueError, match="use_karras_sigmas=True is supported with DPMSolverMultistepScheduler and "
@@ -103,14 +104,14 @@ def test_unsupported_scheduler_configs_name_the_key():
 @pytest.mark.parametrize("name", SAMPLERS)
 def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
     """The jitted step on the padded tables, fed the same model outputs as diffusers'
-    scheduler.step (and for Euler a the same noise, injected into both): the latents agree after
+    update.step (and for Euler a the same noise, injected into both): the latents agree after
     every step, through first- and second-order DPM++ steps and the final one; for a model that
     predicts the clean sample (SDXL-Lightning's 1-step UNet) as well as for one predicting noise."""
     import jax
     import torch
     from diffusers.schedulers import scheduling_dpmsolver_multistep, scheduling_euler_ancestral_discrete, scheduling_lcm
 
-    from sdxl_tpu import scheduler
+    from sdxl_tpu.generate import update
 
     if name in ("Euler a", "DPM++ SDE", "DPM++ SDE Karras") and prediction_type == "sample":
         # diffusers has no such mode; neither do we
@@ -133,11 +134,11 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
         noise = rng.standard_normal((2, 8, 8, 4)).astype(np.float32)
         tables = ours.padded_tables(steps)
         step_ends = ours.step_ends(steps)
-        state = scheduler.init(noise, np.array([1, 2], np.uint32), tables)
+        state = update.init(noise, np.array([1, 2], np.uint32), tables)
         ref_x = torch.from_numpy(noise.transpose(0, 3, 1, 2).copy()) * ref.init_noise_sigma
-        step = jax.jit(scheduler.step)
+        step = jax.jit(update.step)
         for i, t in enumerate(ref.timesteps):
-            x_in, timestep = scheduler.model_input(state, i, tables)
+            x_in, timestep = update.model_input(state, i, tables)
             ref_in = ref.scale_model_input(ref_x, t).numpy()
             rel_in = np.linalg.norm(np.asarray(x_in).transpose(0, 3, 1, 2) - ref_in) / np.linalg.norm(ref_in)
             assert rel_in <= 1e-5, (name, spacing, steps, i, rel_in)
@@ -168,13 +169,13 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
 def test_ancestral_noise_depends_on_the_seed_and_step_only():
     import jax
 
-    from sdxl_tpu import scheduler
+    from sdxl_tpu.generate import update
 
     ours = sampler_named("Euler a")
     tables = ours.padded_tables(4)
     x = np.ones((3, 4, 4, 4), np.float32)
     eps = np.zeros_like(x)
-    run = jax.jit(lambda seeds, i: scheduler.step(scheduler.init(x, seeds, tables), eps, i, tables).x)
+    run = jax.jit(lambda seeds, i: update.step(update.init(x, seeds, tables), eps, i, tables).x)
     a = np.asarray(run(np.array([5, 6, 7], np.uint32), 1))
     b = np.asarray(run(np.array([7, 5, 9], np.uint32), 1))  # other slots, another batch
     np.testing.assert_array_equal(a[2], b[0])
@@ -191,17 +192,18 @@ def test_the_denoising_loop_applies_every_step_in_order():
     import jax
     import jax.numpy as jnp
 
-    from sdxl_tpu import sampling, scheduler
-    from sdxl_tpu.scheduler import Tables
+    from sdxl_tpu.generate import sampling
+    from sdxl_tpu.generate import update
+    from sdxl_tpu.sampler.tables import Tables
 
     steps = 3
-    update = np.zeros((MAX_ROWS, 6), np.float32)
-    update[:steps, 0] = 1.0  # a: keep x
-    update[:steps, 1] = 10.0 ** np.arange(steps)  # b: add 10^i eps
-    tables = Tables(np.ones(MAX_ROWS, np.float32), np.ones(MAX_ROWS, np.float32), update, np.float32(1.0))
+    rows = np.zeros((MAX_ROWS, 6), np.float32)
+    rows[:steps, 0] = 1.0  # a: keep x
+    rows[:steps, 1] = 10.0 ** np.arange(steps)  # b: add 10^i eps
+    tables = Tables(np.ones(MAX_ROWS, np.float32), np.ones(MAX_ROWS, np.float32), rows, np.float32(1.0))
     unet = lambda x, t, context, pooled, time_ids, context_lengths: jnp.ones_like(x)
     b = 2
-    state = scheduler.init(jnp.zeros((b, 2, 2, 4)), jnp.arange(b, dtype=jnp.uint32), tables)
+    state = update.init(jnp.zeros((b, 2, 2, 4)), jnp.arange(b, dtype=jnp.uint32), tables)
     out = jax.jit(lambda s, t, n: sampling.denoise(unet, s, jnp.zeros((b, 2, 77, 8)), jnp.full((b, 2), 77),
                                                    jnp.zeros((b, 2, 4)), jnp.zeros((b, 6)), jnp.full((b,), 5.0), t,
                                                    n))

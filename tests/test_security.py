@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from served_app import ROOT, SIZES, get
-from sdxl_tpu.request import MAX_PROMPT_CHARS
-from sdxl_tpu.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.spec.fields import MAX_PROMPT_CHARS
+from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX"]  # a valid call (1 step)
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,

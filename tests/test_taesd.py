@@ -11,7 +11,7 @@ import torch
 from reference import nchw_to_nhwc, rel_l2
 
 from sdxl_tpu.models.layers import Precision
-from sdxl_tpu.presets import preset_configs
+from sdxl_tpu.weights.architectures import preset_configs
 from sdxl_tpu.models.taesd import AutoencoderTiny, TAESDConfig
 from sdxl_tpu.weights.hub import TAESD_REPO
 from sdxl_tpu.weights.taesd import load_taesd

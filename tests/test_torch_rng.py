@@ -1,4 +1,4 @@
-"""sdxl_tpu.torch_rng against real torch (a test-only dependency): the same float32 bits, call after call."""
+"""sdxl_tpu.sampler.torch_rng against real torch (a test-only dependency): the same float32 bits, call after call."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from sdxl_tpu.torch_rng import TorchCPUGenerator, _fma, torch_randn
+from sdxl_tpu.sampler.torch_rng import TorchCPUGenerator, _fma, torch_randn
 
 SEEDS = (0, 1, 42, 1234567890, 2**32 - 1, 2**32 + 5, 2**63 - 1, 2**64 - 1, -1, -(2**63))
 SHAPES = ((4, 128, 128), (4, 64, 64), (4, 96, 160), (4, 8, 8), (1,), (3,), (15,), (16,), (17,), (31,), (33,),
@@ -79,5 +79,6 @@ def test_fma_rounds_once():
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, sdxl_tpu.torch_rng; assert 'torch' not in sys.modules, [m for m in sys.modules if 'torch' in m]"
+    code = ("import sys, sdxl_tpu.sampler.torch_rng; "
+            "assert 'torch' not in sys.modules, [m for m in sys.modules if 'torch' in m]")
     subprocess.run([sys.executable, "-c", code], check=True)

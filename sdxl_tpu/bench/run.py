@@ -22,16 +22,18 @@ import jax
 from flax import nnx
 
 from ..weights.checkpoint import config_root
-from ..weights.hub import SDXL_BASE
-from ..compilation import enable_compile_cache
+from ..spec.names import SDXL_BASE
+from ..generate.compilation import enable_compile_cache
 from .flops import model_flops
 from ..models.layers import Precision
-from ..pipeline import Pipeline
-from ..loading import compute_dtype_for, load_pipeline
-from ..presets import SCHEDULER_CONFIG, preset_configs
-from ..recipes import RECIPES, settle
-from ..request import format_size, parse_size, preview_cadence
-from ..samplers import samplers_for
+from ..generate.pipeline import Pipeline
+from ..generate.loading import compute_dtype_for, load_pipeline
+from ..sampler.from_config import SCHEDULER_CONFIG
+from ..weights.architectures import preset_configs
+from ..spec.recipes import RECIPES, settle
+from ..spec.values import format_size, parse_size
+from ..spec.request import preview_cadence
+from ..sampler.from_config import samplers_for
 from ..models.taesd import AutoencoderTiny, TAESDConfig
 from ..weights.taesd import load_taesd
 from .random_weights import random_fill, random_models, random_tokenizers

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..configs import check_supported, warn_unknown
+from ..spec.configs import check_supported, warn_unknown
 from .layers import (GroupNorm, LayerNorm, Attention, Downsample2D, Precision, ResnetBlock2D, TimestepEmbedding,
                      Upsample2D, Conv, Linear, timestep_embedding)
 

@@ -38,18 +38,20 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..compilation import enable_compile_cache
-from ..images import encode_preview
-from ..infotext import parse as parse_parameters
-from ..infotext import request_fields
+from ..generate.compilation import enable_compile_cache
+from ..spec.images import encode_preview
+from ..spec.infotext import parse as parse_parameters
+from ..spec.infotext import request_fields
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ..request import Cancelled
+from ..spec.errors import Cancelled
 from .core import Server
 from .metrics import serve_metrics_apart
 from .errors import log_refusal
 from .settings import Settings
-from .styles import MAX_STYLED_PROMPT_CHARS
-from ..request import Request, RequestError, json_type, shown
+from ..spec.styles import MAX_STYLED_PROMPT_CHARS
+from ..spec.request import Request
+from ..spec.values import json_type, shown
+from ..spec.errors import RequestError
 from .batcher import Generated, QueueFull, ShuttingDown, StillCompiling
 from .internals import DrainingServer
 

@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..names import DEFAULT_RNG, DEFAULT_SCHEDULE
-from ..request import Cancelled, GenerationResult, ImageInfo, RequestError, guided, preview_cadence
+from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..spec.errors import Cancelled, RequestError
+from ..spec.request import GenerationResult, ImageInfo, guided, preview_cadence
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,22 +14,25 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..images import ImageStore, encode_preview
-from ..names import RNGS, SAMPLERS, SCHEDULES
-from ..recipes import RECIPES, Recipe
-from ..request import Request, RequestError, format_size, parse_size, schedule_input
+from ..spec.errors import RequestError
+from ..spec.images import encode_preview
+from ..spec.names import RNGS, SAMPLERS, SCHEDULES
+from ..spec.recipes import RECIPES, Recipe
+from ..spec.request import Request
+from ..spec.styles import DEFAULT_STYLE
+from ..spec.values import format_size, parse_size, schedule_input
 from ..weights.errors import CheckpointError, PreviewDecoderError
 from .batcher import SHUTTING_DOWN, Generated, Job, StillCompiling, never
 from .engines import LocalEngine, RemoteEngine
 from .errors import log
+from .files import ImageStore
 from .form import FORM_FIELDS, token_count, validate
-from .info import ModelInfo, offered_presets
 from .metrics import Metrics
+from .offer import ModelInfo, offered_presets
 from .settings import Settings, model_not_found_message
-from .styles import DEFAULT_STYLE
 
 if TYPE_CHECKING:
-    from ..pipeline import Pipeline
+    from ..generate.pipeline import Pipeline
 
 
 class Server:
@@ -67,9 +70,7 @@ class Server:
         """The model in this process (None for a front end, or until loaded)."""
         return self.engine.pipeline
 
-    @property
-    def batcher(self):
-        return self.engine.batcher
+    batcher = property(lambda self: self.engine.batcher)
 
     @property
     def tokenizer(self):
@@ -363,7 +364,7 @@ class Server:
             raise RequestError(self.error)
         return self.engine.enqueue(request, progress=progress, abandoned=abandoned, on_done=on_done, preview=preview)
 
-    def finish(self, job: Job) -> Generated:
+    def finish(self, job: Job) -> Generated:  # noqa: D102
         return self.engine.finish(job)
 
     def count_images(self, images: int, saving_seconds: float) -> None:

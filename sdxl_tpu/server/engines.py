@@ -14,12 +14,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..images import encode_all
-from ..names import RNGS, SCHEDULES, schedule_used
-from ..request import GenerationError, Request, RequestError, format_size
+from ..spec.images import encode_all
+from ..spec.infotext import parameters_text
+from ..spec.names import RNGS, SCHEDULES, schedule_used
+from ..spec.errors import GenerationError, RequestError
+from ..spec.request import Request
+from ..spec.values import format_size
 from .batcher import Batcher, Generated, Job, never
 from .errors import log
-from .info import ModelInfo, offered_presets
+from .offer import ModelInfo, offered_presets
 from .settings import Settings, model_not_found_message
 
 Done = Callable[[Callable[[], Generated]], None]  # receives: call me (in your thread) for the images
@@ -31,7 +34,7 @@ def _raise(error: BaseException) -> Generated:
 
 def load_and_compile_first(s: Settings) -> Any:
     """The pipeline of `s`, compiled for its first size (the others follow in the background)."""
-    from ..loading import load_pipeline
+    from ..generate.loading import load_pipeline
 
     pipe = load_pipeline(s.model, dtype=s.dtype, sizes=s.sizes, images_per_call=s.images_per_call,
                          attention=s.attention, unet=s.unet, timestep_spacing=s.timestep_spacing,
@@ -104,7 +107,7 @@ class LocalEngine:
         chips than a request has images (images are split evenly over the chips)."""
         import jax
 
-        from ..pipeline import call_batch
+        from ..generate.pipeline import call_batch
 
         per_request = self.settings.images_per_call
         return max(1, call_batch(per_request, len(jax.devices())) // per_request)
@@ -126,7 +129,7 @@ class LocalEngine:
         except GenerationError as e:
             raise RequestError(str(e)) from None
         start = time.perf_counter()
-        parameters = [info.parameters_text(self.pipeline.stamp) for info in result.infos]
+        parameters = [parameters_text(info, self.pipeline.stamp) for info in result.infos]
         files = encode_all(result.images, parameters, self.settings.image_format)
         first = result.infos[0]  # (one request's images: one sampler, schedule and noise source)
         return Generated(files, parameters, result.seeds, first.sampler,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..request import is_file_object, json_type
+from ..spec.values import is_file_object, json_type
 
 
 MAX_DEPTH = 8  # of JSON nesting inside `data`; the app's inputs are flat

@@ -9,8 +9,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..request import Cancelled
-from ..request import RequestError
+from ..spec.errors import Cancelled
+from ..spec.errors import RequestError
 
 
 log = logging.getLogger("sdxl_tpu.server")

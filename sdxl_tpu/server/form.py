@@ -7,11 +7,14 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ..names import SAMPLERS
-from ..prompts import CHUNK_TOKENS, chunk_prompt
-from ..request import MAX_SEED, Request, RequestError, json_type, number_input, text_input
+from ..spec.names import SAMPLERS
+from ..spec.prompts import CHUNK_TOKENS, chunk_prompt
+from ..spec.fields import MAX_SEED
+from ..spec.request import Request
+from ..spec.values import json_type, number_input, text_input
+from ..spec.errors import RequestError
 from .errors import log_refusal
-from .styles import apply_style, style_entry
+from ..spec.styles import apply_style, style_entry
 
 
 EXAMPLES = [

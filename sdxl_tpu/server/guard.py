@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from ..request import shown
+from ..spec.values import shown
 from .internals import QueueView
-from .envelope import (ID, Endpoint, Refused, check_cached_file, check_envelope, check_fn_index, check_id,
-                       parse_json, parse_json_object)
+from .envelope import (ID, Endpoint, Refused, check_cached_file, check_envelope, check_fn_index, check_id, parse_json,
+                       parse_json_object)
 
 log = logging.getLogger("sdxl_tpu.http")
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from ..request import Cancelled, RequestError
+from ..spec.errors import Cancelled, RequestError
 from .batcher import QueueFull, ShuttingDown
 from .remote import Unavailable
 
@@ -40,7 +40,7 @@ class _Compiles:
         self.counter = None
 
     def listen(self) -> None:
-        from ..compilation import CompileCounter
+        from ..generate.compilation import CompileCounter
 
         if self.counter is None:
             self.counter = CompileCounter().__enter__()  # listens for the life of the process

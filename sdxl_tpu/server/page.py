@@ -8,8 +8,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..request import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, format_size
-from ..names import DEFAULT_RNG, DEFAULT_SCHEDULE, MAX_STEPS, RNGS, SCHEDULES
+from ..spec.fields import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED
+from ..spec.values import format_size
+from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SCHEDULES
+from ..spec.fields import MAX_STEPS
 
 HISTORY_LENGTH = 24  # runs kept in the browser, newest first
 HISTORY_PER_PAGE = 12
@@ -153,8 +155,8 @@ PASTED_FIELDS = ("prompt", "negative", "seed", "randomize", "guidance", "steps",
 def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str]) -> tuple[dict[str, Any], str]:
     """A pasted A1111 parameters text -> the form fields it fills (PASTED_FIELDS; the seed turns
     Randomize off) and a line of Markdown saying what was filled and what was not used."""
-    from ..infotext import parse, request_fields
-    from ..request import RequestError
+    from ..spec.infotext import parse, request_fields
+    from ..spec.errors import RequestError
 
     try:
         fields, notes = request_fields(parse(text), list(sizes), list(samplers))

@@ -25,7 +25,9 @@ from typing import Any
 
 import httpx
 
-from ..request import Request, RequestError, format_size
+from ..spec.request import Request
+from ..spec.values import format_size
+from ..spec.errors import RequestError
 
 log = logging.getLogger("sdxl_tpu.server.remote")
 
@@ -130,7 +132,7 @@ class Backend:
         with the back end's message for a request it refused, Cancelled when `abandoned()` turned
         true, Unavailable when no back end served it in `attempts` tries or `retry_seconds`.
         `preview(step, steps, files)` is given the back end's live previews (JPEG files)."""
-        from ..request import Cancelled
+        from ..spec.errors import Cancelled
 
         abandoned = abandoned or never
         body = json.dumps(request_json(request)).encode()
@@ -211,7 +213,7 @@ def _error_message(response: httpx.Response) -> str:
 def _events(response: httpx.Response, abandoned: Callable[[], bool]) -> Iterator[tuple[str, Any]]:
     """Server-sent events as (name, JSON data); checks `abandoned()` at every line (the back end
     sends a comment every second), raising Cancelled, which closes the stream."""
-    from ..request import Cancelled
+    from ..spec.errors import Cancelled
 
     event, data, received = "message", [], 0
     for line in response.iter_lines():

@@ -10,11 +10,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..names import DEFAULT_RNG, DEFAULT_SCHEDULE
-from ..options import add_options, fill_defaults, options_for
-from ..prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
-from ..recipes import BASE, Recipe, recipe_named, settle
-from ..request import RequestError, parse_size, schedule_input
+from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..spec.options import add_options, fill_defaults, options_for
+from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
+from ..spec.recipes import BASE, Recipe, recipe_named, settle
+from ..spec.errors import RequestError
+from ..spec.values import parse_size, schedule_input
 from .remote import check_backend_url
 
 TINY_DEFAULT_SIZE = "256x256"

@@ -9,15 +9,10 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-
 from .errors import CheckpointError
 from .tiny_tokenizers import TINY_VERSION, write_tokenizers  # (no JAX: a front end writes these)
 
 TAESD_REPO = "madebyollin/taesdxl"  # TAESD for SDXL, the live previews' decoder
-
-
-SDXL_BASE = "stabilityai/stable-diffusion-xl-base-1.0"  # where a single file's configs and tokenizers come from
-
 COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
 _SMALL_FILES = ["model_index.json", "*/config.json", "scheduler/scheduler_config.json", "tokenizer/*",
                 "tokenizer_2/*"]
@@ -129,5 +124,5 @@ def load_tokenizers(model: str | os.PathLike):
             CLIPTokenizer.from_pretrained(str(root / "tokenizer_2")))
 
 
-__all__ = ["COMPONENTS", "SDXL_BASE", "TAESD_REPO", "load_tokenizer", "load_tokenizers", "resolve", "resolve_file",
+__all__ = ["COMPONENTS", "TAESD_REPO", "load_tokenizer", "load_tokenizers", "resolve", "resolve_file",
            "tiny_checkpoint_dir", "tiny_tokenizers_dir"]

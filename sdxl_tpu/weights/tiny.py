@@ -18,7 +18,8 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from ..models.clip import CLIPTextConfig, CLIPTextModel
-from ..presets import SCHEDULER_CONFIG, model_index, preset_configs
+from ..sampler.from_config import SCHEDULER_CONFIG
+from .architectures import DIFFUSERS_VERSION, model_index, preset_configs
 from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..models.vae import AutoencoderKL, VAEConfig
 from .tensors import torch_shapes
@@ -71,7 +72,8 @@ def write_checkpoint(directory: str | os.PathLike, preset: str = "tiny", *, seed
         filename = "model.safetensors" if name.startswith("text") else "diffusion_pytorch_model.safetensors"
         _write_component(root / name, configs[name], random_weights(model, rng), filename)
     (root / "scheduler").mkdir(exist_ok=True)
-    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER_CONFIG, indent=2))
+    scheduler_config = {**SCHEDULER_CONFIG, "_diffusers_version": DIFFUSERS_VERSION}
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler_config, indent=2))
     (root / "model_index.json").write_text(json.dumps(model_index(), indent=2))
     return root
 
@@ -83,7 +85,7 @@ def write_tiny_checkpoint(directory: str | os.PathLike, *, seed: int = 0) -> Pat
 
 def tiny_taesd_config() -> dict[str, Any]:
     """A small AutoencoderTiny config, as diffusers writes it, whose decoder upsamples by the tiny VAE's factor."""
-    from ..presets import DIFFUSERS_VERSION
+    from .architectures import DIFFUSERS_VERSION
 
     stages = len(preset_configs("tiny")["vae"]["block_out_channels"])  # the VAE scales by 2 ** (stages - 1)
     widths = [8] * stages

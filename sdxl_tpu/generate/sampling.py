@@ -17,10 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import scheduler
-from .prompts import CHUNK_TOKENS, chunk_prompt
-from .request import ImageInfo
-from .scheduler import State, Tables
+from . import update
+from ..spec.prompts import CHUNK_TOKENS, chunk_prompt
+from ..spec.request import ImageInfo
+from .update import State
+from ..sampler.tables import Tables
 
 MAX_TOKENS = CHUNK_TOKENS + 2  # one chunk: 75 tokens between start and end
 
@@ -113,15 +114,15 @@ def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, poo
     were encoded apart (A1111's default when their lengths differ).
     """
     b = state.x.shape[0]
-    x_in, t = scheduler.model_input(state, i, tables)
+    x_in, t = update.model_input(state, i, tables)
     if not guided:  # what diffusers does for guidance_scale <= 1: the conditional prediction alone
         eps = unet(x_in, t, context[:, 1], pooled[:, 1], time_ids, lengths[:, 1]).astype(jnp.float32)
-        return scheduler.step(state, eps, i, tables)
+        return update.step(state, eps, i, tables)
     eps = unet(jnp.repeat(x_in, 2, axis=0), t, context.reshape(2 * b, *context.shape[2:]), pooled.reshape(2 * b, -1),
                jnp.repeat(time_ids, 2, axis=0), lengths.reshape(2 * b)).astype(jnp.float32)
     eps = eps.reshape(b, 2, *eps.shape[1:])
     g = jnp.where(guidance > 1.0, guidance, 1.0)[:, None, None, None]
-    return scheduler.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
+    return update.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
 
 
 def denoise(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array, time_ids: jax.Array,

@@ -14,9 +14,10 @@ from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from . import sampling, scheduler
+from . import sampling
+from . import update
 from .preview import decode_taesd, preview_size
-from .scheduler import MAX_ROWS, Tables
+from ..sampler.tables import MAX_ROWS, Tables
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -55,13 +56,13 @@ def program(pipe: Pipeline, name: str, size: tuple[int, int]) -> tuple[Callable,
     if name == "noise":  # JAX's initial noise, or the host's for the images that draw their own (RNG CPU)
         def fn(s, t, host, use_host):
             noise = jnp.where(use_host[:, None, None, None], host, sampling.get_noise(s, lh, lw, c))
-            return scheduler.init(noise, s, t)._replace(host_noise=use_host)
+            return update.init(noise, s, t)._replace(host_noise=use_host)
         return shard(pipe.mesh, fn, (bat, P(), bat, bat), bat), (seeds, tables, latents, batch((b,), jnp.bool_))
     if name == "init":  # the state from initial latents the caller gives
-        return shard(pipe.mesh, scheduler.init, (bat, bat, P()), bat), (latents, seeds, tables)
+        return shard(pipe.mesh, update.init, (bat, bat, P()), bat), (latents, seeds, tables)
     if name in ("denoise", "denoise_unguided"):  # one step (stepwise: the last argument is the step) or all
         state = jax.tree.map(lambda s: batch(s.shape, s.dtype),
-                             jax.eval_shape(scheduler.init, latents, seeds, tables))
+                             jax.eval_shape(update.init, latents, seeds, tables))
         loop = partial(sampling.denoise_step if pipe.stepwise else sampling.denoise, guided=name == "denoise")
         fn = lambda params, *a: loop(unet(params), *a)
         args = (pipe.params["unet"], state, batch((b, 2, tokens, pipe.context_dim)), lengths,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..request import MAX_PROMPT_CHARS, RequestError, choice_input
-from .errors import log_refusal
+from .fields import MAX_PROMPT_CHARS
+from .errors import RequestError
+from .values import choice_input
+from ..server.errors import log_refusal
 
 
 # name -> (prompt template, negative prompt), as the original SDXL playground offered them.

@@ -1,22 +1,21 @@
-"""The samplers on the checkpoint's scheduler config, as diffusers runs them, and by name.
+"""The samplers on the checkpoint's scheduler config, as diffusers runs them.
 
 Each class is one diffusers scheduler (or one family: Euler / Euler a, DPM++ 2M / 2M SDE with or
-without Karras sigmas), reduced to its tables (scheduler.py). Under one of A1111's schedule
-types the same sampler runs its k-diffusion function instead (Sampler.kdiffusion_tables).
+without Karras sigmas), reduced to its tables (tables.py); from_config.py makes them by name. Under
+one of A1111's schedule types the same sampler runs its k-diffusion function instead
+(Sampler.kdiffusion_tables).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .configs import SCHEDULER_VALUES, check_supported
-from .kdiffusion import sigma_to_t, update_table
-from .scheduler import Sampler, Tables
-from .names import MAX_STEPS, SAMPLERS
+from .kdiffusion import update_table
+from .sigmas import karras_sigmas, sigma_to_t, spaced_timesteps
+from .tables import Sampler, Tables
 
 _FIELDS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "timestep_spacing", "steps_offset",
            "prediction_type")
@@ -27,7 +26,8 @@ def init_sigma(top: float, spacing: str) -> float:
     return top if spacing in ("linspace", "trailing") else (top ** 2 + 1) ** 0.5
 
 
-def _schedule_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+def schedule_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A scheduler config's noise schedule, as every sampler's fields (diffusers' defaults)."""
     return dict(num_train_timesteps=cfg.get("num_train_timesteps", 1000), beta_start=cfg.get("beta_start", 0.00085),
                 beta_end=cfg.get("beta_end", 0.012), beta_schedule=cfg.get("beta_schedule", "scaled_linear"),
                 timestep_spacing=cfg.get("timestep_spacing", "leading"),
@@ -35,12 +35,7 @@ def _schedule_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 # Samplers whose diffusers scheduler has no prediction_type "sample" (a model predicting the clean latents).
-_NOISE_ONLY = ("Euler a", "DPM++ SDE", "DPM++ SDE Karras")
-
-
-def _predicts_noise(name: str, scheduler: str, cfg: dict[str, Any]) -> None:
-    if cfg.get("prediction_type") == "sample":  # as diffusers: not implemented there
-        raise ValueError(f"{name} does not support prediction_type='sample' (diffusers' {scheduler} does not either)")
+NOISE_ONLY = ("Euler a", "DPM++ SDE", "DPM++ SDE Karras")
 
 
 @dataclass(frozen=True)
@@ -58,24 +53,11 @@ class EulerDiscrete(Sampler):
     def kdiffusion_method(self) -> str:
         return "euler_ancestral" if self.ancestral else "euler"
 
-    @staticmethod
-    def from_config(cfg: dict[str, Any], ancestral: bool = False) -> "EulerDiscrete":
-        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, None)})
-        if ancestral:
-            _predicts_noise("Euler a", "EulerAncestralDiscreteScheduler", cfg)
-        return EulerDiscrete(**_schedule_fields(cfg), ancestral=ancestral)
-
     def timesteps(self, steps: int) -> np.ndarray:
-        n = self.num_train_timesteps
-        if self.timestep_spacing == "linspace":
-            return np.linspace(0, n - 1, steps, dtype=np.float32)[::-1].copy()
-        if self.timestep_spacing == "leading":
-            ratio = n // steps
-            return (np.arange(0, steps) * ratio).round()[::-1].astype(np.float32) + self.steps_offset
-        ratio = n / steps
-        return np.arange(n, 0, -ratio).round().astype(np.float32) - 1
+        return spaced_timesteps(self.timestep_spacing, steps, self.num_train_timesteps, self.steps_offset,
+                                rounded=False).astype(np.float32)
 
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+    def sigmas(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
         self._check_steps(steps)
         timesteps = self.timesteps(steps)
         train = self.train_sigmas()
@@ -85,7 +67,7 @@ class EulerDiscrete(Sampler):
         return timesteps, sigmas, float(np.float32(init))
 
     def tables(self, steps: int) -> Tables:
-        timesteps, sigmas, init = self.schedule(steps)
+        timesteps, sigmas, init = self.sigmas(steps)
         s, t = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
         if self.ancestral:  # step to sigma_down, then add noise of sigma_up
             up = np.sqrt(t ** 2 * (s ** 2 - t ** 2) / s ** 2)
@@ -120,36 +102,21 @@ class DPMSolverMultistep(Sampler):
     def kdiffusion_method(self) -> str:
         return "dpmpp_2m_sde" if self.sde else "dpmpp_2m"
 
-    @staticmethod
-    def from_config(cfg: dict[str, Any], karras: bool | None = None, sde: bool | None = None) -> "DPMSolverMultistep":
-        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, True, None)})
-        karras = bool(cfg.get("use_karras_sigmas")) if karras is None else karras
-        sde = cfg.get("algorithm_type") == "sde-dpmsolver++" if sde is None else sde
-        return DPMSolverMultistep(**_schedule_fields(cfg), karras=karras, sde=sde)
-
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+    def sigmas(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
         self._check_steps(steps)
-        n = self.num_train_timesteps
         train = self.train_sigmas()
         if self.karras:  # the spacing does not apply: timesteps follow from the sigmas
-            rho, ramp = 7.0, np.linspace(0, 1, steps)
-            low, high = float(train[0]) ** (1 / rho), float(train[-1]) ** (1 / rho)
-            sigmas = (high + ramp * (low - high)) ** rho
+            sigmas = karras_sigmas(float(train[0]), float(train[-1]), steps)
             timesteps = sigma_to_t(sigmas, train).round()
         else:
-            if self.timestep_spacing == "linspace":
-                timesteps = np.linspace(0, n - 1, steps + 1).round()[::-1][:-1].astype(np.int64)
-            elif self.timestep_spacing == "leading":
-                ratio = n // (steps + 1)
-                timesteps = (np.arange(0, steps + 1) * ratio).round()[::-1][:-1].astype(np.int64) + self.steps_offset
-            else:
-                timesteps = np.arange(n, 0, -n / steps).round().astype(np.int64) - 1
+            timesteps = spaced_timesteps(self.timestep_spacing, steps, self.num_train_timesteps, self.steps_offset,
+                                         one_more=True).astype(np.int64)
             sigmas = np.interp(timesteps, np.arange(len(train)), train)
         sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
         return timesteps.astype(np.float32), sigmas, 1.0
 
     def tables(self, steps: int) -> Tables:
-        timesteps, sigmas, init = self.schedule(steps)
+        timesteps, sigmas, init = self.sigmas(steps)
         sig = sigmas.astype(np.float64)
         alpha = 1 / np.sqrt(sig ** 2 + 1)
         update = np.zeros((steps, 6))
@@ -194,35 +161,25 @@ class DPMSolverSDE(Sampler):
     def kdiffusion_method(self) -> str:
         return "dpmpp_sde"
 
-    @staticmethod
-    def from_config(cfg: dict[str, Any], karras: bool | None = None) -> "DPMSolverSDE":
-        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, True, None),
-                                           "noise_sampler_seed": (None,)})
-        karras = bool(cfg.get("use_karras_sigmas")) if karras is None else karras
-        _predicts_noise("DPM++ SDE" + (" Karras" if karras else ""), "DPMSolverSDEScheduler", cfg)
-        return DPMSolverSDE(**_schedule_fields(cfg), karras=karras)
-
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+    def sigmas(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
         """Per step (not per row): the spaced timesteps, as Euler's, or with `karras` Karras sigmas
         between the spaced sigmas' ends and their fractional timesteps."""
         euler = EulerDiscrete(**{f: getattr(self, f) for f in _FIELDS})
-        timesteps, sigmas, init = euler.schedule(steps)
+        timesteps, sigmas, init = euler.sigmas(steps)
         if self.karras:  # between the spaced sigmas' ends, in float64 as diffusers interpolates them
             ends = np.interp(timesteps[[-1, 0]].astype(np.float64), np.arange(self.num_train_timesteps),
                              self.train_sigmas())
-            rho, ramp = 7.0, np.linspace(0, 1, steps)
-            low, high = ends[0] ** (1 / rho), ends[1] ** (1 / rho)
-            karras = (high + ramp * (low - high)) ** rho
+            karras = karras_sigmas(ends[0], ends[1], steps)
             timesteps = sigma_to_t(karras, self.train_sigmas()).astype(np.float32)
             sigmas = np.concatenate([karras, [0.0]]).astype(np.float32)
             init = float(np.float32(init_sigma(float(sigmas.max()), self.timestep_spacing)))
         return timesteps, sigmas, init
 
     def tables(self, steps: int) -> Tables:
-        _, sigmas, init = self.schedule(steps)
+        step_timesteps, sigmas, init = self.sigmas(steps)
         update, s = update_table("dpmpp_sde", sigmas)
         timesteps = sigma_to_t(s, self.train_sigmas()).astype(np.float32)
-        timesteps[::2] = self.schedule(steps)[0]  # the steps' own, as diffusers gives them; midpoints between
+        timesteps[::2] = step_timesteps  # the steps' own, as diffusers gives them; midpoints between
         update = self._predicting(update, (1 / s, -1 / s))
         return Tables(timesteps, (1 / np.sqrt(s ** 2 + 1)).astype(np.float32), update.astype(np.float32), init)
 
@@ -238,20 +195,11 @@ class DDIM(Sampler):
     def name(self) -> str:
         return "DDIM"
 
-    @staticmethod
-    def from_config(cfg: dict[str, Any]) -> "DDIM":
-        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, None)})
-        return DDIM(**_schedule_fields(cfg), set_alpha_to_one=cfg.get("set_alpha_to_one", True))
-
     def timesteps(self, steps: int) -> np.ndarray:
-        n = self.num_train_timesteps
-        if self.timestep_spacing == "linspace":
-            return np.linspace(0, n - 1, steps).round()[::-1].astype(np.int64)
-        if self.timestep_spacing == "leading":
-            return (np.arange(0, steps) * (n // steps)).round()[::-1].astype(np.int64) + self.steps_offset
-        return np.round(np.arange(n, 0, -n / steps)).astype(np.int64) - 1
+        return spaced_timesteps(self.timestep_spacing, steps, self.num_train_timesteps,
+                                self.steps_offset).astype(np.int64)
 
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+    def sigmas(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
         self._check_steps(steps)
         timesteps = self.timesteps(steps)
         train = self.train_sigmas()
@@ -293,13 +241,6 @@ class LCM(DDIM):
     def name(self) -> str:
         return "LCM"
 
-    @staticmethod
-    def from_config(cfg: dict[str, Any]) -> "LCM":
-        check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, None)})
-        return LCM(**_schedule_fields(cfg), set_alpha_to_one=cfg.get("set_alpha_to_one", True),
-                   original_inference_steps=cfg.get("original_inference_steps", 50),
-                   timestep_scaling=cfg.get("timestep_scaling", 10.0))
-
     def timesteps(self, steps: int) -> np.ndarray:
         if steps > self.original_inference_steps:
             raise ValueError(f"LCM takes at most {self.original_inference_steps} steps (its original_inference_steps)")
@@ -319,58 +260,4 @@ class LCM(DDIM):
         return [np.sqrt(a_prev) * p, np.sqrt(a_prev) * q, 0.0, np.sqrt(1 - a_prev), p, q]
 
 
-# -- by name ---------------------------------------------------------------------------------------
-
-_CLASSES = {"EulerDiscreteScheduler": "Euler", "EulerAncestralDiscreteScheduler": "Euler a",
-            "DPMSolverMultistepScheduler": "DPM++ 2M", "DPMSolverSDEScheduler": "DPM++ SDE", "DDIMScheduler": "DDIM",
-            "LCMScheduler": "LCM"}
-
-
-def sampler_named(name: str, cfg: dict[str, Any] | None = None) -> Sampler:
-    """Sampler `name` (one of SAMPLERS) on the noise schedule of a scheduler config (a
-    checkpoint's scheduler_config.json; default SDXL base's), as diffusers'
-    `<Scheduler>.from_config(pipe.scheduler.config)` would make it."""
-    from .presets import SCHEDULER_CONFIG
-
-    cfg = dict(SCHEDULER_CONFIG if cfg is None else cfg)
-    # The method's own settings come from the name, not from another method's config.
-    cfg = {k: v for k, v in cfg.items() if k not in ("use_karras_sigmas", "_class_name", "algorithm_type")}
-    if name in ("Euler", "Euler a"):
-        return EulerDiscrete.from_config(cfg, ancestral=name == "Euler a")
-    if name.startswith("DPM++ 2M") and name in SAMPLERS:
-        return DPMSolverMultistep.from_config(cfg, karras=name.endswith(" Karras"), sde=" SDE" in name)
-    if name in ("DPM++ SDE", "DPM++ SDE Karras"):
-        return DPMSolverSDE.from_config(cfg, karras=name.endswith(" Karras"))
-    if name == "DDIM":
-        return DDIM.from_config(cfg)
-    if name == "LCM":
-        return LCM.from_config(cfg)
-    raise ValueError(f"no sampler {name!r}; samplers: {', '.join(SAMPLERS)}")
-
-
-def samplers_for(cfg: dict[str, Any] | None = None) -> tuple[dict[str, Sampler], str]:
-    """Every sampler on a scheduler config's noise schedule (those that support its prediction
-    type), and the name of the config's own (its `_class_name`; Euler for classes not implemented
-    here, with a warning)."""
-    cfg = dict(cfg or {})
-    check_supported("scheduler", cfg, {**SCHEDULER_VALUES, "use_karras_sigmas": (False, True, None)})
-    default = _CLASSES.get(cfg.get("_class_name", "EulerDiscreteScheduler"))
-    if default is None:
-        warnings.warn(f"scheduler {cfg['_class_name']!r} is not implemented; the default sampler is Euler "
-                      f"(available: {', '.join(SAMPLERS)})", stacklevel=2)
-        default = "Euler"
-    if default == "DPM++ 2M" and cfg.get("algorithm_type") == "sde-dpmsolver++":
-        default = "DPM++ 2M SDE"
-    if cfg.get("use_karras_sigmas"):
-        if not default.startswith("DPM++"):
-            raise ValueError(f"scheduler config: use_karras_sigmas=True is supported with DPMSolverMultistepScheduler "
-                             f"and DPMSolverSDEScheduler only, not {cfg.get('_class_name')}")
-        default += " Karras"
-    names = [n for n in SAMPLERS if not (n in _NOISE_ONLY and cfg.get("prediction_type") == "sample")]
-    if default not in names:
-        raise ValueError(f"scheduler config: {default} does not support prediction_type={cfg.get('prediction_type')!r}")
-    return {name: sampler_named(name, cfg) for name in names}, default
-
-
-__all__ = ["DDIM", "LCM", "MAX_STEPS", "DPMSolverMultistep", "DPMSolverSDE", "EulerDiscrete", "sampler_named",
-           "samplers_for"]
+__all__ = ["DDIM", "LCM", "DPMSolverMultistep", "DPMSolverSDE", "EulerDiscrete"]

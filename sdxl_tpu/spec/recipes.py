@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .weights.hub import SDXL_BASE as BASE
+from .names import SDXL_BASE as BASE
 
 LIGHTNING = "ByteDance/SDXL-Lightning"
 

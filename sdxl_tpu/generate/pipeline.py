@@ -27,13 +27,14 @@ from jax.sharding import PartitionSpec as P
 from . import sampling
 from .denoising import HostNoise, denoise_fused, denoise_stepwise
 from .programs import BATCH, NETWORKS, PROGRAMS, program
-from .weights.checkpoint import Models
-from .images import Stamp
+from ..weights.checkpoint import Models
+from ..spec.infotext import Stamp
 from .preview import Previews
-from .prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
-from .request import (GenerationError, GenerationResult, ImageInfo, Request, RequestError, format_size, guided,
-                      not_a_choice, parse_size, schedule_input, size_input)
-from .scheduler import MAX_ROWS, Sampler
+from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
+from ..spec.errors import GenerationError, RequestError
+from ..spec.request import GenerationResult, ImageInfo, Request, guided
+from ..spec.values import format_size, not_a_choice, parse_size, schedule_input, size_input
+from ..sampler.tables import MAX_ROWS, Sampler
 
 
 

@@ -14,13 +14,6 @@ from typing import Any
 DIFFUSERS_VERSION = "0.42.1"
 TRANSFORMERS_VERSION = "5.24.0"
 
-SCHEDULER_CONFIG: dict[str, Any] = {  # as SDXL base 1.0 ships it
-    "_class_name": "EulerDiscreteScheduler", "_diffusers_version": DIFFUSERS_VERSION,
-    "beta_end": 0.012, "beta_schedule": "scaled_linear", "beta_start": 0.00085, "clip_sample": False,
-    "interpolation_type": "linear", "num_train_timesteps": 1000, "prediction_type": "epsilon",
-    "sample_max_value": 1.0, "set_alpha_to_one": False, "skip_prk_steps": True, "steps_offset": 1,
-    "timestep_spacing": "leading", "trained_betas": None, "use_karras_sigmas": False,
-}
 
 
 def text_encoder_config(vocab_size: int, *, projection: bool, hidden: int = 32, layers: int | None = None,

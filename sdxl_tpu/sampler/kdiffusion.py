@@ -2,10 +2,11 @@
 
 Under an A1111 schedule type a sampler works in Karras' (variance exploding) terms: noise levels
 sigma come from the model's discrete schedule as A1111 builds it (float64 betas, the cumulative
-product cast to float32, as sgm's LegacyDDPMDiscretization), the model sees x / sqrt(sigma^2 + 1)
-at the fractional timestep log-interpolated from sigma (k-diffusion's CompVisDenoiser, not
-rounded), the first latents are sigma_max x noise, and each method's last step goes to sigma 0 as
-its k-diffusion function does. The updates are the same linear form as scheduler.py's tables:
+product cast to float32, as sgm's LegacyDDPMDiscretization: sigmas.py), the model sees
+x / sqrt(sigma^2 + 1) at the fractional timestep log-interpolated from sigma (k-diffusion's
+CompVisDenoiser, not rounded), the first latents are sigma_max x noise, and each method's last
+step goes to sigma 0 as its k-diffusion function does. The updates are the same linear form as
+tables.py's:
 
     x' = a x + b eps + c m + n z        m' = x - sigma eps  (the denoised estimate)
 
@@ -17,57 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .sigmas import schedule_sigmas, sigma_to_t
+
 METHODS = ("euler", "euler_ancestral", "dpmpp_2m", "dpmpp_2m_sde", "dpmpp_sde")  # k-diffusion's sample_<method>
-
-
-def model_sigmas(num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str) -> np.ndarray:
-    """The model's discrete sigmas, ascending, float32, as A1111's CompVisDenoiser holds them."""
-    n = num_train_timesteps
-    if beta_schedule == "scaled_linear":
-        betas = np.linspace(beta_start ** 0.5, beta_end ** 0.5, n, dtype=np.float64) ** 2
-    else:
-        betas = np.linspace(beta_start, beta_end, n, dtype=np.float64)
-    alphas_cumprod = np.cumprod(1.0 - betas).astype(np.float32)
-    return (((1 - alphas_cumprod) / alphas_cumprod) ** 0.5).astype(np.float32)
-
-
-def sigma_to_t(sigmas: np.ndarray, train: np.ndarray) -> np.ndarray:
-    """The fractional training timestep of each sigma, interpolated in log sigma (k-diffusion's
-    DiscreteSchedule.sigma_to_t; diffusers' _sigma_to_t is the same). Both take the log of the
-    float32 training sigmas in float32."""
-    log_train = np.log(train).astype(np.float64)
-    log_sigma = np.log(np.maximum(np.asarray(sigmas, np.float64), 1e-10))
-    dists = log_sigma - log_train[:, np.newaxis]
-    low = np.cumsum(dists >= 0, axis=0).argmax(axis=0).clip(max=len(log_train) - 2)
-    w = np.clip((log_train[low] - log_sigma) / (log_train[low] - log_train[low + 1]), 0, 1)
-    return (1 - w) * low + w * (low + 1)
-
-
-def t_to_sigma(t: np.ndarray, train: np.ndarray) -> np.ndarray:
-    """k-diffusion's DiscreteSchedule.t_to_sigma: log sigma interpolated between timesteps."""
-    log_train = np.log(train.astype(np.float64))
-    t = np.asarray(t, np.float64)
-    low, high, w = np.floor(t).astype(int), np.ceil(t).astype(int), t - np.floor(t)
-    return np.exp((1 - w) * log_train[low] + w * log_train[high])
-
-
-def schedule_sigmas(schedule: str, steps: int, train: np.ndarray) -> np.ndarray:
-    """A1111's schedule type `schedule` for `steps` steps: steps + 1 sigmas ending in 0 (float32)."""
-    sigma_min, sigma_max = float(train[0]), float(train[-1])
-    if schedule == "Uniform":  # DiscreteSchedule.get_sigmas(n)
-        sigmas = t_to_sigma(np.linspace(len(train) - 1, 0, steps, dtype=np.float32), train)
-    elif schedule == "SGM Uniform":  # A1111's sgm_uniform: uniform in t over steps + 1 points, the last dropped
-        start, end = sigma_to_t(np.array([sigma_max, sigma_min]), train)
-        sigmas = t_to_sigma(np.linspace(start, end, steps + 1, dtype=np.float32)[:-1], train)
-    elif schedule == "Karras":  # get_sigmas_karras, rho 7
-        rho, ramp = 7.0, np.linspace(0, 1, steps, dtype=np.float32)
-        low, high = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
-        sigmas = (high + ramp * (low - high)) ** rho
-    elif schedule == "Exponential":  # get_sigmas_exponential
-        sigmas = np.exp(np.linspace(np.log(sigma_max), np.log(sigma_min), steps, dtype=np.float32))
-    else:
-        raise ValueError(f"no schedule type {schedule!r}")
-    return np.concatenate([np.asarray(sigmas, np.float32), [np.float32(0)]])
 
 
 def ancestral(s: float, t: float) -> tuple[float, float]:

@@ -1,6 +1,6 @@
 """Every command-line option of the app, `serve`, `generate`, `bench` and `make-tiny`, in one
 table: flag, environment variable, default, choices, help. Parsers are built from it and
-docs/options.md's option table is written from it (`python -m sdxl_tpu.options`), so they cannot drift.
+docs/options.md's option table is written from it (`python -m sdxl_tpu.spec.options`), so they cannot drift.
 
 An option given on the command line wins; then (where a command takes them from elsewhere, as
 `generate` takes --parameters) the other source; then its environment variable; then its default.
@@ -19,7 +19,7 @@ from typing import Any
 
 from .images import FORMATS
 from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
-from .presets import ARCHITECTURES
+from .names import ARCHITECTURES
 from .prompts import DEFAULT_MAX_CHUNKS
 from .recipes import RECIPES
 

@@ -1,4 +1,5 @@
-"""AUTOMATIC1111's parameters text, read: what its PNG Info shows and what our images carry.
+"""AUTOMATIC1111's parameters text, written and read: what our images carry and what its PNG Info
+shows.
 
     a cat <lora:style:0.8>                      prompt (any number of lines)
     Negative prompt: blurry                     negative prompt (from here to the settings line)
@@ -12,15 +13,20 @@ fatal. Everything here is untrusted input. Host-side only: no JAX.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from .request import (GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, RequestError, format_size, number_input,
-                      schedule_input, shown)
-from .names import DEFAULT_RNG, MAX_STEPS, RNGS, SCHEDULES
+from ..version import VERSION
+from .errors import RequestError
+from .fields import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
+from .names import DEFAULT_RNG, RNGS, SCHEDULES, schedule_used
+from .request import ImageInfo
+from .values import format_size, number_input, schedule_input, shown
 
 MAX_PARAMETERS_CHARS = 3 * MAX_PROMPT_CHARS  # prompt, negative prompt and the settings line
 _SETTING = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
@@ -36,6 +42,52 @@ SCHEDULE_NAMES = {**{name.lower(): name for name in SCHEDULES}, "sgm_uniform": "
 OUR_VERSION = "sdxl-tpu"  # what our texts' "Version" starts with
 NOT_REPRODUCIBLE = ("Not reproducible here: A1111's {what}, so RNG {rng} is used; A1111's CPU noise is "
                     "(RNG CPU).")
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What made an image besides its own parameters, as A1111 names it: the model, its short
+    hash where it is one file, and the LoRAs fused into it (name, scale, short hash)."""
+    model: str
+    model_hash: str | None = None
+    loras: tuple[tuple[str, float, str], ...] = ()
+
+
+def file_hash(path: str | os.PathLike, digits: int) -> str:
+    """A1111's short hash of a weights file: the first `digits` hex digits of its SHA-256
+    (10 for a checkpoint's "Model hash", 12 for a LoRA's)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()[:digits]
+
+
+def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
+    """AUTOMATIC1111's "parameters" text: prompt (with a `<lora:name:scale>` tag per LoRA, as A1111
+    users apply them), negative prompt, then the settings line:
+
+        Steps: 20, Sampler: Euler, Schedule type: Karras, CFG scale: 5, Seed: 7, Size: 1024x1024,
+        Model: sd_xl_base_1.0, RNG: CPU, Version: sdxl-tpu 0.1.0
+    """
+    stamp = Stamp(stamp) if isinstance(stamp, str) else stamp
+    lines = [info.prompt + "".join(f" <lora:{name}:{scale:g}>" for name, scale, _ in stamp.loras)]
+    if info.negative_prompt:
+        lines.append(f"Negative prompt: {info.negative_prompt}")
+    # Where A1111 puts them: the schedule right after the sampler, the noise source after the model.
+    # Both always, so the text says what ran ("Checkpoint" and "JAX" are this server's own).
+    settings = [f"Steps: {info.steps}", f"Sampler: {info.sampler}",
+                f"Schedule type: {schedule_used(info.sampler, info.schedule)}", f"CFG scale: {info.guidance_scale:g}",
+                f"Seed: {info.seed}", f"Size: {info.size[0]}x{info.size[1]}"]
+    if stamp.model_hash:
+        settings.append(f"Model hash: {stamp.model_hash}")
+    settings.append(f"Model: {stamp.model}")
+    settings.append(f"RNG: {info.rng}")
+    if stamp.loras:
+        settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')
+    settings.append(f"Version: sdxl-tpu {VERSION}")
+    lines.append(", ".join(settings))
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)

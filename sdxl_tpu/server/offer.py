@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..images import FORMATS
-from ..names import RNGS, SAMPLERS, SCHEDULES
-from ..prompts import MAX_CHUNKS
-from ..recipes import RECIPES, SAMPLING, Recipe
-from ..request import RequestError, format_size, json_type, parse_size
+from ..spec.images import FORMATS
+from ..spec.names import RNGS, SAMPLERS, SCHEDULES
+from ..spec.prompts import MAX_CHUNKS
+from ..spec.recipes import RECIPES, SAMPLING, Recipe
+from ..spec.errors import RequestError
+from ..spec.values import format_size, json_type, parse_size
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ import jax
 import numpy as np
 
 from .preview import Previews
-from .request import Cancelled
-from .scheduler import State, Tables
-from .torch_rng import TorchCPUGenerator
+from ..spec.errors import Cancelled
+from .update import State
+from ..sampler.tables import Tables
+from ..sampler.torch_rng import TorchCPUGenerator
 
 
 # Denoising rows dispatched ahead of the one being waited for: enough that the device never waits

@@ -1,10 +1,10 @@
-"""Samplers: host-side tables driving one jit-able update.
+"""Samplers: host-side tables driving one jit-able update (generate/update.py).
 
-Every sampler (samplers.py: Euler, Euler a, DPM++ 2M and 2M SDE, DDIM, LCM as diffusers runs
-them on the checkpoint's scheduler config; kdiffusion.py: as k-diffusion runs them on A1111's
-schedule types) makes, at step i, a linear combination of the latents x, the model's noise prediction eps, the previous
-step's data prediction m (the current estimate of the clean latents, which previews show), and
-fresh unit noise z:
+Every sampler (diffusers.py: Euler, Euler a, DPM++ 2M and 2M SDE, DPM++ SDE, DDIM, LCM as
+diffusers runs them on the checkpoint's scheduler config; kdiffusion.py: as k-diffusion runs them
+on A1111's schedule types) makes, at step i, a linear combination of the latents x, the model's
+noise prediction eps, the previous step's data prediction m (the current estimate of the clean
+latents, which previews show), and fresh unit noise z:
 
     x' = a x + b eps + c m + n z        m' = p x + q eps
 
@@ -12,10 +12,9 @@ The coefficients depend only on the noise schedule and the step count. So a samp
 but its tables, computed on the host in float64 from diffusers' float32 schedules: timesteps,
 the model-input scale, and (a, b, c, n, p, q) per row, padded to MAX_ROWS. A row is one model
 evaluation: one per step, or two for a second-order step (DPM++ SDE evaluates at the midpoint
-too; its first row keeps x in m for the second). Here: the device
-half, the base of every sampler, and the names a request chooses from. One compiled
-program runs every sampler at every step count: choosing either per request never recompiles,
-and the denoising loop knows no method's details.
+too; its first row keeps x in m for the second). Here: the tables and the base of every sampler.
+One compiled program runs every sampler at every step count: choosing either per request never
+recompiles, and the denoising loop knows no method's details.
 """
 
 from __future__ import annotations
@@ -25,12 +24,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from . import kdiffusion
-from .names import MAX_STEPS
+from ..spec.fields import MAX_STEPS
+from . import kdiffusion, sigmas
 
 MAX_ROWS = 2 * MAX_STEPS  # room for a sampler of two model evaluations per step
 
@@ -40,47 +37,6 @@ class Tables(NamedTuple):
     input_scale: Any  # (rows,) the model sees input_scale[i] * x
     update: Any       # (rows, 6): a, b, c, n, p, q of row i (see the module docstring)
     init_sigma: Any   # () the initial latents are init_sigma * unit noise
-
-
-class State(NamedTuple):
-    x: jax.Array           # (B, h, w, C) float32 latents
-    prediction: jax.Array  # the previous step's data prediction m (zeros before the first step)
-    seeds: jax.Array       # (B,) uint32: each image's seed, for the noise an ancestral step adds
-    noise: jax.Array       # (B, h, w, C): the next step's unit noise, where the host draws it (RNG CPU)
-    host_noise: jax.Array  # (B,) bool: the image takes its step noise from `noise`, not from JAX
-
-
-# -- the device half: the same for every sampler ------------------------------------------------
-
-def init(noise: jax.Array, seeds: jax.Array, tables: Tables) -> State:
-    """The state before step 0, from unit normal noise and the images' seeds (step noise from JAX;
-    the host sets `noise` and `host_noise` to give its own)."""
-    return State(noise * tables.init_sigma, jnp.zeros_like(noise), seeds, jnp.zeros_like(noise),
-                 jnp.zeros(seeds.shape, jnp.bool_))
-
-
-def model_input(state: State, i: jax.Array, tables: Tables) -> tuple[jax.Array, jax.Array]:
-    """What the model sees at step i: the scaled latents and the timestep."""
-    return state.x * jnp.asarray(tables.input_scale)[i], jnp.asarray(tables.timesteps)[i]
-
-
-def step_noise(seeds: jax.Array, i: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """The unit noise of step i, per image from its own seed (a stream apart from the initial
-    noise, which uses the seed's key itself): an image never depends on its slot or batch."""
-    draw = lambda s: jax.random.normal(jax.random.fold_in(jax.random.key(s), i + 1), shape, jnp.float32)
-    return jax.vmap(draw)(seeds)
-
-
-def step(state: State, eps: jax.Array, i: jax.Array, tables: Tables, noise: jax.Array | None = None) -> State:
-    """Step i (pure, float32). `noise` replaces the seeds' step noise (tests inject diffusers')."""
-    a, b, c, n, p, q = jnp.asarray(tables.update)[i]
-    if noise is None:  # only ancestral and SDE steps draw noise
-        host = state.host_noise[:, None, None, None]
-        noise = jax.lax.cond(n != 0, lambda: jnp.where(host, state.noise,
-                                                       step_noise(state.seeds, i, state.x.shape[1:])),
-                             lambda: jnp.zeros_like(state.x))
-    x = a * state.x + b * eps + c * state.prediction + n * noise
-    return state._replace(x=x, prediction=p * state.x + q * eps)
 
 
 # -- the host half: one class per family of samplers ---------------------------------------------
@@ -120,7 +76,7 @@ class Sampler(abc.ABC):
         return tuple(k * i for i in range(1, steps)) + (k * (steps - 1) + 1,)
 
     @abc.abstractmethod
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+    def sigmas(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
         """(timesteps, sigmas ending in 0, init sigma) as diffusers' scheduler has them after
         set_timesteps(steps): float32, unpadded; sigmas in Karras' (variance exploding) terms."""
 
@@ -134,7 +90,9 @@ class Sampler(abc.ABC):
         if self.kdiffusion_method is None:
             raise ValueError(f"{self.name} runs on its own timesteps only, not on Schedule type {schedule}")
         self._check_steps(steps)
-        train = kdiffusion.model_sigmas(self.num_train_timesteps, self.beta_start, self.beta_end, self.beta_schedule)
+        # A1111's training sigmas: its betas in float64 (sgm's LegacyDDPMDiscretization).
+        train = sigmas.train_sigmas(sigmas.alphas_cumprod(self.num_train_timesteps, self.beta_start, self.beta_end,
+                                                          self.beta_schedule, betas_dtype=np.float64))
         timesteps, scale, update, init, to_eps = kdiffusion.tables(self.kdiffusion_method, schedule, steps, train)
         return Tables(timesteps, scale, self._predicting(update, to_eps).astype(np.float32), init)
 
@@ -155,18 +113,11 @@ class Sampler(abc.ABC):
 
     def alphas_cumprod(self) -> np.ndarray:
         """alpha-bar of each training timestep, float32, as diffusers computes it."""
-        n = self.num_train_timesteps
-        # As diffusers: betas in float32, the cumulative product accumulated in float64.
-        if self.beta_schedule == "scaled_linear":
-            betas = np.linspace(self.beta_start ** 0.5, self.beta_end ** 0.5, n).astype(np.float32) ** 2
-        else:
-            betas = np.linspace(self.beta_start, self.beta_end, n).astype(np.float32)
-        return np.cumprod((1.0 - betas).astype(np.float64)).astype(np.float32)
+        return sigmas.alphas_cumprod(self.num_train_timesteps, self.beta_start, self.beta_end, self.beta_schedule)
 
     def train_sigmas(self) -> np.ndarray:
         """The noise level of each training timestep, float32, as diffusers computes it."""
-        alphas_cumprod = self.alphas_cumprod()
-        return ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5
+        return sigmas.train_sigmas(self.alphas_cumprod())
 
     def _predicting(self, update: np.ndarray, to_eps: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Update coefficients for this model's prediction: with eps = u x + v output for a
@@ -184,4 +135,4 @@ class Sampler(abc.ABC):
             raise ValueError(f"steps must be between 1 and {MAX_STEPS}, got {steps}")
 
 
-__all__ = ["MAX_ROWS", "Sampler", "State", "Tables", "init", "model_input", "step", "step_noise"]
+__all__ = ["MAX_ROWS", "Sampler", "Tables"]

@@ -22,31 +22,3 @@ def warn_unknown(component: str, cfg: Mapping[str, Any], known: Collection[str])
     unknown = sorted(k for k in cfg if not k.startswith("_") and k not in known)
     if unknown:
         warnings.warn(f"{component} config: ignoring unknown keys {unknown}", stacklevel=2)
-
-
-# Scheduler config keys (scheduler_config.json) whose value must be one of these, for the samplers
-# (samplers.py); diffusers' defaults among them.
-SCHEDULER_VALUES = {
-    "beta_schedule": ("scaled_linear", "linear"),
-    "prediction_type": ("epsilon", "sample"),
-    "timestep_spacing": ("leading", "trailing", "linspace"),
-    "interpolation_type": ("linear",),
-    "use_exponential_sigmas": (False, None),
-    "use_beta_sigmas": (False, None),
-    "use_lu_lambdas": (False, None),
-    "use_flow_sigmas": (False, None),
-    "final_sigmas_type": ("zero", None),
-    "rescale_betas_zero_snr": (False, None),
-    "trained_betas": (None,),
-    "timestep_type": ("discrete", None),
-    "algorithm_type": ("dpmsolver++", "sde-dpmsolver++"),
-    "solver_order": (2,),
-    "solver_type": ("midpoint",),
-    "thresholding": (False,),
-    "lower_order_final": (True,),
-    "euler_at_final": (False,),
-    "variance_type": (None,),
-    "lambda_min_clipped": (-float("inf"),),
-    "clip_sample": (False, None),
-    "set_alpha_to_one": (False, True, None),
-}

@@ -12,16 +12,15 @@ from typing import Any
 import jax
 
 from .compilation import enable_compile_cache
-from .images import Stamp, file_hash
+from ..spec.infotext import Stamp, file_hash
 from .pipeline import Pipeline
-from .prompts import DEFAULT_MAX_CHUNKS
-from .samplers import samplers_for
-from .scheduler import Sampler
-from .weights.checkpoint import config_root, is_single_file, load_models
-from .weights.hub import load_tokenizers
-from .weights.hub import resolve_file
-from .weights.lora import lora_spec
-from .weights.tensors import read_json
+from ..spec.prompts import DEFAULT_MAX_CHUNKS
+from ..sampler.from_config import load_samplers
+from ..weights.checkpoint import config_root, is_single_file, load_models
+from ..weights.hub import load_tokenizers
+from ..weights.hub import resolve_file
+from ..weights.lora import lora_spec
+from ..weights.tensors import read_json
 
 
 def compute_dtype_for(dtype: str, compute_dtype: str | None = None) -> str:
@@ -30,22 +29,6 @@ def compute_dtype_for(dtype: str, compute_dtype: str | None = None) -> str:
     if compute_dtype:
         return compute_dtype
     return "float32" if jax.default_backend() == "cpu" else dtype
-
-
-def load_samplers(root: os.PathLike, timestep_spacing: str | None = None,
-                  prediction_type: str | None = None) -> tuple[dict[str, Sampler], str]:
-    """Every sampler on the checkpoint's noise schedule (scheduler/scheduler_config.json, else SDXL
-    base's), and the name of the checkpoint's own scheduler, the default. `timestep_spacing` and
-    `prediction_type` override the config's (SDXL-Lightning: "trailing"; its 1-step UNet: "sample")."""
-    from .presets import SCHEDULER_CONFIG
-
-    path = os.path.join(root, "scheduler", "scheduler_config.json")
-    config = dict(read_json(path)) if os.path.isfile(path) else dict(SCHEDULER_CONFIG)
-    if timestep_spacing is not None:
-        config["timestep_spacing"] = timestep_spacing
-    if prediction_type is not None:
-        config["prediction_type"] = prediction_type
-    return samplers_for(config)
 
 
 def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: Sequence[Any] = ((1024, 1024),),
@@ -75,8 +58,8 @@ def load_pipeline(model: str | os.PathLike, *, dtype: str = "bfloat16", sizes: S
         enable_compile_cache(compile_cache)
     taesd = None
     if preview != "approx":  # first: a preview decoder that cannot be had is refused before minutes of loading
-        from .models.layers import Precision
-        from .weights.taesd import load_taesd
+        from ..models.layers import Precision
+        from ..weights.taesd import load_taesd
 
         taesd = load_taesd(preview, Precision.of(compute_dtype_for(dtype, compute_dtype), dtype, attention=attention))
     root = config_root(model, config)

@@ -1,10 +1,11 @@
-"""The names a request chooses from, and the rules between them: samplers, schedule types, noise
-sources, the step limit. Plain Python: the parts that check requests (a front end among them)
-import this without JAX; the tables behind each name are scheduler.py's and samplers.py's."""
+"""The names a request or an option chooses from, and the rules between them: samplers, schedule
+types, noise sources, the default model, the architectures. The tables behind each sampler's name
+are sampler/'s."""
 
 from __future__ import annotations
 
-MAX_STEPS = 50
+SDXL_BASE = "stabilityai/stable-diffusion-xl-base-1.0"  # the default model
+ARCHITECTURES = ("tiny", "small", "sdxl")  # what weights/architectures.py builds, by name
 
 # AUTOMATIC1111's names. "... Karras" is the old name of the sampler with Schedule type Karras
 # (A1111 before 1.9); on the checkpoint's schedule it is diffusers' use_karras_sigmas.
@@ -53,5 +54,5 @@ def schedule_used(sampler: str | None, schedule: str) -> str:
         return schedule
 
 
-__all__ = ["DEFAULT_RNG", "DEFAULT_SCHEDULE", "MAX_STEPS", "RNGS", "SAMPLERS", "SCHEDULES", "resolve_schedule",
-           "schedule_used"]
+__all__ = ["ARCHITECTURES", "DEFAULT_RNG", "DEFAULT_SCHEDULE", "RNGS", "SAMPLERS", "SCHEDULES", "SDXL_BASE",
+           "resolve_schedule", "schedule_used"]

@@ -1,0 +1,58 @@
+"""The samplers' device half: one update for every sampler, driven by its tables (sampler/tables.py).
+
+    x' = a x + b eps + c m + n z        m' = p x + q eps
+
+Pure functions, float32; jit-able with the tables as inputs, so any sampler at any step count runs
+the same compiled program.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ..sampler.tables import Tables
+
+
+class State(NamedTuple):
+    x: jax.Array           # (B, h, w, C) float32 latents
+    prediction: jax.Array  # the previous step's data prediction m (zeros before the first step)
+    seeds: jax.Array       # (B,) uint32: each image's seed, for the noise an ancestral step adds
+    noise: jax.Array       # (B, h, w, C): the next step's unit noise, where the host draws it (RNG CPU)
+    host_noise: jax.Array  # (B,) bool: the image takes its step noise from `noise`, not from JAX
+
+
+def init(noise: jax.Array, seeds: jax.Array, tables: Tables) -> State:
+    """The state before step 0, from unit normal noise and the images' seeds (step noise from JAX;
+    the host sets `noise` and `host_noise` to give its own)."""
+    return State(noise * tables.init_sigma, jnp.zeros_like(noise), seeds, jnp.zeros_like(noise),
+                 jnp.zeros(seeds.shape, jnp.bool_))
+
+
+def model_input(state: State, i: jax.Array, tables: Tables) -> tuple[jax.Array, jax.Array]:
+    """What the model sees at step i: the scaled latents and the timestep."""
+    return state.x * jnp.asarray(tables.input_scale)[i], jnp.asarray(tables.timesteps)[i]
+
+
+def step_noise(seeds: jax.Array, i: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """The unit noise of step i, per image from its own seed (a stream apart from the initial
+    noise, which uses the seed's key itself): an image never depends on its slot or batch."""
+    draw = lambda s: jax.random.normal(jax.random.fold_in(jax.random.key(s), i + 1), shape, jnp.float32)
+    return jax.vmap(draw)(seeds)
+
+
+def step(state: State, eps: jax.Array, i: jax.Array, tables: Tables, noise: jax.Array | None = None) -> State:
+    """Step i (pure, float32). `noise` replaces the seeds' step noise (tests inject diffusers')."""
+    a, b, c, n, p, q = jnp.asarray(tables.update)[i]
+    if noise is None:  # only ancestral and SDE steps draw noise
+        host = state.host_noise[:, None, None, None]
+        noise = jax.lax.cond(n != 0, lambda: jnp.where(host, state.noise,
+                                                       step_noise(state.seeds, i, state.x.shape[1:])),
+                             lambda: jnp.zeros_like(state.x))
+    x = a * state.x + b * eps + c * state.prediction + n * noise
+    return state._replace(x=x, prediction=p * state.x + q * eps)
+
+
+__all__ = ["State", "init", "model_input", "step", "step_noise"]

@@ -1,0 +1,74 @@
+"""The form's fields: one list, from which everything else takes them. The page builds its inputs
+from it and sends them in its order (so does the `/generate` API); the form's check names each
+field by its label; the history keeps the fields marked HISTORY; the back end's JSON takes their
+`api` names (Pipeline.generate's arguments); a pasted A1111 parameters text fills those marked
+PASTED, read from its `infotext` key.
+
+To add a field: one entry here, its input in app.py's layout, and what it means to a Request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .names import DEFAULT_RNG, DEFAULT_SCHEDULE
+
+MAX_SEED = 2**32 - 1
+MAX_STEPS = 50
+# Three chunks of 75 tokens take about 1,000 characters of plain text, more with A1111's brackets
+# and weights; past the last chunk the text is cut (and the page says so), so this only bounds work.
+MAX_PROMPT_CHARS = 2000
+GUIDANCE_RANGE = (0.0, 20.0)
+DEFAULT_STYLE = "(No style)"
+
+HISTORY, PASTED = "history", "pasted"  # where a field is kept besides the form: a run's history, pasted parameters
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str  # the form's name: the page's element id, the history's key, /generate's argument
+    label: str  # how the page and every message name it
+    kind: str  # "text", "choice", "number", "whole" (a whole number) or "switch"
+    default: Any = None  # the page's starting value (None: the server's, e.g. its first size)
+    api: str | None = None  # its name in POST /v1/generate and Pipeline.generate (None: the page's alone)
+    kept: frozenset[str] = frozenset()  # HISTORY, PASTED
+    optional: bool = False  # /generate's caller may leave it out: then the server's default
+    limits: tuple[float, float] | None = None  # a number's range
+    infotext: str | None = None  # its key in an A1111 parameters text
+    restored: Any = None  # the value it takes when a run is restored with its seed (not None: it is set)
+
+
+_ALL = frozenset({HISTORY, PASTED})
+
+FIELDS: tuple[Field, ...] = (
+    Field("prompt", "Prompt", "text", "", api="prompt", kept=_ALL),
+    Field("negative", "Negative prompt", "text", "", api="negative_prompt", kept=_ALL),
+    Field("style", "Style", "choice", DEFAULT_STYLE, kept=frozenset({HISTORY})),
+    Field("seed", "Seed", "whole", 0, api="seed", kept=_ALL, limits=(0, MAX_SEED), infotext="Seed"),
+    Field("randomize", "Randomize seed", "switch", True, restored=False),  # a restored run comes with its seed
+    Field("guidance", "Guidance scale", "number", 5.0, api="guidance_scale", kept=_ALL, limits=GUIDANCE_RANGE,
+          infotext="CFG scale"),
+    Field("steps", "Steps", "whole", 20, api="steps", kept=_ALL, limits=(1, MAX_STEPS), infotext="Steps"),
+    Field("size", "Size", "choice", api="size", kept=_ALL, infotext="Size"),
+    Field("sampler", "Sampler", "choice", api="sampler", kept=_ALL, optional=True, infotext="Sampler"),
+    Field("schedule", "Schedule type", "choice", DEFAULT_SCHEDULE, api="schedule", kept=_ALL, optional=True,
+          infotext="Schedule type"),
+    Field("rng", "RNG", "choice", DEFAULT_RNG, api="rng", kept=_ALL, optional=True, infotext="RNG"),
+)
+FIELD = {f.name: f for f in FIELDS}
+FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them
+BY_API = {f.api: f for f in FIELDS if f.api}
+
+
+def kept(where: str) -> tuple[str, ...]:
+    """The names of the fields kept `where` (HISTORY, PASTED), in the form's order."""
+    return tuple(f.name for f in FIELDS if where in f.kept)
+
+
+def restoring(values: dict[str, Any]) -> dict[str, Any]:
+    """A restored run's form values: with its seed, the fields that follow from having one
+    (Randomize off)."""
+    if "seed" not in values:
+        return dict(values)
+    return {**{f.name: f.restored for f in FIELDS if f.restored is not None}, **values}

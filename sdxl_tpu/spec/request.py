@@ -1,0 +1,135 @@
+"""One request, checked once: what a call makes, spelled out per image (`ImageInfo`), and what it
+made (`GenerationResult`). The checks of each field are values.py's; the fields' limits fields.py's.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import RequestError
+from .fields import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
+from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+from .values import choice_input, number_input, parse_size, prompt_input, schedule_input, size_input
+
+
+# -- the request ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """The parameters of one image."""
+    seed: int
+    prompt: str
+    negative_prompt: str
+    guidance_scale: float
+    steps: int
+    size: tuple[int, int]  # (width, height)
+    sampler: str | None = None  # None: the pipeline's default (it fills it in)
+    schedule: str = DEFAULT_SCHEDULE  # one of scheduler.SCHEDULES
+    rng: str = DEFAULT_RNG  # one of scheduler.RNGS: where the noise comes from
+
+
+@dataclass
+class GenerationResult:
+    images: list  # PIL.Image.Image
+    infos: list[ImageInfo]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: text_encoding, denoising, decoding, total
+
+    @property
+    def seeds(self) -> list[int]:
+        return [i.seed for i in self.infos]
+
+
+def guided(infos: Sequence[ImageInfo]) -> bool:
+    """Whether a call needs classifier-free guidance (any image's guidance above 1); without it
+    the UNet runs the conditional pass alone."""
+    return any(i.guidance_scale > 1 for i in infos)
+
+
+PREVIEWS_PER_RUN = 4  # the default cadence: about this many previews in a run of any length
+
+
+def preview_cadence(setting: int | None, steps: int) -> int:
+    """Steps between live previews: `setting` (0: none), or by default about PREVIEWS_PER_RUN a run."""
+    if setting is not None:
+        return setting
+    return max(1, steps // (PREVIEWS_PER_RUN + 1)) if steps > 1 else 0
+
+
+def _one_or_each(value: Any, name: str, check: Callable[[Any], Any], per_image: bool) -> Any:
+    """A value for every image or, where `per_image`, a list of one value per image (its length
+    is checked against the image count when the request is spelled out)."""
+    if per_image and isinstance(value, (list, tuple)):
+        if not value:
+            raise RequestError(f"{name}: a list of per-image values must not be empty.")
+        return tuple(check(v) for v in value)
+    return check(value)
+
+
+def per_image(value: Any, n: int, name: str) -> list:
+    if isinstance(value, tuple):
+        if len(value) != n:
+            raise RequestError(f"{name}: got {len(value)} values for {n} images.")
+        return list(value)
+    return [value] * n
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one call makes. Each of prompt, negative_prompt, seed and guidance_scale is one value
+    for every image or a tuple of one per image; a single seed is a base: image i gets seed + i."""
+    prompt: str | tuple[str, ...]
+    negative_prompt: str | tuple[str, ...]
+    seed: int | tuple[int, ...]
+    guidance_scale: float | tuple[float, ...]
+    steps: int
+    size: tuple[int, int]
+    sampler: str | None = None  # by name; None: the pipeline's default
+    schedule: str = DEFAULT_SCHEDULE
+    rng: str = DEFAULT_RNG
+
+    @staticmethod
+    def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
+           steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
+           sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
+           per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS) -> "Request":
+        """Check everything; `seed=None` draws a random seed; `sizes` and `samplers` are those
+        available (default: all of scheduler.SAMPLERS); without `per_image`, lists are refused (a
+        form has one value per field); prompts are at most `max_chars` characters."""
+        def prompt_text(v: Any) -> str:
+            text = prompt_input(v, "Prompt", max_chars)
+            if not text:
+                raise RequestError("Please enter a prompt.")
+            return text
+
+        def field(value: Any, name: str, check: Callable[[Any], Any]) -> Any:
+            return _one_or_each(value, name, check, per_image)
+
+        sampler = None if sampler is None else choice_input(sampler, "Sampler",
+                                                            SAMPLERS if samplers is None else samplers)
+        schedule = DEFAULT_SCHEDULE if schedule is None else choice_input(schedule, "Schedule type", SCHEDULES)
+        if sampler is not None:  # the default sampler's combination is checked once it is known
+            schedule_input(sampler, schedule)
+        return Request(
+            prompt=field(prompt, "Prompt", prompt_text),
+            negative_prompt=field(negative_prompt, "Negative prompt",
+                                  lambda v: prompt_input(v, "Negative prompt", max_chars)),
+            seed=secrets.randbelow(MAX_SEED + 1) if seed is None else field(
+                seed, "Seed", lambda v: int(number_input(v, "Seed", 0, MAX_SEED, whole=True))),
+            guidance_scale=field(guidance_scale, "Guidance scale",
+                                 lambda v: float(number_input(v, "Guidance scale", *GUIDANCE_RANGE))),
+            steps=int(number_input(steps, "Steps", 1, MAX_STEPS, whole=True)),
+            size=size_input(size, sizes) if sizes is not None else parse_size(size),
+            sampler=sampler, schedule=schedule, rng=DEFAULT_RNG if rng is None else choice_input(rng, "RNG", RNGS))
+
+    def images(self, n: int) -> list[ImageInfo]:
+        """The request spelled out for `n` images."""
+        seeds = ([(self.seed + i) % (MAX_SEED + 1) for i in range(n)] if isinstance(self.seed, int)
+                 else per_image(self.seed, n, "Seed"))
+        columns = zip(seeds, per_image(self.prompt, n, "Prompt"),
+                      per_image(self.negative_prompt, n, "Negative prompt"),
+                      per_image(self.guidance_scale, n, "Guidance scale"))
+        return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
+                          sampler=self.sampler, schedule=self.schedule, rng=self.rng) for s, p, q, g in columns]
