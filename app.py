@@ -4,18 +4,18 @@
     python app.py --model tiny         # offline, the built-in tiny checkpoint
     python app.py --backend URL        # no model here: back ends (python -m sdxl_tpu serve) make the images
 
-UI and wiring only; everything testable lives in sdxl_tpu/server/core.py (the server) and
-sdxl_tpu/server/page.py (what the page shows of its state).
+UI and wiring only; the form's fields are sdxl_tpu/spec/fields.py's, everything testable lives in
+sdxl_tpu/server/ (core.py: the server; page.py: what the page shows of its state).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import sys
-import threading
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
 import gradio as gr
 import uvicorn
@@ -23,23 +23,23 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from gradio.utils import get_upload_folder
 
+from sdxl_tpu.server.batcher import SHUTTING_DOWN
+from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.envelope import endpoints_of
+from sdxl_tpu.server.errors import gradio_handler, log_refusal
+from sdxl_tpu.server.files import ImageStore
+from sdxl_tpu.server.form import EXAMPLES, form_values, seed_at
 from sdxl_tpu.server.guard import RequestGuard
 from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched
-from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sdxl_tpu.server.metrics import serve_metrics_apart
-from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_FIELDS,
+from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
+from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_INTO,
                                   RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, form_defaults, history_after,
-                                  history_rows, pasted_form, preset_fields, schedule_choices, size_choices)
-from sdxl_tpu.server.core import Server
-from sdxl_tpu.server.errors import gradio_handler, log_refusal
-from sdxl_tpu.server.form import EXAMPLES, seed_at
+                                  history_rows, pasted_form, preset_fields, schedule_choices, size_choices,
+                                  style_description)
 from sdxl_tpu.server.settings import parse_settings
-from sdxl_tpu.spec.styles import DEFAULT_STYLE, style_description, STYLES
+from sdxl_tpu.spec.fields import FIELD, FIELDS, FORM
 from sdxl_tpu.spec.recipes import RECIPES
-from sdxl_tpu.spec.fields import GUIDANCE_RANGE, MAX_SEED
-from sdxl_tpu.spec.fields import MAX_STEPS
-from sdxl_tpu.server.batcher import SHUTTING_DOWN
+from sdxl_tpu.spec.styles import STYLES
 
 GENERATE, WARMING_UP = "Generate", "Warming up…"
 STOPPED = "Stopped."
@@ -56,7 +56,7 @@ CSS = """
 @media (max-width: 767px) {  /* a phone: the results right under the Generate button */
   #layout {grid-template-columns: minmax(0, 1fr); grid-template-areas: "form" "results" "more"}
 }
-#status p, #run-status p, #info p {margin: 0}
+#status p, #run-status p, #summary p {margin: 0}
 #run-status {min-height: 2.6em}
 #run-status .error, #run-status .clear-status {display: none}
 #gallery .grid-wrap {overflow: visible; min-height: 0; max-height: none; height: auto}
@@ -70,56 +70,84 @@ CSS = """
 """
 
 
+def form_handler(run: Callable, *extra: str) -> Callable:
+    """A Gradio handler whose parameters are the form's fields (spec/fields.py, in the order the page
+    and /generate send them; the optional ones may be left out), then `extra` (e.g. the history),
+    then Gradio's progress tracker; `run(values, *extra, progress)` gets the fields by name."""
+    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(f.name, keyword, default=None if f.optional else inspect.Parameter.empty)
+              for f in FIELDS]
+    params += [inspect.Parameter(name, keyword, default=None) for name in extra]
+    params.append(inspect.Parameter("progress", keyword, default=gr.Progress()))
+    split = lambda args: (form_values(args[:len(FORM)]), *args[len(FORM):])
+
+    if inspect.isgeneratorfunction(run):
+        def handler(*args):
+            yield from run(*split(args))
+    else:
+        def handler(*args):
+            return run(*split(args))
+    handler.__signature__ = inspect.Signature(params)
+    handler.__name__ = handler.__qualname__ = run.__name__
+    handler.__doc__ = run.__doc__
+    return handler
+
+
 def build_demo(server: Server) -> gr.Blocks:
-    ready = server.ready
+    offer, ready = server.offer, server.ready
     # The page is built before the model is loaded (or a front end's back ends answer): its menus
     # and defaults are refreshed from what the model offers once it does (see `model_menus`).
     presets = preset_fields(RECIPES.values())  # (the menu offers some; choosing one fills the form in the browser)
-    start = form_defaults(server.recipe, server.default_sampler, server.presets)
+    start = form_defaults(offer)
+    label = lambda name: FIELD[name].label
     with gr.Blocks(title="SDXL on JAX", analytics_enabled=False) as demo:
         gr.Markdown("## Stable Diffusion XL, served from JAX")
-        status = gr.Markdown(server.status_line, elem_id="status")
+        status = gr.Markdown(server.warmup.status_line, elem_id="status")
         with gr.Row(equal_height=False, elem_id="layout"):
             with gr.Column(min_width=0, elem_id="form"):
-                prompt = gr.Textbox(label="Prompt", placeholder="Describe the image", lines=2, max_lines=6,
+                prompt = gr.Textbox(label=label("prompt"), placeholder="Describe the image", lines=2, max_lines=6,
                                     elem_id="prompt")
                 tokens = gr.Markdown(server.token_count(""), elem_id="token-count")
-                negative = gr.Textbox(label="Negative prompt", placeholder="What to leave out", max_lines=3,
+                negative = gr.Textbox(label=label("negative"), placeholder="What to leave out", max_lines=3,
                                       elem_id="negative")
                 with gr.Row():
                     run = gr.Button(GENERATE if ready else WARMING_UP, variant="primary", interactive=ready, scale=3,
                                     min_width=120, elem_id="generate")
                     stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop")
-                sizes = size_choices(server.ready_sizes)
-                size = gr.Dropdown(sizes, value=sizes[0][1] if sizes else None, label="Size (aspect ratio · pixels)",
-                                   elem_id="size")
+                sizes = size_choices(server.warmup.ready_sizes)
+                size = gr.Dropdown(sizes, value=sizes[0][1] if sizes else None,
+                                   label=f"{label('size')} (aspect ratio · pixels)", elem_id="size")
             with gr.Column(min_width=0, elem_id="results"):
                 run_status = gr.Markdown("", elem_id="run-status")
                 gallery = gr.Gallery(label="Images", columns=2, height="auto", object_fit="contain", preview=False,
                                      buttons=["download", "fullscreen"], elem_id="gallery")
-                info = gr.Markdown("Four images per run, from one compiled pipeline on every chip. Click an image to "
-                                   "reuse its seed.", elem_id="info")
+                summary = gr.Markdown("Four images per run, from one compiled pipeline on every chip. Click an "
+                                      "image to reuse its seed.", elem_id="summary")
             with gr.Column(min_width=0, elem_id="more"):
                 with gr.Accordion("Advanced", open=False):
-                    style = gr.Dropdown(list(STYLES), value=DEFAULT_STYLE, label="Style", elem_id="style")
-                    style_info = gr.Markdown(style_description(DEFAULT_STYLE))
+                    style = gr.Dropdown(list(STYLES), value=FIELD["style"].default, label=label("style"),
+                                        elem_id="style")
+                    style_info = gr.Markdown(style_description(FIELD["style"].default))
                     with gr.Row():
-                        seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED,
+                        seed = gr.Number(label=label("seed"), value=FIELD["seed"].default, precision=0,
+                                         minimum=FIELD["seed"].limits[0], maximum=FIELD["seed"].limits[1],
                                          elem_id="seed",
                                          info="With Randomize on, each run draws new seeds; this shows the last run's.")
-                        randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
+                        randomize = gr.Checkbox(label=label("randomize"), value=FIELD["randomize"].default,
+                                                elem_id="randomize")
                     preset = gr.Dropdown([*preset_names(server), CUSTOM], label="Preset", elem_id="preset",
                                          value=start["preset"], info=preset_info(server))
                     offered = gr.Textbox(json.dumps(preset_names(server)), visible="hidden")
-                    guidance = gr.Slider(*GUIDANCE_RANGE, value=start["guidance"], step=0.1, label="Guidance scale",
-                                         elem_id="guidance")
-                    steps = gr.Slider(1, MAX_STEPS, value=start["steps"], step=1, label="Steps", elem_id="steps")
+                    guidance = gr.Slider(*FIELD["guidance"].limits, value=start["guidance"], step=0.1,
+                                         label=label("guidance"), elem_id="guidance")
+                    steps = gr.Slider(*FIELD["steps"].limits, value=start["steps"], step=1, label=label("steps"),
+                                      elem_id="steps")
                     with gr.Row():
-                        sampler = gr.Dropdown(list(server.samplers), value=start["sampler"], label="Sampler",
+                        sampler = gr.Dropdown(list(offer.samplers), value=start["sampler"], label=label("sampler"),
                                               elem_id="sampler")
-                        schedule = gr.Dropdown(schedule_choices(server.schedules), value=server.default_schedule,
-                                               label="Schedule type", elem_id="schedule", info=SCHEDULE_INFO)
-                    rng = gr.Dropdown(list(server.rngs), value=server.default_rng, label="RNG", elem_id="rng",
+                        schedule = gr.Dropdown(schedule_choices(offer.schedules), value=start["schedule"],
+                                               label=label("schedule"), elem_id="schedule", info=SCHEDULE_INFO)
+                    rng = gr.Dropdown(list(offer.rngs), value=start["rng"], label=label("rng"), elem_id="rng",
                                       info=RNG_INFO)
                 # Examples fill the prompt in the browser: no server event, nothing to call.
                 examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",
@@ -136,24 +164,25 @@ def build_demo(server: Server) -> gr.Blocks:
                                            headers=HISTORY_HEADERS, samples=[], type="index", layout="table",
                                            samples_per_page=HISTORY_PER_PAGE, elem_id="history",
                                            label="History (kept in this browser; click a run to restore its settings)")
+        # The form's inputs, found by their element ids, which are the fields' names (spec/fields.py):
+        # every event takes them in the form's order.
+        inputs = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None) in FORM}
+        form = [inputs[name] for name in FORM]
         # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery
         # serves them without a copy; the store deletes old ones and Gradio forgets them too.
-        server.images = server.image_store(Path(get_upload_folder()),
-                                           on_delete=lambda paths: forget_served(gallery, paths))
+        server.images.on_delete(lambda paths: forget_served(gallery, paths))
         last_seeds = gr.State([])
-        # (in the history's order)
-        form = [prompt, negative, style, seed, randomize, guidance, steps, sampler, size, schedule, rng]
 
         # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
         # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
-        # sdxl_tpu.server.core checks each value and refuses, with a message, what is not right.
-        def run_updates(fields, progress, previews: bool):
+        # sdxl_tpu.server checks each value and refuses, with a message, what is not right.
+        def run_updates(values, progress, previews: bool):
             # The request stops (waiting or between denoising steps) once Gradio no longer runs
             # its event: Stop, the page closed, the client cancelled or went away.
             queue, event_id = QueueView(demo), QueueView.current_event_id()
             event = queue.running_event(event_id)
             progress(0, desc="Encoding the prompts")
-            for update in server.stream(fields, queued_at=event.enqueue_time if event is not None else None,
+            for update in server.stream(values, queued_at=event.enqueue_time if event is not None else None,
                                         abandoned=(lambda: queue.running_event(event_id) is None) if event_id else None,
                                         previews=previews):
                 if update[0] == "progress":
@@ -161,45 +190,37 @@ def build_demo(server: Server) -> gr.Blocks:
                 else:
                     yield update
 
-        def generate_in_page(prompt, negative, style, seed, randomize, guidance, steps, size, sampler, schedule, rng,
-                             history, progress=gr.Progress()):
-            fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler, schedule, rng)
-            for update in run_updates(fields, progress, previews=True):
+        def generate_in_page(values, history, progress):
+            for update in run_updates(values, progress, previews=True):
                 if update[0] == "preview":
                     yield update[1], *[gr.skip()] * 6
                 else:
-                    images, seeds, text, used_sampler = update[1:]
+                    images, seeds, text, ran = update[1:]
                     # The run joins the history, which the browser keeps (in and out with the call; the
-                    # server stores no prompt).
-                    ran = dict(schedule=server.default_schedule if schedule is None else schedule,
-                               rng=server.default_rng if rng is None else rng)
-                    kept = history_after(history, dict(prompt=prompt, negative=negative or "", style=style,
-                                                       seed=seeds[0], guidance=guidance, steps=steps,
-                                                       sampler=used_sampler, size=size, **ran))
+                    # server stores no prompt): what ran, the server's defaults where none was sent.
+                    kept = history_after(history, {**values, **ran, "negative": values["negative"] or "",
+                                                   "seed": seeds[0]})
                     yield images, seeds, text, "", seeds[0], kept, gr.Dataset(samples=history_rows(kept))
 
-        def generate(prompt, negative, style, seed, randomize, guidance, steps, size, sampler=None, schedule=None,
-                     rng=None, progress=gr.Progress()):
-            """The API: the four images and the timing line (progress per step, no previews; a plain
+        def generate(values, progress):
+            """The API: the four images and the summary line (progress per step, no previews; a plain
             function: a generator would cost every call a few more messages and thread hops). The last
             three may be left out: the model's sampler, the server's Schedule type and RNG."""
-            fields = (prompt, negative, style, seed, randomize, guidance, steps, size, sampler, schedule, rng)
-            *_, (_, images, _, text, _) = run_updates(fields, progress, previews=False)  # (run to its end: counted)
+            *_, (_, images, _, text, _) = run_updates(values, progress, previews=False)  # (run to its end: counted)
             return images, text
 
-        def refused(message: str):  # shown in the run status line; the images and the timing line stay
+        def refused(message: str):  # shown in the run status line; the images and the summary stay
             return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {message}", gr.skip(), gr.skip(), gr.skip()
 
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
         # more chips than a request has images); the rest wait in Gradio's bounded queue. The page
         # and the API are two events of one queue; the page's also updates the form and the history.
-        queued = dict(inputs=[prompt, negative, style, seed, randomize, guidance, steps, size, sampler, schedule, rng],
-                      preprocess=False, concurrency_id="generate", concurrency_limit=server.concurrency,
+        queued = dict(inputs=form, preprocess=False, concurrency_id="generate", concurrency_limit=server.concurrency,
                       show_progress_on=[run_status])
         generating = gr.on([prompt.submit, negative.submit, run.click],
-                           gradio_handler(generate_in_page, "the page's /generate", refused),
-                           **{**queued, "inputs": [*queued["inputs"], history]},
-                           outputs=[gallery, last_seeds, info, run_status, seed, history, history_table],
+                           gradio_handler(form_handler(generate_in_page, "history"), "the page's /generate", refused),
+                           **{**queued, "inputs": [*form, history]},
+                           outputs=[gallery, last_seeds, summary, run_status, seed, history, history_table],
                            api_name="generate_in_page", api_visibility="private")
         # A request the server did not take (its queue full, shutting down) never reaches the handler
         # and fails: the status line says so (Gradio's notice has the reason).
@@ -207,7 +228,8 @@ def build_demo(server: Server) -> gr.Blocks:
         generating.failure(None, inputs=[run_status], outputs=[run_status],
                            js=f"(line) => line === {json.dumps(STOPPED)} ? line : {json.dumps(NOT_TAKEN)}")
         api_trigger = gr.Button(visible=False)  # the API's event has no button in the page
-        api_trigger.click(gradio_handler(generate, "/generate"), outputs=[gallery, info], api_name="generate", **queued)
+        api_trigger.click(gradio_handler(form_handler(generate), "/generate"), outputs=[gallery, summary],
+                          api_name="generate", **queued)
         light = dict(api_visibility="private", concurrency_limit=None, show_progress="hidden", preprocess=False)
         # Stop: Gradio cancels the event; the request ends within two denoising steps and the page
         # keeps what it showed.
@@ -231,14 +253,13 @@ def build_demo(server: Server) -> gr.Blocks:
         gallery.select(gradio_handler(reuse_seed, "reuse seed"), inputs=[last_seeds], outputs=[seed, randomize],
                        **light)
         prompt.change(server.token_count, inputs=[prompt, style], outputs=[tokens], **light)
-        # (in PASTED_FIELDS' order)
-        pasted_into = [prompt, negative, seed, randomize, guidance, steps, sampler, schedule, size, rng]
+        pasted_into = [inputs[name] for name in PASTED_INTO]
 
         def fill_from_pasted(text):
-            form, notes = pasted_form(text, server.sizes, server.samplers)
-            if not form:
+            filled, notes = pasted_form(text, server.offer.sizes, server.offer.samplers)
+            if not filled:
                 log_refusal("paste parameters", notes)
-            return *[form.get(name, gr.skip()) for name in PASTED_FIELDS], notes
+            return *[filled.get(name, gr.skip()) for name in PASTED_INTO], notes
 
         gr.on([use_pasted.click, pasted.submit], gradio_handler(fill_from_pasted, "paste parameters"), inputs=[pasted],
               outputs=[*pasted_into, paste_notes], api_name="paste_parameters", **light)
@@ -247,46 +268,50 @@ def build_demo(server: Server) -> gr.Blocks:
 
         # While warming up (and while sizes compile) the page says so and refreshes; a front end's
         # page always does (its back ends come and go).
-        refreshing = lambda: not server.compiled_event.is_set() or server.engine.remote
+        refreshing = lambda: not server.warmup.compiled_event.is_set() or server.engine.watch_seconds is not None
 
-        def model_menus(seen: str):
+        def model_menus(seen: str, prompt_text: Any, style_name: Any):
             """The sampler, schedule, RNG and preset menus as the model (a front end: its back ends)
-            offers them, when that differs from what the page has (`seen`); the first time the page
-            sees the model described, its defaults too."""
+            offers them, and the token count, when that differs from what the page has (`seen`: what
+            it was built from, the tokenizer's presence included); the first time the page sees the
+            model described, its defaults too."""
+            offer = server.offer
             names = preset_names(server)
-            offer = json.dumps([server.samplers, server.schedules, server.rngs, names]) if server.info else ""
-            if offer == seen or not offer:
-                return *[gr.skip()] * 8,
-            now = {} if seen else {**form_defaults(server.recipe, server.default_sampler, server.presets),
-                                   "schedule": server.default_schedule, "rng": server.default_rng}
+            now_offered = json.dumps([offer.samplers, offer.schedules, offer.rngs, names,
+                                      server.engine.tokenizer is not None]) if server.warmup.described else ""
+            if now_offered == seen or not now_offered:
+                return *[gr.skip()] * 9,
+            now = {} if seen else form_defaults(offer)
             value = lambda key: {"value": now[key]} if now else {}
-            return (json.dumps(names), gr.Dropdown(choices=list(server.samplers), **value("sampler")),
-                    gr.Dropdown(choices=schedule_choices(server.schedules), **value("schedule")),
-                    gr.Dropdown(choices=list(server.rngs), **value("rng")),
+            return (json.dumps(names), gr.Dropdown(choices=list(offer.samplers), **value("sampler")),
+                    gr.Dropdown(choices=schedule_choices(offer.schedules), **value("schedule")),
+                    gr.Dropdown(choices=list(offer.rngs), **value("rng")),
                     gr.Dropdown(choices=[*names, CUSTOM], info=preset_info(server), **value("preset")),
-                    now.get("steps", gr.skip()), now.get("guidance", gr.skip()), offer)
+                    now.get("steps", gr.skip()), now.get("guidance", gr.skip()),
+                    server.token_count(prompt_text, style_name), now_offered)
 
-        def refresh(seen: str):
-            sizes = size_choices(server.ready_sizes)
-            first = not seen and server.info is not None and sizes  # (the model's first size, as at a reload)
-            return (server.status_line, gr.Timer(active=refreshing()),
+        def refresh(seen: str, prompt_text: Any, style_name: Any):
+            sizes = size_choices(server.warmup.ready_sizes)
+            first = not seen and server.warmup.described and sizes  # (the model's first size, as at a reload)
+            return (server.warmup.status_line, gr.Timer(active=refreshing()),
                     gr.Button(GENERATE if server.ready else WARMING_UP, interactive=server.ready),
-                    gr.Dropdown(sizes, **({"value": sizes[0][1]} if first else {})), *model_menus(seen))
+                    gr.Dropdown(sizes, **({"value": sizes[0][1]} if first else {})),
+                    *model_menus(seen, prompt_text, style_name))
 
-        seen_offer = gr.State("")  # the model's offer this page's menus show ("": not described yet)
+        seen_offer = gr.State("")  # the offer this page's menus show ("": not described yet)
         # (`offered` first: the preset menu's match, run when steps or guidance change, reads it)
         refreshed = [status, timer := gr.Timer(2.0, active=refreshing()), run, size, offered, sampler, schedule, rng,
-                     preset, steps, guidance, seen_offer]
-        timer.tick(refresh, inputs=[seen_offer], outputs=refreshed, **light)
-        demo.load(lambda seen, h: (*refresh(seen), gr.Dataset(samples=history_rows(h))), inputs=[seen_offer, history],
-                  outputs=[*refreshed, history_table], **light)
+                     preset, steps, guidance, tokens, seen_offer]
+        timer.tick(refresh, inputs=[seen_offer, prompt, style], outputs=refreshed, **light)
+        demo.load(lambda seen, p, s, h: (*refresh(seen, p, s), gr.Dataset(samples=history_rows(h))),
+                  inputs=[seen_offer, prompt, style, history], outputs=[*refreshed, history_table], **light)
     demo.queue(default_concurrency_limit=1, max_size=server.settings.queue_size, api_open=False)
     return demo
 
 
 def preset_names(server: Server) -> list[str]:
     """The presets the preset menu offers (the model's; a front end: its back ends')."""
-    return [r.name for r in server.presets]
+    return list(server.offer.presets)
 
 
 def preset_info(server: Server) -> str:
@@ -306,7 +331,7 @@ def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], Non
 
     @app.get("/readyz")
     def readyz():
-        body, status = server.readiness()
+        body, status = server.warmup.readiness()
         return JSONResponse(body, status_code=status)
 
     if server.settings.metrics == "public":
@@ -321,15 +346,15 @@ def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], Non
                         footer_links=["api"], css=CSS)
     mark_launched(demo)
     queue, endpoints = QueueView(demo), endpoints_of(demo.config)
-    server.queue_waiting = queue.waiting
+    server.count_waiting(queue.waiting)
     generations = {e.fn_index for e in endpoints.values() if e.api_name in ("generate", "generate_in_page")}
 
     def count_turned_away(fn_index: int, status: int) -> None:
         if fn_index in generations and status == 503:
-            server.metrics.count("draining" if server.draining else "queue_full")
+            server.metrics.count("draining" if server.warmup.draining else "queue_full")
 
     guard = RequestGuard(app, endpoints, queue, cache_dir=get_upload_folder(), app_routes=routes,
-                         closed=lambda: SHUTTING_DOWN if server.draining else None, on_join=count_turned_away)
+                         closed=lambda: SHUTTING_DOWN if server.warmup.draining else None, on_join=count_turned_away)
     return guard, queue, heartbeat_stopper(app)
 
 
@@ -338,40 +363,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
     if settings.backend is None:  # (a front end runs no model: no JAX is imported)
-        from sdxl_tpu.generate.compilation import quiet_platforms
+        from sdxl_tpu.server.local_engine import prepare_process
 
-        quiet_platforms()  # no TPU error messages on a machine without TPU chips
-    server = Server(settings)
-    if settings.backend is None:
-        from sdxl_tpu.generate.compilation import enable_compile_cache
-
-        enable_compile_cache(settings.compile_cache)  # once, for the process: a restart reuses compiled programs
+        prepare_process(settings)
+    # Images are written into Gradio's cache folder, where the gallery serves them from.
+    images = ImageStore.under(get_upload_folder(), settings.keep_images_seconds, settings.max_image_bytes)
+    server = Server(settings, images=images)
     app, queue, end_streams = build_app(server)
-    serve_metrics_apart(server)
+    serve_metrics_apart(settings.metrics, server.metrics.registry)
     # SIGTERM drains: /readyz says 503 at once, new calls are refused, accepted ones finish (at most
     # --drain-seconds), then Gradio's heartbeat streams are ended so open pages do not hold the exit.
     web = DrainingServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                         timeout_graceful_shutdown=5),
                          drain=lambda: server.drain(busy=queue.busy), before_exit=end_streams)
-
-    def stop_on_error() -> None:
-        server.done_event.wait()
-        if server.status == "error":
-            print(f"error: {server.error}", file=sys.stderr, flush=True)
-            web.should_exit = True
-        else:
-            print(f"ready: http://{settings.host}:{settings.port} ({server.message})", flush=True)
-
     # Listening at once: the page, /healthz, and /readyz (503) until the model is warm, or for a
     # front end until a back end describes itself (it waits as long as that takes).
-    server.start()
-    threading.Thread(target=stop_on_error, daemon=True).start()
-    print(f"serving on http://{settings.host}:{settings.port} "
-          f"({f'back end {settings.backend}' if settings.backend else f'loading {settings.model}'})", flush=True)
-    web.run()
-    server.images.close()
-    print("stopped", flush=True)
-    return 1 if server.status == "error" else 0
+    what = f"back end {settings.backend}" if settings.backend else f"loading {settings.load.model}"
+    return server.run(web, f"http://{settings.host}:{settings.port}", what)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Side by side: sdxl_tpu against the reference, diffusers 0.39's FlaxStableDiffusionXLPipeline.
 
-    python benchmarks/compare_reference.py --preset small --steps 20 --runs 3
+    python benchmarks/compare_reference.py --architecture small --steps 20 --runs 3
 
-Writes a random checkpoint of the preset in diffusers format, starts one worker process per
+Writes a random checkpoint of the architecture in diffusers format, starts one worker process per
 implementation (the reference in its own virtual environment, benchmarks/.venv-reference,
 created on first use from requirements-reference.txt on top of the packages of the interpreter
 running this script, a virtual environment's included), both on the same devices (four
@@ -112,7 +112,7 @@ def make_report(args: argparse.Namespace, ours: dict, reference: dict, latencies
     reference's: above 1 when ours is faster)."""
     med = {k: statistics.median(v) for k, v in latencies.items()}
     return {
-        "preset": args.preset, "steps": args.steps, "dtype": args.dtype, "images": ours["images"],
+        "architecture": args.architecture, "steps": args.steps, "dtype": args.dtype, "images": ours["images"],
         "size": ours["size"], "devices": ours["devices"], "device_kind": ours["device_kind"],
         "versions": {"ours": ours["versions"], "reference": reference["versions"]},
         **{figure: {"ours": ours[figure], "reference": reference[figure]}
@@ -124,7 +124,8 @@ def make_report(args: argparse.Namespace, ours: dict, reference: dict, latencies
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=["tiny", "small", "sdxl"], default="small")
+    parser.add_argument("--architecture", "--preset", dest="architecture", choices=["tiny", "small", "sdxl"],
+                        default="small")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -142,14 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}".strip()
     env["PYTHONPATH"] = str(ROOT)
     work = Path(tempfile.mkdtemp(prefix="sdxl-compare-"))
-    checkpoint = Path(args.checkpoint) if args.checkpoint else work / f"{args.preset}-checkpoint"
+    checkpoint = Path(args.checkpoint) if args.checkpoint else work / f"{args.architecture}-checkpoint"
     if not args.checkpoint:
-        subprocess.run([sys.executable, "-m", "sdxl_tpu", "make-tiny", str(checkpoint), "--preset", args.preset],
+        subprocess.run([sys.executable, "-m", "sdxl_tpu", "make-tiny", str(checkpoint), "--architecture",
+                        args.architecture],
                        check=True, env=env, stdout=subprocess.DEVNULL)
     reference_python = ensure_reference_env()
-    from sdxl_tpu.weights.architectures import preset_configs
+    from sdxl_tpu.weights.architectures import architecture_configs
 
-    width, height = preset_configs(args.preset)["size"]
+    width, height = architecture_configs(args.architecture)["size"]
     common = ["--checkpoint", str(checkpoint), "--size", f"{width}x{height}", "--steps", str(args.steps),
               "--dtype", args.dtype]
 
@@ -177,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"{report['preset']} preset, {report['images']} x {report['size']}, {args.steps} steps, {args.dtype}, "
-              f"{report['devices']} x {report['device_kind']}")
+        print(f"{report['architecture']} architecture, {report['images']} x {report['size']}, {args.steps} steps, "
+              f"{args.dtype}, {report['devices']} x {report['device_kind']}")
         print(f"{'':<22}{'sdxl_tpu':>12}{'reference':>12}")
         print(f"{'load (s)':<22}{report['load_s']['ours']:>12.1f}{report['load_s']['reference']:>12.1f}")
         print(f"{'compile (s)':<22}{report['compile_s']['ours']:>12.1f}{report['compile_s']['reference']:>12.1f}")

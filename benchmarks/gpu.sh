@@ -25,7 +25,7 @@ PY
 python benchmarks/kernels_check.py | tee "$OUT/kernels.json" || echo "kernels check failed (see above)"
 
 # PRESET=tiny SIZE=64x64 runs the same script in a minute on a CPU, to check it before spending device time.
-common=(--preset "${PRESET:-sdxl}" --random-weights --size "${SIZE:-1024x1024}" --steps 20 --json)
+common=(--architecture "${PRESET:-sdxl}" --random-weights --size "${SIZE:-1024x1024}" --steps 20 --json)
 # 1. The reference workload: 4 images, 20 steps, 1024x1024, with the per-step-progress comparison.
 python -m sdxl_tpu bench "${common[@]}" --images 4 --runs 5 --compare-progress > "$OUT/sdxl-4.json" \
     || echo "4-image run failed (see above)"
@@ -41,7 +41,7 @@ if [ -d benchmarks/wheels ]; then
   benchmarks/.venv-reference/bin/pip install -q --no-index --find-links benchmarks/wheels \
       -r benchmarks/requirements-reference.txt
   cp benchmarks/requirements-reference.txt benchmarks/.venv-reference/installed.txt
-  python benchmarks/compare_reference.py --preset sdxl --steps 20 --runs 3 --devices 0 --json \
+  python benchmarks/compare_reference.py --architecture sdxl --steps 20 --runs 3 --devices 0 --json \
       > "$OUT/compare-sdxl.json" || echo "reference comparison failed (see above)"
 fi
 

@@ -1,7 +1,7 @@
 """What room for long prompts costs: the same architecture (random weights) compiled with room for
 one chunk of 75 tokens and for three (the default), side by side in one process.
 
-    python benchmarks/prompt_chunks.py --preset small --steps 20 --runs 3 --json
+    python benchmarks/prompt_chunks.py --architecture small --steps 20 --runs 3 --json
 
 Reports each pipeline's compile time (every program of one size, cold) and, per call, text encoding
 and seconds per denoising step for prompts of 1, 2 and 3 chunks (prompt and negative prompt alike),
@@ -20,13 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdxl_tpu.bench.random_weights import random_models, random_tokenizers  # noqa: E402
-from sdxl_tpu.models.layers import Precision  # noqa: E402
-from sdxl_tpu.generate.pipeline import Pipeline  # noqa: E402
 from sdxl_tpu.generate.loading import compute_dtype_for  # noqa: E402
-from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG
-from sdxl_tpu.weights.architectures import preset_configs  # noqa: E402
+from sdxl_tpu.generate.pipeline import Pipeline  # noqa: E402
+from sdxl_tpu.models.layers import Precision  # noqa: E402
+from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG, samplers_for  # noqa: E402
 from sdxl_tpu.spec.prompts import chunk_prompt  # noqa: E402
-from sdxl_tpu.sampler.from_config import samplers_for  # noqa: E402
+from sdxl_tpu.weights.architectures import architecture_configs  # noqa: E402
 
 WORDS = "a photo of an astronaut riding a horse on the moon, detailed, "
 
@@ -41,14 +40,15 @@ def prompt_of(tokenizer, chunks: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--preset", default="small", choices=["tiny", "small", "sdxl"])
+    parser.add_argument("--architecture", "--preset", dest="architecture", default="small",
+                        choices=["tiny", "small", "sdxl"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    configs = preset_configs(args.preset)
+    configs = architecture_configs(args.architecture)
     size = configs["size"]
     precision = Precision.of(compute_dtype_for(args.dtype), args.dtype)
     models, tokenizers = random_models(configs, precision), random_tokenizers()
@@ -74,7 +74,7 @@ def main() -> None:
     medians = {f"room {room}, {used} chunk{'s' * (used > 1)}": {k: statistics.median(v) for k, v in m.items()}
                for (room, used), m in measured.items()}
     base = measured[(1, 1)]
-    report = {"preset": args.preset, "size": f"{size[0]}x{size[1]}", "steps": args.steps, "runs": args.runs,
+    report = {"architecture": args.architecture, "size": f"{size[0]}x{size[1]}", "steps": args.steps, "runs": args.runs,
               "compile_s": {"room 1": compile_s[1], "room 3": compile_s[3]},
               "compile_ratio": compile_s[3] / compile_s[1], "per_call": medians,
               "step_ratio_vs_room_1": {name: m["s_per_step"] / statistics.median(base["s_per_step"])

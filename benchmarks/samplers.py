@@ -1,7 +1,7 @@
 """What each sampler, schedule type and noise source costs per step: one pipeline (random
 weights), every case interleaved in each round so drift on a noisy machine hits each alike.
 
-    python benchmarks/samplers.py --preset small --steps 20 --runs 3 --json
+    python benchmarks/samplers.py --architecture small --steps 20 --runs 3 --json
 
 Samplers are tables for one compiled update, so every sampler on every schedule runs the same
 program: their seconds per model evaluation should agree within noise (DPM++ SDE evaluates the
@@ -22,14 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sdxl_tpu.bench.random_weights import random_models, random_tokenizers  # noqa: E402
-from sdxl_tpu.models.layers import Precision  # noqa: E402
-from sdxl_tpu.generate.pipeline import Pipeline  # noqa: E402
+from sdxl_tpu.bench.random_weights import random_pipeline  # noqa: E402
 from sdxl_tpu.generate.loading import compute_dtype_for  # noqa: E402
-from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG
-from sdxl_tpu.weights.architectures import preset_configs  # noqa: E402
-from sdxl_tpu.sampler.from_config import samplers_for  # noqa: E402
+from sdxl_tpu.models.layers import Precision  # noqa: E402
 from sdxl_tpu.sampler.torch_rng import TorchCPUGenerator  # noqa: E402
+from sdxl_tpu.weights.architectures import architecture_configs  # noqa: E402
 
 CASES = [  # (sampler, schedule type, RNG)
     ("Euler", "Checkpoint", "JAX"), ("Euler a", "Checkpoint", "JAX"), ("DPM++ 2M", "Checkpoint", "JAX"),
@@ -42,7 +39,8 @@ CASES = [  # (sampler, schedule type, RNG)
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--preset", default="small", choices=["tiny", "small", "sdxl"])
+    parser.add_argument("--architecture", "--preset", dest="architecture", default="small",
+                        choices=["tiny", "small", "sdxl"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--stepwise", action="store_true", help="one program per step (the playground's loop)")
@@ -50,11 +48,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    configs = preset_configs(args.preset)
-    size = configs["size"]
+    size = architecture_configs(args.architecture)["size"]
     precision = Precision.of(compute_dtype_for(args.dtype), args.dtype)
-    pipe = Pipeline(random_models(configs, precision), random_tokenizers(), samplers_for(SCHEDULER_CONFIG)[0],
-                    sizes=[size], images_per_call=4, step_progress=args.stepwise)
+    pipe = random_pipeline(args.architecture, precision, sizes=[size], images_per_call=4, step_progress=args.stepwise)
     pipe.warmup()
     call = lambda sampler, schedule, rng: pipe.generate("a lighthouse in a storm", "blurry", seed=1, steps=args.steps,
                                                         size=size, sampler=sampler, schedule=schedule, rng=rng).timings
@@ -80,7 +76,7 @@ def main() -> None:
                 g.randn((4, 128, 128))
         draws.append(time.perf_counter() - start)
     report = {
-        "preset": args.preset, "size": f"{size[0]}x{size[1]}", "steps": args.steps, "runs": args.runs,
+        "architecture": args.architecture, "size": f"{size[0]}x{size[1]}", "steps": args.steps, "runs": args.runs,
         "loop": "stepwise" if args.stepwise else "fused",
         "s_per_step": {name(c): m / args.steps for c, m in median.items()},
         "step_ratio_vs_euler": {name(c): m / euler for c, m in median.items()},

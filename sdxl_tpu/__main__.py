@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .spec.fields import FIELDS, PASTED
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage block
@@ -36,26 +38,27 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from .weights.errors import CheckpointError
     from .generate.compilation import enable_compile_cache
-    from .spec.images import save_png
+    from .generate.loading import load
     from .spec.errors import GenerationError
-    from .generate.loading import load_pipeline
-    from .spec.options import fill_defaults
+    from .spec.images import save_png
+    from .spec.load import LoadOptions
+    from .spec.options import fill_defaults, load_values
     from .spec.recipes import recipe_named, settle
     from .spec.request import Request
     from .spec.values import schedule_input
+    from .weights.errors import CheckpointError
 
     try:  # the request is checked before anything is loaded
         pasted = _pasted(args.parameters)
-        args = fill_defaults(parser, args, "generate", given={option: pasted.get(_PASTED_AS.get(option, option))
-                                                              for option in _PASTED})
-        s = settle(recipe_named(args.preset) if args.preset else None, model=args.model, unet=args.unet,
-                   spacing=args.spacing, prediction_type=args.prediction_type, sampler=args.sampler,
-                   steps=args.steps, guidance=args.guidance, size=args.size)
+        args = fill_defaults(parser, args, "generate", given={f.name: pasted.get(f.api) for f in _PASTED})
+        recipe = recipe_named(args.preset) if args.preset else None
+        s = settle(recipe, sampler=args.sampler, steps=args.steps, guidance=args.guidance, size=args.size)
         request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=s["guidance"],
                              steps=s["steps"], size=s["size"], sampler=s["sampler"], schedule=args.schedule,
                              rng=args.rng)
+        options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=[request.size],
+                                                                               step_progress=False)
     except ValueError as e:
         return _fail(str(e))
     if args.images < 1:
@@ -63,10 +66,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if args.compile_cache:
             enable_compile_cache(args.compile_cache)
-        pipe = load_pipeline(s["model"], dtype=args.dtype, sizes=[request.size], images_per_call=args.images,
-                             step_progress=False, attention=args.attention, unet=s["unet"],
-                             timestep_spacing=s["spacing"], prediction_type=s["prediction_type"], config=args.config,
-                             loras=args.lora or ([s["lora"]] if s["lora"] else None))
+        pipe = load(options)
         if request.sampler is None:  # the checkpoint's own sampler: its schedule is checked now it is known
             schedule_input(pipe.default_sampler, request.schedule)
         result = pipe.run(request, images=args.images)
@@ -84,9 +84,8 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
-# The options --parameters may fill, and the request fields they are where the names differ.
-_PASTED = ("prompt", "negative", "seed", "steps", "guidance", "sampler", "size", "schedule", "rng")
-_PASTED_AS = {"negative": "negative_prompt", "guidance": "guidance_scale"}
+# The fields --parameters may fill: each is an option of generate, named as the form names it.
+_PASTED = [f for f in FIELDS if PASTED in f.kept]
 
 
 def _pasted(text: str | None) -> dict:
@@ -124,11 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-tiny":
         from .weights.tiny import write_checkpoint
 
+        from .spec.options import older_architecture
+
+        architecture = older_architecture(args) or args.architecture
         try:
-            path = write_checkpoint(args.directory, args.preset, seed=args.seed)
+            path = write_checkpoint(args.directory, architecture, seed=args.seed)
         except OSError as e:
             return _fail(f"cannot write {args.directory}: {e.strerror or e}")
-        print(f"wrote {'tiny' if args.preset == 'tiny' else args.preset} SDXL checkpoint to {path}")
+        print(f"wrote {architecture} SDXL checkpoint to {path}")
         return 0
     if args.command == "serve":
         from .server.backend import main as serve_main

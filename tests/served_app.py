@@ -108,7 +108,7 @@ WATCH_JS = """() => {
     const images = document.querySelectorAll('#gallery .grid-container img').length;
     const last = window.__seen[window.__seen.length - 1];
     const now = {t: performance.now() - t0, status, captions: captions.join('|'), images,
-                 info: document.querySelector('#info')?.innerText || ''};
+                 info: document.querySelector('#summary')?.innerText || ''};
     if (!last || last.status !== now.status || last.captions !== now.captions || last.info !== now.info)
       window.__seen.push(now);
   };
@@ -138,12 +138,12 @@ def generate_in_page(page, prompt: str | None, negative: str | None = None, seco
         page.locator("#prompt textarea").fill(prompt)
     if negative is not None:
         page.locator("#negative textarea").fill(negative)
-    before = page.locator("#info").inner_text()
+    before = page.locator("#summary").inner_text()
     page.evaluate(WATCH_JS)
     page.locator("#generate").click()
     deadline = time.monotonic() + seconds
     while True:  # bounded: the final images replace the previews, and the timing line is new
-        info = page.locator("#info").inner_text()
+        info = page.locator("#summary").inner_text()
         captions = page.locator("#gallery .grid-container .caption-label").all_inner_texts()
         if info != before and "Generated 4 images" in info and len(captions) == 4 and \
                 all(c.startswith("seed ") for c in captions):

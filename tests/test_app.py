@@ -112,8 +112,8 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client):
 # Every value reaches our checks as the client sent it (no Gradio preprocessing); the message
 # names the field and the problem. The fuzz test in test_security.py sends many more.
 @pytest.mark.parametrize("overrides, message", [
-    (dict(prompt="   \t "), r"Please enter a prompt\."),
-    (dict(prompt="\x00\x07\x1b"), r"Please enter a prompt\."),
+    (dict(prompt="   \t "), r"Prompt is empty: please enter a prompt\."),
+    (dict(prompt="\x00\x07\x1b"), r"Prompt is empty: please enter a prompt\."),
     (dict(prompt=["a cat"]), r"Prompt must be text, got a list\."),
     (dict(seed=-1), r"Seed must be a whole number between 0 and 4294967295\."),
     (dict(seed=2**32), r"Seed must be a whole number between 0 and 4294967295\."),
@@ -294,16 +294,18 @@ def test_taesd_previews_offline_are_refused_first_with_one_line(tmp_path, monkey
     import sdxl_tpu.generate.loading
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.settings import Settings
+    from sdxl_tpu.spec.load import LoadOptions
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setattr(sdxl_tpu.generate.loading, "load_models",
                         lambda *a, **k: pytest.fail("the model was loaded first"))
-    server = Server(Settings(model="tiny", sizes=[(64, 64)], preview="taesd"))
-    server.load()
-    assert server.status == "error" and server.error == server.message and "\n" not in server.error
-    assert "madebyollin/taesdxl" in server.error and "--preview approx" in server.error
-    assert "Could not load the model" not in server.error
+    server = Server(Settings(load=LoadOptions(model="tiny", sizes=[(64, 64)], preview="taesd")))
+    server.warmup.load()
+    error = server.warmup.error
+    assert server.warmup.status == "error" and error == server.warmup.message and "\n" not in error
+    assert "madebyollin/taesdxl" in error and "--preview approx" in error
+    assert "Could not load the model" not in error
 
 
 def test_app_without_model_exits_with_one_paragraph(tmp_path):
@@ -476,8 +478,8 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, browse
         set_field(page, "steps", 2)
         generate_in_page(page, "a red panda", "")
         sources = [img.get_attribute("src") for img in page.locator("#gallery .grid-container img").all()]
-        timing = page.locator("#info").inner_text()
-        for prompt, message in [("", "Please enter a prompt."),
+        timing = page.locator("#summary").inner_text()
+        for prompt, message in [("", "Prompt is empty: please enter a prompt."),
                                 ("very " * 450, "Prompt is 2,250 characters long; at most 2,000 are accepted.")]:
             page.locator("#prompt textarea").fill(prompt)
             if prompt:  # the counter says it before anyone clicks
@@ -488,10 +490,10 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, browse
             page.locator("#run-status").get_by_text(message).wait_for(timeout=30_000)
             page.wait_for_timeout(300)
             assert [img.get_attribute("src") for img in page.locator("#gallery .grid-container img").all()] == sources
-            assert page.locator("#info").inner_text() == timing
+            assert page.locator("#summary").inner_text() == timing
             assert_four_images_in_view(page, desktop=True)  # nothing over them
-            info = page.locator("#info").bounding_box()
-            hit = page.evaluate("([x, y]) => document.elementFromPoint(x, y).closest('#info') !== null",
+            info = page.locator("#summary").bounding_box()
+            hit = page.evaluate("([x, y]) => document.elementFromPoint(x, y).closest('#summary') !== null",
                                 [info["x"] + info["width"] / 2, info["y"] + info["height"] / 2])
             assert hit, "something covers the timing line"
             pills = page.locator("[data-testid=status-tracker] .error").all()  # Gradio's red "Error" badge
@@ -499,22 +501,44 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, browse
             assert message in page.locator(".toast-body").last.inner_text()  # and the notice in the corner
         page.screenshot(path=str(artifact(tmp_path, "error-kept-images.png")))
         # The queue full (one request running, two waiting): the page's request is turned away at the
-        # door, before any handler; the line says so, the images stay.
+        # door, before any handler; the line says so, the images stay. A feeder keeps the queue full
+        # (a new request whenever one ends); a click that still finds room runs, and the page tries
+        # again: each try ends in one of the two events a person would see.
+        import threading
+
         from gradio_client import Client
 
         client = Client(app_server["url"] + "/", verbose=False, download_files=False)
-        jobs = [client.submit("a cat", "", "(No style)", i, False, 5.0, 50, "96x64", api_name="/generate")
-                for i in range(3)]
+        jobs, stopped = [], threading.Event()
+
+        def feed() -> None:
+            while not stopped.wait(0.01):
+                if sum(not job.done() for job in jobs) < 4:
+                    jobs.append(client.submit("a cat", "", "(No style)", len(jobs), False, 5.0, 50, "96x64",
+                                              api_name="/generate"))
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        status = page.locator("#run-status")
         try:
-            wait_for(lambda: metrics(app_server)["sdxl_queue_depth"] >= 2, 30, "the queue did not fill")
-            page.locator("#prompt textarea").fill("a red panda")
-            page.locator("#generate").click()
-            wait_for(lambda: "could not take the request" in page.locator("#run-status").inner_text(), 30,
-                     f"no message: {page.locator('#run-status').inner_text()!r} "
-                     f"{metrics(app_server)['sdxl_queue_depth']}")
+            for _ in range(10):  # bounded
+                wait_for(lambda: metrics(app_server)["sdxl_queue_depth"] >= 2, 30, "the queue did not fill")
+                sources = [img.get_attribute("src") for img in page.locator("#gallery .grid-container img").all()]
+                summary = page.locator("#summary").inner_text()
+                page.locator("#prompt textarea").fill("a red panda")
+                page.locator("#generate").click()
+                wait_for(lambda: "could not take the request" in status.inner_text()  # noqa: B023
+                         or page.locator("#summary").inner_text() != summary, 120,  # noqa: B023
+                         f"neither turned away nor run: {status.inner_text()!r}")
+                if "could not take the request" in status.inner_text():
+                    break
+            else:
+                pytest.fail("the page's request always found room in the queue")
             assert "busy" in page.locator(".toast-body").last.inner_text()  # Gradio's notice
             assert [img.get_attribute("src") for img in page.locator("#gallery .grid-container img").all()] == sources
         finally:
+            stopped.set()
+            feeder.join(10)
             for job in jobs:
                 job.cancel()
 
@@ -613,6 +637,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
     import app as app_module
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.settings import Settings
+    from sdxl_tpu.spec.load import LoadOptions
 
     class Loaded:  # what the loader hands over once "loaded" (nothing is generated here)
         sizes, images_per_call, tokenizers = [(64, 64)], 4, (None, None)
@@ -623,7 +648,8 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
     release = threading.Event()
-    server = Server(Settings(model="tiny", sizes=[(64, 64)]), loader=lambda s: (release.wait(60), Loaded())[1])
+    server = Server(Settings(load=LoadOptions(model="tiny", sizes=[(64, 64)])),
+                    loader=lambda s: (release.wait(60), Loaded())[1])
     web_app, _, _ = app_module.build_app(server)
     port = free_port()
     web = uvicorn.Server(uvicorn.Config(web_app, host="127.0.0.1", port=port, log_level="warning"))
@@ -667,7 +693,7 @@ def test_browser_schedule_and_rng_reach_the_image_and_the_history_restores_them(
         choose(page, "schedule", "Checkpoint (as diffusers runs it)")
         choose(page, "rng", "CPU")
         generate_in_page(page, None)
-        assert "2 steps of DPM++ 2M Karras (Schedule type Checkpoint, RNG CPU)" in page.locator("#info").inner_text()
+        assert "2 steps of DPM++ 2M Karras (Schedule type Checkpoint, RNG CPU)" in page.locator("#summary").inner_text()
         src = page.locator("#gallery .grid-container img").first.get_attribute("src")
         with urllib.request.urlopen(urllib.parse.urljoin(app_server["url"] + "/", src), timeout=30) as r:
             parameters = read_parameters(Image.open(BytesIO(r.read())))
@@ -702,7 +728,7 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
         page.locator("#use-paste").click()
         notes = page.locator("#paste-notes")
         wait_for(lambda: "Filled:" in notes.inner_text(), 15, "the form was not filled")
-        assert notes.inner_text() == ("Filled: prompt, negative, seed, guidance, steps, sampler, schedule, size, rng. "
+        assert notes.inner_text() == ("Filled: prompt, negative, seed, guidance, steps, size, sampler, schedule, rng. "
                                       "Not used here: Model hash, Model, Clip skip.")
         assert page.locator("#prompt textarea").input_value() == "a lighthouse, (stormy:1.2) sea"
         assert page.locator("#negative textarea").input_value() == "blurry"
@@ -718,8 +744,8 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
         # (the run on the checkpoint's schedule: the pasted fields are what is checked here, not k-diffusion's Karras)
         choose(page, "schedule", "Checkpoint (as diffusers runs it)")
         generate_in_page(page, None)
-        assert "Seeds: 77, 78, 79, 80" in page.locator("#info").inner_text()
-        assert "3 steps of Euler a (Schedule type Checkpoint, RNG CPU)" in page.locator("#info").inner_text()
+        assert "Seeds: 77, 78, 79, 80" in page.locator("#summary").inner_text()
+        assert "3 steps of Euler a (Schedule type Checkpoint, RNG CPU)" in page.locator("#summary").inner_text()
         page.locator("#paste textarea").fill("x" * 7000)
         page.locator("#use-paste").click()
         wait_for(lambda: "at most 6,000 are read" in notes.inner_text(), 15, "no message for an oversized paste")

@@ -165,7 +165,7 @@ def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
     (b'{"prompt": "a cat", "seed": NaN}', 422, "Seed must be a finite number"),
     ({"prompt": "x" * 70_000}, 413, "The request body is over 65,536 bytes"),
     ({"parameters": ["a cat"]}, 422, "Parameters must be text, got a list."),
-    ({"parameters": "Steps: 2, Seed: 1, Size: 64x64"}, 422, "Please enter a prompt."),
+    ({"parameters": "Steps: 2, Seed: 1, Size: 64x64"}, 422, "Prompt is empty: please enter a prompt."),
     ({"parameters": "a cat\nSteps: 2, Seed: 1, Size: 64x64", "steps": 0}, 422, "Steps must be a whole number"),
 ])
 def test_bad_requests_are_4xx_naming_the_problem(backend, body, status, message):

@@ -11,13 +11,9 @@ import numpy as np
 import pytest
 
 from sdxl_tpu.generate.denoising import LOOKAHEAD
-
-from sdxl_tpu.spec.errors import Cancelled
-
-from sdxl_tpu.spec.request import GenerationResult
-from sdxl_tpu.spec.request import ImageInfo, Request
-from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.server.batcher import SHUTTING_DOWN, Batcher
+from sdxl_tpu.server.batcher import Batcher, SHUTTING_DOWN
+from sdxl_tpu.spec.errors import Cancelled, RequestError
+from sdxl_tpu.spec.request import GenerationResult, ImageInfo, Request
 
 
 def infos(seed: int, n: int = 4, steps: int = 2, size=(64, 64), **more) -> list[ImageInfo]:

@@ -18,11 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sdxl_tpu.bench.run import build_pipeline, format_report, warm_compile_argv
+from sdxl_tpu.bench.run import build_pipeline, format_report, settled, warm_compile_argv
+from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG, sampler_named
 from sdxl_tpu.spec.options import add_options, fill_defaults
-from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG
-from sdxl_tpu.weights.architectures import preset_configs
-from sdxl_tpu.sampler.from_config import sampler_named
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -36,18 +34,14 @@ def _flops_of_the_programs(checkpoint) -> dict[str, int]:
     the one-step denoising programs (guided, unguided) and the decode, four images of 64x64.
     Compiled with room for one prompt chunk: cross-attention runs over the chunks a prompt uses
     (a switch, whose costliest branch a trace counts) and the bench's prompts are one chunk."""
-    import jax
-
     from sdxl_tpu import load_pipeline
     from sdxl_tpu.bench.flops import jaxpr_flops
-    from sdxl_tpu.generate.programs import program
 
     pipe = load_pipeline(checkpoint, dtype="float32", sizes=[(64, 64)], max_prompt_chunks=1, warmup=False)
     assert pipe.images_per_call == 4 and pipe.stepwise
     counts = {}
     for name in ("denoise", "denoise_unguided", "decode"):
-        fn, args = program(pipe, name, (64, 64))
-        counts[name] = jaxpr_flops(jax.make_jaxpr(fn)(*args))
+        counts[name] = jaxpr_flops(pipe.trace(name, (64, 64)).jaxpr)
     return counts
 
 
@@ -55,7 +49,7 @@ def test_bench_tiny_reports_consistent_figures(tmp_path, tiny_checkpoint):
     env = dict(os.environ, JAX_PLATFORMS="cpu", SDXL_TPU_TINY_DIR=str(tmp_path / "tiny"))
     steps, runs = 3, 3
     began = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "sdxl_tpu", "bench", "--preset", "tiny", "--steps", str(steps),
+    result = subprocess.run([sys.executable, "-m", "sdxl_tpu", "bench", "--architecture", "tiny", "--steps", str(steps),
                              "--runs", str(runs), "--dtype", "float32", "--compare-progress", "--compare-previews",
                              "--json"],
                             capture_output=True, text=True, env=env, timeout=900)
@@ -108,7 +102,7 @@ def test_bench_tiny_reports_consistent_figures(tmp_path, tiny_checkpoint):
 
 
 def test_bench_refuses_a_malformed_size_in_one_line():
-    result = subprocess.run([sys.executable, "-m", "sdxl_tpu", "bench", "--preset", "tiny", "--size", "64by64"],
+    result = subprocess.run([sys.executable, "-m", "sdxl_tpu", "bench", "--architecture", "tiny", "--size", "64by64"],
                             capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "WIDTHxHEIGHT" in result.stderr
@@ -116,43 +110,46 @@ def test_bench_refuses_a_malformed_size_in_one_line():
 
 
 @pytest.mark.parametrize("argv", [
-    ["--preset", "tiny"],
-    ["--preset", "small", "--random-weights", "--images", "2", "--dtype", "float32", "--compute-dtype", "bfloat16",
-     "--attention", "xla"],
-    ["--preset", "sdxl", "--model", "/some/checkpoint", "--size", "768x512", "--steps", "7", "--json"],
+    ["--architecture", "tiny"],
+    ["--architecture", "small", "--random-weights", "--images", "2", "--dtype", "float32", "--compute-dtype",
+     "bfloat16", "--attention", "xla"],
+    ["--architecture", "sdxl", "--model", "/some/checkpoint", "--size", "768x512", "--steps", "7", "--json"],
+    ["--preset", "Lightning 1-step", "--lora", "a.safetensors", "--config", "cfg", "--size", "64x64"],
 ])
 def test_warm_compile_child_compiles_the_same_workload(argv):
-    args = _parse(*argv)
-    args.size = (768, 512) if args.size else preset_configs(args.preset)["size"]
+    args = settled(_parse(*argv))
     child_argv = warm_compile_argv(args, "/tmp/cache")
     assert child_argv[:4] == [sys.executable, "-m", "sdxl_tpu", "bench"]
-    child = _parse(*child_argv[4:])
-    for field in ("preset", "model", "random_weights", "images", "dtype", "compute_dtype", "attention"):
+    child = settled(_parse(*child_argv[4:]))
+    for field in ("architecture", "load", "random_weights", "size", "images", "dtype", "compute_dtype", "attention"):
         assert getattr(child, field) == getattr(args, field), field
-    assert child.size == f"{args.size[0]}x{args.size[1]}"
     assert child.compile_only and child.json and child.compile_cache == "/tmp/cache"
 
 
-def test_bench_takes_the_apps_generation_presets():
-    """--preset names an architecture or one of the app's presets, spelled out as its options;
-    options given explicitly win."""
-    from sdxl_tpu.bench.run import with_recipe
-
-    args = with_recipe(_parse("--preset", "Lightning 4-step", "--lora", "style.safetensors:0.5"))
-    assert (args.model, args.unet, args.spacing, args.sampler, args.steps, args.guidance, args.size) == (
+def test_bench_takes_the_apps_generation_presets_and_architectures(capsys):
+    """--preset names one of the app's presets, spelled out as its options (what it loads, its
+    sampler, steps, guidance and size); options given explicitly win. An architecture's name there
+    (the older spelling) is read as --architecture, with a note."""
+    args = settled(_parse("--preset", "Lightning 4-step", "--lora", "style.safetensors:0.5"))
+    load = args.load
+    assert (load.model, load.unet, load.timestep_spacing, args.sampler, args.steps, args.guidance, args.size) == (
         "stabilityai/stable-diffusion-xl-base-1.0", "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors",
-        "trailing", "Euler", 4, 0.0, "1024x1024")
-    assert args.lora == ["style.safetensors:0.5"]
-    args = with_recipe(_parse("--preset", "Turbo", "--steps", "2", "--size", "256x256"))
-    assert (args.model, args.sampler, args.steps, args.size) == ("stabilityai/sdxl-turbo", "Euler a", 2, "256x256")
-    args = with_recipe(_parse("--preset", "small", "--random-weights"))
-    assert (args.preset, args.steps, args.guidance, args.model) == ("small", 20, 5.0, None)
-    child = _parse(*warm_compile_argv(argparse.Namespace(**{**vars(with_recipe(_parse(
-        "--preset", "Lightning 1-step", "--lora", "a.safetensors", "--config", "cfg"))), "size": (64, 64)}), "/c")[4:])
-    assert (child.unet, child.prediction_type, child.lora, child.config) == (
-        "ByteDance/SDXL-Lightning/sdxl_lightning_1step_unet_x0.safetensors", "sample", ["a.safetensors"], "cfg")
+        "trailing", "Euler", 4, 0.0, (1024, 1024))
+    assert load.loras == ("style.safetensors:0.5",) and args.architecture == "sdxl"
+    args = settled(_parse("--preset", "Turbo", "--steps", "2", "--size", "256x256"))
+    assert (args.load.model, args.sampler, args.steps, args.size) == ("stabilityai/sdxl-turbo", "Euler a", 2,
+                                                                      (256, 256))
+    args = settled(_parse("--architecture", "small", "--random-weights"))
+    assert (args.architecture, args.steps, args.guidance, args.load, args.size) == ("small", 20, 5.0, None, (256, 256))
+    assert settled(_parse("--architecture", "tiny")).load.model == "tiny"
+    capsys.readouterr()
+    older = settled(_parse("--preset", "small", "--random-weights"))
+    assert (older.architecture, older.recipe, older.load) == ("small", None, None)
+    assert "--preset small names an architecture; it is spelled --architecture small" in capsys.readouterr().err
     with pytest.raises(ValueError, match="brings its weights"):
-        with_recipe(_parse("--preset", "Turbo", "--random-weights"))
+        settled(_parse("--preset", "Turbo", "--random-weights"))
+    with pytest.raises(ValueError, match="apply to a checkpoint"):
+        settled(_parse("--architecture", "small", "--random-weights", "--spacing", "trailing"))
 
 
 def test_attention_argument_defaults_to_the_environment(monkeypatch):
@@ -169,17 +166,14 @@ def test_checkpoint_pipelines_use_the_checkpoints_scheduler(tiny_checkpoint, tmp
     config_file = checkpoint / "scheduler" / "scheduler_config.json"
     config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**config, "timestep_spacing": "trailing", "steps_offset": 0}))
-    args = _parse("--model", str(checkpoint), "--dtype", "float32")
-    args.size = (64, 64)
-    pipe = build_pipeline(args)
+    pipe = build_pipeline(settled(_parse("--model", str(checkpoint), "--dtype", "float32", "--size", "64x64")))
     assert pipe.sampler == sampler_named("Euler", {**config, "timestep_spacing": "trailing", "steps_offset": 0})
     assert pipe.model_name == str(checkpoint) and pipe.images_per_call == 4
 
 
 def test_random_weight_pipelines_use_sdxl_base_scheduler():
-    args = _parse("--preset", "small", "--random-weights", "--images", "1")
-    args.size = (256, 256)
-    pipe = build_pipeline(args)  # nothing compiles before the first call
+    pipe = build_pipeline(settled(_parse("--architecture", "small", "--random-weights", "--images", "1")))
+    # (nothing compiles before the first call)
     assert pipe.sampler == sampler_named("Euler", SCHEDULER_CONFIG)
     assert pipe.model_name == "small" and pipe.images_per_call == 1
 

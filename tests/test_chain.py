@@ -230,7 +230,7 @@ def test_browser_against_the_chain(chain, tmp_path):
         seen = generate_in_page(page, "a lighthouse on a cliff during a storm", "blurry")
         # The back end's progress and previews, relayed: the step count advances, previews come first.
         assert_progress_and_previews(seen, 20)
-        assert "Generated 4 images of 64x64" in page.locator("#info").inner_text()
+        assert "Generated 4 images of 64x64" in page.locator("#summary").inner_text()
         # Token counts without a model: the front end loaded only the tokenizer.
         assert "/ 225 tokens" in page.locator("#token-count").inner_text()
         page.screenshot(path=str(screenshot), full_page=True)

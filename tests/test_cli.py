@@ -115,7 +115,7 @@ def test_single_file_model_with_loras(main, tmp_path):
     (["generate", "x", "--size", "64y64"], "Size must look like WIDTHxHEIGHT (e.g. 1024x1024), got '64y64'."),
     (["generate", "x", "--steps", "abc"], "argument --steps: invalid int value"),
     (["generate", "x", "--steps", "0"], "Steps must be a whole number between 1 and 50."),
-    (["generate", "   "], "Please enter a prompt."),
+    (["generate", "   "], "Prompt is empty: please enter a prompt."),
     (["generate", "x", "--guidance", "nan"], "Guidance scale must be a finite number between 0 and 20."),
     (["generate", "x", "--model", "/nonexistent/model"], "neither an existing directory nor a Hub repo id"),
     (["generate", "x", "--model", "tiny", "--size", "64x64", "--seed", "-3", "--steps", "1"],

@@ -40,8 +40,8 @@ def test_compare_reference_tiny():
     four costs some 35 s more on two cores and shows nothing more), one step."""
     runs, devices = 3, 2
     began = time.perf_counter()
-    result = subprocess.run([sys.executable, "benchmarks/compare_reference.py", "--preset", "tiny", "--steps", "1",
-                             "--runs", str(runs), "--devices", str(devices), "--json"], cwd=ROOT, capture_output=True,
+    argv = ["--architecture", "tiny", "--steps", "1", "--runs", str(runs), "--devices", str(devices), "--json"]
+    result = subprocess.run([sys.executable, "benchmarks/compare_reference.py", *argv], cwd=ROOT, capture_output=True,
                             text=True, timeout=1500, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     wall = time.perf_counter() - began
     assert result.returncode == 0, result.stderr[-4000:]
@@ -75,7 +75,7 @@ def test_report_medians_and_throughput_ratio():
 
     ready = {"images": 4, "size": "64x64", "devices": 4, "device_kind": "cpu", "versions": {}, "load_s": 1.0,
              "compile_s": 2.0, "first_call_s": 3.0}
-    args = argparse.Namespace(preset="tiny", steps=1, dtype="bfloat16")
+    args = argparse.Namespace(architecture="tiny", steps=1, dtype="bfloat16")
     report = _compare_reference_module().make_report(args, ready, {**ready, "load_s": 5.0},
                                                      {"ours": [0.3, 0.1, 0.2], "reference": [0.2, 0.6, 0.4]})
     assert report["median_latency_s"] == {"ours": 0.2, "reference": 0.4}

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from sdxl_tpu.models.attention import attention
 from sdxl_tpu.bench.flops import function_flops, model_flops
-from sdxl_tpu.weights.architectures import preset_configs
+from sdxl_tpu.models.attention import attention
+from sdxl_tpu.weights.architectures import architecture_configs
 
 f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
 
@@ -83,7 +83,7 @@ def _torch_flops(preset: str) -> dict[str, int]:
     diffusers = pytest.importorskip("diffusers")
     from torch.utils.flop_counter import FlopCounterMode
 
-    c = preset_configs(preset)
+    c = architecture_configs(preset)
     w, h = c["size"]
     unet_cfg = c["unet"]
     pooled = unet_cfg["projection_class_embeddings_input_dim"] - 6 * unet_cfg["addition_time_embed_dim"]
@@ -103,7 +103,7 @@ def _torch_flops(preset: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "sdxl"])
 def test_preset_flops_equal_pytorch_flop_counter_over_diffusers(preset):
-    c = preset_configs(preset)
+    c = architecture_configs(preset)
     ours = model_flops(c["unet"], c["vae"], c["size"])
     reference = _torch_flops(preset)
     print(f"{preset} at {c['size']}: ours {ours}, PyTorch over diffusers {reference}")
@@ -116,7 +116,7 @@ def test_preset_flops_equal_pytorch_flop_counter_over_diffusers(preset):
 def test_sdxl_flops_are_the_mission_figures():
     """SDXL base at 1024x1024: about 6.76 TFLOP per UNet evaluation and 10.5 TFLOP per VAE decode
     per image (MISSION.md); the exact figures are checked against PyTorch above."""
-    c = preset_configs("sdxl")
+    c = architecture_configs("sdxl")
     flops = model_flops(c["unet"], c["vae"], (1024, 1024))
     assert round(flops["unet"] / 1e12, 2) == 6.76
     assert round(flops["vae_decode"] / 1e12, 1) == 10.5

@@ -15,12 +15,12 @@ import torch
 
 from reference import nchw_to_nhwc, random_model, rel_l2
 from sdxl_tpu import Precision, load_text_encoder, load_unet, load_vae
-from sdxl_tpu.weights.architectures import preset_configs
+from sdxl_tpu.weights.architectures import architecture_configs
 
 pytestmark = pytest.mark.full_size
 F32 = Precision()
 
-SDXL = preset_configs("sdxl")  # the preset behind the benchmark's FLOP figures, checked here
+SDXL = architecture_configs("sdxl")  # the preset behind the benchmark's FLOP figures, checked here
 
 # Published by Stability AI: huggingface.co/stabilityai/stable-diffusion-xl-base-1.0,
 # unet/config.json, vae/config.json, text_encoder/config.json and text_encoder_2/config.json

@@ -12,8 +12,8 @@ from PIL import Image
 
 from reference import read_with_third_parties
 from sdxl_tpu.server.files import ImageStore
-from sdxl_tpu.spec.infotext import Stamp, parameters_text
 from sdxl_tpu.spec.images import encode, encode_all, read_parameters, save_png
+from sdxl_tpu.spec.infotext import Stamp, parameters_text
 from sdxl_tpu.spec.request import ImageInfo
 from sdxl_tpu.version import VERSION
 
@@ -29,7 +29,7 @@ def _image(value: int = 0) -> Image.Image:
 
 def _save(store: ImageStore, values: list[int]) -> list[str]:
     """One call's images (one per value, its seed) written to `store` as the server writes them."""
-    return store.write(encode_all([_image(v) for v in values], [TEXT] * len(values), store.fmt), values)
+    return store.write(encode_all([_image(v) for v in values], [TEXT] * len(values), "png"), values, "png")
 
 
 @pytest.mark.parametrize("fmt, pil_format", [("png", "PNG"), ("jpeg", "JPEG"), ("webp", "WEBP")])
@@ -85,7 +85,8 @@ def test_png_is_lossless(tmp_path):
 
 def test_the_store_deletes_old_calls_and_says_which(tmp_path):
     forgotten = []
-    store = ImageStore(tmp_path / "store", fmt="png", keep_seconds=0.2, on_delete=forgotten.extend)
+    store = ImageStore(tmp_path / "store", keep_seconds=0.2)
+    store.on_delete(forgotten.extend)
     first = _save(store, [1, 2])
     assert [read_parameters(Image.open(p)) for p in first] == [TEXT, TEXT]
     time.sleep(0.3)
@@ -98,7 +99,7 @@ def test_the_store_deletes_old_calls_and_says_which(tmp_path):
 
 
 def test_the_store_keeps_its_bytes_bounded_but_always_the_newest_call(tmp_path):
-    store = ImageStore(tmp_path / "store", fmt="png", max_bytes=1)  # smaller than any call
+    store = ImageStore(tmp_path / "store", max_bytes=1)  # smaller than any call
     paths = [_save(store, [i])[0] for i in range(5)]
     on_disk = sorted(str(p) for p in (tmp_path / "store").rglob("*.png"))
     assert on_disk == [paths[-1]]

@@ -8,11 +8,10 @@ from hypothesis import strategies as st
 
 import pytest
 
-from sdxl_tpu.spec.infotext import Stamp, parameters_text
-from sdxl_tpu.spec.infotext import parse, request_fields
-from sdxl_tpu.server.page import PASTED_FIELDS, pasted_form
-from sdxl_tpu.spec.request import ImageInfo
+from sdxl_tpu.server.page import PASTED_INTO, pasted_form
+from sdxl_tpu.spec.infotext import Stamp, parameters_text, parse, request_fields
 from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.spec.request import ImageInfo
 
 SIZES = [(1024, 1024), (1152, 896)]
 # As A1111 1.10's PNG Info shows an SDXL image (its schedule apart from the sampler, a quoted value).
@@ -84,8 +83,8 @@ def test_the_page_fills_its_form_and_says_what_it_did():
     assert form == {"prompt": "masterpiece, a (red:1.2) fox in the snow, night sky", "negative": "blurry, lowres",
                     "seed": 1234567890, "randomize": False, "guidance": 6.5, "steps": 30, "sampler": "DPM++ 2M",
                     "schedule": "Karras", "size": "1152x896", "rng": "JAX"}
-    assert set(form) <= set(PASTED_FIELDS)
-    assert notes.startswith("Filled: prompt, negative, seed, guidance, steps, sampler, schedule, size, rng. "
+    assert set(form) <= set(PASTED_INTO)
+    assert notes.startswith("Filled: prompt, negative, seed, guidance, steps, size, sampler, schedule, rng. "
                             "Not applied: <lora:")
     # A prompt alone (no settings line) fills the prompt only: the form keeps its schedule and noise.
     assert pasted_form("a cat, night", SIZES, list(SAMPLERS)) == ({"prompt": "a cat, night", "negative": ""},
@@ -110,7 +109,7 @@ def test_the_page_fills_its_form_and_says_what_it_did():
 def test_any_paste_gives_fields_or_a_message(text):
     form, notes = pasted_form(text, SIZES, list(SAMPLERS))
     assert isinstance(notes, str) and notes
-    assert set(form) <= set(PASTED_FIELDS)
+    assert set(form) <= set(PASTED_INTO)
     if form:
         assert isinstance(form["prompt"], str) and form.get("size", "1024x1024") in ("1024x1024", "1152x896")
         assert form.get("sampler", "Euler") in SAMPLERS

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 import kdiffusion_reference
-from sdxl_tpu.generate import update
-from sdxl_tpu.sampler.sigmas import alphas_cumprod, schedule_sigmas, train_sigmas
-from sdxl_tpu.generate import sampling
+from sdxl_tpu.generate import sampling, update
 from sdxl_tpu.sampler.from_config import sampler_named
+from sdxl_tpu.sampler.sigmas import alphas_cumprod, schedule_sigmas, train_sigmas
 from sdxl_tpu.spec.names import SCHEDULES, resolve_schedule
 
 METHODS = {"Euler": "sample_euler", "Euler a": "sample_euler_ancestral", "DPM++ 2M": "sample_dpmpp_2m",

@@ -1,5 +1,6 @@
-"""The package's shape: folders that show the parts, no import cycles, modules one can hold in
-one's head, and the parts that check requests importable without JAX."""
+"""The package's shape: folders that show the parts, no import cycles (type-only imports counted),
+modules one can hold in one's head, a JAX-free spec/ that the front end's imports rest on, the
+generator imported by the local engine alone, and a module map that says what is true."""
 
 from __future__ import annotations
 
@@ -8,114 +9,96 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "sdxl_tpu"
-MAX_LINES, MAX_PIPELINE_LINES = 400, 300
+import layout
+from layout import PACKAGE, cycles, graph, module_name
 
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports_of(path: Path) -> set[str]:
-    """The sdxl_tpu modules `path` imports at run time (function-level imports included, those
-    under `if TYPE_CHECKING:` not)."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-                   for n in ast.walk(node)}
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only or not isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("sdxl_tpu")}
-            continue
-        if node.level:
-            base = package.split(".")[: len(package.split(".")) - node.level + 1]
-            target = ".".join(base + ([node.module] if node.module else []))
-        else:
-            target = node.module or ""
-        if not target.startswith("sdxl_tpu"):
-            continue
-        for alias in node.names:  # `from . import sampling` names a module
-            candidate = f"{target}.{alias.name}"
-            found.add(candidate if module_path(candidate) else target)
-    return {m for m in found if module_path(m)} - {name}
-
-
-def module_path(name: str) -> Path | None:
-    base = PACKAGE.parent.joinpath(*name.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def graph() -> dict[str, set[str]]:
-    # A package's __init__ is where `import sdxl_tpu.x.y` starts: sdxl_tpu/__init__.py imports
-    # nothing at module level (its names load on first use), and neither do the folders'.
-    return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
+MAX_LINES = 330  # a file one can hold in one's head (the UNet, mirroring its checkpoint's tree, is the longest)
+FOLDERS = ["bench", "generate", "models", "sampler", "server", "spec", "weights"]
 
 
 def test_the_folders_show_the_parts():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
-    assert folders == ["bench", "generate", "models", "sampler", "server", "spec", "weights"]
+    assert folders == FOLDERS
     for folder in folders:
-        assert ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())), folder
-    # The generator sits at the top; the networks, weights and servers each in their folder.
+        init = PACKAGE / folder / "__init__.py"
+        tree = ast.parse(init.read_text())
+        assert ast.get_docstring(tree) and len(tree.body) == 1, f"{folder}/__init__.py: a docstring and nothing else"
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "version.py"]
+    assert {p.stem for p in (PACKAGE / "generate").glob("*.py")} >= {"sampling", "pipeline", "programs", "loading"}
     assert {p.stem for p in (PACKAGE / "models").glob("*.py")} >= {"clip", "unet", "vae", "taesd", "attention"}
-    assert {p.stem for p in (PACKAGE / "server").glob("*.py")} >= {"core", "batcher", "backend", "remote", "guard"}
-    assert all((PACKAGE / "generate" / f"{m}.py").is_file() for m in ("sampling", "update", "pipeline"))
 
 
 def test_no_import_cycles():
     edges = graph()
-    assert "sdxl_tpu.generate.sampling" in edges["sdxl_tpu.generate.pipeline"]  # the graph sees imports
-    cycles, state = [], {}
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = "open"
-        for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == "open":
-                cycles.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
-            elif nxt not in state:
-                visit(nxt, path + [nxt])
-        state[node] = "done"
-
-    for node in sorted(edges):
-        if node not in state:
-            visit(node, [node])
-    assert cycles == []
+    # (the graph sees imports: top-level, relative, `from . import module`)
+    assert "sdxl_tpu.generate.sampling" in edges["sdxl_tpu.generate.pipeline"]
+    assert "sdxl_tpu.generate.update" in edges["sdxl_tpu.generate.sampling"]
+    assert cycles(edges) == []
 
 
-def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
-    """(The check above can fail: two modules importing each other are found.)"""
+def test_the_cycle_check_sees_cycles_of_every_kind(tmp_path):
+    """(The check above can fail: a cycle closed inside a function, or only for type checking, is found.)"""
     package = tmp_path / "sdxl_tpu"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "a.py").write_text("from .b import x\n")
     (package / "b.py").write_text("def f():\n    from .a import y\n")
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
-    edges = graph()
-    assert edges["sdxl_tpu.a"] == {"sdxl_tpu.b"} and edges["sdxl_tpu.b"] == {"sdxl_tpu.a"}
+    (package / "c.py").write_text("from . import d\n")
+    (package / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import Z\n")
+    edges = graph(package)
+    assert edges["sdxl_tpu.b"] == {"sdxl_tpu.a"} and edges["sdxl_tpu.d"] == {"sdxl_tpu.c"}
+    assert sorted(map(sorted, cycles(edges))) == [["sdxl_tpu.a", "sdxl_tpu.a", "sdxl_tpu.b"],
+                                                  ["sdxl_tpu.c", "sdxl_tpu.c", "sdxl_tpu.d"]]
 
 
 def test_modules_are_short():
     lengths = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert {m: n for m, n in lengths.items() if n > MAX_LINES} == {}
-    assert lengths["sdxl_tpu.generate.pipeline"] <= MAX_PIPELINE_LINES
 
 
-def test_request_checking_imports_no_jax():
-    """What a front end needs to check requests and name things: no JAX, no flax."""
-    code = ("import sys\n"
-            "import sdxl_tpu, sdxl_tpu.spec.request, sdxl_tpu.spec.names, sdxl_tpu.spec.infotext\n"
-            "import sdxl_tpu.spec.images, sdxl_tpu.spec.prompts, sdxl_tpu.spec.styles, sdxl_tpu.spec.recipes\n"
-            "import sdxl_tpu.weights.hub, sdxl_tpu.weights.tiny_tokenizers, sdxl_tpu.server.page\n"
+def test_spec_imports_nothing_but_itself():
+    """spec/ is JAX-free by construction: none of its modules imports another sdxl_tpu module (but
+    the version) nor any of JAX, flax, torch, gradio."""
+    forbidden = {"jax", "jaxlib", "flax", "torch", "gradio", "transformers", "safetensors"}
+    for path in (PACKAGE / "spec").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+        assert not {n.split(".")[0] for n in names} & forbidden, path.name
+    outside = {m: {t for t in targets if not t.startswith("sdxl_tpu.spec")} - {"sdxl_tpu.version"}
+               for m, targets in graph().items() if m.startswith("sdxl_tpu.spec")}
+    assert {m: t for m, t in outside.items() if t} == {}
+
+
+def test_what_a_front_end_imports_maps_no_jax():
+    """A front end's modules (the spec, the server but its local engine, the tokenizers) import without
+    JAX or flax in the process."""
+    server = sorted(module_name(p) for p in (PACKAGE / "server").glob("*.py") if p.stem != "local_engine")
+    spec = sorted(module_name(p) for p in (PACKAGE / "spec").glob("*.py"))
+    code = (f"import sys, importlib\n"
+            f"for m in {spec + server + ['sdxl_tpu', 'sdxl_tpu.weights.hub']!r}: importlib.import_module(m)\n"
             "print(sorted(m for m in ('jax', 'flax', 'torch') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=PACKAGE.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["[]"]
+
+
+def test_only_the_local_engine_imports_the_generator():
+    edges = graph()
+    importers = {m for m, targets in edges.items() if any(t.startswith("sdxl_tpu.generate") for t in targets)}
+    outside = {m for m in importers if not m.startswith(("sdxl_tpu.generate", "sdxl_tpu.bench"))}
+    assert outside == {"sdxl_tpu.server.local_engine", "sdxl_tpu.__main__"}, outside
+    app = ast.parse((PACKAGE.parent / "app.py").read_text())
+    app_imports = {n.module for n in ast.walk(app) if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in app_imports if m and m.startswith("sdxl_tpu.generate")}
+
+
+def test_the_module_map_is_current():
+    assert layout.MAP.read_text() == layout.module_map(), (
+        "docs/layout.md is stale: rewrite it with `python tests/layout.py`")
+    text = layout.MAP.read_text()
+    for path in PACKAGE.rglob("*.py"):  # every module and folder is on the map
+        if path.parent != PACKAGE or path.name != "__init__.py":
+            assert (f"`{path.name}`" if path.name != "__init__.py" else f"`{path.parent.name}/`") in text, path
+    assert Path(PACKAGE.parent / "README.md").read_text().count("docs/layout.md") >= 1

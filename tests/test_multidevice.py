@@ -105,6 +105,7 @@ import jax, numpy as np
 from sdxl_tpu import CompileCounter, load_pipeline
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.settings import Settings
+from sdxl_tpu.spec.load import LoadOptions
 from sdxl_tpu.spec.request import Request
 from sdxl_tpu.server.batcher import Batcher
 assert jax.device_count() == 8, jax.devices()
@@ -133,7 +134,7 @@ equal = all(np.array_equal(np.asarray(x), np.asarray(y))
 print(json.dumps({"images_per_call": pipe.images_per_call, "calls_alone": calls_alone,
                   "calls_together": batcher.calls - 5 - calls_alone, "equal": equal,
                   "seeds": [t.seeds for t in together], "compiles": counter.compiles,
-                  "requests_per_call": Server(Settings(model="tiny")).concurrency,
+                  "requests_per_call": Server(Settings(load=LoadOptions(model="tiny"))).concurrency,
                   "lone_extra_ms": 1000 * (float(np.median(batched)) - float(np.median(direct)))}))
 """
 

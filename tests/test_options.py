@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from sdxl_tpu.__main__ import _build_parser
-from sdxl_tpu.spec.options import COMMANDS, OPTIONS, add_options, fill_defaults, markdown_table, options_for
 from sdxl_tpu.server.settings import Settings, parse_settings
+from sdxl_tpu.spec.load import LoadOptions
+from sdxl_tpu.spec.options import (COMMANDS, OPTIONS, add_options, fill_defaults, load_values, markdown_table,
+                                   options_for)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,8 +88,8 @@ def test_generate_reads_the_environment_like_the_servers():
     assert (args.dtype, args.model, args.lora, args.attention, args.schedule) == (
         "float32", "tiny", ["a.safetensors", "b.safetensors:0.5"], "xla", "Karras")
     served = parse_settings([], env=env)
-    assert (served.dtype, served.model, served.loras, served.attention, served.schedule) == (
-        "float32", "tiny", ["a.safetensors", "b.safetensors:0.5"], "xla", "Karras")
+    assert (served.load.dtype, served.load.model, served.load.loras, served.load.attention, served.schedule) == (
+        "float32", "tiny", ("a.safetensors", "b.safetensors:0.5"), "xla", "Karras")
     help_text = _build_parser()._actions[1].choices["generate"].format_help()
     assert "Lightning 4-step" in " ".join(help_text.split()) and "SDXL_DTYPE" in help_text
 
@@ -119,9 +121,10 @@ def test_a_bad_environment_value_is_one_line_naming_the_variable(env, named, cap
 
 def test_settings_defaults_are_the_tables():
     s, parsed = Settings(), parse_settings([], env={})
-    for field in ("dtype", "host", "port", "attention", "queue_size", "image_format", "keep_images_seconds",
-                  "max_image_bytes", "drain_seconds", "metrics", "preview", "compile_cache", "schedule", "rng"):
+    for field in ("load", "host", "port", "queue_size", "image_format", "keep_images_seconds", "max_image_bytes",
+                  "drain_seconds", "metrics", "compile_cache", "schedule", "rng"):
         assert getattr(s, field) == getattr(parsed, field), field
+    assert LoadOptions() == LoadOptions.of(load_values(parse("generate", ["a cat"], {}), "generate"))
 
 
 def test_the_documented_table_is_the_tables():

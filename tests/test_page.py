@@ -14,12 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdxl_tpu import CompileCounter, Request
+from sdxl_tpu.generate.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb
+from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.page import (CUSTOM, HISTORY_LENGTH, aspect_ratio, history_after, history_entry, history_rows,
                                   matching_preset, size_choices, size_label)
-from sdxl_tpu.server.core import Server
-from sdxl_tpu.server.settings import parse_settings, parse_sizes, SDXL_SIZES, Settings
-from sdxl_tpu.generate.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb
+from sdxl_tpu.server.settings import SDXL_SIZES, Settings, parse_settings, parse_sizes
+from sdxl_tpu.spec.load import LoadOptions
 from sdxl_tpu.spec.request import preview_cadence as every
 
 SIZES = [(64, 64), (96, 64)]
@@ -146,17 +147,17 @@ def test_previews_come_at_their_steps_change_nothing_and_compile_nothing(tiny_pi
 
 @pytest.fixture
 def server(tiny_pipeline, tmp_path):
-    server = Server(Settings(model="tiny", sizes=SIZES, preview_every=2), loader=lambda s: tiny_pipeline,
-                    images=ImageStore(tmp_path / "images"))
-    server.load()
+    server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES), preview_every=2),
+                    loader=lambda s: tiny_pipeline, images=ImageStore(tmp_path / "images"))
+    server.warmup.load()
     yield server
-    server.batcher.close()
+    server.engine.batcher.close()
 
 
 def fields(**overrides):
     values = dict(prompt="a cat", negative="", style="(No style)", seed=5, randomize=False, guidance=5.0, steps=6,
                   size="96x64", sampler=None, schedule=None, rng=None)
-    return tuple({**values, **overrides}.values())
+    return {**values, **overrides}
 
 
 def test_stream_reports_every_step_then_previews_then_the_images(server):
@@ -175,9 +176,9 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
     for path, _ in previews[0]:
         with Image.open(path) as image:
             assert image.format == "JPEG" and image.size == (96 // 8, 64 // 8)
-    gallery, seeds, info, sampler = updates[-1][1:]
-    assert (seeds == [5, 6, 7, 8] and sampler == "Euler"
-            and "6 steps of Euler (Schedule type Checkpoint, RNG JAX)" in info)
+    gallery, seeds, summary, ran = updates[-1][1:]
+    assert (seeds == [5, 6, 7, 8] and ran == {"sampler": "Euler", "schedule": "Checkpoint", "rng": "JAX"}
+            and "6 steps of Euler (Schedule type Checkpoint, RNG JAX)" in summary)
     assert [caption for _, caption in gallery] == ["seed 5", "seed 6", "seed 7", "seed 8"]
     assert all(Image.open(path).size == (96, 64) for path, _ in gallery)
     # An API caller that asks for no previews gets the same images, without them.
@@ -193,7 +194,7 @@ def test_the_schedule_and_the_noise_source_reach_the_images_and_the_line_that_re
 
     from sdxl_tpu.spec.images import read_parameters
 
-    *_, (_, gallery, seeds, info, sampler) = server.stream(fields(sampler="Euler a", schedule="Checkpoint", rng="CPU",
+    *_, (_, gallery, seeds, info, ran) = server.stream(fields(sampler="Euler a", schedule="Checkpoint", rng="CPU",
                                                                   steps=2), previews=False)
     assert "2 steps of Euler a (Schedule type Checkpoint, RNG CPU)" in info
     texts = [read_parameters(Image.open(path)) for path, _ in gallery]
@@ -214,7 +215,7 @@ def test_a_closed_stream_stops_its_request_and_counts_it_cancelled(server):
     for update in stream:
         if update[0] == "progress" and update[1] == 3:
             break
-    server.batcher.enqueue(Request.of("x", seed=1, steps=1, size=(64, 64)).images(4),
+    server.engine.batcher.enqueue(Request.of("x", seed=1, steps=1, size=(64, 64)).images(4),
                            progress=lambda i, n: steps_run.append(i))
     stream.close()
     deadline = threading.Event()
@@ -236,22 +237,23 @@ def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_pipelin
     del tiny_pipeline._compiled[(96, 64)]  # as if not compiled yet (it comes back from the compile cache)
     gate, warmup = threading.Event(), tiny_pipeline.warmup
     monkeypatch.setattr(tiny_pipeline, "warmup", lambda sizes=None: (gate.wait(60), warmup(sizes))[1])
-    server = Server(Settings(model="tiny", sizes=SIZES), loader=lambda s: tiny_pipeline,
+    server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES)), loader=lambda s: tiny_pipeline,
                     images=ImageStore(tmp_path / "images"))
-    server.load()
-    assert server.ready and server.compiling == [(96, 64)] and server.ready_sizes == [(64, 64)]
-    assert "1 more size compiling (96x64)" in server.status_line
-    assert server.readiness() == ({"status": "ready", "message": server.status_line, "compiling": ["96x64"]}, 200)
+    server.warmup.load()
+    assert server.ready and server.warmup.compiling == [(96, 64)] and server.warmup.ready_sizes == [(64, 64)]
+    assert "1 more size compiling (96x64)" in server.warmup.status_line
+    assert server.warmup.readiness() == ({"status": "ready", "message": server.warmup.status_line,
+                                         "compiling": ["96x64"]}, 200)
     with pytest.raises(RequestError, match=r"Size 96x64 is still being compiled; it will be available in a moment "
                                            r"\(the sizes ready now: 64x64\)"):
         list(server.stream(fields(size="96x64", steps=1)))
     gate.set()
-    assert server.compiled_event.wait(120)
-    assert server.compiling == [] and server.status_line == server.message
+    assert server.warmup.compiled_event.wait(120)
+    assert server.warmup.compiling == [] and server.warmup.status_line == server.warmup.message
     with CompileCounter() as counter:
         assert list(server.stream(fields(size="96x64", steps=1)))[-1][0] == "done"
     assert counter.compiles == 0
-    server.batcher.close()
+    server.engine.batcher.close()
 
 
 def test_preview_files_are_small_jpegs():
@@ -293,9 +295,10 @@ def test_taesd_previews_are_decoded_on_the_device_at_preview_size(tiny_checkpoin
 
 def test_preview_and_size_options_parse_or_say_what_is_wrong(capsys):
     parse = lambda *argv, **env: parse_settings(list(argv), env={k.upper(): v for k, v in env.items()})
-    assert parse().preview_every is None and parse().preview == "approx"
+    assert parse().preview_every is None and parse().load.preview == "approx"
     assert parse("--preview-every", "3").preview_every == 3 and parse(sdxl_preview_every="0").preview_every == 0
-    assert parse("--preview", "taesd").preview == "taesd" and parse("--sizes", "sdxl").sizes == parse_sizes("sdxl")
+    assert parse("--preview", "taesd").load.preview == "taesd"
+    assert list(parse("--sizes", "sdxl").load.sizes) == parse_sizes("sdxl")
     for argv in (["--preview-every", "often"], ["--preview-every", "-1"]):
         with pytest.raises(SystemExit):
             parse(*argv)

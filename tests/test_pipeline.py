@@ -198,7 +198,7 @@ def test_result_carries_images_seeds_parameters_and_timings(tiny_pipeline):
     (dict(guidance_scale=float("nan")), r"Guidance scale must be a finite number between 0 and 20\."),
     (dict(prompt=["a", "b"]), r"Prompt: got 2 values for 4 images\."),
     (dict(prompt=7), r"Prompt must be text, got a number\."),
-    (dict(prompt=" "), r"Please enter a prompt\."),
+    (dict(prompt=" "), r"Prompt is empty: please enter a prompt\."),
     (dict(size="64"), r"Size '64' is not available; choose one of: 64x64, 96x64\."),
     (dict(latents=np.zeros((4, 4, 4, 4))), r"latents must have shape \(4, 4, 8, 8\), got \(4, 4, 4, 4\)\."),
 ])

@@ -7,28 +7,24 @@ import threading
 import pytest
 
 from sdxl_tpu.server.core import Server
-
 from sdxl_tpu.server.form import seed_at, validate
-
-from sdxl_tpu.server.offer import ModelInfo
-
-from sdxl_tpu.server.settings import parse_settings, Settings
-
-from sdxl_tpu.spec.styles import apply_style, style_description, STYLES
+from sdxl_tpu.server.offer import Offer, provisional
+from sdxl_tpu.server.page import style_description
+from sdxl_tpu.server.settings import Settings, parse_settings
 from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.spec.values import clean_text, text_input
+from sdxl_tpu.spec.load import LoadOptions
 from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES
+from sdxl_tpu.spec.styles import STYLES, apply_style
+from sdxl_tpu.spec.values import clean_text, text_input
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
           size="64x64", sampler=None)
+TINY = Settings(load=LoadOptions(model="tiny", sizes=SIZES))
 
 
 def _validate(**overrides):
-    args = {**OK, **overrides}
-    return validate(args["prompt"], args["negative"], args["style"], args["seed"], args["randomize"],
-                    args["guidance"], args["steps"], args["size"], args["sampler"], SIZES,
-                    schedule=args.get("schedule"), rng=args.get("rng"))
+    return validate({**OK, **overrides}, provisional(TINY))
 
 
 def test_ten_styles_with_templates():
@@ -59,7 +55,7 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(prompt=" \x00 "), "Please enter a prompt."),
+    (dict(prompt=" \x00 "), "Prompt is empty: please enter a prompt."),
     (dict(prompt=["a cat"]), "Prompt must be text, got a list."),
     (dict(guidance=[]), "Guidance scale must be a number between 0 and 20, got a list."),  # found by the fuzz test
     (dict(guidance=[5.0]), "Guidance scale must be a number between 0 and 20, got a list."),
@@ -109,7 +105,7 @@ def test_validation_messages(overrides, message):
 def test_valid_request_and_random_seed():
     request = _validate(style="Pixel art", negative="blurry", steps=12.0, size="96x64", guidance=7)
     assert request.prompt.startswith("pixel-art a cat") and request.negative_prompt.endswith(", blurry")
-    assert (request.steps, request.size, request.seed, request.sampler) == (12, (96, 64), 3, None)
+    assert (request.steps, request.size, request.seed, request.sampler) == (12, (96, 64), 3, "Euler")  # the offer's
     assert _validate(sampler="DPM++ 2M Karras").sampler == "DPM++ 2M Karras"
     assert (request.schedule, request.rng) == ("Checkpoint", "JAX")  # left out: the checkpoint's schedule, JAX noise
     chosen = _validate(sampler="DPM++ 2M", schedule="Karras", rng="CPU")
@@ -123,11 +119,13 @@ def test_valid_request_and_random_seed():
 def test_settings_from_arguments_and_environment():
     s = parse_settings([], env={"SDXL_MODEL": "tiny", "SDXL_SIZES": "64x64, 96x64", "GRADIO_SERVER_PORT": "9000",
                                 "GRADIO_SERVER_NAME": "0.0.0.0", "SDXL_DTYPE": "float32"})
-    assert (s.model, s.sizes, s.port, s.host, s.dtype) == ("tiny", [(64, 64), (96, 64)], 9000, "0.0.0.0", "float32")
+    assert (s.load.model, s.load.sizes, s.port, s.host, s.load.dtype) == ("tiny", ((64, 64), (96, 64)), 9000, "0.0.0.0",
+                                                                      "float32")
     s = parse_settings(["--model", "/data/sdxl", "--sizes", "1024x1024,1152x896", "--port", "7000"], env={})
-    assert (s.model, s.sizes, s.port, s.host) == ("/data/sdxl", [(1024, 1024), (1152, 896)], 7000, "127.0.0.1")
-    assert parse_settings([], env={}).sizes == [(1024, 1024)]
-    assert parse_settings(["--model", "tiny"], env={}).sizes == [(256, 256)]  # quick to try on a CPU
+    assert (s.load.model, s.load.sizes, s.port, s.host) == ("/data/sdxl", ((1024, 1024), (1152, 896)), 7000,
+                                                        "127.0.0.1")
+    assert parse_settings([], env={}).load.sizes == ((1024, 1024),)
+    assert parse_settings(["--model", "tiny"], env={}).load.sizes == ((256, 256),)  # quick to try on a CPU
     with pytest.raises(SystemExit):
         parse_settings(["--sizes", "huge"], env={})
     s = parse_settings([], env={})
@@ -136,27 +134,27 @@ def test_settings_from_arguments_and_environment():
     assert (s.drain_seconds, s.metrics) == (5.0, "127.0.0.1:9100")
     s = parse_settings([], env={"SDXL_DRAIN_SECONDS": "0", "SDXL_METRICS": "off"})
     assert (s.drain_seconds, s.metrics) == (0.0, "off")
-    assert (s.unet, s.timestep_spacing) == (None, None)
+    assert (s.load.unet, s.load.timestep_spacing) == (None, None)
     s = parse_settings(["--unet", "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors"],
                        env={"SDXL_SPACING": "trailing"})
-    assert (s.unet, s.timestep_spacing) == ("ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors",
+    assert (s.load.unet, s.load.timestep_spacing) == ("ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors",
                                             "trailing")
     s = parse_settings(["--preset", "Turbo"], env={})
-    assert (s.model, s.sizes, s.timestep_spacing, s.unet, s.recipe.sampler) == (
-        "stabilityai/sdxl-turbo", [(512, 512)], "trailing", None, "Euler a")
+    assert (s.load.model, s.load.sizes, s.load.timestep_spacing, s.load.unet, s.recipe.sampler) == (
+        "stabilityai/sdxl-turbo", ((512, 512),), "trailing", None, "Euler a")
     s = parse_settings(["--model", "/data/my-sdxl", "--sizes", "768x768"], env={"SDXL_PRESET": "Lightning 4-step"})
-    assert (s.model, s.sizes, s.timestep_spacing, s.recipe.steps, s.recipe.guidance) == (
-        "/data/my-sdxl", [(768, 768)], "trailing", 4, 0.0)
-    assert s.unet == "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors"
-    assert Server(s).presets == [s.recipe] and Server(s).default_sampler == "Euler"
+    assert (s.load.model, s.load.sizes, s.load.timestep_spacing, s.recipe.steps, s.recipe.guidance) == (
+        "/data/my-sdxl", ((768, 768),), "trailing", 4, 0.0)
+    assert s.load.unet == "ByteDance/SDXL-Lightning/sdxl_lightning_4step_unet.safetensors"
+    assert Server(s).presets == [s.recipe] and Server(s).offer.default_sampler == "Euler"
     assert [r.name for r in Server(parse_settings([], env={})).presets] == ["Quality", "Balanced", "Fast"]
     s = parse_settings(["--model", "/m/juggernaut.safetensors", "--config", "/m/sdxl-base"],
                        env={"SDXL_LORA": "a.safetensors:0.5, owner/repo/b.safetensors"})
-    assert (s.model, s.config, s.loras) == ("/m/juggernaut.safetensors", "/m/sdxl-base",
-                                            ["a.safetensors:0.5", "owner/repo/b.safetensors"])
+    assert (s.load.model, s.load.config, s.load.loras) == ("/m/juggernaut.safetensors", "/m/sdxl-base",
+                                                           ("a.safetensors:0.5", "owner/repo/b.safetensors"))
     s = parse_settings(["--lora", "c.safetensors", "--lora", "d.safetensors:2"], env={"SDXL_LORA": "a.safetensors"})
-    assert (s.config, s.loras) == (None, ["c.safetensors", "d.safetensors:2"])  # given options win
-    assert parse_settings([], env={}).loras == []
+    assert (s.load.config, s.load.loras) == (None, ("c.safetensors", "d.safetensors:2"))  # given options win
+    assert parse_settings([], env={}).load.loras == ()
     for bad in (["--metrics", "9100"], ["--preset", "Ultra"], ["--metrics", "host:99999"], ["--metrics", "yes"],
                 ["--drain-seconds", "-1"], ["--spacing", "even"], ["--schedule", "Beta"], ["--rng", "GPU"]):
         with pytest.raises(SystemExit):
@@ -193,25 +191,25 @@ def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with
         def is_compiled(self, size):
             return True
 
-    server = Server(Settings(model="tiny", sizes=SIZES, schedule="Automatic", rng="CPU"),
+    server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES), schedule="Automatic", rng="CPU"),
                     loader=lambda s: FakePipeline())
-    server.load()
-    assert (server.info.schedules, server.info.rngs) == (list(SCHEDULES), list(RNGS))
-    assert (server.default_schedule, server.default_rng) == ("Automatic", "CPU")
+    server.warmup.load()
+    assert (server.offer.schedules, server.offer.rngs) == (list(SCHEDULES), list(RNGS))
+    assert (server.offer.default_schedule, server.offer.default_rng) == ("Automatic", "CPU")
     form = {**OK, "sampler": "Euler"}
-    request = server.validate_form(tuple(form.values()))  # (an API caller of before: nine fields)
+    request = server.validate_form(form)  # (an API caller of before: nine fields)
     assert (request.sampler, request.schedule, request.rng) == ("Euler", "Automatic", "CPU")
-    request = server.validate_form((*form.values(), None, None))
+    request = server.validate_form({**form, "schedule": None, "rng": None})
     assert (request.schedule, request.rng) == ("Automatic", "CPU")
-    request = server.validate_form((*form.values(), "Karras", "JAX"))
+    request = server.validate_form({**form, "schedule": "Karras", "rng": "JAX"})
     assert (request.schedule, request.rng) == ("Karras", "JAX")
     # No sampler named: the model's own (DDIM here) runs, and the schedule is checked with it.
-    assert server.validate_form((*OK.values(), "Checkpoint", "JAX")).sampler is None
+    assert server.validate_form({**OK, "schedule": "Checkpoint", "rng": "JAX"}).sampler == "DDIM"
     with pytest.raises(RequestError, match="^DDIM runs on its own timesteps: choose Schedule type Checkpoint or "
                                            "Automatic, not Karras.$"):
-        server.validate_form((*OK.values(), "Karras", "JAX"))
+        server.validate_form({**OK, "schedule": "Karras", "rng": "JAX"})
     with pytest.raises(RequestError, match="^Schedule type 'Fast' is not available"):
-        server.validate_form((*form.values(), "Fast", "JAX"))
+        server.validate_form({**form, "schedule": "Fast", "rng": "JAX"})
 
 
 def test_front_end_settings_and_what_it_takes_from_a_back_end():
@@ -225,13 +223,14 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
             "preset": "Turbo", "presets": ["Turbo"], "images_per_call": 4, "image_format": "png",
             "max_prompt_chunks": 2, "schedules": ["Checkpoint", "Karras"], "default_schedule": "Karras",
             "rngs": ["JAX", "CPU"], "default_rng": "CPU"}
-    parsed = ModelInfo.from_json(info)
+    parsed = Offer.from_json(info)
     assert parsed.sizes == [(64, 64)] and parsed.to_json() == info
-    server = Server(Settings(model="ignored", backend="http://lb"))
-    server.info = parsed
-    assert (server.sizes, server.samplers, server.default_sampler, server.image_format) == (
+    server = Server(Settings(load=LoadOptions(model="ignored"), backend="http://lb"))
+    server.warmup.offer, server.warmup.described = parsed, True  # (as a back end's description arrives)
+    offer = server.offer
+    assert (offer.sizes, offer.samplers, offer.default_sampler, offer.image_format) == (
         [(64, 64)], ["Euler", "Euler a"], "Euler a", "png")
-    assert (server.schedules, server.default_schedule, server.rngs, server.default_rng) == (
+    assert (offer.schedules, offer.default_schedule, offer.rngs, offer.default_rng) == (
         ["Checkpoint", "Karras"], "Karras", ["JAX", "CPU"], "CPU")
     assert server.recipe.name == "Turbo" and [r.name for r in server.presets] == ["Turbo"]
     assert server.token_count("") == "0 / 150 tokens"  # the back end's room for prompts, not this one's setting
@@ -241,11 +240,11 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
                        ("schedules", ["Beta"]), ("schedules", "Karras"), ("default_schedule", "Uniform"),
                        ("rngs", ["NV"]), ("default_rng", "GPU"), ("default_rng", None)]:
         with pytest.raises(ValueError):
-            ModelInfo.from_json({**info, key: value})
+            Offer.from_json({**info, key: value})
     with pytest.raises(ValueError, match="lacks images_per_call"):
-        ModelInfo.from_json({k: v for k, v in info.items() if k != "images_per_call"})
+        Offer.from_json({k: v for k, v in info.items() if k != "images_per_call"})
     with pytest.raises(ValueError):
-        ModelInfo.from_json(["not", "an", "object"])
+        Offer.from_json(["not", "an", "object"])
 
 
 def test_server_warm_up_states_and_errors():
@@ -265,31 +264,41 @@ def test_server_warm_up_states_and_errors():
         release.wait(10)
         return FakePipeline()
 
-    server = Server(Settings(model="tiny", sizes=SIZES), loader=slow_loader)
+    server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES)), loader=slow_loader)
     thread = server.start()
-    assert server.status == "loading" and not server.ready
+    assert server.warmup.status == "loading" and not server.ready
     with pytest.raises(RequestError, match="still warming up"):
         server.generate(_validate())
     release.set()
     thread.join(10)
-    assert server.ready and server.message.startswith("Ready")
+    assert server.ready and server.warmup.message.startswith("Ready")
 
     def failing_loader(settings):
         raise OSError("repository not found")
 
-    broken = Server(Settings(model="nobody/nothing"), loader=failing_loader)
-    broken.load()
-    assert broken.status == "error"
-    assert "nobody/nothing" in broken.error and "--model tiny" in broken.error and "\n" not in broken.error
+    broken = Server(Settings(load=LoadOptions(model="nobody/nothing")), loader=failing_loader)
+    broken.warmup.load()
+    assert broken.warmup.status == "error"
+    error = broken.warmup.error
+    assert "nobody/nothing" in error and "--model tiny" in error and "\n" not in error
 
 
 def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint, capfd):
     from sdxl_tpu import load_tokenizers
 
-    server = Server(Settings(model="tiny"))
+    tokenizer = load_tokenizers(tiny_checkpoint)[0]
+
+    class Loaded:  # the model as the server sees it once loaded: its tokenizers (nothing is generated here)
+        sizes, images_per_call, tokenizers = SIZES, 4, (tokenizer, None)
+        model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
+
+        def is_compiled(self, size):
+            return True
+
+    server = Server(TINY, loader=lambda s: Loaded())
     assert "once the model is loaded" in server.token_count("a cat")
     assert server.token_count("") == server.token_count("  \t") == "0 / 225 tokens"  # nothing to encode
-    tokenizer = server.tokenizer = load_tokenizers(tiny_checkpoint)[0]
+    server.warmup.load()
     ids = lambda text: len(tokenizer(text).input_ids) - 2  # without the start and end tokens, as A1111 counts
     assert server.token_count("a cat") == f"{ids('a cat')} / 225 tokens"
     # The style's template is part of what is encoded, so it is counted.
@@ -301,7 +310,9 @@ def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint
     assert ids("a photo of a dog " * 14) > 75
     # (no commas: the first chunk holds 75 tokens, so the count is every token)
     assert server.token_count("a photo of a dog " * 14) == f"{ids('a photo of a dog ' * 14)} / 225 tokens, 2 chunks"
-    server.tokenizer = load_tokenizers(tiny_checkpoint)[0]  # (transformers warns once per tokenizer)
+    Loaded.tokenizers = (load_tokenizers(tiny_checkpoint)[0], None)  # (transformers warns once per tokenizer)
+    server = Server(TINY, loader=lambda s: Loaded())
+    server.warmup.load()
     capfd.readouterr()
     long = server.token_count("a photo of a cat " * 60)
     assert "sequence length is longer" not in capfd.readouterr().err  # transformers' warning, not logged
@@ -317,7 +328,7 @@ def test_display_helpers_take_any_client_value():
     assert seed_at([5, 6, 7, 8], 2) == 7
     for seeds, index in [([5], 1), ([5], -1), ([5], True), ([5], "0"), ([5], 0.0), (None, 0), ([5], None)]:
         assert seed_at(seeds, index) is None
-    server = Server(Settings(model="tiny"))
+    server = Server(Settings(load=LoadOptions(model="tiny")))
     assert server.token_count(["a"]) == "⚠️ Prompt must be text, got a list."
     assert server.token_count("x" * 2001).startswith("⚠️ Prompt is 2,001 characters long")
 
@@ -365,17 +376,21 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
                                              "total": 0.13})
 
     def server_with(pipeline, folder):
-        server = Server(Settings(model="tiny", sizes=SIZES, image_format="png"), loader=lambda s: pipeline,
-                        images=ImageStore(tmp_path / folder, fmt="png"))
-        server.load()
+        server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES), image_format="png"),
+                        loader=lambda s: pipeline, images=ImageStore(tmp_path / folder))
+        server.warmup.load()
         return server
 
     server = server_with(SlowPipeline(), "first")
-    steps_seen = []
+    steps_seen, running = [], threading.Event()
+
+    def seen(step: int, steps: int) -> None:
+        steps_seen.append((step, steps))
+        running.set()
+
     with ThreadPoolExecutor(1) as pool:
-        short = pool.submit(server.generate, _validate(steps=10, sampler="Euler"),
-                            progress=lambda i, n: steps_seen.append((i, n)))
-        time.sleep(0.02)
+        short = pool.submit(server.generate, _validate(steps=10, sampler="Euler"), progress=seen)
+        assert running.wait(10)  # (the call runs: the drain is to let it finish)
         assert server.drain(seconds=5) is True
         gallery, seeds, info = short.result(5)
     assert seeds == [3, 4, 5, 6] and [caption for _, caption in gallery] == ["seed 3", "seed 4", "seed 5", "seed 6"]
@@ -390,15 +405,16 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
             assert read_parameters(image).startswith("a cat\nSteps: 10, Sampler: Euler, ")
             assert f"Seed: {seed}, " in read_parameters(image) and "Model: fake-model" in read_parameters(image)
     assert server.metrics.registry.get_sample_value("sdxl_images_total") == 4
-    assert (server.status == "draining" and not server.ready
+    assert (server.warmup.status == "draining" and not server.ready
             and server.metrics.registry.get_sample_value("sdxl_ready") == 0)
     with pytest.raises(RequestError, match=SHUTTING_DOWN):
         server.generate(_validate())
 
     server = server_with(SlowPipeline(), "second")
+    running.clear()
     with ThreadPoolExecutor(1) as pool:
-        long = pool.submit(server.generate, _validate(steps=50))
-        time.sleep(0.05)
+        long = pool.submit(server.generate, _validate(steps=50), progress=lambda step, steps: running.set())
+        assert running.wait(10)
         start = time.monotonic()
         assert server.drain(seconds=0.1) is False
         assert time.monotonic() - start < 0.4

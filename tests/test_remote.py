@@ -13,10 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sdxl_tpu.spec.errors import Cancelled
 from sdxl_tpu.server.remote import Backend, Unavailable
+from sdxl_tpu.spec.errors import Cancelled, RequestError
 from sdxl_tpu.spec.request import Request
-from sdxl_tpu.spec.errors import RequestError
 from served_app import free_port
 
 JPEG = b"\xff\xd8\xff\xe0fake jpeg"

@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 
 from sdxl_tpu.server.form import validate
+from sdxl_tpu.server.offer import provisional
+from sdxl_tpu.server.settings import Settings
+from sdxl_tpu.spec.errors import RequestError
 from sdxl_tpu.spec.fields import MAX_SEED
+from sdxl_tpu.spec.load import LoadOptions
 from sdxl_tpu.spec.request import Request
 from sdxl_tpu.spec.values import parse_size, size_input
-from sdxl_tpu.spec.errors import RequestError
 
 SIZES = [(64, 64), (96, 64)]
 
@@ -87,7 +90,6 @@ def test_the_playground_and_the_api_give_the_same_message(field, value):
         ui[{"negative_prompt": "negative", "guidance_scale": "guidance"}.get(field, field)] = value
     with pytest.raises(RequestError) as from_api:
         Request.of(api.pop("prompt"), api.pop("negative_prompt"), sizes=SIZES, **api)
-    schedule, rng = ui.pop("schedule"), ui.pop("rng")
     with pytest.raises(RequestError) as from_ui:
-        validate(*ui.values(), SIZES, schedule=schedule, rng=rng)
+        validate(ui, provisional(Settings(load=LoadOptions(model="tiny", sizes=SIZES))))
     assert str(from_ui.value) == str(from_api.value)

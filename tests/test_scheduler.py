@@ -8,8 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG
-from sdxl_tpu.sampler.from_config import sampler_named, samplers_for
+from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG, sampler_named, samplers_for
 from sdxl_tpu.sampler.tables import MAX_ROWS
 from sdxl_tpu.spec.fields import MAX_STEPS
 from sdxl_tpu.spec.names import SAMPLERS

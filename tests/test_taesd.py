@@ -11,12 +11,12 @@ import torch
 from reference import nchw_to_nhwc, rel_l2
 
 from sdxl_tpu.models.layers import Precision
-from sdxl_tpu.weights.architectures import preset_configs
 from sdxl_tpu.models.taesd import AutoencoderTiny, TAESDConfig
+from sdxl_tpu.weights.architectures import architecture_configs
+from sdxl_tpu.weights.errors import CheckpointError
 from sdxl_tpu.weights.hub import TAESD_REPO
 from sdxl_tpu.weights.taesd import load_taesd
 from sdxl_tpu.weights.tiny import write_tiny_taesd
-from sdxl_tpu.weights.errors import CheckpointError
 
 F32 = Precision.of("float32")
 
@@ -68,7 +68,7 @@ def test_tiny_taesd_loads_in_diffusers_and_here_and_previews_at_image_size(tmp_p
     assert not any(info.values()), info  # no missing, unexpected or mismatched tensors
     ours = load_taesd(str(directory), F32)
     assert tuple(torch_model.config.num_decoder_blocks) == ours.config.num_decoder_blocks
-    presets = preset_configs("tiny")
+    presets = architecture_configs("tiny")
     height, width = presets["size"]
     factor = 2 ** (len(presets["vae"]["block_out_channels"]) - 1)
     latents = np.random.default_rng(0).standard_normal((1, height // factor, width // factor, 4), np.float32)

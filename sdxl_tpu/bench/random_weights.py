@@ -1,4 +1,4 @@
-"""Random weights for an architecture (presets.py), made on the device with nothing read or
+"""Random weights for an architecture (weights/architectures.py), made on the device with nothing read or
 written, and the tiny checkpoint's tokenizers: what `bench --random-weights` and benchmarks/ run."""
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ import jax
 import numpy as np
 from flax import nnx
 
+from ..generate.pipeline import Pipeline
 from ..models.clip import CLIPTextConfig, CLIPTextModel
 from ..models.layers import Precision
 from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..models.vae import AutoencoderKL, VAEConfig
+from ..sampler.from_config import SCHEDULER_CONFIG, samplers_for
+from ..weights.architectures import architecture_configs
 from ..weights.checkpoint import Models
 
 
@@ -37,8 +40,15 @@ def random_fill(model: nnx.Module, seed: int = 0) -> nnx.Module:
     return model
 
 
+def random_pipeline(architecture: str, precision: Precision, **pipeline: Any) -> Pipeline:
+    """A Pipeline of `architecture` with random weights, the tiny checkpoint's tokenizers and SDXL
+    base 1.0's samplers, compiled on first use (`pipeline`: Pipeline's options, e.g. sizes)."""
+    return Pipeline(random_models(architecture_configs(architecture), precision), random_tokenizers(),
+                    samplers_for(SCHEDULER_CONFIG)[0], model_name=architecture, **pipeline)
+
+
 def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:
-    """The preset's architecture with random weights, made on the device (nothing read or written)."""
+    """An architecture's networks with random weights, made on the device (nothing read or written)."""
     seeds = iter(range(seed, seed + 4))
     fill = lambda model: random_fill(model, next(seeds))
 

@@ -1,8 +1,8 @@
 """`python -m sdxl_tpu bench`: compile times, latency, throughput, memory and FLOP utilisation.
 
-A checkpoint (`--model`, the tiny preset, or any preset without `--random-weights`) is loaded
-by `load_pipeline`, exactly as the app loads it; `--random-weights` builds the preset's
-architecture (presets.py) with random weights on the device and SDXL base 1.0's scheduler.
+A checkpoint (`--model`, a preset's, the tiny architecture's, or without `--random-weights` SDXL
+base 1.0) is loaded exactly as the app loads it; `--random-weights` builds the architecture
+(weights/architectures.py) with random weights on the device and SDXL base 1.0's scheduler.
 FLOPs are counted from the traced UNet and VAE (see flops.py).
 """
 
@@ -21,63 +21,73 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ..weights.checkpoint import config_root
-from ..spec.names import SDXL_BASE
 from ..generate.compilation import enable_compile_cache
-from .flops import model_flops
-from ..models.layers import Precision
+from ..generate.loading import compute_dtype_for, load
 from ..generate.pipeline import Pipeline
-from ..generate.loading import compute_dtype_for, load_pipeline
-from ..sampler.from_config import SCHEDULER_CONFIG
-from ..weights.architectures import preset_configs
-from ..spec.recipes import RECIPES, settle
-from ..spec.values import format_size, parse_size
-from ..spec.request import preview_cadence
-from ..sampler.from_config import samplers_for
+from ..models.layers import Precision
 from ..models.taesd import AutoencoderTiny, TAESDConfig
+from ..spec.load import LoadOptions
+from ..spec.names import SDXL_BASE
+from ..spec.options import load_values, older_architecture, options_for
+from ..spec.recipes import RECIPES, settle
+from ..spec.request import preview_cadence
+from ..spec.values import format_size, parse_size
+from ..weights.architectures import architecture_configs
+from ..weights.checkpoint import config_root
 from ..weights.taesd import load_taesd
-from .random_weights import random_fill, random_models, random_tokenizers
 from ..weights.tensors import read_json
+from .flops import model_flops
+from .random_weights import random_fill, random_pipeline
 
 PROMPT, NEGATIVE = "a photo of an astronaut riding a horse on the moon", "blurry"
 
 
 # --- what is measured -------------------------------------------------------------------------
 
-def checkpoint_name(args: argparse.Namespace) -> str | None:
-    """The checkpoint the benchmark loads, or None for the preset's architecture with random weights."""
-    if args.model:
-        return args.model
-    if args.preset == "tiny":
-        return "tiny"
-    return None if args.random_weights else SDXL_BASE
+def settled(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with what they stand for spelled out: `architecture`, `recipe` (the preset, or None),
+    `load` (what to load, LoadOptions; None: random weights of the architecture), `size`, and the
+    preset's sampler, steps and guidance where none is given (explicit options win)."""
+    architecture = older_architecture(args) or args.architecture
+    recipe = RECIPES.get(args.preset)
+    if recipe is not None and recipe.brings_weights and args.random_weights:
+        raise ValueError(f"--preset {recipe.name!r} brings its weights; --random-weights takes an architecture")
+    s = settle(recipe, sampler=args.sampler, steps=args.steps, guidance=args.guidance, size=args.size)
+    if recipe is not None:
+        architecture = "sdxl"  # (every preset runs SDXL's)
+    size = parse_size(s["size"] if recipe is not None or args.size else architecture_configs(architecture)["size"])
+    load = None
+    if not args.random_weights or args.model:
+        model = args.model or (recipe.model if recipe else None) or ("tiny" if architecture == "tiny" else SDXL_BASE)
+        load = LoadOptions.of({**load_values(args, "bench"), "model": model}, recipe).replace(
+            sizes=[size], step_progress=False)
+    elif args.unet or args.spacing or args.lora:
+        raise ValueError("--unet, --lora and --spacing apply to a checkpoint (--model, or no --random-weights)")
+    return argparse.Namespace(**{**vars(args), "architecture": architecture, "recipe": recipe and recipe.name,
+                                 "load": load, "size": size, "sampler": s["sampler"], "steps": s["steps"],
+                                 "guidance": s["guidance"]})
 
 
-def architecture(args: argparse.Namespace) -> dict[str, Any]:
-    """The UNet and VAE configs (config.json contents) of what is measured: the checkpoint's or the preset's."""
-    model = checkpoint_name(args)
-    if model is None:
-        return preset_configs(args.preset)
-    root = config_root(model, args.config)
+def measured_configs(args: argparse.Namespace) -> dict[str, Any]:
+    """The UNet and VAE configs (config.json contents) of what is measured: the checkpoint's or the architecture's."""
+    if args.load is None:
+        return architecture_configs(args.architecture)
+    root = config_root(args.load.model, args.load.config)
     return {name: dict(read_json(root / name / "config.json")) for name in ("unet", "vae")}
 
 
 def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False) -> Pipeline:
-    model = checkpoint_name(args)
-    if model is not None:  # the app's own loader: the checkpoint's scheduler, tokenizers and settings
-        return load_pipeline(model, dtype=args.dtype, compute_dtype=args.compute_dtype, sizes=[args.size],
-                             images_per_call=args.images, step_progress=step_progress, warmup=False,
-                             attention=args.attention, unet=args.unet, timestep_spacing=args.spacing,
-                             prediction_type=args.prediction_type, config=args.config, loras=args.lora,
-                             preview=args.preview if step_progress else "approx")
+    """The pipeline measured (stepwise with previews when `step_progress`), compiled on first use."""
+    if args.load is not None:  # the app's own loader: the checkpoint's scheduler, tokenizers and settings
+        return load(args.load.replace(step_progress=step_progress,
+                                      preview=args.load.preview if step_progress else "approx"), warmup=False)
     precision = Precision.of(compute_dtype_for(args.dtype, args.compute_dtype), args.dtype, attention=args.attention)
     taesd = None
     if step_progress and args.preview != "approx":  # taesdxl's architecture, random weights
         taesd = load_taesd(args.preview, precision) if os.path.isdir(args.preview) else random_fill(
             nnx.eval_shape(lambda: AutoencoderTiny(TAESDConfig(), precision)), seed=4)
-    return Pipeline(random_models(preset_configs(args.preset), precision), random_tokenizers(),
-                    samplers_for(SCHEDULER_CONFIG)[0], sizes=[args.size], images_per_call=args.images,
-                    model_name=args.preset, step_progress=step_progress, preview_decoder=taesd)
+    return random_pipeline(args.architecture, precision, sizes=[args.size], images_per_call=args.images,
+                           step_progress=step_progress, preview_decoder=taesd)
 
 
 def _memory(programs: dict[str, Any]) -> dict[str, Any]:
@@ -111,21 +121,22 @@ def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int,
 
 
 def warm_compile_argv(args: argparse.Namespace, cache: str) -> list[str]:
-    """The command line of a second process that compiles the same programs from `cache`."""
-    argv = [sys.executable, "-m", "sdxl_tpu", "bench", "--preset", args.preset, "--size", format_size(args.size),
-            "--images", str(args.images), "--dtype", args.dtype, "--attention", args.attention]
-    if args.model:
-        argv += ["--model", args.model]
+    """The command line of a second process that compiles the same programs from `cache`: the
+    settled workload (see `settled`) as options, each option that loads something from `args.load`."""
+    argv = [sys.executable, "-m", "sdxl_tpu", "bench", "--architecture", args.architecture,
+            "--size", format_size(args.size), "--images", str(args.images), "--dtype", args.dtype,
+            "--attention", args.attention]
     if args.random_weights:
         argv.append("--random-weights")
     if args.compute_dtype:
         argv += ["--compute-dtype", args.compute_dtype]
-    for flag, value in (("--unet", args.unet), ("--spacing", args.spacing), ("--config", args.config),
-                        ("--prediction-type", args.prediction_type)):
-        if value:
-            argv += [flag, value]
-    for lora in args.lora or []:
-        argv += ["--lora", lora]
+    for o in options_for("bench"):
+        if args.load is None or not o.loads or o.flag in argv:
+            continue
+        value = getattr(args.load, o.loads)
+        values = value if o.action == "append" else [] if value is None else [value]
+        for v in values:
+            argv += [o.flag, str(v)]
     return argv + ["--compile-only", "--compile-cache", cache, "--json"]
 
 
@@ -140,7 +151,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {"compile_s": compile_s, "memory_bytes": {"compiled": _memory(pipe.compiled(args.size))}}
 
     report: dict[str, Any] = {
-        "preset": args.preset, "model": args.model, "random_weights": args.random_weights, "dtype": args.dtype,
+        "architecture": args.architecture, "preset": args.recipe, "model": args.load and args.load.model,
+        "random_weights": args.random_weights, "dtype": args.dtype,
         "compute_dtype": compute_dtype_for(args.dtype, args.compute_dtype),
         "size": format_size(args.size), "steps": args.steps, "sampler": args.sampler or pipe.default_sampler,
         "guidance": args.guidance,
@@ -190,7 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                   "latency_on_s": medians["previews"], "latency_off_s": medians["stepwise"],
                                   "overhead": medians["previews"] / medians["stepwise"] - 1}
 
-    configs = architecture(args)
+    configs = measured_configs(args)
     flops = model_flops(configs["unet"], configs["vae"], args.size)
     passes = 2 if args.guidance > 1 else 1  # guidance <= 1: the conditional pass alone
     per_call = pipe.images_per_call * (passes * args.steps * flops["unet"] + flops["vae_decode"])
@@ -244,7 +256,7 @@ def format_report(r: dict[str, Any]) -> str:
     lat = r["latency_s"]
     f = r["flops"]
     lines = [
-        f"{r['preset']} ({r['model'] or 'random weights' if r['random_weights'] else r['model'] or r['preset']}), "
+        f"{r['preset'] or r['architecture']} ({r['model'] or 'random weights'}), "
         f"{r['dtype']} params, {r['compute_dtype']} activations, {r['images']} x {r['size']}, {r['steps']} steps, "
         f"{r['devices']} x {r['device_kind']}",
         f"cold compile      {r['cold_compile_s']:.1f} s",
@@ -278,31 +290,8 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def with_recipe(args: argparse.Namespace) -> argparse.Namespace:
-    """`args` with a generation preset (--preset "Lightning 4-step") spelled out as the options it
-    stands for (explicit options win), and steps and guidance defaulted."""
-    recipe = RECIPES.get(args.preset)
-    chosen = settle(recipe, model=args.model if recipe else None, unet=args.unet, spacing=args.spacing,
-                    prediction_type=args.prediction_type, sampler=args.sampler, steps=args.steps,
-                    guidance=args.guidance, size=args.size)
-    if recipe is None:  # an architecture: its own weights (or --model), size and sampler
-        return argparse.Namespace(**{**vars(args), "steps": chosen["steps"], "guidance": chosen["guidance"]})
-    if args.random_weights:
-        raise ValueError(f"--preset {recipe.name!r} brings its weights; --random-weights takes an architecture")
-    return argparse.Namespace(**{**vars(args), "preset": "sdxl", "model": chosen["model"], "unet": chosen["unet"],
-                                 "spacing": chosen["spacing"], "prediction_type": chosen["prediction_type"],
-                                 "sampler": chosen["sampler"], "steps": chosen["steps"],
-                                 "guidance": chosen["guidance"], "size": chosen["size"]})
-
-
 def main(args: argparse.Namespace) -> int:
-    """Run the benchmark `args` (parsed by a parser given add_arguments) describes and print its report."""
-    args = with_recipe(args)
-    size = parse_size(args.size) if args.size else preset_configs(args.preset)["size"]
-    args = argparse.Namespace(**{**vars(args), "size": size})
-    if (args.unet or args.spacing or args.lora) and checkpoint_name(args) is None:
-        raise ValueError("--unet, --lora and --spacing apply to a checkpoint (--model, or a preset without "
-                         "--random-weights)")
-    report = run(args)
+    """Run the benchmark `args` (as bench's options parse them) describe and print its report."""
+    report = run(settled(args))
     print(json.dumps(report) if args.json else format_report(report))
     return 0

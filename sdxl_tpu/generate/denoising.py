@@ -12,11 +12,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from .preview import Previews
-from ..spec.errors import Cancelled
-from .update import State
 from ..sampler.tables import Tables
 from ..sampler.torch_rng import TorchCPUGenerator
+from ..spec.errors import Cancelled
+from .preview import Previews
+from .update import State
 
 
 # Denoising rows dispatched ahead of the one being waited for: enough that the device never waits

@@ -21,20 +21,19 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
-from . import sampling
-from .denoising import HostNoise, denoise_fused, denoise_stepwise
-from .programs import BATCH, NETWORKS, PROGRAMS, program
-from ..weights.checkpoint import Models
-from ..spec.infotext import Stamp
-from .preview import Previews
-from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
+from ..sampler.tables import MAX_ROWS, Sampler
 from ..spec.errors import GenerationError, RequestError
+from ..spec.infotext import Stamp
+from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..spec.request import GenerationResult, ImageInfo, Request, guided
 from ..spec.values import format_size, not_a_choice, parse_size, schedule_input, size_input
-from ..sampler.tables import MAX_ROWS, Sampler
+from ..weights.checkpoint import Models
+from . import sampling
+from .denoising import HostNoise, denoise_fused, denoise_stepwise
+from .preview import Previews
+from .programs import BATCH, Layout, NETWORKS, PROGRAMS, program
 
 
 
@@ -72,10 +71,12 @@ class Pipeline:
             raise ValueError(f"max_prompt_chunks {max_prompt_chunks}: from 1 to {MAX_CHUNKS} chunks of 75 tokens")
         # Room for the longest prompt in every program; a shorter one's chunks are masked out.
         self.max_prompt_chunks = max_prompt_chunks
-        self.vae_factor = 2 ** (len(models.vae.config.block_out_channels) - 1)
-        self.latent_channels = models.unet.config.in_channels
-        self.context_dim = models.text_encoder.config.hidden_size + models.text_encoder_2.config.hidden_size
-        self.pooled_dim = models.text_encoder_2.config.projection_dim
+        self.layout = Layout(
+            mesh=self.mesh, batch=self.images_per_call, vae_factor=2 ** (len(models.vae.config.block_out_channels) - 1),
+            latent_channels=models.unet.config.in_channels, chunks=max_prompt_chunks,
+            context_dim=models.text_encoder.config.hidden_size + models.text_encoder_2.config.hidden_size,
+            pooled_dim=models.text_encoder_2.config.projection_dim, stepwise=step_progress)
+        self.vae_factor = self.layout.vae_factor
         self.sizes = []
         for s in sizes:
             w, h = parse_size(s)
@@ -83,7 +84,7 @@ class Pipeline:
                 raise ValueError(f"size {w}x{h}: width and height must be positive multiples of {self.vae_factor}")
             self.sizes.append((w, h))
         self._lock = threading.Lock()
-        self.batch_sharding, self.replicated = NamedSharding(self.mesh, P(BATCH)), NamedSharding(self.mesh, P())
+        self.batch_sharding, self.replicated = self.layout.batch_sharding, self.layout.replicated
         # Each nnx module splits into its (static) graph and its arrays; the arrays are replicated.
         self.graphs, self.params = {}, {}
         for name in NETWORKS:
@@ -102,7 +103,7 @@ class Pipeline:
 
     def trace(self, name: str, size: Any) -> jax.stages.Traced:
         """Program `name` for `size`, traced but not compiled (to inspect or lower elsewhere)."""
-        fn, args = program(self, name, size_input(size, self.sizes))
+        fn, args = program(name, self.layout, size_input(size, self.sizes), self.graphs, self.params)
         return fn.trace(*args)
 
     def compiled(self, size: Any) -> dict[str, Any]:
@@ -114,7 +115,7 @@ class Pipeline:
             programs = {"encode": encode} if encode else {}
             for name in PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ()):
                 if name not in programs:
-                    fn, args = program(self, name, size)
+                    fn, args = program(name, self.layout, size, self.graphs, self.params)
                     programs[name] = fn.lower(*args).compile()
             self._compiled[size] = programs
         return self._compiled[size]
@@ -122,8 +123,7 @@ class Pipeline:
     @functools.lru_cache(maxsize=None)  # noqa: B019 (one per size, for the pipeline's life)
     def _no_noise(self, size: tuple[int, int]) -> jax.Array:
         """The host noise of a call where no image draws its own: zeros, kept on the devices."""
-        w, h = size
-        shape = (self.images_per_call, h // self.vae_factor, w // self.vae_factor, self.latent_channels)
+        shape = (self.images_per_call, *self.layout.latent_shape(size))
         return jax.device_put(np.zeros(shape, np.float32), self.batch_sharding)
 
     def is_compiled(self, size: tuple[int, int]) -> bool:
@@ -217,9 +217,9 @@ class Pipeline:
         programs = self.compiled(size)
         slots = infos + [infos[-1]] * (self.images_per_call - n)
         text = sampling.prepare(self.tokenizers, slots, self.force_zeros_for_empty_prompt, self.max_prompt_chunks)
+        h, w, c = self.layout.latent_shape(size)
         if latents is not None:
-            w, h = size
-            shape = (n, self.latent_channels, h // self.vae_factor, w // self.vae_factor)
+            shape = (n, c, h, w)
             latents = np.asarray(latents, np.float32)
             if latents.shape != shape:
                 raise RequestError(f"latents must have shape {shape}, got {latents.shape}.")
@@ -233,8 +233,7 @@ class Pipeline:
         seeds = put(np.array([i.seed for i in slots], np.uint32))
         # RNG CPU: each image that draws its own noise, as A1111's ImageRNG draws it (denoising.py).
         own = np.array([i.rng == "CPU" for i in slots])
-        latent_shape = (self.latent_channels, size[1] // self.vae_factor, size[0] // self.vae_factor)
-        host = HostNoise([i.seed if cpu else None for i, cpu in zip(slots, own)], latent_shape, host_tables, rows, put)
+        host = HostNoise([i.seed if cpu else None for i, cpu in zip(slots, own)], (c, h, w), host_tables, rows, put)
 
         with self._lock:
             start = time.perf_counter()

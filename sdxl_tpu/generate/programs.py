@@ -1,32 +1,55 @@
-"""The sharded programs of one image size, as a Pipeline compiles them: each a stage of
-sampling.py under jax.shard_map over the pipeline's one-axis Mesh, parameters replicated (P()),
-the image batch split (P(BATCH)), with the abstract arguments to lower it with."""
+"""The sharded programs of one image size: each a stage of sampling.py under jax.shard_map over a
+one-axis Mesh, parameters replicated (P()), the image batch split (P(BATCH)), with the abstract
+arguments to lower it with. What they are built for besides the size is a small `Layout`; the
+networks come as their graphs and (replicated) parameter states."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import sampling
-from . import update
-from .preview import decode_taesd, preview_size
 from ..sampler.tables import MAX_ROWS, Tables
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
+from . import sampling, update
+from .preview import decode_taesd, preview_size
 
 BATCH = "batch"  # the mesh axis images are split over
 NETWORKS = ("text_encoder", "text_encoder_2", "unet", "vae")
 # denoise: with classifier-free guidance; denoise_unguided: the conditional pass alone, for calls
-# whose every image has guidance <= 1 (distilled models): half the UNet batch.
+# whose every image has guidance <= 1 (distilled models): half the UNet batch. (And "preview", with TAESD.)
 PROGRAMS = ("encode", "noise", "init", "denoise", "denoise_unguided", "decode")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What every program of a pipeline is built for, whatever the size."""
+    mesh: Mesh
+    batch: int  # images per call, a multiple of the devices
+    vae_factor: int  # pixels per latent, each way
+    latent_channels: int
+    chunks: int  # room for the longest prompt, in chunks of 77 tokens
+    context_dim: int  # both text encoders' hidden states, side by side
+    pooled_dim: int
+    stepwise: bool  # one denoising step per call (progress, previews, stop), else all steps in one loop
+
+    @property
+    def batch_sharding(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P(BATCH))
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    def latent_shape(self, size: tuple[int, int]) -> tuple[int, int, int]:
+        """(h, w, C) of one image's latents at `size` (width, height)."""
+        return size[1] // self.vae_factor, size[0] // self.vae_factor, self.latent_channels
 
 
 def shard(mesh: Mesh, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:
@@ -35,45 +58,86 @@ def shard(mesh: Mesh, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
 
-def program(pipe: Pipeline, name: str, size: tuple[int, int]) -> tuple[Callable, tuple]:
-    """The jitted program `name` of `pipe` for `size`, and abstract arguments to lower or trace it with."""
-    w, h = size
-    b, lh, lw, c = pipe.images_per_call, h // pipe.vae_factor, w // pipe.vae_factor, pipe.latent_channels
-    batch = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=pipe.batch_sharding)
-    rep = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=pipe.replicated)
-    k, tokens = pipe.max_prompt_chunks, pipe.max_prompt_chunks * sampling.MAX_TOKENS
-    ids, latents = batch((b, 2, k, sampling.MAX_TOKENS), jnp.int32), batch((b, lh, lw, c))
-    weights, lengths = batch((b, 2, k, sampling.MAX_TOKENS)), batch((b, 2), jnp.int32)
-    tables = Tables(rep((MAX_ROWS,)), rep((MAX_ROWS,)), rep((MAX_ROWS, 6)), rep(()))
-    seeds = batch((b,), jnp.uint32)
-    te1, te2, unet, vae = (partial(nnx.merge, pipe.graphs[n]) for n in NETWORKS)
+def program(name: str, layout: Layout, size: tuple[int, int], graphs: Mapping[str, Any],
+            params: Mapping[str, Any]) -> tuple[Callable, tuple]:
+    """The jitted program `name` for `size`, and abstract arguments to lower or trace it with."""
+    if name not in _BUILDERS:
+        raise ValueError(f"no program {name!r}; programs: {', '.join([*PROGRAMS, 'preview'])}")
+    return _BUILDERS[name](_Shapes(layout, size), graphs, params)
+
+
+class _Shapes:
+    """The abstract arguments of one layout and size."""
+
+    def __init__(self, layout: Layout, size: tuple[int, int]):
+        self.layout, self.size, b = layout, size, layout.batch
+        self.batch = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype,
+                                                                            sharding=layout.batch_sharding)
+        self.rep = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=layout.replicated)
+        self.ids = self.batch((b, 2, layout.chunks, sampling.MAX_TOKENS), jnp.int32)
+        self.weights = self.batch((b, 2, layout.chunks, sampling.MAX_TOKENS))
+        self.lengths = self.batch((b, 2), jnp.int32)
+        self.latents = self.batch((b, *layout.latent_shape(size)))
+        self.seeds = self.batch((b,), jnp.uint32)
+        self.flags = self.batch((b,), jnp.bool_)
+        self.tables = Tables(self.rep((MAX_ROWS,)), self.rep((MAX_ROWS,)), self.rep((MAX_ROWS, 6)), self.rep(()))
+
+
+def _network(graphs: Mapping[str, Any], name: str) -> Callable:
+    return partial(nnx.merge, graphs[name])
+
+
+def _encode(s: _Shapes, graphs, params):
+    te1, te2 = _network(graphs, "text_encoder"), _network(graphs, "text_encoder_2")
+    fn = lambda p1, p2, *a: sampling.encode_text(te1(p1), te2(p2), *a)
     bat = P(BATCH)
-    if name == "encode":
-        fn = lambda p1, p2, *a: sampling.encode_text(te1(p1), te2(p2), *a)
-        return shard(pipe.mesh, fn, (P(), P()) + (bat,) * 6, (bat, bat)), (
-            pipe.params["text_encoder"], pipe.params["text_encoder_2"], ids, ids, weights, weights, lengths,
-            batch((b,), jnp.bool_))
-    if name == "noise":  # JAX's initial noise, or the host's for the images that draw their own (RNG CPU)
-        def fn(s, t, host, use_host):
-            noise = jnp.where(use_host[:, None, None, None], host, sampling.get_noise(s, lh, lw, c))
-            return update.init(noise, s, t)._replace(host_noise=use_host)
-        return shard(pipe.mesh, fn, (bat, P(), bat, bat), bat), (seeds, tables, latents, batch((b,), jnp.bool_))
-    if name == "init":  # the state from initial latents the caller gives
-        return shard(pipe.mesh, update.init, (bat, bat, P()), bat), (latents, seeds, tables)
-    if name in ("denoise", "denoise_unguided"):  # one step (stepwise: the last argument is the step) or all
-        state = jax.tree.map(lambda s: batch(s.shape, s.dtype),
-                             jax.eval_shape(update.init, latents, seeds, tables))
-        loop = partial(sampling.denoise_step if pipe.stepwise else sampling.denoise, guided=name == "denoise")
-        fn = lambda params, *a: loop(unet(params), *a)
-        args = (pipe.params["unet"], state, batch((b, 2, tokens, pipe.context_dim)), lengths,
-                batch((b, 2, pipe.pooled_dim)), batch((b, 6)), batch((b,)), tables,
-                rep((), jnp.int32) if pipe.stepwise else rep((2,), jnp.int32))
-        return shard(pipe.mesh, fn, (P(),) + (bat,) * 6 + (P(), P()), bat), args
-    if name == "decode":
-        fn = lambda params, x: sampling.decode(vae(params), x)
-        return shard(pipe.mesh, fn, (P(), bat), (bat, bat)), (pipe.params["vae"], latents)
-    if name == "preview":  # TAESD's image of the current clean-latents estimate, at preview size
-        taesd = partial(nnx.merge, pipe.graphs["taesd"])
-        fn = lambda params, x: decode_taesd(taesd(params), x, preview_size((w, h), pipe.vae_factor))
-        return shard(pipe.mesh, fn, (P(), bat), bat), (pipe.params["taesd"], latents)
-    raise ValueError(f"no program {name!r}; programs: {', '.join(PROGRAMS)}")
+    return shard(s.layout.mesh, fn, (P(), P()) + (bat,) * 6, (bat, bat)), (
+        params["text_encoder"], params["text_encoder_2"], s.ids, s.ids, s.weights, s.weights, s.lengths, s.flags)
+
+
+def _noise(s: _Shapes, graphs, params):
+    """JAX's initial noise, or the host's for the images that draw their own (RNG CPU)."""
+    h, w, c = s.layout.latent_shape(s.size)
+
+    def fn(seeds, tables, host, use_host):
+        noise = jnp.where(use_host[:, None, None, None], host, sampling.get_noise(seeds, h, w, c))
+        return update.init(noise, seeds, tables)._replace(host_noise=use_host)
+
+    bat = P(BATCH)
+    return shard(s.layout.mesh, fn, (bat, P(), bat, bat), bat), (s.seeds, s.tables, s.latents, s.flags)
+
+
+def _init(s: _Shapes, graphs, params):
+    """The state from initial latents the caller gives."""
+    bat = P(BATCH)
+    return shard(s.layout.mesh, update.init, (bat, bat, P()), bat), (s.latents, s.seeds, s.tables)
+
+
+def _denoise(s: _Shapes, graphs, params, guided: bool):
+    """One step (stepwise: the last argument is the step) or all of them."""
+    layout, unet, bat = s.layout, _network(graphs, "unet"), P(BATCH)
+    state = jax.tree.map(lambda x: s.batch(x.shape, x.dtype), jax.eval_shape(update.init, s.latents, s.seeds, s.tables))
+    loop = partial(sampling.denoise_step if layout.stepwise else sampling.denoise, guided=guided)
+    fn = lambda p, *a: loop(unet(p), *a)
+    tokens = layout.chunks * sampling.MAX_TOKENS
+    args = (params["unet"], state, s.batch((layout.batch, 2, tokens, layout.context_dim)), s.lengths,
+            s.batch((layout.batch, 2, layout.pooled_dim)), s.batch((layout.batch, 6)), s.batch((layout.batch,)),
+            s.tables, s.rep((), jnp.int32) if layout.stepwise else s.rep((2,), jnp.int32))
+    return shard(layout.mesh, fn, (P(),) + (bat,) * 6 + (P(), P()), bat), args
+
+
+def _decode(s: _Shapes, graphs, params):
+    vae, bat = _network(graphs, "vae"), P(BATCH)
+    fn = lambda p, x: sampling.decode(vae(p), x)
+    return shard(s.layout.mesh, fn, (P(), bat), (bat, bat)), (params["vae"], s.latents)
+
+
+def _preview(s: _Shapes, graphs, params):
+    """TAESD's image of the current clean-latents estimate, at preview size."""
+    taesd, at, bat = _network(graphs, "taesd"), preview_size(s.size, s.layout.vae_factor), P(BATCH)
+    fn = lambda p, x: decode_taesd(taesd(p), x, at)
+    return shard(s.layout.mesh, fn, (P(), bat), bat), (params["taesd"], s.latents)
+
+
+_BUILDERS = {"encode": _encode, "noise": _noise, "init": _init, "denoise": partial(_denoise, guided=True),
+             "denoise_unguided": partial(_denoise, guided=False), "decode": _decode, "preview": _preview}

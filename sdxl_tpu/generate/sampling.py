@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import update
+from ..sampler.tables import Tables
 from ..spec.prompts import CHUNK_TOKENS, chunk_prompt
 from ..spec.request import ImageInfo
+from . import update
 from .update import State
-from ..sampler.tables import Tables
 
 MAX_TOKENS = CHUNK_TOKENS + 2  # one chunk: 75 tokens between start and end
 

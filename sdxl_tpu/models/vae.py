@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..spec.configs import check_supported
-from .layers import Attention, Downsample2D, GroupNorm, Precision, ResnetBlock2D, Upsample2D, Conv
+from .layers import Attention, Conv, Downsample2D, GroupNorm, Precision, ResnetBlock2D, Upsample2D
 
 # Config keys whose value must be one of these; down/up_block_types are checked per entry in from_dict.
 _REQUIRED_VALUES: dict[str, tuple] = {

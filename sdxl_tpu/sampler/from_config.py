@@ -11,7 +11,7 @@ from typing import Any
 
 from ..spec.configs import check_supported
 from ..spec.names import SAMPLERS
-from .diffusers import DDIM, LCM, NOISE_ONLY, DPMSolverMultistep, DPMSolverSDE, EulerDiscrete, schedule_fields
+from .diffusers import DDIM, DPMSolverMultistep, DPMSolverSDE, EulerDiscrete, LCM, NOISE_ONLY, schedule_fields
 from .tables import Sampler
 
 SCHEDULER_CONFIG: dict[str, Any] = {  # as SDXL base 1.0 ships it

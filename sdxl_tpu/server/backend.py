@@ -25,7 +25,6 @@ import asyncio
 import base64
 import json
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,27 +37,25 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..generate.compilation import enable_compile_cache
+from ..spec.errors import Cancelled, RequestError
+from ..spec.fields import FIELDS as FORM_FIELDS
 from ..spec.images import encode_preview
-from ..spec.infotext import parse as parse_parameters
-from ..spec.infotext import request_fields
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ..spec.errors import Cancelled
-from .core import Server
-from .metrics import serve_metrics_apart
-from .errors import log_refusal
-from .settings import Settings
-from ..spec.styles import MAX_STYLED_PROMPT_CHARS
+from ..spec.infotext import parse as parse_parameters, request_fields
 from ..spec.request import Request
+from ..spec.styles import MAX_STYLED_PROMPT_CHARS
 from ..spec.values import json_type, shown
-from ..spec.errors import RequestError
-from .batcher import Generated, QueueFull, ShuttingDown, StillCompiling
+from .batcher import QueueFull, ShuttingDown, StillCompiling
+from .core import Server
+from .engine import Generated
+from .errors import log_refusal
 from .internals import DrainingServer
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
+from .settings import Settings
 
 log = logging.getLogger("sdxl_tpu.server.backend")
 
-FIELDS = ("prompt", "negative_prompt", "seed", "guidance_scale", "steps", "size", "sampler", "schedule", "rng",
-          "parameters")
+# The form's fields by their API names (spec/fields.py), and an A1111 parameters text.
+FIELDS = (*(f.api for f in FORM_FIELDS if f.api), "parameters")
 MAX_BODY_BYTES = 64 << 10  # two prompts of at most ~1,300 characters, JSON-escaped, fit many times over
 KEEPALIVE_SECONDS = 1.0  # a streaming caller hears from us this often (and can tell we are alive)
 RETRY_AFTER = {"busy": 1, "draining": 1, "loading": 5}  # seconds, for 503s
@@ -97,8 +94,8 @@ async def read_body(http: HTTPRequest, limit: int = MAX_BODY_BYTES) -> bytes:
 def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
     """The body as one checked Request (fields named as Pipeline.generate's arguments) and notes on
     what an A1111 `parameters` text said that is not used; fields given explicitly win over that
-    text, what is left out takes the server's defaults (the launch preset's steps, guidance, sampler;
-    --schedule and --rng). The Schedule type is checked with the sampler that runs."""
+    text, what is left out takes the server's defaults (the launch preset's steps and guidance, the
+    offer's sampler, Schedule type and RNG). The Schedule type is checked with the sampler that runs."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
@@ -110,29 +107,26 @@ def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
     unknown = [key for key in data if key not in FIELDS]
     if unknown:
         raise Refused(422, f"Unknown field {shown(unknown[0])}; the fields are: {', '.join(FIELDS)}.")
-    notes: list[str] = []
+    offer, notes = server.offer, []
     if "parameters" in data:
-        pasted, notes = request_fields(parse_parameters(data.pop("parameters")), server.sizes, server.samplers)
+        pasted, notes = request_fields(parse_parameters(data.pop("parameters")), offer.sizes, offer.samplers)
         data = {**pasted, **data}
     if "prompt" not in data:
         raise Refused(422, "The field 'prompt' is required.")
-    server.check_size(data.get("size"))
-    recipe = server.recipe
-    sampler, schedule, rng = data.get("sampler"), data.get("schedule"), data.get("rng")
-    return Request.of(data["prompt"], data.get("negative_prompt", ""), seed=data.get("seed"),
-                      guidance_scale=data.get("guidance_scale", recipe.guidance if recipe else 5.0),
-                      steps=data.get("steps", recipe.steps if recipe else 20),
-                      size=data.get("size", server.sizes[0]), sizes=server.sizes,
-                      sampler=server.default_sampler if sampler is None else sampler, samplers=server.samplers,
-                      schedule=server.default_schedule if schedule is None else schedule,
-                      rng=server.default_rng if rng is None else rng, max_chars=MAX_STYLED_PROMPT_CHARS), notes
+    server.warmup.check_size(data.get("size"))
+    # Left out (an optional field: or null), the server's default; a random seed; no negative prompt.
+    fallback = {**offer.defaults(), "negative": "", "seed": None}
+    given = {f.api: fallback[f.name] if f.api not in data or (f.optional and data[f.api] is None) else data[f.api]
+             for f in FORM_FIELDS if f.api and f.api != "prompt"}
+    return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers,
+                      max_chars=MAX_STYLED_PROMPT_CHARS), notes
 
 
-def result_json(made: Generated, image_format: str, notes: list[str] | None = None) -> dict[str, Any]:
+def result_json(made: Generated, notes: list[str] | None = None) -> dict[str, Any]:
     """The answer; `notes` (what a pasted parameters text said that was not used) when there was one."""
     return {"images": [base64.b64encode(f).decode("ascii") for f in made.files], "parameters": made.parameters,
             "seeds": made.seeds, "sampler": made.sampler, "schedule": made.schedule, "rng": made.rng,
-            "format": image_format,
+            "format": made.format,
             "timings": {k: round(v, 4) for k, v in made.timings.items()}, **({"notes": notes} if notes else {})}
 
 
@@ -166,22 +160,26 @@ class Generation:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         put = lambda *event: loop.call_soon_threadsafe(self.events.put_nowait, event)
+        done = asyncio.Event()
+
+        def report(event: tuple) -> None:  # (the engine's threads)
+            if event[0] == "done":
+                loop.call_soon_threadsafe(done.set)
+            else:
+                put(*event)
+
         server = self.server
         try:
-            with server.counted(time.monotonic()):
+            with server.metrics.counted(time.monotonic()):
                 request, notes = parse_request(await read_body(self.http), server)
-                if server.draining:
+                if server.warmup.draining:
                     raise ShuttingDown()
-                done = asyncio.Event()
-                preview = (lambda step, steps, images: put("preview", step, steps, images)) if self.previews else None
-                job = server.enqueue(request, progress=lambda step, steps: put("progress", step, steps),
-                                     abandoned=self.gone.is_set, on_done=lambda: loop.call_soon_threadsafe(done.set),
-                                     preview=preview)
+                ticket = server.submit(request, report, self.gone.is_set, self.previews)
                 put("accepted")
                 await done.wait()
-                made = await asyncio.to_thread(server.finish, job)
-                server.count_images(len(made.files), made.timings["encoding"])
-                put("result", await asyncio.to_thread(result_json, made, server.image_format, notes))
+                made = await asyncio.to_thread(ticket.result)
+                server.metrics.count_images(len(made.files), made.timings["encoding"])
+                put("result", await asyncio.to_thread(result_json, made, notes))
         except Exception as e:
             status, message, retry = status_of(e)
             if status == 500:
@@ -229,8 +227,8 @@ def build_backend(server: Server) -> tuple[Starlette, Callable[[], bool]]:
     tasks: set[asyncio.Task] = set()  # running generations (the event loop keeps only weak references)
 
     async def generate(http: HTTPRequest) -> Response:
-        if server.status in ("loading", "error"):  # not counted: readiness says so; a balancer goes elsewhere
-            return error_response(503, server.message, RETRY_AFTER["loading"])
+        if server.warmup.status in ("loading", "error"):  # not counted: readiness says so; a balancer goes elsewhere
+            return error_response(503, server.warmup.message, RETRY_AFTER["loading"])
         streaming = "text/event-stream" in http.headers.get("accept", "")
         generation = Generation(server, http, previews=streaming)  # previews only for a caller who sees them
         task = asyncio.create_task(generation.run())
@@ -251,15 +249,15 @@ def build_backend(server: Server) -> tuple[Starlette, Callable[[], bool]]:
         return JSONResponse(event[1])
 
     async def info(http: HTTPRequest) -> Response:
-        if server.info is None:
-            return error_response(503, server.message, RETRY_AFTER["loading"])
-        return JSONResponse(server.info.to_json())
+        if not server.warmup.described:
+            return error_response(503, server.warmup.message, RETRY_AFTER["loading"])
+        return JSONResponse(server.offer.to_json())
 
     async def healthz(http: HTTPRequest) -> Response:
         return JSONResponse({"status": "alive"})
 
     async def readyz(http: HTTPRequest) -> Response:
-        body, status = server.readiness()
+        body, status = server.warmup.readiness()
         return JSONResponse(body, status_code=status)
 
     routes = [Route("/v1/generate", generate, methods=["POST"]), Route("/v1/info", info, methods=["GET"]),
@@ -289,25 +287,13 @@ def main(settings: Settings) -> int:
     until SIGTERM, drain, exit 0 (1 when the model could not be loaded)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
-    enable_compile_cache(settings.compile_cache)
+    from .local_engine import prepare_process
+
+    prepare_process(settings)
     server = Server(settings, max_waiting=settings.queue_size)
-    serve_metrics_apart(server)
+    serve_metrics_apart(settings.metrics, server.metrics.registry)
     app, generating = build_backend(server)
     web = DrainingServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                         timeout_graceful_shutdown=10),
                          drain=lambda: server.drain(busy=generating))
-
-    def stop_on_error() -> None:
-        server.done_event.wait()
-        if server.status == "error":
-            print(f"error: {server.error}", file=sys.stderr, flush=True)
-            web.should_exit = True
-        elif server.ready:
-            print(f"ready: http://{settings.host}:{settings.port} ({server.message})", flush=True)
-
-    server.start()
-    threading.Thread(target=stop_on_error, daemon=True).start()
-    print(f"back end on http://{settings.host}:{settings.port} (loading {settings.model})", flush=True)
-    web.run()
-    print("stopped", flush=True)
-    return 1 if server.status == "error" else 0
+    return server.run(web, f"http://{settings.host}:{settings.port}", f"a back end, loading {settings.load.model}")

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
 from ..spec.errors import Cancelled, RequestError
 from ..spec.request import GenerationResult, ImageInfo, guided, preview_cadence
 
@@ -54,19 +53,6 @@ def never() -> bool:
     return False
 
 
-@dataclass
-class Generated:
-    """One request's images as files (format chosen by the server, parameters embedded), wherever
-    they were made: by this process's pipeline or by a back end."""
-    files: list[bytes]
-    parameters: list[str]  # AUTOMATIC1111's text, as embedded in each file
-    seeds: list[int]
-    sampler: str
-    timings: dict[str, float]  # seconds: text_encoding, denoising, decoding, total, encoding
-    schedule: str = DEFAULT_SCHEDULE  # the Schedule type that ran ("Automatic" resolved)
-    rng: str = DEFAULT_RNG
-
-
 @dataclass(eq=False)
 class Job:
     """One caller's images, waiting for (or in) a pipeline call."""
@@ -76,7 +62,7 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     result: GenerationResult | None = None
     error: BaseException | None = None
-    on_done: Callable[[], None] | None = None  # told (on the accelerator's thread) once `done` is set
+    on_done: Callable[[Job], None] | None = None  # told (on the accelerator's thread) once `done` is set
     preview: Callable[[int, int, np.ndarray], None] | None = None  # (step, steps, its images' previews)
 
     def outcome(self) -> GenerationResult:
@@ -125,9 +111,9 @@ class Batcher:
         return job.outcome()
 
     def enqueue(self, infos: Sequence[ImageInfo], progress: Callable[[int, int], None] | None = None,
-                abandoned: Callable[[], bool] = never, on_done: Callable[[], None] | None = None,
+                abandoned: Callable[[], bool] = never, on_done: Callable[[Job], None] | None = None,
                 preview: Callable[[int, int, np.ndarray], None] | None = None) -> Job:
-        """`submit` without waiting: the accepted job (its `done` is set, and `on_done()` called,
+        """`submit` without waiting: the accepted job (its `done` is set, and `on_done(job)` called,
         when it ends). Raises at once what `submit` raises at the door. `preview(step, steps,
         images)` is given live previews of its images (see preview.py), if any are made."""
         if not 1 <= len(infos) <= self.capacity:
@@ -183,7 +169,7 @@ class Batcher:
         job.done.set()
         if job.on_done is not None:
             try:
-                job.on_done()
+                job.on_done(job)
             except Exception:  # a caller's notification must not stop the accelerator's thread
                 log.exception("on_done failed")
 

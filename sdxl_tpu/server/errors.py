@@ -9,8 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..spec.errors import Cancelled
-from ..spec.errors import RequestError
+from ..spec.errors import Cancelled, RequestError
 
 
 log = logging.getLogger("sdxl_tpu.server")

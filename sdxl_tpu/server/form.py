@@ -1,20 +1,21 @@
-"""The playground's form: its fields as a client sends them, checked into one Request with the
-style applied; the example prompts; the seed of a picked gallery image; a prompt's token count."""
+"""The playground's form (its fields are spec/fields.py's): the values as a client sends them,
+checked into one Request with the style applied; the example prompts; the seed of a picked gallery
+image; a prompt's token count."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..spec.names import SAMPLERS
-from ..spec.prompts import CHUNK_TOKENS, chunk_prompt
-from ..spec.fields import MAX_SEED
-from ..spec.request import Request
-from ..spec.values import json_type, number_input, text_input
 from ..spec.errors import RequestError
-from .errors import log_refusal
+from ..spec.fields import FIELD, FIELDS, FORM
+from ..spec.prompts import CHUNK_TOKENS, chunk_prompt
+from ..spec.request import Request
 from ..spec.styles import apply_style, style_entry
+from ..spec.values import json_type, number_input, text_input
+from .errors import log_refusal
+from .offer import Offer
 
 
 EXAMPLES = [
@@ -32,28 +33,30 @@ def seed_at(seeds: Any, index: Any) -> int | None:
     return seeds[index] if 0 <= index < len(seeds) else None
 
 
-# The form's fields, in the order the page and the API send them (the last two may be left out).
-FORM_FIELDS = ("prompt", "negative", "style", "seed", "randomize", "guidance", "steps", "size", "sampler", "schedule",
-               "rng")
+def form_values(values: Sequence[Any]) -> dict[str, Any]:
+    """The form's fields as the page and /generate send them (fields.FORM's order; the optional ones
+    may be left out), by name."""
+    return dict(zip(FORM, values))
 
 
-def validate(prompt: Any, negative: Any, style: Any, seed: Any, randomize: Any, guidance: Any, steps: Any,
-             size: Any, sampler: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str] = SAMPLERS, *,
-             schedule: Any = None, rng: Any = None) -> Request:
-    """The playground's fields, as a client sent them (JSON values), as one checked Request with
-    the style applied. A form has one value per field: lists are refused, not taken per image.
-    A sampler of None (an API caller that leaves it out) is the model's default; a schedule or
-    rng of None, DEFAULT_SCHEDULE and DEFAULT_RNG."""
-    style_entry(style)  # an unknown style is refused before the rest is checked
+def validate(values: Mapping[str, Any], offer: Offer) -> Request:
+    """The form's fields as a client sent them (JSON values, by name) as one checked Request with
+    the style applied, for what `offer` offers. A form has one value per field: lists are refused,
+    not taken per image. An optional field left out (or null) is the offer's default: its sampler,
+    Schedule type and RNG; the Schedule type is checked with the sampler that will run it."""
+    v = {name: values.get(name) for name in FORM}
+    style_entry(v["style"])  # an unknown style is refused before the rest is checked
+    randomize, seed = v["randomize"], v["seed"]
     if not isinstance(randomize, bool):
-        raise RequestError(f"Randomize seed must be true or false, got {json_type(randomize)}.")
+        raise RequestError(f"{FIELD['randomize'].label} must be true or false, got {json_type(randomize)}.")
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
-        number_input(seed, "Seed", 0, MAX_SEED, whole=True)
-    request = Request.of(prompt, negative, seed=None if randomize else seed, guidance_scale=guidance, steps=steps,
-                         size=size, sizes=sizes, sampler=sampler, samplers=samplers, schedule=schedule, rng=rng,
-                         per_image=False)
+        number_input(seed, FIELD["seed"].label, *FIELD["seed"].limits, whole=True)
+    fallback = offer.defaults()
+    given = {f.api: fallback[f.name] if f.optional and v[f.name] is None else v[f.name] for f in FIELDS if f.api}
+    request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,
+                         samplers=offer.samplers, per_image=False)
     # The style wraps what the user typed (their text is what the length limit applies to).
-    prompt, negative = apply_style(style, request.prompt, request.negative_prompt)
+    prompt, negative = apply_style(v["style"], request.prompt, request.negative_prompt)
     return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)
 
 

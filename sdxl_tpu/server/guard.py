@@ -27,9 +27,9 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from ..spec.values import shown
-from .internals import QueueView
-from .envelope import (ID, Endpoint, Refused, check_cached_file, check_envelope, check_fn_index, check_id, parse_json,
+from .envelope import (Endpoint, ID, Refused, check_cached_file, check_envelope, check_fn_index, check_id, parse_json,
                        parse_json_object)
+from .internals import QueueView
 
 log = logging.getLogger("sdxl_tpu.http")
 

@@ -10,17 +10,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily
 
 from ..spec.errors import Cancelled, RequestError
 from .batcher import QueueFull, ShuttingDown
 from .remote import Unavailable
-
-if TYPE_CHECKING:
-    from .core import Server
+from .settings import metrics_address
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # ok: images returned; user_error: refused input (the message says why); queue_full: turned away
@@ -33,26 +30,22 @@ BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0
 
 
 class _Compiles:
-    """XLA compilations since the server started (warm-up included; flat once it is warm: a
+    """XLA compilations since the process started (warm-up included; flat once it is warm: a
     request that compiled would show here); 0 where nothing compiles (a front end, no JAX)."""
 
-    def __init__(self) -> None:
-        self.counter = None
-
-    def listen(self) -> None:
-        from ..generate.compilation import CompileCounter
-
-        if self.counter is None:
-            self.counter = CompileCounter().__enter__()  # listens for the life of the process
+    def __init__(self, count: Callable[[], int]) -> None:
+        self.count = count
 
     def collect(self):
         family = CounterMetricFamily("sdxl_compiles", "XLA backend compilations since start (warm-up included)")
-        family.add_metric([], self.counter.compiles if self.counter is not None else 0)
+        family.add_metric([], self.count())
         yield family
 
 
 class Metrics:
-    def __init__(self, queue_depth: Callable[[], float] = lambda: 0) -> None:
+    """`queue_depth()`: requests waiting now; `compiles()`: XLA compilations so far."""
+
+    def __init__(self, queue_depth: Callable[[], float] = lambda: 0, compiles: Callable[[], int] = lambda: 0) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("sdxl_requests", "Generation requests by outcome", ["outcome"], registry=r)
         for outcome in OUTCOMES:  # every outcome is exported from the start, at 0
@@ -69,8 +62,7 @@ class Metrics:
             self.stage_seconds.labels(stage)
         self.request_seconds = Histogram("sdxl_request_seconds", "Seconds from joining the queue to images saved",
                                          buckets=BUCKETS, registry=r)
-        self.compiles = _Compiles()
-        r.register(self.compiles)
+        r.register(_Compiles(compiles))
 
     @contextlib.contextmanager
     def counted(self, queued_at: float) -> Iterator[None]:
@@ -104,13 +96,21 @@ class Metrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+    def count_call(self, timings: dict[str, float] | None) -> None:
+        """A pipeline call (one may serve several requests) and its stages' seconds (None: it failed)."""
+        self.calls.inc()
+        if timings is not None:
+            for stage in ("text_encoding", "denoising", "decoding"):
+                self.stage_seconds.labels(stage).observe(timings[stage])
 
-def serve_metrics_apart(server: Server) -> None:
+    def count_images(self, images: int, saving_seconds: float) -> None:
+        """Images handed to a caller, and the seconds it took to encode (and write) them."""
+        self.stage_seconds.labels("saving").observe(saving_seconds)
+        self.images.inc(images)
+
+
+def serve_metrics_apart(where: str, registry: CollectorRegistry) -> None:
     """--metrics HOST:PORT: /metrics on a listener of its own (e.g. reachable only in the cluster)."""
-    if server.settings.metrics not in ("public", "off"):
-        from prometheus_client import start_http_server
-
-        from .settings import metrics_address
-
-        host, port = metrics_address(server.settings.metrics)
-        start_http_server(port, addr=host, registry=server.metrics.registry)
+    if where not in ("public", "off"):
+        host, port = metrics_address(where)
+        start_http_server(port, addr=host, registry=registry)

@@ -1,4 +1,6 @@
-"""What a server offers (the back end's `GET /v1/info`), from which a front end builds its page."""
+"""What a server offers (the back end's `GET /v1/info`), from which a page builds its menus and a
+front end its whole form: the model, sizes, samplers, schedules, noise sources, presets and defaults.
+Before the model is loaded (or a front end's back ends answer) a server offers what its settings say."""
 
 from __future__ import annotations
 
@@ -7,17 +9,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..spec.errors import RequestError
+from ..spec.fields import FIELD
 from ..spec.images import FORMATS
 from ..spec.names import RNGS, SAMPLERS, SCHEDULES
 from ..spec.prompts import MAX_CHUNKS
-from ..spec.recipes import RECIPES, SAMPLING, Recipe
-from ..spec.errors import RequestError
+from ..spec.recipes import RECIPES, Recipe, SAMPLING
 from ..spec.values import format_size, json_type, parse_size
+from .settings import Settings
 
 
 @dataclass(frozen=True)
-class ModelInfo:
-    """What a server offers (the back end's `GET /v1/info`): a front end builds its page from it."""
+class Offer:
+    """What a server offers (the back end's `GET /v1/info`)."""
     model: str
     sizes: list[tuple[int, int]]
     samplers: list[str]
@@ -32,15 +36,24 @@ class ModelInfo:
     rngs: list[str]
     default_rng: str
 
+    def defaults(self) -> dict[str, Any]:
+        """The form's values where a client gives none, by field name: the launch preset's steps,
+        guidance and sampler (else the fields' defaults and the offer's sampler), the offer's
+        Schedule type and RNG, its first size."""
+        recipe = RECIPES[self.preset] if self.preset else None
+        return dict(steps=recipe.steps if recipe else FIELD["steps"].default,
+                    guidance=recipe.guidance if recipe else FIELD["guidance"].default, sampler=self.default_sampler,
+                    schedule=self.default_schedule, rng=self.default_rng, size=format_size(self.sizes[0]))
+
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes]}
 
     @staticmethod
-    def from_json(data: Any) -> ModelInfo:
+    def from_json(data: Any) -> Offer:
         """A server's description as it came over the network; ValueError names what is wrong."""
         if not isinstance(data, dict):
             raise ValueError(f"the description must be a JSON object, got {json_type(data)}")
-        names = [f.name for f in dataclasses.fields(ModelInfo)]
+        names = [f.name for f in dataclasses.fields(Offer)]
         missing = [n for n in names if n not in data]
         if missing:
             raise ValueError(f"the description lacks {', '.join(missing)}")
@@ -71,11 +84,23 @@ class ModelInfo:
         chunks = data["max_prompt_chunks"]
         if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= MAX_CHUNKS:
             raise ValueError(f"max_prompt_chunks must be a whole number from 1 to {MAX_CHUNKS}")
-        return ModelInfo(model=data["model"], sizes=sizes, samplers=samplers, default_sampler=data["default_sampler"],
+        return Offer(model=data["model"], sizes=sizes, samplers=samplers, default_sampler=data["default_sampler"],
                          preset=data["preset"], presets=names_in(data["presets"], list(RECIPES), "presets"),
                          images_per_call=count, image_format=data["image_format"], max_prompt_chunks=chunks,
                          schedules=schedules, default_schedule=data["default_schedule"], rngs=rngs,
                          default_rng=data["default_rng"])
+
+
+def provisional(settings: Settings) -> Offer:
+    """What a server with `settings` offers until its model (or a back end) describes itself: every
+    sampler, schedule and noise source; the launch preset's sampler, else SDXL base's (Euler)."""
+    recipe, load = settings.recipe, settings.load
+    return Offer(model=load.model, sizes=list(load.sizes), samplers=list(SAMPLERS),
+                 default_sampler=recipe.sampler if recipe is not None else "Euler",
+                 preset=recipe.name if recipe is not None else None, presets=offered_presets(recipe),
+                 images_per_call=load.images_per_call, image_format=settings.image_format,
+                 max_prompt_chunks=load.max_prompt_chunks, schedules=list(SCHEDULES),
+                 default_schedule=settings.schedule, rngs=list(RNGS), default_rng=settings.rng)
 
 
 def offered_presets(recipe: Recipe | None) -> list[str]:

@@ -1,28 +1,46 @@
-"""What the playground page shows besides its widgets: size labels, the history of runs kept in
-the browser, which preset the form matches. Pure functions of what a client sent (any JSON
-value), so app.py stays wiring and every rule here is tested without a browser."""
+"""What the playground page shows besides its widgets: size labels, a style's description, the
+history of runs kept in the browser, which preset the form matches, a pasted parameters text. Pure
+functions of what a client sent (any JSON value), so app.py stays wiring and every rule here is
+tested without a browser."""
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..spec.fields import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED
+from ..spec.errors import RequestError
+from ..spec.fields import BY_API, FIELD, FIELDS, HISTORY, MAX_PROMPT_CHARS, PASTED, kept, restoring
+from ..spec.infotext import parse, request_fields
+from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..spec.recipes import RECIPES
+from ..spec.styles import style_entry
 from ..spec.values import format_size
-from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SCHEDULES
-from ..spec.fields import MAX_STEPS
+from .errors import log_refusal
+from .offer import Offer
 
 HISTORY_LENGTH = 24  # runs kept in the browser, newest first
 HISTORY_PER_PAGE = 12
 CUSTOM = "Custom"  # the preset menu's entry when the form matches no preset
-HISTORY_FIELDS = ("prompt", "negative", "style", "seed", "guidance", "steps", "sampler", "size", "schedule", "rng")
+HISTORY_FIELDS = kept(HISTORY)
 # How the Schedule type menu names its entries (the others by their own names, A1111's).
 SCHEDULE_LABELS = {"Checkpoint": "Checkpoint (as diffusers runs it)", "Automatic": "Automatic (A1111's per sampler)"}
 SCHEDULE_INFO = "Checkpoint: the model's own scheduler, as diffusers runs it; the others are A1111's."
 RNG_INFO = ("Where the noise comes from: JAX (fast, on the chips), or CPU: PyTorch's CPU noise, as A1111 (RNG CPU) "
             "and ComfyUI draw it.")
 _COMMON_RATIOS = {(1, 1), (5, 4), (4, 3), (3, 2), (16, 9), (2, 1), (21, 9)}
+
+
+def style_description(style: Any) -> str:
+    """Markdown shown under the style menu: the template and what it adds to the negative prompt."""
+    try:
+        template, negative = style_entry(style)
+    except RequestError as e:
+        log_refusal("style description", e)
+        return str(e)
+    adds = f"  \n**Adds to the negative prompt:** `{negative}`" if negative else ""
+    return f"**Prompt template:** `{template}`" + adds
 
 
 def aspect_ratio(size: tuple[int, int]) -> str:
@@ -74,51 +92,49 @@ MATCHING_PRESET_JS = """(steps, sampler, guidance, offered) => {
 }"""
 
 
-def preset_fields(recipes: Sequence[Any]) -> dict[str, list[Any]]:
+def preset_fields(recipes: Iterable[Any]) -> dict[str, list[Any]]:
     """{preset name: [steps, sampler, guidance]}: what choosing a preset puts in the form."""
     return {r.name: [r.steps, r.sampler, r.guidance] for r in recipes}
 
 
-def form_defaults(recipe: Any, default_sampler: str, offered: Sequence[Any]) -> dict[str, Any]:
-    """The form's starting steps, sampler and guidance (the launch preset's, else 20, the model's
-    sampler and 5) and the preset menu's entry for them."""
-    steps, sampler, guidance = (recipe.steps, recipe.sampler, recipe.guidance) if recipe else (20, default_sampler, 5.0)
-    return dict(steps=steps, sampler=sampler, guidance=guidance,
-                preset=matching_preset(preset_fields(offered), steps, sampler, guidance))
+def form_defaults(offer: Offer) -> dict[str, Any]:
+    """The form's starting values from what the server offers (see Offer.defaults) and the preset
+    menu's entry for them."""
+    start = offer.defaults()
+    presets = preset_fields(RECIPES[name] for name in offer.presets)
+    return dict(start, preset=matching_preset(presets, start["steps"], start["sampler"], start["guidance"]))
 
 
 def history_entry(value: Any) -> dict[str, Any] | None:
-    """A run as the history keeps it, from a client's value (any JSON), or None if it is not one.
-    The page stores it in the browser (localStorage); the server keeps none."""
+    """A run as the history keeps it (the fields kept HISTORY), from a client's value (any JSON), or
+    None if it is not one. The page stores it in the browser (localStorage); the server keeps none."""
     if not isinstance(value, dict):
         return None
-    entry = {key: value.get(key) for key in HISTORY_FIELDS}
-    # Runs kept before the schedule and the noise source were chosen ran on these.
-    entry["schedule"] = value.get("schedule", DEFAULT_SCHEDULE)
-    entry["rng"] = value.get("rng", DEFAULT_RNG)
-    texts = ("prompt", "negative", "style", "sampler", "size")
-    if not all(isinstance(entry[k], str) and len(entry[k]) <= MAX_PROMPT_CHARS for k in texts) or not entry["prompt"]:
-        return None
-    if not (isinstance(entry["schedule"], str) and entry["schedule"] in SCHEDULES and isinstance(entry["rng"], str)
-            and entry["rng"] in RNGS):
-        return None
-    whole = lambda v, low, high: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
-    number = lambda v, low, high: isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high
-    if not (whole(entry["seed"], 0, MAX_SEED) and whole(entry["steps"], 1, MAX_STEPS)
-            and number(entry["guidance"], *GUIDANCE_RANGE)):
-        return None
-    return entry
+    entry = {}
+    for name in HISTORY_FIELDS:
+        f = FIELD[name]
+        # Runs kept before an optional field existed ran on its default.
+        entry[name] = v = value.get(name, f.default if f.optional else None)
+        if f.kind in ("text", "choice"):
+            ok = isinstance(v, str) and len(v) <= MAX_PROMPT_CHARS and (f.choices is None or v in f.choices)
+        else:
+            low, high = f.limits
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high and (
+                f.kind != "whole" or isinstance(v, int))
+        if not ok:
+            return None
+    return entry if entry["prompt"] else None
 
 
 def history_after(history: Any, run: Any) -> list[dict[str, Any]]:
     """The history with `run` added first (the same run again moves to the top), at most
     HISTORY_LENGTH entries; malformed entries a client sent are dropped."""
-    kept = [e for e in (history_entry(v) for v in (history if isinstance(history, list) else [])[:HISTORY_LENGTH * 2])
-            if e is not None]
+    kept_entries = [e for e in (history_entry(v) for v in (history if isinstance(history, list) else [])
+                                [:HISTORY_LENGTH * 2]) if e is not None]
     new = history_entry(run)
     if new is not None:
-        kept = [new] + [e for e in kept if e != new]
-    return kept[:HISTORY_LENGTH]
+        kept_entries = [new] + [e for e in kept_entries if e != new]
+    return kept_entries[:HISTORY_LENGTH]
 
 
 HISTORY_HEADERS = ["Prompt", "Settings", "Sampler"]
@@ -138,26 +154,31 @@ def history_rows(history: Any) -> list[list[str]]:
     return rows
 
 
-# Clicking a history row fills the form from the browser's copy of the run (no server event);
-# the seed is fixed (randomize off) so the run comes out the same. (A run kept before the
-# schedule and the noise source were chosen ran on the defaults.)
-RESTORE_HISTORY_JS = """(index, history, ...form) => {
-  const e = Array.isArray(history) ? history[index] : undefined;
-  if (!e) return form;
-  return [e.prompt, e.negative, e.style, e.seed, false, e.guidance, e.steps, e.sampler, e.size,
-          e.schedule || DEFAULT_SCHEDULE, e.rng || DEFAULT_RNG];
-}""".replace("DEFAULT_SCHEDULE", f'"{DEFAULT_SCHEDULE}"').replace("DEFAULT_RNG", f'"{DEFAULT_RNG}"')
+def _restore_js() -> str:
+    """Clicking a history row fills the form from the browser's copy of the run (no server event):
+    each field it keeps, the fields a restored run sets (Randomize off: the run comes out the same),
+    the others as they are. (A run kept before an optional field existed ran on its default.)"""
+    values = []
+    for i, f in enumerate(FIELDS):
+        if HISTORY in f.kept:
+            fallback = json.dumps(f.default) if f.optional and f.default is not None else f"form[{i}]"
+            values.append(f"e[{json.dumps(f.name)}] ?? {fallback}")
+        else:
+            values.append(json.dumps(f.restored) if f.restored is not None else f"form[{i}]")
+    return ("(index, history, ...form) => {\n"
+            "  const e = Array.isArray(history) ? history[index] : undefined;\n"
+            "  if (!e) return form;\n"
+            f"  return [{', '.join(values)}];\n}}")
 
 
-PASTED_FIELDS = ("prompt", "negative", "seed", "randomize", "guidance", "steps", "sampler", "schedule", "size", "rng")
+RESTORE_HISTORY_JS = _restore_js()
+# What "Fill the form" sets from a pasted parameters text, in the form's order.
+PASTED_INTO = tuple(f.name for f in FIELDS if PASTED in f.kept or f.restored is not None)
 
 
 def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str]) -> tuple[dict[str, Any], str]:
-    """A pasted A1111 parameters text -> the form fields it fills (PASTED_FIELDS; the seed turns
+    """A pasted A1111 parameters text -> the form fields it fills (by name; its seed turns
     Randomize off) and a line of Markdown saying what was filled and what was not used."""
-    from ..spec.infotext import parse, request_fields
-    from ..spec.errors import RequestError
-
     try:
         fields, notes = request_fields(parse(text), list(sizes), list(samplers))
     except RequestError as e:
@@ -166,13 +187,8 @@ def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[
                                                                                      "schedule", "rng"}:
         return {}, ("⚠️ Nothing to use: paste a parameters text (the prompt, \"Negative prompt: ...\", then "
                     "\"Steps: ..., Seed: ...\").")
-    form = {"prompt": fields["prompt"], "negative": fields["negative_prompt"]}
-    names = {"seed": "seed", "guidance_scale": "guidance", "steps": "steps", "sampler": "sampler",
-             "schedule": "schedule", "rng": "rng"}
-    form.update({names[k]: v for k, v in fields.items() if k in names})
-    if "seed" in form:
-        form["randomize"] = False
-    if "size" in fields:
-        form["size"] = format_size(fields["size"])
-    filled = ", ".join(f for f in PASTED_FIELDS if f in form and f != "randomize")
+    form = restoring({BY_API[api].name: value for api, value in fields.items() if PASTED in BY_API[api].kept})
+    if "size" in form:
+        form["size"] = format_size(form["size"])
+    filled = ", ".join(name for name in PASTED_INTO if name in form and FIELD[name].restored is None)
     return form, " ".join([f"Filled: {filled}."] + notes)

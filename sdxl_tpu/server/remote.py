@@ -16,18 +16,19 @@ import base64
 import binascii
 import json
 import logging
-import os
 import math
+import os
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 
+from ..spec.errors import Cancelled, RequestError
 from ..spec.request import Request
 from ..spec.values import format_size
-from ..spec.errors import RequestError
+from .engine import Generated
+from .settings import check_backend_url
 
 log = logging.getLogger("sdxl_tpu.server.remote")
 
@@ -57,15 +58,6 @@ class _Retry(Exception):
     def __init__(self, reason: str, pause: float | None = None):
         super().__init__(reason)
         self.pause = pause
-
-
-def check_backend_url(url: str) -> str:
-    """An http(s) URL with a host and nothing after the path, without a trailing slash."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ValueError(f"--backend must be an http:// or https:// URL of the back ends (e.g. http://127.0.0.1:8080), "
-                         f"got {url!r}")
-    return url.rstrip("/")
 
 
 def request_json(request: Request) -> dict[str, Any]:
@@ -128,12 +120,10 @@ class Backend:
     def generate(self, request: Request, progress: Callable[[int, int], None] | None = None,
                  abandoned: Callable[[], bool] | None = None, image_format: str = "jpeg",
                  preview: Callable[[int, int, list[bytes]], None] | None = None):
-        """The request's images (a batcher.Generated), made by some back end. Raises RequestError
+        """The request's images (Generated), made by some back end. Raises RequestError
         with the back end's message for a request it refused, Cancelled when `abandoned()` turned
         true, Unavailable when no back end served it in `attempts` tries or `retry_seconds`.
         `preview(step, steps, files)` is given the back end's live previews (JPEG files)."""
-        from ..spec.errors import Cancelled
-
         abandoned = abandoned or never
         body = json.dumps(request_json(request)).encode()
         start = time.monotonic()
@@ -213,8 +203,6 @@ def _error_message(response: httpx.Response) -> str:
 def _events(response: httpx.Response, abandoned: Callable[[], bool]) -> Iterator[tuple[str, Any]]:
     """Server-sent events as (name, JSON data); checks `abandoned()` at every line (the back end
     sends a comment every second), raising Cancelled, which closes the stream."""
-    from ..spec.errors import Cancelled
-
     event, data, received = "message", [], 0
     for line in response.iter_lines():
         received += len(line) + 1
@@ -251,9 +239,7 @@ def _files(images: Any, image_format: str) -> list[bytes]:
 
 
 def _generated(data: dict[str, Any], image_format: str):
-    """The result event as a batcher.Generated; ValueError when it is not what a back end sends."""
-    from .batcher import Generated
-
+    """The result event as Generated; ValueError when it is not what a back end sends."""
     files = _files(data["images"], image_format)
     seeds, parameters = data["seeds"], data["parameters"]
     if not files or not (len(files) == len(seeds) == len(parameters)) or not all(
@@ -264,4 +250,4 @@ def _generated(data: dict[str, Any], image_format: str):
     if missing:
         raise ValueError(f"timings lack {', '.join(missing)}")
     return Generated(files, [str(p) for p in parameters], seeds, str(data["sampler"]), timings,
-                     schedule=str(data["schedule"]), rng=str(data["rng"]))
+                     schedule=str(data["schedule"]), rng=str(data["rng"]), format=image_format)

@@ -7,51 +7,36 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
-from ..spec.options import add_options, fill_defaults, options_for
-from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
-from ..spec.recipes import BASE, Recipe, recipe_named, settle
 from ..spec.errors import RequestError
+from ..spec.load import LoadOptions
+from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..spec.options import add_options, default_of, fill_defaults, load_values
+from ..spec.prompts import MAX_CHUNKS
+from ..spec.recipes import Recipe, recipe_named
 from ..spec.values import parse_size, schedule_input
-from .remote import check_backend_url
 
 TINY_DEFAULT_SIZE = "256x256"
 
 
-def default(flag: str, command: str = "serve"):
-    """The table's default of `flag` (options.py), so Settings' defaults are the command line's."""
-    return next(o.default for o in options_for(command) if o.flag == flag)
-
-
 @dataclass
 class Settings:
-    model: str = BASE
-    sizes: list[tuple[int, int]] = field(default_factory=lambda: [(1024, 1024)])
-    dtype: str = default("--dtype")
-    host: str = default("--host", "app")
-    port: int = default("--port", "app")
-    compile_cache: str | None = default("--compile-cache")
-    attention: str = default("--attention")
-    images_per_call: int = 4
-    queue_size: int = default("--queue-size")
-    image_format: str = default("--image-format")
-    keep_images_seconds: float = default("--keep-images", "app")
-    max_image_bytes: int = default("--image-cache-mb", "app") << 20
-    drain_seconds: float = default("--drain-seconds")
-    metrics: str = default("--metrics")
-    unet: str | None = None
-    config: str | None = None  # where a single-file model's configs and tokenizers come from
-    loras: list[str] = field(default_factory=list)  # "file[:scale]", fused at load
-    timestep_spacing: str | None = None
-    prediction_type: str | None = None
+    load: LoadOptions = field(default_factory=LoadOptions)  # what the model is and how it is compiled
+    host: str = default_of("--host", "app")
+    port: int = default_of("--port", "app")
+    compile_cache: str | None = default_of("--compile-cache")
+    queue_size: int = default_of("--queue-size")
+    image_format: str = default_of("--image-format")
+    keep_images_seconds: float = default_of("--keep-images", "app")
+    max_image_bytes: int = default_of("--image-cache-mb", "app") << 20
+    drain_seconds: float = default_of("--drain-seconds")
+    metrics: str = default_of("--metrics")
     recipe: Recipe | None = None  # the launch preset: the page's defaults for steps, guidance, sampler
     preview_every: int | None = None  # steps between live previews (None: about four a run; 0: none)
-    preview: str = default("--preview")  # how previews are decoded: approx, taesd, or a TAESD checkpoint
     backend: str | None = None  # a front end's back-end URL: generations are sent there, no model is loaded
-    max_prompt_chunks: int = DEFAULT_MAX_CHUNKS  # the longest prompt, in chunks of 75 tokens
     schedule: str = DEFAULT_SCHEDULE  # the Schedule type of a request that names none (the page's default)
     rng: str = DEFAULT_RNG  # the noise source of a request that names none (the page's default)
 
@@ -72,8 +57,9 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return list(dict.fromkeys(sizes))
 
 
-def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
-    """Settings from what `add_options(parser, "serve" or "app")` parsed and `fill_defaults`
+def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                            command: str = "serve") -> Settings:
+    """Settings from what `add_options(parser, command)` ("serve" or "app") parsed and `fill_defaults`
     completed; a bad value ends the program through `parser.error`."""
     if args.metrics not in ("public", "off"):
         try:
@@ -92,21 +78,16 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
             schedule_input(recipe.sampler, args.schedule)
         except RequestError as e:
             parser.error(f"--schedule {args.schedule} with --preset {recipe.name}: {e}")
-    chosen = settle(recipe, model=args.model, unet=args.unet, spacing=args.spacing,
-                    prediction_type=args.prediction_type)
-    loras = args.lora or ([chosen["lora"]] if chosen["lora"] else [])  # a preset's LoRA (LCM-LoRA) unless one is given
+    load = LoadOptions.of(load_values(args, command), recipe)
     if args.sizes is None:  # the tiny model is for trying things out: keep it quick on a CPU
-        args.sizes = TINY_DEFAULT_SIZE if chosen["model"] == "tiny" else (recipe and recipe.size) or "1024x1024"
+        args.sizes = TINY_DEFAULT_SIZE if load.model == "tiny" else (recipe and recipe.size) or "1024x1024"
     try:
-        sizes = parse_sizes(args.sizes)
+        load = load.replace(sizes=parse_sizes(args.sizes))
     except ValueError as e:
         parser.error(str(e))
-    return Settings(model=chosen["model"], sizes=sizes, dtype=args.dtype, host=args.host, port=args.port,
-                    compile_cache=args.compile_cache or None, attention=args.attention, queue_size=args.queue_size,
-                    image_format=args.image_format, drain_seconds=args.drain_seconds, metrics=args.metrics,
-                    unet=chosen["unet"], timestep_spacing=chosen["spacing"], prediction_type=chosen["prediction_type"],
-                    config=args.config, loras=loras, recipe=recipe, preview_every=args.preview_every,
-                    preview=args.preview, max_prompt_chunks=args.max_prompt_chunks, schedule=args.schedule,
+    return Settings(load=load, host=args.host, port=args.port, compile_cache=args.compile_cache or None,
+                    queue_size=args.queue_size, image_format=args.image_format, drain_seconds=args.drain_seconds,
+                    metrics=args.metrics, recipe=recipe, preview_every=args.preview_every, schedule=args.schedule,
                     rng=args.rng)
 
 
@@ -123,8 +104,17 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
             check_backend_url(args.backend)
         except ValueError as e:
             parser.error(str(e))
-    return dataclasses.replace(settings_from_arguments(parser, args), keep_images_seconds=args.keep_images,
+    return dataclasses.replace(settings_from_arguments(parser, args, "app"), keep_images_seconds=args.keep_images,
                                max_image_bytes=args.image_cache_mb << 20, backend=args.backend)
+
+
+def check_backend_url(url: str) -> str:
+    """An http(s) URL with a host and nothing after the path, without a trailing slash."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError(f"--backend must be an http:// or https:// URL of the back ends (e.g. http://127.0.0.1:8080), "
+                         f"got {url!r}")
+    return url.rstrip("/")
 
 
 def metrics_address(text: str) -> tuple[str, int]:

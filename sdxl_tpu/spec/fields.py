@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
 
 MAX_SEED = 2**32 - 1
 MAX_STEPS = 50
@@ -35,6 +35,7 @@ class Field:
     kept: frozenset[str] = frozenset()  # HISTORY, PASTED
     optional: bool = False  # /generate's caller may leave it out: then the server's default
     limits: tuple[float, float] | None = None  # a number's range
+    choices: tuple[str, ...] | None = None  # a choice's names where they are the same everywhere
     infotext: str | None = None  # its key in an A1111 parameters text
     restored: Any = None  # the value it takes when a run is restored with its seed (not None: it is set)
 
@@ -51,10 +52,11 @@ FIELDS: tuple[Field, ...] = (
           infotext="CFG scale"),
     Field("steps", "Steps", "whole", 20, api="steps", kept=_ALL, limits=(1, MAX_STEPS), infotext="Steps"),
     Field("size", "Size", "choice", api="size", kept=_ALL, infotext="Size"),
-    Field("sampler", "Sampler", "choice", api="sampler", kept=_ALL, optional=True, infotext="Sampler"),
+    Field("sampler", "Sampler", "choice", api="sampler", kept=_ALL, optional=True, infotext="Sampler",
+          choices=SAMPLERS),
     Field("schedule", "Schedule type", "choice", DEFAULT_SCHEDULE, api="schedule", kept=_ALL, optional=True,
-          infotext="Schedule type"),
-    Field("rng", "RNG", "choice", DEFAULT_RNG, api="rng", kept=_ALL, optional=True, infotext="RNG"),
+          infotext="Schedule type", choices=SCHEDULES),
+    Field("rng", "RNG", "choice", DEFAULT_RNG, api="rng", kept=_ALL, optional=True, infotext="RNG", choices=RNGS),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them

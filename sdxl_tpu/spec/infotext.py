@@ -23,7 +23,7 @@ from typing import Any
 
 from ..version import VERSION
 from .errors import RequestError
-from .fields import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
+from .fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from .names import DEFAULT_RNG, RNGS, SCHEDULES, schedule_used
 from .request import ImageInfo
 from .values import format_size, number_input, schedule_input, shown
@@ -34,7 +34,7 @@ _EXTRA_NETWORK = re.compile(r"<(lora|lyco|hypernet):([^:>]+)(?::[^>]*)?>", re.I)
 # Used: prompt and negative prompt, and these settings. A1111 writes the schedule apart from the
 # sampler since 1.9 ("Sampler: DPM++ 2M, Schedule type: Karras"), and "RNG" only when it is not
 # its default (GPU) noise.
-USED = ("Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "RNG")
+USED = {f.infotext for f in FIELDS if f.infotext}
 # Schedule types by A1111's labels in any case, and ComfyUI's names of the same schedules
 # ("sgm_uniform"; "normal" is A1111's Uniform: the model's timesteps evenly from the last to the
 # first, sigmas interpolated in log sigma, as k-diffusion's get_sigmas makes them).

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .images import FORMATS
-from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
-from .names import ARCHITECTURES
+from .names import ARCHITECTURES, DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
 from .prompts import DEFAULT_MAX_CHUNKS
 from .recipes import RECIPES
 
@@ -56,6 +56,7 @@ class Option:
     metavar: str | None = None
     action: str | None = None  # "append" (the environment variable: comma-separated), "store_true", "store_false"
     dest: str | None = None
+    loads: str | None = None  # the LoadOptions field it fills (what to load: load.py)
 
     @property
     def name(self) -> str:
@@ -106,40 +107,47 @@ OPTIONS: tuple[Option, ...] = (
            default=DEFAULT_RNG, choices=list(RNGS)),
     option("--size", RUN, "WIDTHxHEIGHT", shown_default="1024x1024, or the preset's (bench: the architecture's)"),
     option("--images", RUN, "images in one call (the compiled batch is rounded up to the device count)", type=int,
-           default=4),
+           default=4, loads="images_per_call"),
     option("--out", ["generate"], "where the PNGs are written", default="outputs"),
     # --- the model ---
     option("--preset", [*SERVERS, "generate"],
            "settings that go together (weights, sampler, spacing, steps, guidance, size), e.g. 'Lightning 4-step' or "
            "'Turbo'; options given explicitly win", env="SDXL_PRESET", choices=list(RECIPES), metavar="PRESET"),
     option("--preset", ["bench"],
-           "an architecture (" + ", ".join(ARCHITECTURES) + ") or one of the app's presets (" + ", ".join(RECIPES)
-           + "; its weights, sampler, steps, guidance and size; options given explicitly win)", default="tiny",
-           choices=[*ARCHITECTURES, *RECIPES], metavar="PRESET"),
+           "one of the app's presets (" + ", ".join(RECIPES) + "): its weights, sampler, steps, guidance and size; "
+           "options given explicitly win (an architecture's name here, the older spelling, is --architecture)",
+           choices=[*RECIPES, *ARCHITECTURES], metavar="PRESET"),
+    option("--architecture", ["bench", "make-tiny"],
+           "tiny (a few MB), small (SDXL's block structure, narrower: CPU benchmarks) or sdxl (SDXL base 1.0's; "
+           "about 14 GB as a checkpoint); bench: of --random-weights, and without --model the checkpoint it loads "
+           "(tiny: the built-in one, else SDXL base 1.0)", default="tiny", choices=ARCHITECTURES),
     option("--model", MODEL,
            "Hub repo id, local diffusers directory, single-file .safetensors (A1111/ComfyUI layout, local or "
            "owner/repo/file.safetensors), or 'tiny'", env="SDXL_MODEL",
-           shown_default="SDXL base 1.0, or the preset's"),
-    option("--random-weights", ["bench"], "random weights of the preset's architecture (nothing is loaded)",
+           shown_default="SDXL base 1.0, or the preset's", loads="model"),
+    option("--random-weights", ["bench"], "random weights of the architecture (nothing is loaded)",
            action="store_true"),
     option("--config", MODEL,
            "for a single-file --model: the diffusers checkpoint (Hub id or directory) whose configs and tokenizers it "
-           "uses; only those small files are fetched", env="SDXL_CONFIG", shown_default="SDXL base 1.0's"),
+           "uses; only those small files are fetched", env="SDXL_CONFIG", shown_default="SDXL base 1.0's",
+           loads="config"),
     option("--unet", MODEL,
            "UNet weights file instead of the model's (diffusers or single-file layout, one .safetensors; local or "
-           "owner/repo/file.safetensors, e.g. SDXL-Lightning's)", env="SDXL_UNET"),
+           "owner/repo/file.safetensors, e.g. SDXL-Lightning's)", env="SDXL_UNET", loads="unet"),
     option("--lora", MODEL, "LoRA fused into the weights at load, kohya or diffusers format, scale default 1; "
            "repeatable (environment: comma-separated)", env="SDXL_LORA", action="append", metavar="FILE[:SCALE]",
-           default=[], shown_default="none, or the preset's"),
+           default=[], shown_default="none, or the preset's", loads="loras"),
     option("--spacing", MODEL, "timestep spacing instead of the scheduler config's (few-step models: trailing)",
-           env="SDXL_SPACING", choices=SPACINGS),
+           env="SDXL_SPACING", choices=SPACINGS, loads="timestep_spacing"),
     option("--prediction-type", MODEL, "what the UNet predicts, instead of the scheduler config's (SDXL-Lightning's "
-           "1-step UNet: sample)", env="SDXL_PREDICTION_TYPE", choices=("epsilon", "sample")),
-    option("--dtype", MODEL, "parameter and activation dtype", env="SDXL_DTYPE", default="bfloat16", choices=DTYPES),
+           "1-step UNet: sample)", env="SDXL_PREDICTION_TYPE", choices=("epsilon", "sample"),
+           loads="prediction_type"),
+    option("--dtype", MODEL, "parameter and activation dtype", env="SDXL_DTYPE", default="bfloat16", choices=DTYPES,
+           loads="dtype"),
     option("--compute-dtype", ["bench"], "activation dtype", choices=DTYPES,
-           shown_default="--dtype, but float32 on a CPU"),
+           shown_default="--dtype, but float32 on a CPU", loads="compute_dtype"),
     option("--attention", MODEL, "attention kernel: auto (the best per platform) or xla", env="SDXL_TPU_ATTENTION",
-           default="auto", choices=("auto", "xla")),
+           default="auto", choices=("auto", "xla"), loads="attention"),
     option("--compile-cache", [*SERVERS, "generate"], "JAX's persistent compilation cache directory (a restart "
            "reuses compiled programs); '' for none", env="SDXL_TPU_COMPILE_CACHE", default=DEFAULT_COMPILE_CACHE,
            shown_default="~/.cache/sdxl_tpu/jax"),
@@ -148,7 +156,7 @@ OPTIONS: tuple[Option, ...] = (
     option("--max-prompt-chunks", SERVERS,
            f"the longest prompt, in chunks of 75 tokens as A1111 splits them ({DEFAULT_MAX_CHUNKS}: 225 tokens); "
            "every program has room for N, so no prompt recompiles", env="SDXL_MAX_PROMPT_CHUNKS", type=int,
-           default=DEFAULT_MAX_CHUNKS, metavar="N"),
+           default=DEFAULT_MAX_CHUNKS, metavar="N", loads="max_prompt_chunks"),
     # --- what the servers compile, preview and serve ---
     option("--sizes", SERVERS, "comma-separated WIDTHxHEIGHT sizes to compile, or 'sdxl' for SDXL's nine trained "
            "sizes; ready once the first is compiled, the others follow in the background", env="SDXL_SIZES",
@@ -158,7 +166,7 @@ OPTIONS: tuple[Option, ...] = (
     option("--preview", [*SERVERS, "bench"], "how live previews are decoded: 'approx' (a linear latent-to-RGB map, "
            "no weights), 'taesd' (the tiny autoencoder madebyollin/taesdxl, downloaded once; bench with "
            "--random-weights: random weights of its shape) or a local TAESD directory in diffusers format",
-           env="SDXL_PREVIEW", default="approx"),
+           env="SDXL_PREVIEW", default="approx", loads="preview"),
     option("--image-format", SERVERS, "format of served images, parameters embedded (jpeg: quality 95, fastest; "
            "png: lossless)", env="SDXL_IMAGE_FORMAT", default="jpeg", choices=list(FORMATS)),
     option("--queue-size", SERVERS, "requests that may wait; more are told the server is busy",
@@ -195,8 +203,7 @@ OPTIONS: tuple[Option, ...] = (
     # --- make-tiny ---
     option("directory", ["make-tiny"], "where the checkpoint is written", metavar="DIR"),
     option("--seed", ["make-tiny"], "seed of the random weights", type=int, default=0),
-    option("--preset", ["make-tiny"], "architecture: tiny, small (benchmarks), sdxl (full size, about 14 GB)",
-           default="tiny", choices=ARCHITECTURES),
+    option("--preset", ["make-tiny"], "the older spelling of --architecture", choices=ARCHITECTURES),
 )
 
 
@@ -204,6 +211,25 @@ def options_for(command: str) -> list[Option]:
     if command not in COMMANDS:
         raise ValueError(f"no command {command!r}")
     return [o for o in OPTIONS if command in o.commands]
+
+
+def older_architecture(args: argparse.Namespace) -> str | None:
+    """An architecture named by --preset, the older spelling of --architecture (bench, make-tiny)."""
+    if args.preset in ARCHITECTURES:
+        print(f"note: --preset {args.preset} names an architecture; it is spelled --architecture {args.preset} now",
+              file=sys.stderr)
+        return args.preset
+    return None
+
+
+def default_of(flag: str, command: str = "serve") -> Any:
+    """The table's default of `flag` for `command` (so other defaults can be the command line's)."""
+    return next(o.default for o in options_for(command) if o.flag == flag)
+
+
+def load_values(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """What `command`'s options say to load: LoadOptions field -> value (None: not given)."""
+    return {o.loads: getattr(args, o.name) for o in options_for(command) if o.loads}
 
 
 def add_options(parser: argparse.ArgumentParser, command: str) -> None:

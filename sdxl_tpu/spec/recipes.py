@@ -68,9 +68,9 @@ def recipe_named(name: str) -> Recipe:
         raise ValueError(f"no preset {name!r}; presets: {', '.join(RECIPES)}") from None
 
 
-# What an entry point uses when neither the user nor a preset says otherwise.
-DEFAULTS = dict(model=BASE, unet=None, spacing=None, prediction_type=None, sampler=None, steps=20, guidance=5.0,
-                size="1024x1024", lora=None)
+# What a generation uses when neither the user nor a preset says otherwise (the weights a preset
+# brings are LoadOptions.of's business).
+DEFAULTS = dict(sampler=None, steps=20, guidance=5.0, size="1024x1024")
 
 
 def settle(recipe: Recipe | None, **given) -> dict:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import RequestError
-from .fields import GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
+from .fields import FIELD, MAX_PROMPT_CHARS, MAX_SEED
 from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
 from .values import choice_input, number_input, parse_size, prompt_input, schedule_input, size_input
 
@@ -27,8 +27,8 @@ class ImageInfo:
     steps: int
     size: tuple[int, int]  # (width, height)
     sampler: str | None = None  # None: the pipeline's default (it fills it in)
-    schedule: str = DEFAULT_SCHEDULE  # one of scheduler.SCHEDULES
-    rng: str = DEFAULT_RNG  # one of scheduler.RNGS: where the noise comes from
+    schedule: str = DEFAULT_SCHEDULE  # one of names.SCHEDULES
+    rng: str = DEFAULT_RNG  # one of names.RNGS: where the noise comes from
 
 
 @dataclass
@@ -96,40 +96,45 @@ class Request:
            sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
            per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS) -> "Request":
         """Check everything; `seed=None` draws a random seed; `sizes` and `samplers` are those
-        available (default: all of scheduler.SAMPLERS); without `per_image`, lists are refused (a
+        available (default: all of names.SAMPLERS); without `per_image`, lists are refused (a
         form has one value per field); prompts are at most `max_chars` characters."""
+        label = {name: f.label for name, f in FIELD.items()}
+
         def prompt_text(v: Any) -> str:
-            text = prompt_input(v, "Prompt", max_chars)
+            text = prompt_input(v, label["prompt"], max_chars)
             if not text:
-                raise RequestError("Please enter a prompt.")
+                raise RequestError("Prompt is empty: please enter a prompt.")
             return text
 
-        def field(value: Any, name: str, check: Callable[[Any], Any]) -> Any:
-            return _one_or_each(value, name, check, per_image)
+        def number(name: str, whole: bool = False) -> Callable[[Any], Any]:
+            return lambda v: number_input(v, label[name], *FIELD[name].limits, whole=whole)
 
-        sampler = None if sampler is None else choice_input(sampler, "Sampler",
+        def field(value: Any, name: str, check: Callable[[Any], Any]) -> Any:
+            return _one_or_each(value, label[name], check, per_image)
+
+        sampler = None if sampler is None else choice_input(sampler, label["sampler"],
                                                             SAMPLERS if samplers is None else samplers)
-        schedule = DEFAULT_SCHEDULE if schedule is None else choice_input(schedule, "Schedule type", SCHEDULES)
+        schedule = DEFAULT_SCHEDULE if schedule is None else choice_input(schedule, label["schedule"], SCHEDULES)
         if sampler is not None:  # the default sampler's combination is checked once it is known
             schedule_input(sampler, schedule)
         return Request(
-            prompt=field(prompt, "Prompt", prompt_text),
-            negative_prompt=field(negative_prompt, "Negative prompt",
-                                  lambda v: prompt_input(v, "Negative prompt", max_chars)),
+            prompt=field(prompt, "prompt", prompt_text),
+            negative_prompt=field(negative_prompt, "negative", lambda v: prompt_input(v, label["negative"], max_chars)),
             seed=secrets.randbelow(MAX_SEED + 1) if seed is None else field(
-                seed, "Seed", lambda v: int(number_input(v, "Seed", 0, MAX_SEED, whole=True))),
-            guidance_scale=field(guidance_scale, "Guidance scale",
-                                 lambda v: float(number_input(v, "Guidance scale", *GUIDANCE_RANGE))),
-            steps=int(number_input(steps, "Steps", 1, MAX_STEPS, whole=True)),
+                seed, "seed", lambda v: int(number("seed", whole=True)(v))),
+            guidance_scale=field(guidance_scale, "guidance", lambda v: float(number("guidance")(v))),
+            steps=int(number("steps", whole=True)(steps)),
             size=size_input(size, sizes) if sizes is not None else parse_size(size),
-            sampler=sampler, schedule=schedule, rng=DEFAULT_RNG if rng is None else choice_input(rng, "RNG", RNGS))
+            sampler=sampler, schedule=schedule,
+            rng=DEFAULT_RNG if rng is None else choice_input(rng, label["rng"], RNGS))
 
     def images(self, n: int) -> list[ImageInfo]:
         """The request spelled out for `n` images."""
+        label = lambda name: FIELD[name].label
         seeds = ([(self.seed + i) % (MAX_SEED + 1) for i in range(n)] if isinstance(self.seed, int)
-                 else per_image(self.seed, n, "Seed"))
-        columns = zip(seeds, per_image(self.prompt, n, "Prompt"),
-                      per_image(self.negative_prompt, n, "Negative prompt"),
-                      per_image(self.guidance_scale, n, "Guidance scale"))
+                 else per_image(self.seed, n, label("seed")))
+        columns = zip(seeds, per_image(self.prompt, n, label("prompt")),
+                      per_image(self.negative_prompt, n, label("negative")),
+                      per_image(self.guidance_scale, n, label("guidance")))
         return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
                           sampler=self.sampler, schedule=self.schedule, rng=self.rng) for s, p, q, g in columns]

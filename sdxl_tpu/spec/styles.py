@@ -1,13 +1,12 @@
-"""Styles: prompt templates and negative prompts, as the original SDXL playground offered them."""
+"""Styles: prompt templates and negative prompts, as the original SDXL playground offered them
+(the default, DEFAULT_STYLE, is fields.py's)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .fields import MAX_PROMPT_CHARS
-from .errors import RequestError
 from .values import choice_input
-from ..server.errors import log_refusal
 
 
 # name -> (prompt template, negative prompt), as the original SDXL playground offered them.
@@ -39,20 +38,6 @@ STYLES: dict[str, tuple[str, str]] = {
     "3D Model": ("professional 3d model {prompt} . octane render, highly detailed, volumetric, dramatic lighting",
                  "ugly, deformed, noisy, low poly, blurry, painting"),
 }
-
-
-DEFAULT_STYLE = "(No style)"
-
-
-def style_description(style: Any) -> str:
-    """Markdown shown under the style menu: the template and what it adds to the negative prompt."""
-    try:
-        template, negative = style_entry(style)
-    except RequestError as e:
-        log_refusal("style description", e)
-        return str(e)
-    adds = f"  \n**Adds to the negative prompt:** `{negative}`" if negative else ""
-    return f"**Prompt template:** `{template}`" + adds
 
 
 def style_entry(style: Any) -> tuple[str, str]:

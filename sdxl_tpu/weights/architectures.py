@@ -1,5 +1,6 @@
-"""The architectures, in one place: each preset's component configs exactly as diffusers'
-config.json files hold them, SDXL base 1.0's scheduler config and model index.
+"""The architectures, in one place: each one's component configs exactly as diffusers'
+config.json files hold them, and SDXL base 1.0's model index (its scheduler config is
+sampler/from_config.py's).
 
 tiny:  a few MB, for tests and running offline (`sdxl_tpu.weights.tiny` writes it as a checkpoint).
 small: SDXL's block structure, narrower and shallower, 256x256, for CPU benchmarks.
@@ -67,36 +68,34 @@ def vae_config(channels=(16, 16, 32, 32), *, groups: int = 8, layers: int = 1,
     }
 
 
-ARCHITECTURES = ("tiny", "small", "sdxl")  # what preset_configs builds
-
-
-def preset_configs(preset: str, vocab_size: int = 49408) -> dict[str, Any]:
-    """Component configs (as config.json files hold them) and the default image size of a preset.
+def architecture_configs(architecture: str, vocab_size: int = 49408) -> dict[str, Any]:
+    """Component configs (as config.json files hold them) and the default image size of an
+    architecture (spec/names.py's ARCHITECTURES).
 
     tiny:  a few MB, for tests and running offline.
     small: SDXL's block structure, narrower and shallower, 256x256: a CPU call takes seconds, so a
            side-by-side comparison measures compute rather than overhead.
     sdxl:  SDXL base 1.0's architecture exactly.
     """
-    if preset == "tiny":
+    if architecture == "tiny":
         te1 = text_encoder_config(vocab_size, projection=False)
         te2 = text_encoder_config(vocab_size, projection=True)
         unet = unet_config(64, 32)
         vae, size = vae_config(), (64, 64)
-    elif preset == "small":
+    elif architecture == "small":
         te1 = text_encoder_config(vocab_size, projection=False, hidden=256, layers=4, mlp_ratio=4)
         te2 = text_encoder_config(vocab_size, projection=True, hidden=256, layers=4, mlp_ratio=4)
         unet = unet_config(512, 256, channels=(64, 128, 256), transformer_layers=(1, 1, 2), heads=(1, 2, 4), groups=32,
                            time_dim=256, sample_size=32)
         vae, size = vae_config((32, 64, 128, 128), groups=32, layers=1), (256, 256)
-    elif preset == "sdxl":
+    elif architecture == "sdxl":
         te1 = text_encoder_config(vocab_size, projection=False, hidden=768, layers=12, heads=12, mlp_ratio=4)
         te2 = text_encoder_config(vocab_size, projection=True, hidden=1280, layers=32, heads=20, mlp_ratio=4)
         unet = unet_config(2048, 1280, channels=(320, 640, 1280), transformer_layers=(1, 2, 10), heads=(5, 10, 20),
                            groups=32, time_dim=256, sample_size=128)
         vae, size = vae_config((128, 256, 512, 512), groups=32, layers=2, sample_size=1024), (1024, 1024)
     else:
-        raise ValueError(f"unknown preset {preset!r}; use tiny, small or sdxl")
+        raise ValueError(f"unknown architecture {architecture!r}; use tiny, small or sdxl")
     return {"text_encoder": te1, "text_encoder_2": te2, "unet": unet, "vae": vae, "size": size}
 
 

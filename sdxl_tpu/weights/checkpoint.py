@@ -14,10 +14,10 @@ from ..models.clip import CLIPTextConfig, CLIPTextModel
 from ..models.layers import Precision
 from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..models.vae import AutoencoderKL, VAEConfig
+from ..spec.names import SDXL_BASE
+from .hub import COMPONENTS, resolve, resolve_file
 from .lora import LoRA, combined_deltas, read_loras
 from .single_file import SingleFileView, check_single_file, in_single_file_layout
-from .hub import COMPONENTS, resolve, resolve_file
-from ..spec.names import SDXL_BASE
 from .tensors import (CheckpointError, TensorSource, load_into, normalize_clip_name, normalize_vae_name, read_json,
                       torch_shapes, weight_files)
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .single_file import PREFIXES, place
 from .errors import CheckpointError
+from .single_file import PREFIXES, place
 from .tensors import TensorSource, normalize_clip_name
 
 _KOHYA = {"lora_unet_": "unet", "lora_te1_": "text_encoder", "lora_te2_": "text_encoder_2", "lora_te_": "text_encoder"}

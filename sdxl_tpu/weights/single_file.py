@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from .errors import CheckpointError
-
 from .tensors import TensorSource, normalize_clip_name, normalize_vae_name, read_json, weight_files
 
 PREFIXES = {

@@ -3,7 +3,7 @@
 It is the offline fixture for tests and for running the app without a model hub: the same
 file layout, config keys and tensor names as stabilityai/stable-diffusion-xl-base-1.0, with
 small widths and a small byte-level BPE vocabulary. The architectures (tiny, small, sdxl) are
-defined in presets.py; this module writes them out as checkpoints.
+defined in architectures.py; this module writes them out as checkpoints.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from ..models.clip import CLIPTextConfig, CLIPTextModel
-from ..sampler.from_config import SCHEDULER_CONFIG
-from .architectures import DIFFUSERS_VERSION, model_index, preset_configs
 from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..models.vae import AutoencoderKL, VAEConfig
+from ..sampler.from_config import SCHEDULER_CONFIG
+from .architectures import DIFFUSERS_VERSION, architecture_configs, model_index
 from .tensors import torch_shapes
 from .tiny_tokenizers import write_tokenizers
 
@@ -51,14 +51,14 @@ def _write_component(directory: Path, config: dict[str, Any], tensors: dict[str,
     save_file(tensors, str(directory / filename), metadata={"format": "pt"})
 
 
-def write_checkpoint(directory: str | os.PathLike, preset: str = "tiny", *, seed: int = 0,
+def write_checkpoint(directory: str | os.PathLike, architecture: str = "tiny", *, seed: int = 0,
                      overrides: dict[str, dict[str, Any]] | None = None) -> Path:
-    """Write a random checkpoint of `preset` in diffusers format to `directory` and return its path.
+    """Write a random checkpoint of `architecture` in diffusers format to `directory`; its path.
     `overrides`: config entries to change per component, e.g. {"text_encoder_2": {"hidden_size": 48}}."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    configs = preset_configs(preset, vocab_size=write_tokenizers(root))
+    configs = architecture_configs(architecture, vocab_size=write_tokenizers(root))
     for component, changes in (overrides or {}).items():
         configs[component] = {**configs[component], **changes}
     builders = {
@@ -87,7 +87,7 @@ def tiny_taesd_config() -> dict[str, Any]:
     """A small AutoencoderTiny config, as diffusers writes it, whose decoder upsamples by the tiny VAE's factor."""
     from .architectures import DIFFUSERS_VERSION
 
-    stages = len(preset_configs("tiny")["vae"]["block_out_channels"])  # the VAE scales by 2 ** (stages - 1)
+    stages = len(architecture_configs("tiny")["vae"]["block_out_channels"])  # the VAE scales by 2 ** (stages - 1)
     widths = [8] * stages
     return {
         "_class_name": "AutoencoderTiny", "_diffusers_version": DIFFUSERS_VERSION, "act_fn": "relu",

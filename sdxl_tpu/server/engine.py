@@ -1,0 +1,121 @@
+"""What makes a server's images, as the server core sees it: an `Engine` (the model in this process,
+local_engine.py, or the back ends a front end sends its generations to, remote_engine.py), the
+`Ticket` of one request's work in it, and what the work gives back (`Generated`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from .offer import Offer
+
+Size = tuple[int, int]
+# What a ticket reports, in order: ("progress", step, steps) after each denoising step, ("preview",
+# step, steps, images) now and then (images: uint8 arrays, or JPEG files from a back end), and once
+# ("done",) when its result (or what stopped it) is ready.
+Report = Callable[[tuple], None]
+
+
+@dataclass
+class Generated:
+    """One request's images as files (format chosen by the server, parameters embedded), wherever
+    they were made: by this process's pipeline or by a back end."""
+    files: list[bytes]
+    parameters: list[str]  # AUTOMATIC1111's text, as embedded in each file
+    seeds: list[int]
+    sampler: str
+    timings: dict[str, float]  # seconds: text_encoding, denoising, decoding, total, encoding
+    schedule: str = DEFAULT_SCHEDULE  # the Schedule type that ran ("Automatic" resolved)
+    rng: str = DEFAULT_RNG
+    format: str = "jpeg"  # of the files (spec/images.py's FORMATS)
+
+
+class Ticket:
+    """One request's work in an engine. The engine's threads report to `report` as the work goes
+    (see Report) and end with ("done",); the caller then takes `result()` in its own thread, where the
+    images are encoded (or what stopped them is raised)."""
+
+    def __init__(self, report: Report, encode: Callable[[Any], Generated] | None = None):
+        self.report, self._encode = report, encode
+        self._outcome: Any = None
+        self._error: BaseException | None = None
+        self.done = threading.Event()
+
+    # -- the engine's side ------------------------------------------------------------------------
+
+    def progress(self, step: int, steps: int) -> None:
+        self.report(("progress", step, steps))
+
+    def preview(self, step: int, steps: int, images: Any) -> None:
+        self.report(("preview", step, steps, images))
+
+    def finish(self, outcome: Any = None, error: BaseException | None = None) -> None:
+        """The work ended: its outcome (what `encode` turns into Generated) or what stopped it."""
+        self._outcome, self._error = outcome, error
+        self.done.set()
+        self.report(("done",))
+
+    # -- the caller's side ------------------------------------------------------------------------
+
+    def result(self) -> Generated:
+        """The images (once reported done), or what stopped them, raised. Taken once: the work's
+        images are freed with it."""
+        outcome, error, self._outcome, self._error = self._outcome, self._error, None, None
+        if error is not None:
+            raise error
+        return self._encode(outcome) if self._encode is not None else outcome
+
+
+class Engine(Protocol):
+    """What the server core asks of whatever makes its images."""
+
+    # What the page says while it starts, and of a failure to start.
+    loading_message: str
+    # The token counter's words when it has no tokenizer.
+    no_tokenizer_message: str
+    # How often (seconds) the server asks `unavailable()` once started; None: never (it cannot go away).
+    watch_seconds: float | None
+
+    def start(self) -> Offer:
+        """Blocking: load (or connect), and say what is offered."""
+
+    def failure_message(self, error: Exception) -> str: ...
+
+    def ready_message(self, seconds: float, offer: Offer) -> str: ...
+
+    def unavailable(self) -> str | None:
+        """Why it cannot take work now (None: it can); asked every `watch_seconds`."""
+
+    @property
+    def tokenizer(self) -> Any:
+        """The first text encoder's tokenizer, for token counts (None while there is none)."""
+
+    @property
+    def compiling(self) -> list[Size]:
+        """Offered sizes not compiled yet, in the order they will be."""
+
+    def compile(self, size: Size) -> None: ...
+
+    def compiles(self) -> int:
+        """XLA compilations in this process since it started (0 where nothing compiles)."""
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in the engine (not yet running)."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether any accepted request is still waiting or running."""
+
+    def concurrency(self) -> int:
+        """How many requests the web server should hand over at once."""
+
+    def submit(self, request: Any, report: Report, abandoned: Callable[[], bool], previews: bool) -> Ticket:
+        """Start a checked request's work (raises at once what refuses it at the door: warming up,
+        the queue full, shutting down); `abandoned()` says whether its caller has gone."""
+
+    def close(self, stop_running: bool) -> None:
+        """Accept nothing more; cancel what runs if `stop_running`."""

@@ -1,0 +1,142 @@
+"""The model in this process: the pipeline, loaded and compiled, and the batcher that feeds it (an
+Engine, engine.py). The one module of the server that imports the generator (JAX)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from ..generate.compilation import CompileCounter, enable_compile_cache, quiet_platforms
+from ..generate.loading import load
+from ..generate.pipeline import Pipeline, call_batch
+from ..spec.errors import GenerationError, RequestError
+from ..spec.images import encode_all
+from ..spec.infotext import parameters_text
+from ..spec.names import RNGS, SCHEDULES, schedule_used
+from ..spec.request import GenerationResult, Request
+from ..spec.values import format_size
+from .batcher import Batcher, Job
+from .engine import Generated, Report, Ticket
+from .offer import Offer, offered_presets
+from .settings import Settings, model_not_found_message
+
+
+def prepare_process(settings: Settings) -> None:
+    """Before JAX starts, once per process: no TPU platform where there are no TPU chips (its
+    errors would fill the log), and the persistent compilation cache (a restart reuses programs)."""
+    quiet_platforms()
+    enable_compile_cache(settings.compile_cache)
+
+
+def load_and_compile_first(settings: Settings) -> Pipeline:
+    """The pipeline of `settings`, compiled for its first size (the others follow in the background)."""
+    pipe = load(settings.load, warmup=False)
+    pipe.warmup(pipe.sizes[:1])
+    return pipe
+
+
+class LocalEngine:
+    """The pipeline (from `loader`: settings -> a Pipeline compiled for its first size;
+    load_and_compile_first by default) and the batcher that feeds it; `on_call(timings)` after each
+    pipeline call (None: the call failed). `max_waiting` bounds the batcher's queue (a back end's;
+    the playground's web server has a bounded queue of its own)."""
+
+    loading_message = "Loading the model and compiling every size; this page will work once that is done."
+    no_tokenizer_message = "Token count available once the model is loaded."
+    watch_seconds = None  # the model in this process does not go away
+
+    def __init__(self, settings: Settings, on_call: Callable[[dict[str, float] | None], None] = lambda t: None,
+                 loader: Callable[[Settings], Any] | None = None, max_waiting: int | None = None):
+        self.settings, self._on_call, self.max_waiting = settings, on_call, max_waiting
+        self._loader = loader or load_and_compile_first
+        self.pipeline: Any = None
+        self.batcher: Batcher | None = None
+        self._compiles = CompileCounter().__enter__()  # listens for the life of the process
+
+    def failure_message(self, error: Exception) -> str:
+        return model_not_found_message(self.settings.load.model, str(error).rstrip("."))
+
+    def ready_message(self, seconds: float, offer: Offer) -> str:
+        what = format_size(offer.sizes[0]) if self.compiling else "every size"
+        return f"Ready ({seconds:.0f} s to load and compile {what})."
+
+    def start(self) -> Offer:
+        pipe = self._loader(self.settings)
+        self.pipeline = pipe
+        self.batcher = Batcher(pipe, on_call=lambda images, result: self._on_call(
+            result.timings if result is not None else None), max_waiting=self.max_waiting,
+            preview_every=self.settings.preview_every)
+        recipe, s = self.settings.recipe, self.settings
+        return Offer(model=pipe.model_name, sizes=list(pipe.sizes), samplers=list(pipe.samplers),
+                     default_sampler=recipe.sampler if recipe is not None else pipe.default_sampler,
+                     preset=recipe.name if recipe is not None else None, presets=offered_presets(recipe),
+                     images_per_call=s.load.images_per_call, image_format=s.image_format,
+                     max_prompt_chunks=pipe.max_prompt_chunks, schedules=list(SCHEDULES),
+                     default_schedule=s.schedule, rngs=list(RNGS), default_rng=s.rng)
+
+    def unavailable(self) -> str | None:
+        return None
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.pipeline.tokenizers[0] if self.pipeline is not None else None
+
+    @property
+    def compiling(self) -> list[tuple[int, int]]:
+        if self.pipeline is None:
+            return []
+        return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size)]
+
+    def compile(self, size: tuple[int, int]) -> None:
+        self.pipeline.warmup([size])
+
+    def compiles(self) -> int:
+        return self._compiles.compiles
+
+    @property
+    def waiting(self) -> int:
+        return self.batcher.waiting if self.batcher is not None else 0
+
+    @property
+    def busy(self) -> bool:
+        return self.batcher is not None and self.batcher.busy
+
+    def concurrency(self) -> int:
+        """As many requests as one pipeline call can serve: more than one where the host has more
+        chips than a request has images (images are split evenly over the chips)."""
+        per_request = self.settings.load.images_per_call
+        return max(1, call_batch(per_request, len(jax.devices())) // per_request)
+
+    def submit(self, request: Request, report: Report, abandoned: Callable[[], bool], previews: bool) -> Ticket:
+        if self.batcher is None:
+            raise RequestError("The model is still warming up; please try again in a moment.")
+        ticket = Ticket(report, encode=self._encode)
+        self.batcher.enqueue(request.images(self.settings.load.images_per_call), progress=ticket.progress,
+                             abandoned=abandoned, preview=ticket.preview if previews else None,
+                             on_done=lambda job: _finish(ticket, job))
+        return ticket
+
+    def _encode(self, result: GenerationResult) -> Generated:
+        """A call's images as files in the server's format, each with its parameters."""
+        start = time.perf_counter()
+        parameters = [parameters_text(info, self.pipeline.stamp) for info in result.infos]
+        files = encode_all(result.images, parameters, self.settings.image_format)
+        first = result.infos[0]  # (one request's images: one sampler, schedule and noise source)
+        return Generated(files, parameters, result.seeds, first.sampler,
+                         dict(result.timings, encoding=time.perf_counter() - start),
+                         schedule=schedule_used(first.sampler, first.schedule), rng=first.rng,
+                         format=self.settings.image_format)
+
+    def close(self, stop_running: bool) -> None:
+        if self.batcher is not None:
+            self.batcher.close(stop_running=stop_running)
+            self.batcher.join(timeout=30)
+
+
+def _finish(ticket: Ticket, job: Job) -> None:
+    """A batcher's job ended: its outcome to the ticket (an image that is not one, for the user)."""
+    error = RequestError(str(job.error)) if isinstance(job.error, GenerationError) else job.error
+    ticket.finish(job.result, error)

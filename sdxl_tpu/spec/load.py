@@ -1,0 +1,81 @@
+"""What to load: one object for the model, its weights, the sizes to compile and how, built once by
+each entry point (the app, `serve`, `generate`, `bench`) from the options table (each option that
+loads something names its field, and its default is the field's: options.py) and given to the
+generator as it is."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .names import SDXL_BASE
+from .options import default_of
+from .recipes import Recipe
+from .values import parse_size
+
+Size = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """An SDXL checkpoint and how it is loaded and compiled.
+
+    model: a Hub id, a local diffusers directory, "tiny", or a single-file .safetensors (A1111 and
+        ComfyUI's layout, local or owner/repo/file.safetensors), whose configs and tokenizers come
+        from `config` (default SDXL base 1.0's).
+    sizes: (width, height) pairs (or "WxH") compiled ahead of time; no other size is served.
+    images_per_call: images per call (the compiled batch is rounded up to the device count).
+    dtype: the parameters' dtype; compute_dtype: the activations' (default: dtype, but float32 on a
+        CPU, which has no bfloat16 arithmetic).
+    attention: "auto" (the best kernel per platform) or "xla".
+    unet: a UNet weights file instead of the checkpoint's (e.g. SDXL-Lightning's).
+    loras: LoRA files fused into the weights, "file[:scale]" or (file, scale) (kohya or diffusers).
+    timestep_spacing, prediction_type: instead of the scheduler config's ("trailing"; "sample").
+    preview: how live previews are decoded: "approx", "taesd" or a TAESD checkpoint.
+    max_prompt_chunks: room for the longest prompt, in chunks of 75 tokens.
+    step_progress: one compiled program per denoising step (progress, previews, stop between steps),
+        else every step in one fused loop on the device.
+    """
+
+    model: str = SDXL_BASE
+    sizes: tuple[Size, ...] = ((1024, 1024),)
+    images_per_call: int = default_of("--images", "generate")
+    dtype: str = default_of("--dtype")
+    compute_dtype: str | None = None
+    attention: str = default_of("--attention")
+    unet: str | None = None
+    config: str | None = None
+    loras: tuple[Any, ...] = ()
+    timestep_spacing: str | None = None
+    prediction_type: str | None = None
+    preview: str = default_of("--preview")
+    max_prompt_chunks: int = default_of("--max-prompt-chunks")
+    step_progress: bool = True
+
+    def __post_init__(self) -> None:  # (paths, "WxH" and lists, as callers have them, in one form)
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        set_("model", str(self.model))
+        set_("sizes", tuple(parse_size(s) for s in self.sizes))
+        set_("loras", tuple(self.loras or ()))
+        for name in ("unet", "config"):
+            if getattr(self, name) is not None:
+                set_(name, str(getattr(self, name)))
+
+    def replace(self, **changes: Any) -> LoadOptions:
+        return dataclasses.replace(self, **changes)
+
+    @staticmethod
+    def of(values: Mapping[str, Any], recipe: Recipe | None = None) -> LoadOptions:
+        """From option values (field -> value; None: not given), the preset's weights and settings
+        (`recipe`: model, unet, spacing, prediction type, LoRA) where none is given."""
+        given = {k: v for k, v in values.items() if v is not None and v != []}
+        if recipe is not None:
+            taken = {"model": recipe.model, "unet": recipe.unet, "timestep_spacing": recipe.spacing,
+                     "prediction_type": recipe.prediction_type, "loras": [recipe.lora] if recipe.lora else None}
+            given = {**{k: v for k, v in taken.items() if v is not None}, **given}
+        return LoadOptions(**given)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(LoadOptions))
