@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from served_app import ROOT, SIZES, get
-from sdxl_tpu.spec.fields import MAX_PROMPT_CHARS
+from sdxl_tpu.server.page import PASTED_INTO
+from sdxl_tpu.spec.fields import FIELD, FORM, MAX_PROMPT_CHARS
 from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX"]  # a valid call (1 step)
@@ -28,7 +29,7 @@ RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "gui
 # The page's own generation event takes the history the browser keeps as a last input.
 CALLS = {"generate": GENERATE, "generate_in_page": GENERATE + [[RUN]]}
 HISTORY = len(GENERATE)  # (its position)
-FIELDS = ["prompt", "negative", "style", "seed", "randomize", "guidance", "steps", "size", "sampler", "schedule", "rng"]
+FIELDS = list(FORM)  # the form's fields, in the order /generate takes them
 OWN_SOURCE = "def build_demo(server: Server)"  # a line of app.py: must never be served
 
 
@@ -180,11 +181,12 @@ def test_gradio_own_upload_check_is_in_force_behind_the_guard(tmp_path, monkeypa
     from sdxl_tpu.server.internals import mark_launched
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.settings import Settings
+    from sdxl_tpu.spec.load import LoadOptions
 
     secret = tmp_path / "secret.txt"
     secret.write_text("secret")
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "cache"))
-    demo = app_module.build_demo(Server(Settings(model="tiny", sizes=[(64, 64)])))
+    demo = app_module.build_demo(Server(Settings(load=LoadOptions(model="tiny", sizes=[(64, 64)]))))
     prompt = demo.fns[next(i for i, f in demo.fns.items() if f.api_name == "generate")].inputs[0]
 
     def move(blocks):
@@ -312,9 +314,27 @@ def _predict_refused(fuzz_client, http_client, log: AppLog, field: str, value) -
         fuzz_client.predict(*args, api_name="/generate")
     message = str(info.value)
     assert message and "Traceback" not in message and " object at 0x" not in message, message
-    assert any(name in message for name in ("Prompt", "prompt", "Negative prompt", "Style", "Seed", "Randomize",
-                                            "Guidance", "Steps", "Size", "Sampler", "Schedule type", "RNG")), message
+    assert names_the_field(message, field, value), (field, value, message)
     http_client.check("PREDICT", field, 200, message.encode())
+
+
+def names_the_field(message: str, field: str, value) -> bool:
+    """Whether a refusal names the field that carried the bad value by its label, as the page shows
+    it (case and all: "Prompt" is not in "Negative prompt ..."); a sampler and a Schedule type refused
+    together: both, the sampler by its name."""
+    if field == PAIR:
+        return "Schedule type" in message and value[0] in message
+    return FIELD[field].label in message
+
+
+def test_the_field_check_sees_a_wrong_message():
+    """(The fuzz tests' check can fail: a message about another field, or about none, does not pass.)"""
+    assert names_the_field("Negative prompt must be text, got a list.", "negative", ["a"])
+    assert not names_the_field("Negative prompt must be text, got a list.", "prompt", ["a"])
+    assert not names_the_field("Steps must be a whole number between 1 and 50.", "seed", -1)
+    assert not names_the_field("Something went wrong on the server; it has been logged.", "steps", 0)
+    assert names_the_field("DDIM runs on its own timesteps: choose Schedule type Checkpoint or Automatic, not Karras.",
+                           PAIR, ("DDIM", "Karras"))
 
 
 # Values gradio_client cannot send (not JSON-compliant or not UTF-8) go as raw JSON text.
@@ -507,8 +527,11 @@ def _paste(http_client, log: AppLog, fn_index, value) -> None:
     assert message["success"] is True, message
     *form, notes = message["output"]["data"]
     assert isinstance(notes, str) and notes and "Traceback" not in notes
+    filled = dict(zip(PASTED_INTO, (None if isinstance(v, dict) and v.get("__type__") == "update" else v
+                                    for v in form)))  # (None: left as it was)
     prompt, negative, seed, randomize, guidance, steps, sampler, schedule, size, rng = (
-        None if isinstance(v, dict) and v.get("__type__") == "update" else v for v in form)  # (None: left as it was)
+        filled[name] for name in ("prompt", "negative", "seed", "randomize", "guidance", "steps", "sampler",
+                                  "schedule", "size", "rng"))
     assert all(v is None or isinstance(v, str) for v in (prompt, negative)), form
     assert seed is None or (type(seed) is int and 0 <= seed < 2**32 and randomize is False), form
     assert guidance is None or 0 <= guidance <= 20, form
