@@ -10,7 +10,6 @@ sdxl_tpu/server/ (core.py: the server; page.py: what the page shows of its state
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import sys
@@ -26,10 +25,11 @@ from gradio.utils import get_upload_folder
 from sdxl_tpu.server.batcher import SHUTTING_DOWN
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.envelope import endpoints_of
-from sdxl_tpu.server.errors import gradio_handler, log_refusal
+from sdxl_tpu.server.errors import log_refusal
 from sdxl_tpu.server.files import ImageStore
-from sdxl_tpu.server.form import EXAMPLES, form_values, seed_at
+from sdxl_tpu.server.form import EXAMPLES, seed_at
 from sdxl_tpu.server.guard import RequestGuard
+from sdxl_tpu.server.handlers import form_handler, gradio_handler
 from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched
 from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
 from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_INTO,
@@ -37,7 +37,7 @@ from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MAT
                                   history_rows, pasted_form, preset_fields, schedule_choices, size_choices,
                                   style_description)
 from sdxl_tpu.server.settings import parse_settings
-from sdxl_tpu.spec.fields import FIELD, FIELDS, FORM
+from sdxl_tpu.spec.fields import FIELD, FORM
 from sdxl_tpu.spec.recipes import RECIPES
 from sdxl_tpu.spec.styles import STYLES
 
@@ -68,29 +68,6 @@ CSS = """
   #gallery .grid-container {width: min(100%, calc(100vh - 230px))}
 }
 """
-
-
-def form_handler(run: Callable, *extra: str) -> Callable:
-    """A Gradio handler whose parameters are the form's fields (spec/fields.py, in the order the page
-    and /generate send them; the optional ones may be left out), then `extra` (e.g. the history),
-    then Gradio's progress tracker; `run(values, *extra, progress)` gets the fields by name."""
-    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [inspect.Parameter(f.name, keyword, default=None if f.optional else inspect.Parameter.empty)
-              for f in FIELDS]
-    params += [inspect.Parameter(name, keyword, default=None) for name in extra]
-    params.append(inspect.Parameter("progress", keyword, default=gr.Progress()))
-    split = lambda args: (form_values(args[:len(FORM)]), *args[len(FORM):])
-
-    if inspect.isgeneratorfunction(run):
-        def handler(*args):
-            yield from run(*split(args))
-    else:
-        def handler(*args):
-            return run(*split(args))
-    handler.__signature__ = inspect.Signature(params)
-    handler.__name__ = handler.__qualname__ = run.__name__
-    handler.__doc__ = run.__doc__
-    return handler
 
 
 def build_demo(server: Server) -> gr.Blocks:
