@@ -4,7 +4,6 @@ local_engine.py, or the back ends a front end sends its generations to, remote_e
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,7 +41,6 @@ class Ticket:
         self.report, self._encode = report, encode
         self._outcome: Any = None
         self._error: BaseException | None = None
-        self.done = threading.Event()
 
     # -- the engine's side ------------------------------------------------------------------------
 
@@ -55,7 +53,6 @@ class Ticket:
     def finish(self, outcome: Any = None, error: BaseException | None = None) -> None:
         """The work ended: its outcome (what `encode` turns into Generated) or what stopped it."""
         self._outcome, self._error = outcome, error
-        self.done.set()
         self.report(("done",))
 
     # -- the caller's side ------------------------------------------------------------------------

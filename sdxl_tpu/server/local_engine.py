@@ -3,6 +3,7 @@ Engine, engine.py). The one module of the server that imports the generator (JAX
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,12 +16,12 @@ from ..generate.pipeline import Pipeline, call_batch
 from ..spec.errors import GenerationError, RequestError
 from ..spec.images import encode_all
 from ..spec.infotext import parameters_text
-from ..spec.names import RNGS, SCHEDULES, schedule_used
+from ..spec.names import schedule_used
 from ..spec.request import GenerationResult, Request
 from ..spec.values import format_size
 from .batcher import Batcher, Job
 from .engine import Generated, Report, Ticket
-from .offer import Offer, offered_presets
+from .offer import Offer, provisional
 from .settings import Settings, model_not_found_message
 
 
@@ -69,13 +70,11 @@ class LocalEngine:
         self.batcher = Batcher(pipe, on_call=lambda images, result: self._on_call(
             result.timings if result is not None else None), max_waiting=self.max_waiting,
             preview_every=self.settings.preview_every)
-        recipe, s = self.settings.recipe, self.settings
-        return Offer(model=pipe.model_name, sizes=list(pipe.sizes), samplers=list(pipe.samplers),
-                     default_sampler=recipe.sampler if recipe is not None else pipe.default_sampler,
-                     preset=recipe.name if recipe is not None else None, presets=offered_presets(recipe),
-                     images_per_call=s.load.images_per_call, image_format=s.image_format,
-                     max_prompt_chunks=pipe.max_prompt_chunks, schedules=list(SCHEDULES),
-                     default_schedule=s.schedule, rngs=list(RNGS), default_rng=s.rng)
+        offer = provisional(self.settings)  # (what the settings say), with what the model says
+        return dataclasses.replace(
+            offer, model=pipe.model_name, sizes=list(pipe.sizes), samplers=list(pipe.samplers),
+            default_sampler=offer.default_sampler if self.settings.recipe else pipe.default_sampler,
+            max_prompt_chunks=pipe.max_prompt_chunks)
 
     def unavailable(self) -> str | None:
         return None

@@ -36,8 +36,6 @@ class Warmup:
         self.described = False
         self.status, self.message = "loading", engine.loading_message
         self.error: str | None = None
-        self.seconds: float | None = None  # to load and compile the first size (a front end: to connect)
-        self.ready_event = threading.Event()  # ready (the first time)
         self.done_event = threading.Event()  # loading ended, ready or not
         self.compiled_event = threading.Event()  # every size compiled
         self._threads: list[threading.Thread] = []  # those that may be inside XLA: loading, compiling
@@ -65,10 +63,9 @@ class Warmup:
             traceback.print_exc()
             self._fail(model_not_found_message(self.offer.model, f"{type(e).__name__}: {e}"))
         else:
-            self.offer, self.described, self.seconds = offer, True, time.perf_counter() - start
+            self.offer, self.described = offer, True
             if self.status == "loading":  # (a drain may have begun meanwhile)
-                self._become("ready", self.engine.ready_message(self.seconds, offer))
-            self.ready_event.set()
+                self._become("ready", self.engine.ready_message(time.perf_counter() - start, offer))
             if self.compiling:
                 self._thread(self._compile_the_rest, "sdxl-compile")
             else:

@@ -77,5 +77,3 @@ class LoadOptions:
             given = {**{k: v for k, v in taken.items() if v is not None}, **given}
         return LoadOptions(**given)
 
-
-FIELDS = tuple(f.name for f in dataclasses.fields(LoadOptions))

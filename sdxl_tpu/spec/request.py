@@ -58,6 +58,11 @@ def preview_cadence(setting: int | None, steps: int) -> int:
     return max(1, steps // (PREVIEWS_PER_RUN + 1)) if steps > 1 else 0
 
 
+def _label(name: str) -> str:
+    """How the page and every message name a field (fields.py)."""
+    return FIELD[name].label
+
+
 def _one_or_each(value: Any, name: str, check: Callable[[Any], Any], per_image: bool) -> Any:
     """A value for every image or, where `per_image`, a list of one value per image (its length
     is checked against the image count when the request is spelled out)."""
@@ -98,43 +103,41 @@ class Request:
         """Check everything; `seed=None` draws a random seed; `sizes` and `samplers` are those
         available (default: all of names.SAMPLERS); without `per_image`, lists are refused (a
         form has one value per field); prompts are at most `max_chars` characters."""
-        label = {name: f.label for name, f in FIELD.items()}
-
         def prompt_text(v: Any) -> str:
-            text = prompt_input(v, label["prompt"], max_chars)
+            text = prompt_input(v, _label("prompt"), max_chars)
             if not text:
                 raise RequestError("Prompt is empty: please enter a prompt.")
             return text
 
         def number(name: str, whole: bool = False) -> Callable[[Any], Any]:
-            return lambda v: number_input(v, label[name], *FIELD[name].limits, whole=whole)
+            return lambda v: number_input(v, _label(name), *FIELD[name].limits, whole=whole)
 
         def field(value: Any, name: str, check: Callable[[Any], Any]) -> Any:
-            return _one_or_each(value, label[name], check, per_image)
+            return _one_or_each(value, _label(name), check, per_image)
 
-        sampler = None if sampler is None else choice_input(sampler, label["sampler"],
+        sampler = None if sampler is None else choice_input(sampler, _label("sampler"),
                                                             SAMPLERS if samplers is None else samplers)
-        schedule = DEFAULT_SCHEDULE if schedule is None else choice_input(schedule, label["schedule"], SCHEDULES)
+        schedule = DEFAULT_SCHEDULE if schedule is None else choice_input(schedule, _label("schedule"), SCHEDULES)
         if sampler is not None:  # the default sampler's combination is checked once it is known
             schedule_input(sampler, schedule)
         return Request(
             prompt=field(prompt, "prompt", prompt_text),
-            negative_prompt=field(negative_prompt, "negative", lambda v: prompt_input(v, label["negative"], max_chars)),
+            negative_prompt=field(negative_prompt, "negative",
+                                  lambda v: prompt_input(v, _label("negative"), max_chars)),
             seed=secrets.randbelow(MAX_SEED + 1) if seed is None else field(
                 seed, "seed", lambda v: int(number("seed", whole=True)(v))),
             guidance_scale=field(guidance_scale, "guidance", lambda v: float(number("guidance")(v))),
             steps=int(number("steps", whole=True)(steps)),
             size=size_input(size, sizes) if sizes is not None else parse_size(size),
             sampler=sampler, schedule=schedule,
-            rng=DEFAULT_RNG if rng is None else choice_input(rng, label["rng"], RNGS))
+            rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS))
 
     def images(self, n: int) -> list[ImageInfo]:
         """The request spelled out for `n` images."""
-        label = lambda name: FIELD[name].label
         seeds = ([(self.seed + i) % (MAX_SEED + 1) for i in range(n)] if isinstance(self.seed, int)
-                 else per_image(self.seed, n, label("seed")))
-        columns = zip(seeds, per_image(self.prompt, n, label("prompt")),
-                      per_image(self.negative_prompt, n, label("negative")),
-                      per_image(self.guidance_scale, n, label("guidance")))
+                 else per_image(self.seed, n, _label("seed")))
+        columns = zip(seeds, per_image(self.prompt, n, _label("prompt")),
+                      per_image(self.negative_prompt, n, _label("negative")),
+                      per_image(self.guidance_scale, n, _label("guidance")))
         return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
                           sampler=self.sampler, schedule=self.schedule, rng=self.rng) for s, p, q, g in columns]
