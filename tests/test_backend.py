@@ -109,6 +109,10 @@ def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
     answer = json.loads(body)
     assert status == 200 and len(answer["images"]) == 4 and answer["sampler"] == "Euler"
     assert all(0 <= s < 2**32 for s in answer["seeds"])
+    # Seed -1, as in A1111: a random seed each call; the parameters name the seeds used.
+    answers = [json.loads(post(backend, {"prompt": "a dog", "steps": 1, "seed": -1})[2]) for _ in range(2)]
+    assert answers[0]["seeds"] != answers[1]["seeds"] and all(0 <= s < 2**32 for a in answers for s in a["seeds"])
+    assert all(f"Seed: {s}," in p for a in answers for s, p in zip(a["seeds"], a["parameters"], strict=True))
 
 
 def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
@@ -148,7 +152,8 @@ def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
     ({"prompt": 5}, 422, "Prompt must be text, got a number."),
     ({"prompt": "a cat", "steps": "3"}, 422, "Steps must be a whole number between 1 and 50, got text."),
     ({"prompt": "a cat", "steps": 2.5}, 422, "Steps must be a whole number between 1 and 50."),
-    ({"prompt": "a cat", "seed": True}, 422, "Seed must be a whole number between 0 and 4294967295, got true/false."),
+    ({"prompt": "a cat", "seed": True}, 422,
+     "Seed must be a whole number between -1 (random) and 4294967295, got true/false."),
     ({"prompt": "a cat", "guidance_scale": [1, 2]}, 422, "Guidance scale: got 2 values for 4 images."),
     ({"prompt": "a cat", "size": "1024x1024"}, 422, "Size '1024x1024' is not available; choose one of: 64x64."),
     ({"prompt": "a cat", "sampler": "LMS"}, 422, "Sampler 'LMS' is not available; choose one of: Euler,"),

@@ -55,6 +55,19 @@ def test_generate_writes_pngs_with_parameters(env, tmp_path):
     assert "denoising" in result.stdout and "total" in result.stdout
 
 
+def test_seed_minus_one_draws_a_random_seed_each_run(main, tmp_path):
+    """--seed -1, as A1111's: each run a random base seed; the files and their parameters name the seeds used."""
+    common = ["generate", "a cat", "--seed", "-1", "--steps", "1", "--size", "64x64", "--model", "tiny",
+              "--dtype", "float32"]
+    runs = []
+    for run in ("first", "second"):
+        assert main([*common, "--out", str(tmp_path / run)]) == 0
+        files = sorted((tmp_path / run).glob("*.png"))
+        assert len(files) == 4 and all(f"Seed: {f.stem}," in Image.open(f).info["parameters"] for f in files)
+        runs.append({int(f.stem) for f in files})
+    assert runs[0] != runs[1] and all(0 <= seed < 2**32 for seed in runs[0] | runs[1])
+
+
 def test_presets_fill_what_is_not_given(main, env, tmp_path):
     """--preset: a sampling preset on any model; a model preset's weights replaced by local ones
     (its UNet file from the Hub is not reachable here); options given explicitly win."""
@@ -119,7 +132,7 @@ def test_single_file_model_with_loras(main, tmp_path):
     (["generate", "x", "--guidance", "nan"], "Guidance scale must be a finite number between 0 and 20."),
     (["generate", "x", "--model", "/nonexistent/model"], "neither an existing directory nor a Hub repo id"),
     (["generate", "x", "--model", "tiny", "--size", "64x64", "--seed", "-3", "--steps", "1"],
-     "Seed must be a whole number between 0 and 4294967295."),
+     "Seed must be a whole number between -1 (random) and 4294967295."),
     (["generate", "x", "--sampler", "Heun"], "argument --sampler: invalid choice: 'Heun'"),
     (["generate", "x", "--sampler", "DDIM", "--schedule", "Karras"],
      "DDIM runs on its own timesteps: choose Schedule type Checkpoint or Automatic, not Karras."),

@@ -8,8 +8,12 @@ from hypothesis import strategies as st
 
 import pytest
 
+from sdxl_tpu.server.form import validate
+from sdxl_tpu.server.offer import provisional
 from sdxl_tpu.server.page import PASTED_INTO, pasted_form
+from sdxl_tpu.server.settings import Settings
 from sdxl_tpu.spec.infotext import Stamp, parameters_text, parse, request_fields
+from sdxl_tpu.spec.load import LoadOptions
 from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 from sdxl_tpu.spec.request import ImageInfo
 
@@ -62,13 +66,13 @@ def test_our_own_parameters_text_reads_back_exactly():
 
 
 def test_what_cannot_be_used_is_named_not_fatal():
-    text = "a cat\nSteps: 500, Sampler: Heun, CFG scale: lots, Seed: -1, Size: 512x512, Clip skip: 2, RNG: NV"
+    text = "a cat\nSteps: 500, Sampler: Heun, CFG scale: lots, Seed: -2, Size: 512x512, Clip skip: 2, RNG: NV"
     fields, notes = request_fields(parse(text), SIZES, list(SAMPLERS))
     assert fields == {"prompt": "a cat", "negative_prompt": "", "schedule": "Automatic", "rng": "JAX"}
     assert notes == [
         "Not used: Steps: '500' (Steps must be a whole number between 1 and 50).",
         "Not used: CFG scale: 'lots' (not a number).",
-        "Not used: Seed: '-1' (Seed must be a whole number between 0 and 4294967295).",
+        "Not used: Seed: '-2' (Seed must be a whole number between -1 (random) and 4294967295).",
         "Not used: Size: '512x512' (this server offers 1024x1024, 1152x896).",
         f"Not used: Sampler: 'Heun' (this server offers {', '.join(SAMPLERS)}).",
         "Not reproducible here: A1111's RNG NV (NVIDIA's GPU noise), so RNG JAX is used; "
@@ -76,6 +80,21 @@ def test_what_cannot_be_used_is_named_not_fatal():
         "Not used here: Clip skip."]
     # Fewer than three settings on the last line: it is prompt text, as A1111 decides.
     assert parse("a cat\nSteps: 20, Seed: 3").prompt == "a cat\nSteps: 20, Seed: 3"
+
+
+def test_a_pasted_seed_of_minus_one_is_read_as_random_seeds():
+    """A1111 writes no -1 in its images, but people paste "Seed: -1" (its random seed) from
+    their own notes: the form gets -1, so each run draws a seed; the images name the seeds used."""
+    text = "a cat\nSteps: 20, Sampler: Euler, CFG scale: 5, Seed: -1, Size: 1024x1024"
+    fields, notes = request_fields(parse(text), SIZES, list(SAMPLERS))
+    assert fields["seed"] == -1 and not [n for n in notes if "Seed" in n]
+    form, _ = pasted_form(text, SIZES, list(SAMPLERS))
+    assert (form["seed"], form["randomize"]) == (-1, False)
+    offer = provisional(Settings(load=LoadOptions(model="tiny", sizes=SIZES)))
+    first, second = (validate({**form, "style": "(No style)"}, offer) for _ in range(2))
+    assert first.seed != second.seed  # (equal once in 2**32)
+    info = first.images(1)[0]
+    assert f"Seed: {info.seed}, " in parameters_text(info, "tiny") and info.seed >= 0
 
 
 def test_the_page_fills_its_form_and_says_what_it_did():

@@ -59,16 +59,16 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
     (dict(prompt=["a cat"]), "Prompt must be text, got a list."),
     (dict(guidance=[]), "Guidance scale must be a number between 0 and 20, got a list."),  # found by the fuzz test
     (dict(guidance=[5.0]), "Guidance scale must be a number between 0 and 20, got a list."),
-    (dict(seed=[1, 2, 3, 4]), "Seed must be a whole number between 0 and 4294967295, got a list."),
+    (dict(seed=[1, 2, 3, 4]), "Seed must be a whole number between -1 (random) and 4294967295, got a list."),
     (dict(negative={"path": "/etc/passwd"}), "Negative prompt must be text, got a file object."),
-    (dict(seed=-1), "Seed must be a whole number between 0 and 4294967295."),
-    (dict(seed=2**32), "Seed must be a whole number between 0 and 4294967295."),
-    (dict(seed=1.5), "Seed must be a whole number between 0 and 4294967295."),
-    (dict(seed=10**400), "Seed must be a whole number between 0 and 4294967295."),  # found by the fuzz test
+    (dict(seed=-2), "Seed must be a whole number between -1 (random) and 4294967295."),
+    (dict(seed=2**32), "Seed must be a whole number between -1 (random) and 4294967295."),
+    (dict(seed=1.5), "Seed must be a whole number between -1 (random) and 4294967295."),
+    (dict(seed=10**400), "Seed must be a whole number between -1 (random) and 4294967295."),  # found by the fuzz test
     (dict(guidance=-10**400), "Guidance scale must be a number between 0 and 20."),
-    (dict(seed=True), "Seed must be a whole number between 0 and 4294967295, got true/false."),
-    (dict(seed="abc"), "Seed must be a whole number between 0 and 4294967295, got text."),
-    (dict(seed=None), "Seed must be a whole number between 0 and 4294967295, got null."),
+    (dict(seed=True), "Seed must be a whole number between -1 (random) and 4294967295, got true/false."),
+    (dict(seed="abc"), "Seed must be a whole number between -1 (random) and 4294967295, got text."),
+    (dict(seed=None), "Seed must be a whole number between -1 (random) and 4294967295, got null."),
     (dict(randomize="yes"), "Randomize seed must be true or false, got text."),
     (dict(guidance=float("nan")), "Guidance scale must be a finite number between 0 and 20."),
     (dict(guidance=float("inf")), "Guidance scale must be a finite number between 0 and 20."),
@@ -114,6 +114,13 @@ def test_valid_request_and_random_seed():
     assert request.guidance_scale == 7.0 and isinstance(request.guidance_scale, float)
     seeds = {_validate(randomize=True).seed for _ in range(5)} | {_validate(randomize=True, seed=None).seed}
     assert len(seeds) > 1 and all(0 <= s < 2**32 for s in seeds)
+
+
+def test_seed_minus_one_is_random_with_randomize_off_as_in_a1111():
+    first, second = _validate(seed=-1).seed, _validate(seed=-1.0).seed
+    assert first != second  # (equal once in 2**32 pairs)
+    assert all(0 <= i.seed < 2**32 for i in _validate(seed=-1).images(4))  # the seeds used, never -1
+    assert _validate(seed=7).seed == 7 and _validate(seed=0).seed == 0  # any other seed is kept
 
 
 def test_settings_from_arguments_and_environment():

@@ -30,7 +30,8 @@ def test_a_request_spelled_out_per_image():
     assert Request.of("a", seed=[5, 9]).images(2)[1].seed == 9  # one seed per image, as given
     with pytest.raises(RequestError, match=r"^Guidance scale: a list of per-image values must not be empty\.$"):
         Request.of("a", guidance_scale=[])
-    with pytest.raises(RequestError, match=r"^Seed must be a whole number between 0 and 4294967295, got a list\.$"):
+    with pytest.raises(RequestError,
+                       match=r"^Seed must be a whole number between -1 \(random\) and 4294967295, got a list\.$"):
         Request.of("a", seed=[5, 9], per_image=False)  # a form: one value per field
 
 
@@ -39,6 +40,15 @@ def test_random_seed_is_drawn_once_per_request():
     assert len(seeds) > 1 and all(isinstance(s, int) and 0 <= s <= MAX_SEED for s in seeds)
     request = Request.of("a")
     assert request.images(2) == request.images(2)  # drawn when checked, not when spelled out
+
+
+def test_seed_minus_one_is_a_random_seed_as_in_a1111():
+    first, second = Request.of("a", seed=-1).seed, Request.of("a", seed=-1.0).seed
+    assert first != second and all(0 <= s <= MAX_SEED for s in (first, second))  # (equal once in 2**32)
+    fixed, drawn, other = Request.of("a", seed=[5, -1, -1]).images(3)  # per image: -1 draws that image's
+    assert fixed.seed == 5 and drawn.seed != other.seed and min(drawn.seed, other.seed) >= 0
+    with pytest.raises(RequestError, match=r"^Seed must be a whole number between -1 \(random\) and 4294967295\.$"):
+        Request.of("a", seed=-2)
 
 
 @pytest.mark.parametrize("value, size", [("1024x1024", (1024, 1024)), (" 96X64 ", (96, 64)), ((64, 96), (64, 96)),
@@ -70,7 +80,7 @@ def test_only_available_sizes_are_accepted():
         assert str(info.value) == message
 
 
-@pytest.mark.parametrize("field, value", [("seed", -1), ("seed", 1.5), ("seed", "7"), ("seed", True),
+@pytest.mark.parametrize("field, value", [("seed", -2), ("seed", 1.5), ("seed", "7"), ("seed", True),
                                           ("guidance_scale", float("nan")), ("guidance_scale", 21),
                                           ("steps", 0), ("steps", 51), ("steps", 2.5), ("size", "1024x1024"),
                                           ("prompt", 7), ("prompt", "\t"), ("negative_prompt", 3),

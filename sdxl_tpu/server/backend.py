@@ -95,7 +95,8 @@ def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
     """The body as one checked Request (fields named as Pipeline.generate's arguments) and notes on
     what an A1111 `parameters` text said that is not used; fields given explicitly win over that
     text, what is left out takes the server's defaults (the launch preset's steps and guidance, the
-    offer's sampler, Schedule type and RNG). The Schedule type is checked with the sampler that runs."""
+    offer's sampler, Schedule type and RNG). A seed left out, null or -1 is drawn at random. The
+    Schedule type is checked with the sampler that runs."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)

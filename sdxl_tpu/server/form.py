@@ -13,7 +13,7 @@ from ..spec.fields import FIELD, FIELDS, FORM
 from ..spec.prompts import CHUNK_TOKENS, chunk_prompt
 from ..spec.request import Request
 from ..spec.styles import apply_style, style_entry
-from ..spec.values import json_type, number_input, text_input
+from ..spec.values import json_type, seed_input, text_input
 from .errors import log_refusal
 from .offer import Offer
 
@@ -43,14 +43,16 @@ def validate(values: Mapping[str, Any], offer: Offer) -> Request:
     """The form's fields as a client sent them (JSON values, by name) as one checked Request with
     the style applied, for what `offer` offers. A form has one value per field: lists are refused,
     not taken per image. An optional field left out (or null) is the offer's default: its sampler,
-    Schedule type and RNG; the Schedule type is checked with the sampler that will run it."""
+    Schedule type and RNG; the Schedule type is checked with the sampler that will run it. The seed
+    is drawn at random where it is -1 (as in A1111) or Randomize is on (the page's switch of old,
+    which API clients may still send)."""
     v = {name: values.get(name) for name in FORM}
     style_entry(v["style"])  # an unknown style is refused before the rest is checked
     randomize, seed = v["randomize"], v["seed"]
     if not isinstance(randomize, bool):
         raise RequestError(f"{FIELD['randomize'].label} must be true or false, got {json_type(randomize)}.")
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
-        number_input(seed, FIELD["seed"].label, *FIELD["seed"].limits, whole=True)
+        seed_input(seed, FIELD["seed"].label)
     fallback = offer.defaults()
     given = {f.api: fallback[f.name] if f.optional and v[f.name] is None else v[f.name] for f in FIELDS if f.api}
     request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,

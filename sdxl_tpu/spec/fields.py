@@ -15,6 +15,7 @@ from typing import Any
 from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
 
 MAX_SEED = 2**32 - 1
+RANDOM_SEED = -1  # as in AUTOMATIC1111: a seed drawn at random for each run
 MAX_STEPS = 50
 # Three chunks of 75 tokens take about 1,000 characters of plain text, more with A1111's brackets
 # and weights; past the last chunk the text is cut (and the page says so), so this only bounds work.
@@ -46,7 +47,8 @@ FIELDS: tuple[Field, ...] = (
     Field("prompt", "Prompt", "text", "", api="prompt", kept=_ALL),
     Field("negative", "Negative prompt", "text", "", api="negative_prompt", kept=_ALL),
     Field("style", "Style", "choice", DEFAULT_STYLE, kept=frozenset({HISTORY})),
-    Field("seed", "Seed", "whole", 0, api="seed", kept=_ALL, limits=(0, MAX_SEED), infotext="Seed"),
+    Field("seed", "Seed", "whole", RANDOM_SEED, api="seed", kept=_ALL, limits=(RANDOM_SEED, MAX_SEED),
+          infotext="Seed"),
     Field("randomize", "Randomize seed", "switch", True, restored=False),  # a restored run comes with its seed
     Field("guidance", "Guidance scale", "number", 5.0, api="guidance_scale", kept=_ALL, limits=GUIDANCE_RANGE,
           infotext="CFG scale"),

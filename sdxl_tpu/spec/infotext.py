@@ -23,10 +23,10 @@ from typing import Any
 
 from ..version import VERSION
 from .errors import RequestError
-from .fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
+from .fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_STEPS
 from .names import DEFAULT_RNG, RNGS, SCHEDULES, schedule_used
 from .request import ImageInfo
-from .values import format_size, number_input, schedule_input, shown
+from .values import format_size, number_input, schedule_input, seed_input, shown
 
 MAX_PARAMETERS_CHARS = 3 * MAX_PROMPT_CHARS  # prompt, negative prompt and the settings line
 _SETTING = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
@@ -156,7 +156,7 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
 
     take("Steps", lambda v: {"steps": int(number_input(_number(v), "Steps", 1, MAX_STEPS, whole=True))})
     take("CFG scale", lambda v: {"guidance_scale": float(number_input(_number(v), "CFG scale", *GUIDANCE_RANGE))})
-    take("Seed", lambda v: {"seed": int(number_input(_number(v), "Seed", 0, MAX_SEED, whole=True))})
+    take("Seed", lambda v: {"seed": seed_input(_number(v))})  # (-1: a random seed, as in A1111)
     take("Size", lambda v: {"size": _size(v, sizes)})
     if s:
         ours = s.get("Version", "").startswith(OUR_VERSION)

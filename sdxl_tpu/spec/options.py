@@ -90,7 +90,7 @@ OPTIONS: tuple[Option, ...] = (
            "prompt, steps, sampler, Schedule type, CFG scale, seed, size and RNG; options given explicitly win; what "
            "it says that is not used is listed", metavar="TEXT"),
     option("--negative", ["generate"], "negative prompt", default=""),
-    option("--seed", ["generate"], "base seed; image i gets seed + i", type=int, shown_default="random"),
+    option("--seed", ["generate"], "base seed (-1: random); image i gets seed + i", type=int, shown_default="random"),
     option("--steps", RUN, "denoising steps", type=int, shown_default="20, or the preset's"),
     option("--guidance", RUN, "guidance scale; <= 1 runs the conditional pass alone (half the UNet batch)", type=float,
            shown_default="5, or the preset's"),

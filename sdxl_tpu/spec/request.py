@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import RequestError
-from .fields import FIELD, MAX_PROMPT_CHARS, MAX_SEED
+from .fields import FIELD, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
 from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
-from .values import choice_input, number_input, parse_size, prompt_input, schedule_input, size_input
+from .values import choice_input, number_input, parse_size, prompt_input, schedule_input, seed_input, size_input
 
 
 # -- the request ------------------------------------------------------------------------------
@@ -73,6 +73,16 @@ def _one_or_each(value: Any, name: str, check: Callable[[Any], Any], per_image: 
     return check(value)
 
 
+def random_seed() -> int:
+    return secrets.randbelow(MAX_SEED + 1)
+
+
+def seed_or_random(value: Any) -> int:
+    """A checked seed; RANDOM_SEED (-1) is one drawn at random, as A1111 reads it."""
+    seed = seed_input(value, _label("seed"))
+    return random_seed() if seed == RANDOM_SEED else seed
+
+
 def per_image(value: Any, n: int, name: str) -> list:
     if isinstance(value, tuple):
         if len(value) != n:
@@ -100,9 +110,10 @@ class Request:
            steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
            sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
            per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS) -> "Request":
-        """Check everything; `seed=None` draws a random seed; `sizes` and `samplers` are those
-        available (default: all of names.SAMPLERS); without `per_image`, lists are refused (a
-        form has one value per field); prompts are at most `max_chars` characters."""
+        """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
+        image); `sizes` and `samplers` are those available (default: all of names.SAMPLERS);
+        without `per_image`, lists are refused (a form has one value per field); prompts are at
+        most `max_chars` characters."""
         def prompt_text(v: Any) -> str:
             text = prompt_input(v, _label("prompt"), max_chars)
             if not text:
@@ -124,8 +135,7 @@ class Request:
             prompt=field(prompt, "prompt", prompt_text),
             negative_prompt=field(negative_prompt, "negative",
                                   lambda v: prompt_input(v, _label("negative"), max_chars)),
-            seed=secrets.randbelow(MAX_SEED + 1) if seed is None else field(
-                seed, "seed", lambda v: int(number("seed", whole=True)(v))),
+            seed=random_seed() if seed is None else field(seed, "seed", seed_or_random),
             guidance_scale=field(guidance_scale, "guidance", lambda v: float(number("guidance")(v))),
             steps=int(number("steps", whole=True)(steps)),
             size=size_input(size, sizes) if sizes is not None else parse_size(size),

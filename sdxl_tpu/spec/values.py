@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .errors import RequestError
-from .fields import MAX_PROMPT_CHARS
+from .fields import MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
 from .names import resolve_schedule
 from .prompts import PromptError, check_weights, parse_emphasis
 
@@ -90,11 +90,14 @@ def text_input(value: Any, name: str, limit: int = MAX_PROMPT_CHARS) -> str:
     return clean_text(value)
 
 
-def number_input(value: Any, name: str, low: float, high: float, *, whole: bool = False) -> float:
+def number_input(value: Any, name: str, low: float, high: float, *, whole: bool = False,
+                 low_means: str | None = None) -> float:
     """A number: not true/false, not text, finite, in [low, high], and a whole number where
-    `whole` (3.0 counts as 3, 3.5 is refused, not rounded)."""
+    `whole` (3.0 counts as 3, 3.5 is refused, not rounded); `low_means`: what the lowest value
+    stands for, said in messages ("-1 (random)")."""
     kind = "a whole number" if whole else "a number"
-    bounds = f"between {int(low)} and {int(high)}" if whole else f"between {low:g} and {high:g}"
+    lowest = (f"{int(low)}" if whole else f"{low:g}") + (f" ({low_means})" if low_means else "")
+    bounds = f"between {lowest} and {int(high)}" if whole else f"between {lowest} and {high:g}"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise RequestError(f"{name} must be {kind} {bounds}, got {json_type(value)}.")
     if isinstance(value, (float, np.floating)) and not math.isfinite(value):  # (an int may be too large for a float)
@@ -102,6 +105,12 @@ def number_input(value: Any, name: str, low: float, high: float, *, whole: bool 
     if not low <= value <= high or whole and value != int(value):
         raise RequestError(f"{name} must be {kind} {bounds}.")
     return value
+
+
+def seed_input(value: Any, name: str = "Seed") -> int:
+    """A seed: a whole number from 0 to MAX_SEED, or RANDOM_SEED (-1), which asks for a random one
+    (drawn where the request is made: Request.of)."""
+    return int(number_input(value, name, RANDOM_SEED, MAX_SEED, whole=True, low_means="random"))
 
 
 def parse_size(value: Any) -> tuple[int, int]:
