@@ -112,8 +112,19 @@ def test_the_page_fills_its_form_and_says_what_it_did():
     assert pasted_form("", SIZES, list(SAMPLERS))[0] == {}
     assert pasted_form(["a"], SIZES, list(SAMPLERS)) == ({}, "⚠️ Parameters must be text, got a list.")
     assert pasted_form("a\ud800b", SIZES, list(SAMPLERS))[1].startswith("⚠️ Parameters contain a lone surrogate")
-    assert pasted_form("x" * 7000, SIZES, list(SAMPLERS))[1] == (
-        "⚠️ Parameters are 7,000 characters long; at most 6,000 are read.")
+    assert pasted_form("x" * 60_001, SIZES, list(SAMPLERS))[1] == (
+        "⚠️ Parameters are 60,001 characters long; at most 60,000 are read.")
+
+
+def test_the_longest_text_read_is_read_at_once():
+    """Every start of a word scanned the rest of its line for a key's colon: 60,000 characters of
+    words took half a minute (the longest text read: two prompts and a settings line)."""
+    import time
+
+    for line in ("word " * 12_000, "a" * 60_000, 'Steps: "' + "a " * 29_995):
+        start = time.perf_counter()
+        assert parse(line[:60_000]).settings == {}
+        assert time.perf_counter() - start < 2, line[:20]
 
 
 @settings(max_examples=300, deadline=None)

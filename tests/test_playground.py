@@ -47,7 +47,7 @@ def test_text_input_refuses_what_is_not_text_instead_of_converting_it():
     for value, message in [(["a"], "Prompt must be text, got a list."),
                            ({"a": 1}, "Prompt must be text, got an object."),
                            (5, "Prompt must be text, got a number."), (True, "Prompt must be text, got true/false."),
-                           ("x" * 2001, "Prompt is 2,001 characters long; at most 2,000 are accepted."),
+                           ("x" * 20_001, "Prompt is 20,001 characters long; at most 20,000 are accepted."),
                            ("a\ud800b", "Prompt contains a lone surrogate")]:
         with pytest.raises(RequestError) as info:
             text_input(value, "Prompt")
@@ -337,7 +337,7 @@ def test_display_helpers_take_any_client_value():
         assert seed_at(seeds, index) is None
     server = Server(Settings(load=LoadOptions(model="tiny")))
     assert server.token_count(["a"]) == "⚠️ Prompt must be text, got a list."
-    assert server.token_count("x" * 2001).startswith("⚠️ Prompt is 2,001 characters long")
+    assert server.token_count("x" * 20_001).startswith("⚠️ Prompt is 20,001 characters long")
 
 
 def test_the_length_limit_applies_to_what_the_user_typed_not_the_style():

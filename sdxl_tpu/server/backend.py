@@ -56,7 +56,9 @@ log = logging.getLogger("sdxl_tpu.server.backend")
 
 # The form's fields by their API names (spec/fields.py), and an A1111 parameters text.
 FIELDS = (*(f.api for f in FORM_FIELDS if f.api), "parameters")
-MAX_BODY_BYTES = 64 << 10  # two prompts of at most ~1,300 characters, JSON-escaped, fit many times over
+# The longest fields as json.dumps escapes them (12 bytes for an emoji): two styled prompts of some
+# 20,300 characters (a front end's request), about 490 kB, or a parameters text of 60,000 (720 kB).
+MAX_BODY_BYTES = 1 << 20
 KEEPALIVE_SECONDS = 1.0  # a streaming caller hears from us this often (and can tell we are alive)
 RETRY_AFTER = {"busy": 1, "draining": 1, "loading": 5}  # seconds, for 503s
 

@@ -33,7 +33,9 @@ from .internals import QueueView
 
 log = logging.getLogger("sdxl_tpu.http")
 
-MAX_BODY_BYTES = 1 << 20  # a /generate call is a few kB; 1 MiB leaves room for the longest inputs
+# A /generate call is a few kB; the page's carries the history the browser keeps too: 25 runs'
+# two prompts of up to 20,000 characters (fields.MAX_PROMPT_CHARS), 4 bytes each in UTF-8 at most.
+MAX_BODY_BYTES = 4 << 20
 API = "/gradio_api"
 STATIC_PAGES = frozenset(["/", "/config", "/config/", "/theme.css", "/favicon.ico", "/manifest.json", "/robots.txt",
                           f"{API}/info", f"{API}/info/", f"{API}/theme.css"])

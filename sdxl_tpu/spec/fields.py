@@ -17,9 +17,11 @@ from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
 MAX_SEED = 2**32 - 1
 RANDOM_SEED = -1  # as in AUTOMATIC1111: a seed drawn at random for each run
 MAX_STEPS = 50
-# Three chunks of 75 tokens take about 1,000 characters of plain text, more with A1111's brackets
-# and weights; past the last chunk the text is cut (and the page says so), so this only bounds work.
-MAX_PROMPT_CHARS = 2000
+# A prompt past its token budget is cut, not refused (the token count says so): this bound only
+# caps the work of reading one. The largest budget (8 chunks of 75 tokens) takes about 3,000
+# characters of plain text, a few times that with A1111's brackets, weights and <lora:...> tags;
+# checking and tokenizing 20,000 characters takes at most about 70 ms (bracket soup, the worst case).
+MAX_PROMPT_CHARS = 20_000
 GUIDANCE_RANGE = (0.0, 20.0)
 DEFAULT_STYLE = "(No style)"
 

@@ -29,7 +29,10 @@ from .request import ImageInfo
 from .values import format_size, number_input, schedule_input, seed_input, shown
 
 MAX_PARAMETERS_CHARS = 3 * MAX_PROMPT_CHARS  # prompt, negative prompt and the settings line
-_SETTING = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+# "Key: value" or 'Key: "a, b"', as A1111 reads them. A key of at most 64 characters (A1111's are
+# a few words), taken whole or not at all, keeps the reading of a long line linear: unbounded, each
+# start of a word scanned the rest of the line (60,000 characters without a colon: half a minute).
+_SETTING = re.compile(r'(\w[\w \-/]{1,63}+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 _EXTRA_NETWORK = re.compile(r"<(lora|lyco|hypernet):([^:>]+)(?::[^>]*)?>", re.I)
 # Used: prompt and negative prompt, and these settings. A1111 writes the schedule apart from the
 # sampler since 1.9 ("Sampler: DPM++ 2M, Schedule type: Karras"), and "RNG" only when it is not
@@ -107,8 +110,9 @@ def parse(text: str) -> Parameters:
     if any(unicodedata.category(ch) == "Cs" for ch in text):
         raise RequestError("Parameters contain a lone surrogate (U+D800 to U+DFFF), which is not valid Unicode.")
     *lines, last = text.strip().replace("\r\n", "\n").split("\n")
-    if len(_SETTING.findall(last)) < 3:
-        lines, last = [*lines, last], ""
+    found = _SETTING.findall(last)
+    if len(found) < 3:
+        lines, found = [*lines, last], []
     prompt: list[str] = []
     negative: list[str] | None = None
     for line in lines:
@@ -117,7 +121,7 @@ def parse(text: str) -> Parameters:
             negative, line = [], line[len("Negative prompt:"):].strip()
         (prompt if negative is None else negative).append(line)
     settings = {}
-    for key, value in _SETTING.findall(last):
+    for key, value in found:
         if len(value) >= 2 and value[0] == value[-1] == '"':
             try:
                 value = json.loads(value)
