@@ -42,6 +42,16 @@ def test_a1111_text_fills_the_fields_and_lists_the_rest():
                      GPU_NOISE, "Not used here: Model hash, Model, Lora hashes, Version."]
 
 
+def test_the_loras_written_are_those_fused_not_those_typed():
+    """A <lora:...> tag typed in the prompt is not applied (LoRAs are fused at start), so the text
+    does not say it; each LoRA fused is written once, at its scale."""
+    info = ImageInfo(seed=7, prompt="a cat <lora:style:0.5> on a mat <lora:foo:1>", negative_prompt="",
+                     guidance_scale=5.0, steps=20, size=(1024, 1024), sampler="Euler")
+    text = parameters_text(info, Stamp("tiny", loras=(("style", 0.8, "0123456789ab"),)))
+    assert text.splitlines()[0] == "a cat on a mat <lora:style:0.8>" and text.count("<lora:") == 1
+    assert parameters_text(info, "tiny").splitlines()[0] == "a cat on a mat"
+
+
 def test_our_own_parameters_text_reads_back_exactly():
     info = ImageInfo(seed=7, prompt="a cät 🐈, (neon:1.3)", negative_prompt="模糊", guidance_scale=5.5, steps=20,
                      size=(1024, 1024), sampler="Euler a")

@@ -230,8 +230,11 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
             "preset": "Turbo", "presets": ["Turbo"], "images_per_call": 4, "image_format": "png",
             "max_prompt_chunks": 2, "schedules": ["Checkpoint", "Karras"], "default_schedule": "Karras",
             "rngs": ["JAX", "CPU"], "default_rng": "CPU"}
-    parsed = Offer.from_json(info)
-    assert parsed.sizes == [(64, 64)] and parsed.to_json() == info
+    parsed = Offer.from_json(info)  # (a back end of before: no LoRAs said)
+    assert parsed.sizes == [(64, 64)] and parsed.loras == () and parsed.to_json() == {**info, "loras": []}
+    loras = [{"name": "detail", "scale": 0.8}, {"name": "style", "scale": 1}]
+    assert Offer.from_json({**info, "loras": loras}).loras == (("detail", 0.8), ("style", 1.0))
+    assert Offer.from_json({**info, "loras": loras}).to_json()["loras"] == loras
     server = Server(Settings(load=LoadOptions(model="ignored"), backend="http://lb"))
     server.warmup.offer, server.warmup.described = parsed, True  # (as a back end's description arrives)
     offer = server.offer
@@ -245,13 +248,51 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
                        ("preset", "Ultra"), ("presets", "Turbo"), ("images_per_call", True), ("image_format", "gif"),
                        ("model", None), ("max_prompt_chunks", 0), ("max_prompt_chunks", 9), ("max_prompt_chunks", True),
                        ("schedules", ["Beta"]), ("schedules", "Karras"), ("default_schedule", "Uniform"),
-                       ("rngs", ["NV"]), ("default_rng", "GPU"), ("default_rng", None)]:
+                       ("rngs", ["NV"]), ("default_rng", "GPU"), ("default_rng", None), ("loras", None),
+                       ("loras", [["detail", 0.8]]), ("loras", [{"name": "", "scale": 1}]),
+                       ("loras", [{"name": "x", "scale": True}]), ("loras", [{"name": "x", "scale": float("nan")}])]:
         with pytest.raises(ValueError):
             Offer.from_json({**info, key: value})
     with pytest.raises(ValueError, match="lacks images_per_call"):
         Offer.from_json({k: v for k, v in info.items() if k != "images_per_call"})
     with pytest.raises(ValueError):
         Offer.from_json(["not", "an", "object"])
+
+
+def test_token_count_says_what_each_lora_tag_does_here(tiny_checkpoint):
+    """A1111's <lora:name:weight> tags are not encoded (not counted), and each gets a line: the LoRA
+    fused here at its scale (a tag's weight changes nothing), or not loaded here."""
+    from sdxl_tpu import load_tokenizers
+
+    class Loaded:
+        sizes, images_per_call, tokenizers = SIZES, 4, (load_tokenizers(tiny_checkpoint)[0], None)
+        model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
+
+        def is_compiled(self, size):
+            return True
+
+    fused = ["/models/detail.safetensors:0.8", "/models/style.safetensors"]
+    server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES, loras=fused)), loader=lambda s: Loaded())
+    assert server.offer.loras == (("detail", 0.8), ("style", 1.0))  # known before the model is loaded
+    server.warmup.load()
+    assert server.offer.loras == (("detail", 0.8), ("style", 1.0))
+    plain = server.token_count("a cat on a mat")
+    assert plain.endswith("/ 225 tokens") and "LoRA" not in plain
+    assert server.token_count("a cat <lora:detail:0.5> on a mat <lora:style> <lora:foo:1> <lora:detail:1>") == (
+        f"{plain}  \n"
+        "LoRA `detail`: loaded, fused at 0.8 (the tag's 1 is not applied: LoRAs are fused at start).  \n"
+        "LoRA `style`: loaded, fused at 1.  \n"
+        "LoRA `foo`: not loaded here (start the server with --lora to fuse it).")
+    assert server.token_count("<lora:detail:0.8>") == "0 / 225 tokens  \nLoRA `detail`: loaded, fused at 0.8."
+    assert server.token_count("a <hypernet:h:1> <lora:a`b**c**:2>") == (
+        f"{server.token_count('a')}  \nHypernetwork `h`: not applied (this server loads LoRAs only).  \n"
+        "LoRA `a'b**c**`: not loaded here (start the server with --lora to fuse it).")  # (no Markdown of the user's)
+    many = server.token_count("a " + " ".join(f"<lora:n{i}:1>" for i in range(9)))
+    assert many.count("  \n") == 6 and many.endswith("… and 4 more tags.")
+    bare = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES)), loader=lambda s: Loaded())
+    bare.warmup.load()
+    assert bare.token_count("a cat <lora:detail:0.5>").endswith(
+        "LoRA `detail`: not loaded here (start the server with --lora to fuse it).")
 
 
 def test_server_warm_up_states_and_errors():

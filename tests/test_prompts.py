@@ -4,6 +4,7 @@ embeddings that come of them, against a PyTorch reference on transformers' text 
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from reference import rel_l2
 from sdxl_tpu import CompileCounter, RequestError, load_pipeline, load_tokenizers
 from sdxl_tpu.generate import sampling
-from sdxl_tpu.spec.prompts import BREAK, chunk_prompt, parse_emphasis
+from sdxl_tpu.spec.prompts import BREAK, NetworkTag, chunk_prompt, parse_emphasis, split_network_tags
 from sdxl_tpu.spec.request import ImageInfo
 
 # A1111's modules/prompt_parser.py, parse_prompt_attention's docstring: every example, verbatim.
@@ -108,6 +109,30 @@ def test_chunks_of_75_tokens_commas_break_and_the_limit(tokenizers):
     assert chunk_prompt(t, "a " * 240, 1).cut == 165
 
 
+def test_lora_tags_are_taken_out_never_encoded(tokenizers):
+    """A1111's <lora:name:weight> (and its other extra networks' tags) name a network to apply: no
+    word of the prompt; the text around them is encoded as if they were not there."""
+    assert split_network_tags("a cat <lora:detail:0.5>, <LORA:my style v2>  on a mat <hypernet:x:1:2>") == (
+        "a cat , on a mat", [NetworkTag("lora", "detail", 0.5, "<lora:detail:0.5>"),
+                             NetworkTag("lora", "my style v2", None, "<LORA:my style v2>"),
+                             NetworkTag("hypernet", "x", 1.0, "<hypernet:x:1:2>")])
+    assert split_network_tags("<lora:a:abc> <lyco:b:-0.5:unet=1>")[1] == [
+        NetworkTag("lora", "a", None, "<lora:a:abc>"), NetworkTag("lyco", "b", -0.5, "<lyco:b:-0.5:unet=1>")]
+    assert split_network_tags("a <b>, x:1 <lora:> <embedding:y>") == ("a <b>, x:1 <lora:> <embedding:y>", [])
+    assert split_network_tags("<lora:x:1 unclosed <lora:y>")[1] == [NetworkTag("lora", "y", None, "<lora:y>")]
+    start = time.perf_counter()  # unclosed tags: each try stops at the next one (to the end: 5 to 10 s)
+    assert split_network_tags("<lora:a:1 " * 6000)[1] == []
+    assert time.perf_counter() - start < 0.5
+    for tokenizer in tokenizers:
+        for tagged, plain in [("a cat <lora:detail:0.5> on a mat", "a cat on a mat"),
+                              ("(a cat:1.2) <lora:x> BREAK sky", "(a cat:1.2) BREAK sky"),
+                              ("<lora:only:1>", "")]:
+            with_tag, without = chunk_prompt(tokenizer, tagged, 3), chunk_prompt(tokenizer, plain, 3)
+            assert with_tag.ids.tolist() == without.ids.tolist() and with_tag.tokens == without.tokens, tagged
+            assert with_tag.weights.tolist() == without.weights.tolist()
+    assert len(ids_of(tokenizers[0], "<lora:detail:0.5>")) > 5  # (as text, the tag would be tokens)
+
+
 def a1111_embeddings(te1, te2, chunks1, chunks2):
     """A1111's SDXL text conditioning written out in PyTorch (float64 for the arithmetic): per
     encoder and chunk, the penultimate hidden states times each token's weight, rescaled to their
@@ -191,4 +216,8 @@ def test_prompts_make_the_images_a1111_users_expect(tiny_pipeline, one_chunk_pip
         assert np.array_equal(pixels(one_chunk_pipeline, head + "cat"), pixels(one_chunk_pipeline, head + "dog"))
         head = "a photo of the sky, red " * 40  # 240 tokens: past the third chunk
         assert np.array_equal(pixels(tiny_pipeline, head + "cat"), pixels(tiny_pipeline, head + "dog"))
+        # A1111's LoRA tags are not words: the image of the text without them.
+        assert np.array_equal(pixels(tiny_pipeline, "a cat <lora:detail:0.5> on a mat", "<lora:x:1> blurry"), base)
+        assert np.array_equal(pixels(tiny_pipeline, "a cat on a mat", "<lora:x:1>"),
+                              pixels(tiny_pipeline, "a cat on a mat"))  # a negative prompt of tags alone: none
     assert counter.compiles == 0

@@ -13,10 +13,9 @@ import jax
 
 from ..sampler.from_config import load_samplers
 from ..spec.infotext import Stamp, file_hash
-from ..spec.load import LoadOptions
+from ..spec.load import LoadOptions, lora_name, lora_spec
 from ..weights.checkpoint import config_root, is_single_file, load_models
 from ..weights.hub import load_tokenizers, resolve_file
-from ..weights.lora import lora_spec
 from ..weights.tensors import read_json
 from .compilation import enable_compile_cache
 from .pipeline import Pipeline
@@ -68,8 +67,8 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Dev
     stamp = Stamp(name, file_hash(resolve_file(o.model), 10) if single else None)
     for spec in o.loras:
         path, scale = lora_spec(spec)
-        name += f" + {Path(str(path)).stem}" + (f":{scale:g}" if scale != 1 else "")
-        stamp = dataclasses.replace(stamp, loras=stamp.loras + ((Path(str(path)).stem, scale,
+        name += f" + {lora_name(path)}" + (f":{scale:g}" if scale != 1 else "")
+        stamp = dataclasses.replace(stamp, loras=stamp.loras + ((lora_name(path), scale,
                                                                  file_hash(resolve_file(path), 12)),))
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=o.sizes,
                     images_per_call=o.images_per_call, devices=devices, model_name=name,

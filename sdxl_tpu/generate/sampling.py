@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..sampler.tables import Tables
-from ..spec.prompts import CHUNK_TOKENS, chunk_prompt
+from ..spec.prompts import CHUNK_TOKENS, chunk_prompt, split_network_tags
 from ..spec.request import ImageInfo
 from . import update
 from .update import State
@@ -56,8 +56,9 @@ def tokenize(tokenizer, texts: Sequence[str], chunks: int) -> tuple[np.ndarray, 
 def prepare(tokenizers, images: Sequence[ImageInfo], force_zeros_for_empty_prompt: bool = True,
             chunks: int = 1) -> TextInputs:
     """Per-image parameters -> host arrays, room for `chunks` chunks per text. Like diffusers, an
-    empty negative prompt means zero negative embeddings (force_zeros_for_empty_prompt), and the
-    micro-conditioning says the image is uncropped at its own size."""
+    empty negative prompt (LoRA tags alone are not text) means zero negative embeddings
+    (force_zeros_for_empty_prompt), and the micro-conditioning says the image is uncropped at its
+    own size."""
     n = len(images)
     both = [t for im in images for t in (im.negative_prompt, im.prompt)]
     width, height = images[0].size
@@ -67,7 +68,8 @@ def prepare(tokenizers, images: Sequence[ImageInfo], force_zeros_for_empty_promp
         ids1=ids1.reshape(shape), ids2=ids2.reshape(shape),
         weights1=weights1.reshape(shape), weights2=weights2.reshape(shape),
         lengths=(MAX_TOKENS * np.maximum(used1, used2)).reshape(n, 2).astype(np.int32),
-        zero_negative=np.array([force_zeros_for_empty_prompt and not im.negative_prompt.strip() for im in images]),
+        zero_negative=np.array([force_zeros_for_empty_prompt and not split_network_tags(im.negative_prompt)[0].strip()
+                                for im in images]),
         time_ids=np.tile(np.array([height, width, 0, 0, height, width], np.float32), (n, 1)),
         guidance=np.array([im.guidance_scale for im in images], np.float32))
 

@@ -6,8 +6,8 @@ balancer to spread requests over many hosts (`python -m sdxl_tpu serve`).
                         -> {images: [base64 files], parameters: [text], seeds, sampler, schedule, rng, timings,
                             format}
                         (Accept: text/event-stream: progress events, then the result as an event)
-    GET  /v1/info       what it serves: model, sizes, samplers, schedules, rngs, presets, images per call
-                        (503 until warm)
+    GET  /v1/info       what it serves: model, sizes, samplers, schedules, rngs, presets, images per call,
+                        the LoRAs fused (503 until warm)
     GET  /healthz       the process is alive
     GET  /readyz        200 once warm; 503 while loading and while draining
     GET  /metrics       Prometheus text (--metrics)

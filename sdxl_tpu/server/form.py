@@ -10,7 +10,7 @@ from typing import Any
 
 from ..spec.errors import RequestError
 from ..spec.fields import FIELD, FIELDS, FORM
-from ..spec.prompts import CHUNK_TOKENS, chunk_prompt
+from ..spec.prompts import CHUNK_TOKENS, NetworkTag, chunk_prompt, split_network_tags
 from ..spec.request import Request
 from ..spec.styles import apply_style, style_entry
 from ..spec.values import json_type, seed_input, text_input
@@ -62,16 +62,23 @@ def validate(values: Mapping[str, Any], offer: Offer) -> Request:
     return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)
 
 
-def token_count(tokenizer: Any, chunks: int, prompt: Any, style: Any, unavailable: str) -> str:
+def token_count(tokenizer: Any, chunks: int, prompt: Any, style: Any, unavailable: str,
+                loras: Sequence[tuple[str, float]] = ()) -> str:
     """Markdown: how many of the encoder's tokens the prompt takes with the style's template
     applied (as it will be encoded; start and end tokens not counted, as A1111 counts), and a
-    warning when it will be cut or is too long to be accepted; `unavailable` without a tokenizer."""
+    warning when it will be cut or is too long to be accepted; `unavailable` without a tokenizer.
+    A line follows for each `<lora:name:weight>` tag typed (never encoded): whether that LoRA is
+    among those fused here (`loras`: (name, scale))."""
     try:
-        text = text_input(prompt, "Prompt")
+        text, tags = split_network_tags(text_input(prompt, "Prompt"))
         template = style_entry(style)[0]
     except RequestError as e:
         log_refusal("token count", e)
         return f"⚠️ {e}"
+    return "  \n".join([_count(tokenizer, chunks, text, template, unavailable), *network_lines(tags, dict(loras))])
+
+
+def _count(tokenizer: Any, chunks: int, text: str, template: str, unavailable: str) -> str:
     limit = CHUNK_TOKENS * chunks
     if not text:
         return f"0 / {limit} tokens"
@@ -87,3 +94,26 @@ def token_count(tokenizer: Any, chunks: int, prompt: Any, style: Any, unavailabl
         return (f"⚠️ **{encoded.tokens + encoded.cut} / {limit} tokens**, {used}: the prompt will be cut after "
                 f"token {limit}; the last {encoded.cut} are ignored.")
     return f"{encoded.tokens} / {limit} tokens" + (f", {used}" if encoded.count > 1 else "")
+
+
+MAX_TAG_LINES = 5  # (a prompt may hold thousands of tags: the count stays a few lines)
+
+
+def network_lines(tags: Sequence[NetworkTag], fused: Mapping[str, float]) -> list[str]:
+    """A line per extra network named in the prompt (each once): a LoRA fused here, at which
+    scale (a tag's weight does not change it), or not loaded here."""
+    named = list({(t.kind, t.name): t for t in tags}.values())
+    lines = []
+    for tag in named[:MAX_TAG_LINES]:
+        name = "`" + tag.name[:60].replace("`", "'") + "`"  # (the user's text, as code: no Markdown)
+        if tag.kind == "hypernet":
+            lines.append(f"Hypernetwork {name}: not applied (this server loads LoRAs only).")
+        elif tag.name not in fused:
+            lines.append(f"LoRA {name}: not loaded here (start the server with --lora to fuse it).")
+        else:
+            scale, weight = fused[tag.name], 1.0 if tag.weight is None else tag.weight
+            unused = "" if weight == scale else f" (the tag's {weight:g} is not applied: LoRAs are fused at start)"
+            lines.append(f"LoRA {name}: loaded, fused at {scale:g}{unused}.")
+    if len(named) > MAX_TAG_LINES:
+        lines.append(f"… and {len(named) - MAX_TAG_LINES} more tags.")
+    return lines

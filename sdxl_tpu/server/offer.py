@@ -5,6 +5,7 @@ Before the model is loaded (or a front end's back ends answer) a server offers w
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ class Offer:
     default_schedule: str  # of a request that names none (the page's default)
     rngs: list[str]
     default_rng: str
+    loras: tuple[tuple[str, float], ...] = ()  # fused at load: (name, scale) (a back end of before: none said)
 
     def defaults(self) -> dict[str, Any]:
         """The form's values where a client gives none, by field name: the launch preset's steps,
@@ -46,14 +48,15 @@ class Offer:
                     schedule=self.default_schedule, rng=self.default_rng, size=format_size(self.sizes[0]))
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes]}
+        return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes],
+                "loras": [{"name": name, "scale": scale} for name, scale in self.loras]}
 
     @staticmethod
     def from_json(data: Any) -> Offer:
         """A server's description as it came over the network; ValueError names what is wrong."""
         if not isinstance(data, dict):
             raise ValueError(f"the description must be a JSON object, got {json_type(data)}")
-        names = [f.name for f in dataclasses.fields(Offer)]
+        names = [f.name for f in dataclasses.fields(Offer) if f.default is dataclasses.MISSING]
         missing = [n for n in names if n not in data]
         if missing:
             raise ValueError(f"the description lacks {', '.join(missing)}")
@@ -88,19 +91,35 @@ class Offer:
                          preset=data["preset"], presets=names_in(data["presets"], list(RECIPES), "presets"),
                          images_per_call=count, image_format=data["image_format"], max_prompt_chunks=chunks,
                          schedules=schedules, default_schedule=data["default_schedule"], rngs=rngs,
-                         default_rng=data["default_rng"])
+                         default_rng=data["default_rng"], loras=_loras(data.get("loras", [])))
+
+
+def _loras(value: Any) -> tuple[tuple[str, float], ...]:
+    """The LoRAs a server's description says it fused: [{name, scale}]."""
+    def one(lora: Any) -> tuple[str, float]:
+        name, scale = (lora.get("name"), lora.get("scale")) if isinstance(lora, dict) else (None, None)
+        if not isinstance(name, str) or not 0 < len(name) <= 255 or isinstance(scale, bool) or not isinstance(
+                scale, (int, float)) or not math.isfinite(scale):
+            raise ValueError("loras must be a list of {name, scale}")
+        return name, float(scale)
+
+    if not isinstance(value, list) or len(value) > 100:
+        raise ValueError("loras must be a list of {name, scale}")
+    return tuple(map(one, value))
 
 
 def provisional(settings: Settings) -> Offer:
     """What a server with `settings` offers until its model (or a back end) describes itself: every
-    sampler, schedule and noise source; the launch preset's sampler, else SDXL base's (Euler)."""
+    sampler, schedule and noise source; the launch preset's sampler, else SDXL base's (Euler); the
+    LoRAs it fuses."""
     recipe, load = settings.recipe, settings.load
     return Offer(model=load.model, sizes=list(load.sizes), samplers=list(SAMPLERS),
                  default_sampler=recipe.sampler if recipe is not None else "Euler",
                  preset=recipe.name if recipe is not None else None, presets=offered_presets(recipe),
                  images_per_call=load.images_per_call, image_format=settings.image_format,
                  max_prompt_chunks=load.max_prompt_chunks, schedules=list(SCHEDULES),
-                 default_schedule=settings.schedule, rngs=list(RNGS), default_rng=settings.rng)
+                 default_schedule=settings.schedule, rngs=list(RNGS), default_rng=settings.rng,
+                 loras=load.fused_loras)
 
 
 def offered_presets(recipe: Recipe | None) -> list[str]:

@@ -25,6 +25,7 @@ from ..version import VERSION
 from .errors import RequestError
 from .fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_STEPS
 from .names import DEFAULT_RNG, RNGS, SCHEDULES, schedule_used
+from .prompts import split_network_tags
 from .request import ImageInfo
 from .values import format_size, number_input, schedule_input, seed_input, shown
 
@@ -33,7 +34,6 @@ MAX_PARAMETERS_CHARS = 3 * MAX_PROMPT_CHARS  # prompt, negative prompt and the s
 # a few words), taken whole or not at all, keeps the reading of a long line linear: unbounded, each
 # start of a word scanned the rest of the line (60,000 characters without a colon: half a minute).
 _SETTING = re.compile(r'(\w[\w \-/]{1,63}+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
-_EXTRA_NETWORK = re.compile(r"<(lora|lyco|hypernet):([^:>]+)(?::[^>]*)?>", re.I)
 # Used: prompt and negative prompt, and these settings. A1111 writes the schedule apart from the
 # sampler since 1.9 ("Sampler: DPM++ 2M, Schedule type: Karras"), and "RNG" only when it is not
 # its default (GPU) noise.
@@ -67,14 +67,16 @@ def file_hash(path: str | os.PathLike, digits: int) -> str:
 
 
 def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
-    """AUTOMATIC1111's "parameters" text: prompt (with a `<lora:name:scale>` tag per LoRA, as A1111
-    users apply them), negative prompt, then the settings line:
+    """AUTOMATIC1111's "parameters" text: prompt (with a `<lora:name:scale>` tag per LoRA fused, as
+    A1111 users apply them; the tags typed in it are not applied, so not written), negative prompt,
+    then the settings line:
 
         Steps: 20, Sampler: Euler, Schedule type: Karras, CFG scale: 5, Seed: 7, Size: 1024x1024,
         Model: sd_xl_base_1.0, RNG: CPU, Version: sdxl-tpu 0.1.0
     """
     stamp = Stamp(stamp) if isinstance(stamp, str) else stamp
-    lines = [info.prompt + "".join(f" <lora:{name}:{scale:g}>" for name, scale, _ in stamp.loras)]
+    prompt = split_network_tags(info.prompt)[0]
+    lines = [prompt + "".join(f" <lora:{name}:{scale:g}>" for name, scale, _ in stamp.loras)]
     if info.negative_prompt:
         lines.append(f"Negative prompt: {info.negative_prompt}")
     # Where A1111 puts them: the schedule right after the sampler, the noise source after the model.
@@ -144,11 +146,12 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
     JAX (A1111's default GPU noise cannot be reproduced: said in a note)."""
     fields: dict[str, Any] = {}
     notes: list[str] = []
-    prompt, tags = _without_extra_networks(parsed.prompt)
+    prompt, tags = split_network_tags(parsed.prompt)
     if tags:
-        notes.append(f"Not applied: {', '.join(tags)} (LoRAs are loaded with the model here, not per prompt).")
+        notes.append(f"Not applied: {', '.join(t.text for t in tags)} (LoRAs are loaded with the model here, "
+                     "not per prompt).")
     fields["prompt"] = prompt
-    fields["negative_prompt"] = _without_extra_networks(parsed.negative_prompt)[0]
+    fields["negative_prompt"] = split_network_tags(parsed.negative_prompt)[0]
     s = parsed.settings
 
     def take(key: str, convert) -> None:
@@ -232,8 +235,3 @@ def _size(text: str, sizes: list[tuple[int, int]]) -> tuple[int, int]:
     if size not in sizes:
         raise ValueError(f"this server offers {', '.join(format_size(s) for s in sizes)}")
     return size
-
-
-def _without_extra_networks(text: str) -> tuple[str, list[str]]:
-    tags = [m.group(0) for m in _EXTRA_NETWORK.finditer(text)]
-    return " ".join(_EXTRA_NETWORK.sub(" ", text).split()) if tags else text, tags

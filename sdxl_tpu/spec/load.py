@@ -6,8 +6,11 @@ generator as it is."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .names import SDXL_BASE
@@ -16,6 +19,27 @@ from .recipes import Recipe
 from .values import parse_size
 
 Size = tuple[int, int]
+LoraSpec = str | os.PathLike | tuple[str | os.PathLike, float]
+
+
+def parse_lora_spec(spec: str) -> tuple[str, float]:
+    """"file.safetensors[:scale]" -> (file, scale); the scale defaults to 1."""
+    path, sep, scale = str(spec).rpartition(":")
+    if sep and path and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)", scale):
+        return path, float(scale)
+    return str(spec), 1.0
+
+
+def lora_spec(spec: LoraSpec) -> tuple[str, float]:
+    """(file, scale) from "file[:scale]", a path (scale 1) or a (file, scale) pair."""
+    if isinstance(spec, tuple):
+        return str(spec[0]), float(spec[1])
+    return parse_lora_spec(str(spec)) if isinstance(spec, str) else (str(spec), 1.0)
+
+
+def lora_name(path: str) -> str:
+    """A LoRA's name as A1111 writes it (`<lora:name:scale>`, "Lora hashes"): its file's stem."""
+    return Path(path).stem
 
 
 @dataclass(frozen=True)
@@ -62,6 +86,11 @@ class LoadOptions:
         for name in ("unet", "config"):
             if getattr(self, name) is not None:
                 set_(name, str(getattr(self, name)))
+
+    @property
+    def fused_loras(self) -> tuple[tuple[str, float], ...]:
+        """Each LoRA fused at load: (name, scale)."""
+        return tuple((lora_name(path), scale) for path, scale in map(lora_spec, self.loras))
 
     def replace(self, **changes: Any) -> LoadOptions:
         return dataclasses.replace(self, **changes)

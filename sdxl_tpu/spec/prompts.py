@@ -12,7 +12,9 @@ bracket applies to the end; a weight that is not a number is text (one with an e
 A chunk is 75 tokens between a start and an end token, padded with end tokens (and, for an
 encoder whose padding token differs, with that after the first end token, as its tokenizer pads).
 When a chunk fills up, the text after its last comma moves to the next chunk if that comma is
-among its last 20 tokens. Host-side only: no JAX here, a front end counts tokens with it.
+among its last 20 tokens. `<lora:name:weight>` tags (A1111's extra networks) are not words: they
+are taken out before anything is encoded. Host-side only: no JAX here, a front end counts tokens
+with it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,32 @@ _BREAK = re.compile(r"\s*\bBREAK\b\s*", re.S)
 
 class PromptError(ValueError):
     """A prompt the user can fix (a weight out of range); the message says which."""
+
+
+# A1111's extra-network tags: <lora:name>, <lora:name:weight> (more ":params" may follow), and
+# the same for LyCORIS' (its extension's "lyco") and hypernetworks. No "<" inside one (A1111 allows
+# it): each try then stops at the next tag, and a long text of unclosed tags is read in linear time.
+_NETWORK_TAG = re.compile(r"<(lora|lyco|hypernet):([^:<>]+)(?::([^<>]*))?>", re.I)
+
+
+@dataclass(frozen=True)
+class NetworkTag:
+    """An extra network named in a prompt, as A1111 users apply one."""
+    kind: str  # "lora", "lyco" or "hypernet"
+    name: str  # a LoRA's file stem, as A1111 names it
+    weight: float | None  # the first number after the name; None: none given (A1111 applies 1)
+    text: str  # as typed
+
+
+def split_network_tags(text: str) -> tuple[str, list[NetworkTag]]:
+    """A prompt -> the prompt without its extra-network tags (whitespace where they were
+    collapsed) and the tags, in order."""
+    tags = []
+    for match in _NETWORK_TAG.finditer(text):
+        first = (match.group(3) or "").split(":")[0].strip()
+        tags.append(NetworkTag(match.group(1).lower(), match.group(2).strip(),
+                               float(first) if _is_number(first) else None, match.group(0)))
+    return (" ".join(_NETWORK_TAG.sub(" ", text).split()) if tags else text), tags
 
 
 def parse_emphasis(text: str) -> list[tuple[str, float]]:
@@ -127,8 +155,8 @@ class Chunks:
 
 def chunk_prompt(tokenizer, text: str, max_chunks: int = DEFAULT_MAX_CHUNKS) -> Chunks:
     """A prompt -> its chunks of token ids and weights, as A1111's CLIP wrapper builds them;
-    at most `max_chunks` (the rest is cut and counted in `cut`)."""
-    parsed = parse_emphasis(text)
+    at most `max_chunks` (the rest is cut and counted in `cut`); extra-network tags left out."""
+    parsed = parse_emphasis(split_network_tags(text)[0])
     texts = [t for t, w in parsed if (t, w) != BREAK]
     tokenized = iter(tokenizer(texts, add_special_tokens=False, verbose=False).input_ids if texts else [])
     comma = tokenizer.convert_tokens_to_ids(",</w>")

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..spec.load import LoraSpec, lora_spec
 from .errors import CheckpointError
 from .single_file import PREFIXES, place
 from .tensors import TensorSource, normalize_clip_name
@@ -33,14 +34,6 @@ _KOHYA = {"lora_unet_": "unet", "lora_te1_": "text_encoder", "lora_te2_": "text_
 _PEFT = {"unet.": "unet", "text_encoder.": "text_encoder", "text_encoder_2.": "text_encoder_2"}
 _KEY = re.compile(r"^(?P<module>.+?)\.(?P<part>lora_down\.weight|lora_up\.weight|lora_A\.weight|lora_B\.weight|alpha)$")
 _DOWN, _UP = ("lora_down.weight", "lora_A.weight"), ("lora_up.weight", "lora_B.weight")
-
-
-def parse_lora_spec(spec: str) -> tuple[str, float]:
-    """"file.safetensors[:scale]" -> (file, scale); the scale defaults to 1."""
-    path, sep, scale = str(spec).rpartition(":")
-    if sep and path and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)", scale):
-        return path, float(scale)
-    return str(spec), 1.0
 
 
 @dataclass
@@ -150,14 +143,7 @@ def _shown(items: list[str], limit: int = 10) -> str:
     return ", ".join(items[:limit]) + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
-def lora_spec(spec: str | os.PathLike | tuple[str | os.PathLike, float]) -> tuple[str, float]:
-    """(file, scale) from "file[:scale]", a path (scale 1) or a (file, scale) pair."""
-    if isinstance(spec, tuple):
-        return str(spec[0]), float(spec[1])
-    return parse_lora_spec(str(spec)) if isinstance(spec, str) else (str(spec), 1.0)
-
-
-def read_loras(specs: Sequence[str | os.PathLike | tuple[str | os.PathLike, float]] | None) -> list[LoRA]:
+def read_loras(specs: Sequence[LoraSpec] | None) -> list[LoRA]:
     """LoRA files (see `lora_spec`), each local or on the Hub (owner/repo/file.safetensors)."""
     from .hub import resolve_file
 
