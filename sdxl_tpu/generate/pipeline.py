@@ -161,7 +161,7 @@ class Pipeline:
         """Generate `images_per_call` images.
 
         prompt / negative_prompt / guidance_scale: one value for every image, or one per image.
-        seed: an int (image i gets seed + i), one per image, or None (random).
+        seed: an int (image i gets seed + i), one per image, or None or -1 (random, as A1111's -1).
         sampler: one of `samplers` by name (AUTOMATIC1111's: "Euler", "Euler a", "DPM++ 2M",
             "DPM++ 2M Karras", ...: scheduler.SAMPLERS); None: the default.
         schedule: Schedule type (scheduler.SCHEDULES; default "Checkpoint": the checkpoint's
