@@ -15,10 +15,11 @@ from .errors import user_message
 from .form import form_values
 
 
-def form_handler(run: Callable, *extra: str) -> Callable:
+def form_handler(run: Callable, *extra: str, returns: str = "") -> Callable:
     """A Gradio handler whose parameters are the form's fields (spec/fields.py, in the order the page
     and /generate send them; the optional ones may be left out), then `extra` (e.g. the history),
-    then Gradio's progress tracker; `run(values, *extra, progress)` gets the fields by name."""
+    then Gradio's progress tracker; `run(values, *extra, progress)` gets the fields by name. Its
+    docstring is `run`'s, the fields' meanings (Field.about) and `returns` ("Returns: ...")."""
     keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
     params = [inspect.Parameter(f.name, keyword, default=None if f.optional else inspect.Parameter.empty)
               for f in FIELDS]
@@ -34,7 +35,9 @@ def form_handler(run: Callable, *extra: str) -> Callable:
             return run(*split(args))
     handler.__signature__ = inspect.Signature(params)
     handler.__name__ = handler.__qualname__ = run.__name__
-    handler.__doc__ = run.__doc__
+    # (Gradio's API page reads the description and each argument's line from the docstring)
+    handler.__doc__ = ((run.__doc__ or "").strip() + "\n\nArgs:\n" +
+                       "\n".join(f"    {f.name}: {f.about}" for f in FIELDS) + "\n\n" + returns).strip()
     return handler
 
 
@@ -42,7 +45,7 @@ def gradio_handler(fn: Callable, where: str, refused: Callable[[str], Any] | Non
     """An event handler as Gradio calls it (a function, or a generator that streams updates):
     errors reach the user as `user_message` says, as a gr.Error (an error event for API clients, a
     notice in the page). A generator given `refused` instead ends with `refused(message)` (what
-    the page shows of it, e.g. the message in a status line, the other outputs kept) and a notice:
+    the page shows of it, e.g. the message in its run panel, the other outputs kept), said once:
     the page's event does not fail, so a failed one means the server did not take it at all."""
     def error(e: Exception) -> gr.Error:
         return e if isinstance(e, gr.Error) else gr.Error(user_message(e, where), print_exception=False)
@@ -56,7 +59,6 @@ def gradio_handler(fn: Callable, where: str, refused: Callable[[str], Any] | Non
                 failure = error(e)
                 if refused is None:
                     raise failure from None
-                gr.Warning(failure.message)
                 yield refused(failure.message)
 
         return streaming

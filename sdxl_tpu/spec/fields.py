@@ -41,26 +41,37 @@ class Field:
     choices: tuple[str, ...] | None = None  # a choice's names where they are the same everywhere
     infotext: str | None = None  # its key in an A1111 parameters text
     restored: Any = None  # the value it takes when a run is restored with its seed (not None: it is set)
+    about: str = ""  # what it means, for a client's author (the API page)
+    example: Any = None  # a realistic value for the API page's example call (None: its default)
 
 
 _ALL = frozenset({HISTORY, PASTED})
 
 FIELDS: tuple[Field, ...] = (
-    Field("prompt", "Prompt", "text", "", api="prompt", kept=_ALL),
-    Field("negative", "Negative prompt", "text", "", api="negative_prompt", kept=_ALL),
-    Field("style", "Style", "choice", DEFAULT_STYLE, kept=frozenset({HISTORY})),
+    Field("prompt", "Prompt", "text", "", api="prompt", kept=_ALL,
+          example="a lighthouse on a cliff at dusk, oil painting",
+          about="What to draw, with A1111's (word:1.2) weights; cut past the token budget (225 for SDXL)."),
+    Field("negative", "Negative prompt", "text", "", api="negative_prompt", kept=_ALL, example="blurry, low quality",
+          about="What to leave out (may be empty)."),
+    Field("style", "Style", "choice", DEFAULT_STYLE, kept=frozenset({HISTORY}),
+          about="A style's template around the prompt, by name (see the page's menu)."),
     Field("seed", "Seed", "whole", RANDOM_SEED, api="seed", kept=_ALL, limits=(RANDOM_SEED, MAX_SEED),
-          infotext="Seed"),
-    Field("randomize", "Randomize seed", "switch", True, restored=False),  # a restored run comes with its seed
+          infotext="Seed", example=1234, about="The first image's seed, the others' follow it; -1 draws one."),
+    Field("randomize", "Randomize seed", "switch", False, restored=False,  # a restored run comes with its seed
+          about="True draws a seed whatever `seed` says (the page's -1 does the same)."),
     Field("guidance", "Guidance scale", "number", 5.0, api="guidance_scale", kept=_ALL, limits=GUIDANCE_RANGE,
-          infotext="CFG scale"),
-    Field("steps", "Steps", "whole", 20, api="steps", kept=_ALL, limits=(1, MAX_STEPS), infotext="Steps"),
-    Field("size", "Size", "choice", api="size", kept=_ALL, infotext="Size"),
+          infotext="CFG scale", about="How closely to follow the prompt (A1111's CFG scale)."),
+    Field("steps", "Steps", "whole", 20, api="steps", kept=_ALL, limits=(1, MAX_STEPS), infotext="Steps",
+          about="Denoising steps."),
+    Field("size", "Size", "choice", api="size", kept=_ALL, infotext="Size",
+          about="'WIDTHxHEIGHT', one of the sizes the server compiled."),
     Field("sampler", "Sampler", "choice", api="sampler", kept=_ALL, optional=True, infotext="Sampler",
-          choices=SAMPLERS),
+          choices=SAMPLERS, about="A1111's sampler name; left out: the model's own."),
     Field("schedule", "Schedule type", "choice", DEFAULT_SCHEDULE, api="schedule", kept=_ALL, optional=True,
-          infotext="Schedule type", choices=SCHEDULES),
-    Field("rng", "RNG", "choice", DEFAULT_RNG, api="rng", kept=_ALL, optional=True, infotext="RNG", choices=RNGS),
+          infotext="Schedule type", choices=SCHEDULES,
+          about="Checkpoint (as diffusers runs the model) or one of A1111's schedule types."),
+    Field("rng", "RNG", "choice", DEFAULT_RNG, api="rng", kept=_ALL, optional=True, infotext="RNG", choices=RNGS,
+          about="Where the noise comes from: JAX, or CPU (PyTorch's CPU noise, as A1111 and ComfyUI draw it)."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them
