@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -34,40 +36,17 @@ from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, 
 from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
 from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_INTO,
                                   RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, form_defaults, history_after,
-                                  history_rows, pasted_form, preset_fields, schedule_choices, size_choices,
-                                  style_description)
+                                  history_rows, pasted_form, preset_fields, run_panel, running_text, seed_note,
+                                  size_choices, stopped_summary, style_description, PRESET_FILL_JS)
+from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, request_pair, schedule_menu
 from sdxl_tpu.server.settings import parse_settings
-from sdxl_tpu.spec.fields import FIELD, FORM
+from sdxl_tpu.spec.fields import FIELD, FIELDS, FORM
 from sdxl_tpu.spec.recipes import RECIPES
 from sdxl_tpu.spec.styles import STYLES
 
 GENERATE, WARMING_UP = "Generate", "Warming up…"
-STOPPED = "Stopped."
-NOT_TAKEN = "⚠️ The server could not take the request (see the notice); please try again in a moment."
-
-# Four images in view: on a desktop the form and the results sit side by side and the 2 x 2 grid is
-# sized to the viewport (square cells, each image whole inside its cell, never a scrollbar inside
-# the gallery); on a phone they stack and the grid takes the width. The run status line carries
-# Gradio's progress bar, and its error pill is hidden: the message is in the line itself.
-CSS = """
-#layout {display: grid; grid-template-columns: minmax(0, 5fr) minmax(0, 6fr); align-items: start;
-         grid-template-areas: "form results" "more results"}
-#form {grid-area: form} #results {grid-area: results} #more {grid-area: more}
-@media (max-width: 767px) {  /* a phone: the results right under the Generate button */
-  #layout {grid-template-columns: minmax(0, 1fr); grid-template-areas: "form" "results" "more"}
-}
-#status p, #run-status p, #summary p {margin: 0}
-#run-status {min-height: 2.6em}
-#run-status .error, #run-status .clear-status {display: none}
-#gallery .grid-wrap {overflow: visible; min-height: 0; max-height: none; height: auto}
-#gallery .grid-container {grid-template-columns: repeat(2, minmax(0, 1fr)); grid-template-rows: none;
-                          grid-auto-rows: auto; margin: 0 auto}
-#gallery .thumbnail-item {aspect-ratio: 1 / 1; height: auto}
-#gallery .thumbnail-item img {object-fit: contain}
-@media (min-width: 768px) {
-  #gallery .grid-container {width: min(100%, calc(100vh - 230px))}
-}
-"""
+NOT_TAKEN = "The server could not take the request (its queue is full, or it is stopping); please try again."
+WEB = Path(__file__).resolve().parent / "sdxl_tpu" / "server" / "web"  # the page's own CSS and script
 
 
 def build_demo(server: Server) -> gr.Blocks:
@@ -78,54 +57,64 @@ def build_demo(server: Server) -> gr.Blocks:
     start = form_defaults(offer)
     label = lambda name: FIELD[name].label
     with gr.Blocks(title="SDXL on JAX", analytics_enabled=False) as demo:
-        gr.Markdown("## Stable Diffusion XL, served from JAX")
-        status = gr.Markdown(server.warmup.status_line, elem_id="status")
+        with gr.Row(elem_id="top"):
+            gr.Markdown("# Stable Diffusion XL, served from JAX", elem_id="title")
+            status = gr.Markdown(server.warmup.status_line, elem_id="status")
         with gr.Row(equal_height=False, elem_id="layout"):
+            # The main controls, in view without opening anything (as A1111's txt2img tab has them).
             with gr.Column(min_width=0, elem_id="form"):
-                prompt = gr.Textbox(label=label("prompt"), placeholder="Describe the image", lines=2, max_lines=6,
-                                    elem_id="prompt")
+                prompt = gr.Textbox(label=label("prompt"), placeholder="Describe the image (Ctrl+Enter generates)",
+                                    lines=3, max_lines=8, elem_id="prompt")
                 tokens = gr.Markdown(server.token_count(""), elem_id="token-count")
-                negative = gr.Textbox(label=label("negative"), placeholder="What to leave out", max_lines=3,
+                gr.Textbox(label=label("negative"), placeholder="What to leave out", max_lines=3,
                                       elem_id="negative")
                 with gr.Row():
                     run = gr.Button(GENERATE if ready else WARMING_UP, variant="primary", interactive=ready, scale=3,
                                     min_width=120, elem_id="generate")
-                    stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop")
-                sizes = size_choices(server.warmup.ready_sizes)
-                size = gr.Dropdown(sizes, value=sizes[0][1] if sizes else None,
-                                   label=f"{label('size')} (aspect ratio · pixels)", elem_id="size")
-            with gr.Column(min_width=0, elem_id="results"):
-                run_status = gr.Markdown("", elem_id="run-status")
-                gallery = gr.Gallery(label="Images", columns=2, height="auto", object_fit="contain", preview=False,
-                                     buttons=["download", "fullscreen"], elem_id="gallery")
-                summary = gr.Markdown("Four images per run, from one compiled pipeline on every chip. Click an "
-                                      "image to reuse its seed.", elem_id="summary")
-            with gr.Column(min_width=0, elem_id="more"):
-                with gr.Accordion("Advanced", open=False):
-                    style = gr.Dropdown(list(STYLES), value=FIELD["style"].default, label=label("style"),
-                                        elem_id="style")
-                    style_info = gr.Markdown(style_description(FIELD["style"].default))
-                    with gr.Row():
-                        seed = gr.Number(label=label("seed"), value=FIELD["seed"].default, precision=0,
-                                         minimum=FIELD["seed"].limits[0], maximum=FIELD["seed"].limits[1],
-                                         elem_id="seed",
-                                         info="With Randomize on, each run draws new seeds; this shows the last run's.")
-                        randomize = gr.Checkbox(label=label("randomize"), value=FIELD["randomize"].default,
-                                                elem_id="randomize")
+                    stop = gr.Button("Stop", variant="stop", interactive=False, scale=1, min_width=70, elem_id="stop")
+                    read_prompt = gr.Button("↙️", scale=0, min_width=44, elem_id="read-parameters")
+                form_note = gr.Markdown("", elem_id="form-note")
+                with gr.Row():
+                    sizes = size_choices(server.warmup.ready_sizes)
+                    size = gr.Dropdown(sizes, value=sizes[0][1] if sizes else None, label=label("size"),
+                                       elem_id="size")
                     preset = gr.Dropdown([*preset_names(server), CUSTOM], label="Preset", elem_id="preset",
-                                         value=start["preset"], info=preset_info(server))
-                    offered = gr.Textbox(json.dumps(preset_names(server)), visible="hidden")
-                    guidance = gr.Slider(*FIELD["guidance"].limits, value=start["guidance"], step=0.1,
-                                         label=label("guidance"), elem_id="guidance")
+                                         value=start["preset"])
+                with gr.Row():
+                    sampler = gr.Dropdown(menu_samplers(offer.samplers), value=start["sampler"],
+                                          label=label("sampler"), elem_id="sampler")
+                    schedule = gr.Dropdown(schedule_menu(start["sampler"], offer.samplers, offer.schedules),
+                                           value=start["schedule"], label=label("schedule"), elem_id="schedule")
+                with gr.Row():
                     steps = gr.Slider(*FIELD["steps"].limits, value=start["steps"], step=1, label=label("steps"),
                                       elem_id="steps")
-                    with gr.Row():
-                        sampler = gr.Dropdown(list(offer.samplers), value=start["sampler"], label=label("sampler"),
-                                              elem_id="sampler")
-                        schedule = gr.Dropdown(schedule_choices(offer.schedules), value=start["schedule"],
-                                               label=label("schedule"), elem_id="schedule", info=SCHEDULE_INFO)
+                    guidance = gr.Slider(*FIELD["guidance"].limits, value=start["guidance"], step=0.1,
+                                         label=label("guidance"), elem_id="guidance")
+                with gr.Row(elem_id="seed-row"):
+                    seed = gr.Number(label=f"{label('seed')} (-1: random)", value=-1, precision=0,
+                                     minimum=FIELD["seed"].limits[0], maximum=FIELD["seed"].limits[1], scale=4,
+                                     elem_id="seed")
+                    gr.Button("🎲", scale=0, min_width=44, elem_id="random-seed").click(
+                        None, outputs=[seed], js="() => -1")
+                    reuse = gr.Button("♻️", scale=0, min_width=44, elem_id="reuse-seed")
+                # A1111's seed: -1 draws new seeds each run; the API's Randomize switch stays off here.
+                gr.Checkbox(FIELD["randomize"].default, label=label("randomize"), visible=False, elem_id="randomize")
+                with gr.Accordion("More options", open=False, elem_id="more-options"):
+                    style = gr.Dropdown(list(STYLES), value=FIELD["style"].default, label=label("style"),
+                                        elem_id="style")
+                    style_info = gr.Markdown(style_description(FIELD["style"].default), elem_id="style-info")
                     rng = gr.Dropdown(list(offer.rngs), value=start["rng"], label=label("rng"), elem_id="rng",
                                       info=RNG_INFO)
+                    gr.Markdown(f"{SCHEDULE_INFO} Presets: {preset_info(server)}", elem_id="menu-notes")
+                    offered = gr.Textbox(json.dumps(preset_names(server)), visible="hidden")
+            with gr.Column(min_width=0, elem_id="results"):
+                panel = gr.HTML(run_panel("idle"), elem_id="progress")
+                use_seed = gr.Button("♻️ Use this seed", size="sm", elem_id="use-seed")
+                gallery = gr.Gallery(label="Images", columns=2, height="auto", object_fit="contain", preview=False,
+                                     buttons=["download", "fullscreen", use_seed], elem_id="gallery")
+                summary = gr.Markdown("Four images per run. Click an image to see it large; ♻️ takes its seed.",
+                                      elem_id="summary")
+            with gr.Column(min_width=0, elem_id="more"):
                 # Examples fill the prompt in the browser: no server event, nothing to call.
                 examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",
                                       type="index", elem_id="examples")
@@ -140,95 +129,151 @@ def build_demo(server: Server) -> gr.Blocks:
                 history_table = gr.Dataset(components=[gr.Textbox(visible=False) for _ in HISTORY_HEADERS],
                                            headers=HISTORY_HEADERS, samples=[], type="index", layout="table",
                                            samples_per_page=HISTORY_PER_PAGE, elem_id="history",
-                                           label="History (kept in this browser; click a run to restore its settings)")
+                                           label="History (kept in this browser; click a run to restore it, seed "
+                                                 "included)")
         # The form's inputs, found by their element ids, which are the fields' names (spec/fields.py):
         # every event takes them in the form's order.
         inputs = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None) in FORM}
         form = [inputs[name] for name in FORM]
+        for f in FIELDS:  # (the API page's example call: realistic values, not Gradio's "Hello!!")
+            if (example := f.default if f.example is None else f.example) is not None:
+                inputs[f.name].example_inputs = lambda value=example: value
         # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery
         # serves them without a copy; the store deletes old ones and Gradio forgets them too.
         server.images.on_delete(lambda paths: forget_served(gallery, paths))
-        last_seeds = gr.State([])
+        # Per page: the seeds the gallery shows, the image picked in it, the run's state (page.RUN_STATES)
+        # and where it is ({seeds, step, steps}).
+        last_seeds, picked, run_state, run_at = gr.State([]), gr.State(None), gr.State("idle"), gr.State({})
 
-        # Every handler takes its inputs as the client sent them (preprocess=False): Gradio's
-        # component preprocessing would silently convert them (a list to its text, 1.5 to 2);
-        # sdxl_tpu.server checks each value and refuses, with a message, what is not right.
         def run_updates(values, progress, previews: bool):
             # The request stops (waiting or between denoising steps) once Gradio no longer runs
             # its event: Stop, the page closed, the client cancelled or went away.
             queue, event_id = QueueView(demo), QueueView.current_event_id()
             event = queue.running_event(event_id)
-            progress(0, desc="Encoding the prompts")
             for update in server.stream(values, queued_at=event.enqueue_time if event is not None else None,
                                         abandoned=(lambda: queue.running_event(event_id) is None) if event_id else None,
                                         previews=previews):
-                if update[0] == "progress":
+                if update[0] == "progress" and progress is not None:
                     progress(update[1:], desc="Denoising", unit="steps")
-                else:
-                    yield update
+                yield update
+
+        # What the page's run updates, by name; a handler names what changes, the rest is skipped.
+        # (Which buttons can be pressed follows the panel's state: the page script sets them, at once.)
+        shown = dict(gallery=gallery, last_seeds=last_seeds, picked=picked, summary=summary, panel=panel, run=run,
+                     run_state=run_state, run_at=run_at, history=history, history_table=history_table)
+        show = lambda **changed: tuple(changed.get(name, gr.skip()) for name in shown)
+        idle = lambda: dict(run=GENERATE, run_state="idle")
 
         def generate_in_page(values, history, progress):
-            for update in run_updates(values, progress, previews=True):
-                if update[0] == "preview":
-                    yield update[1], *[gr.skip()] * 6
+            began = time.monotonic()
+            values = dict(values, **dict(zip(("sampler", "schedule"), request_pair(values["sampler"],
+                                                                                   values["schedule"]))))
+            for update in run_updates(values, None, previews=True):
+                kind = update[0]
+                if kind == "started":
+                    seeds, steps = update[1:]
+                    yield show(gallery=[], last_seeds=seeds, picked=None, run_state="running",
+                               run_at={"seeds": seeds, "step": 0, "steps": steps},
+                               summary=f"Generating {len(seeds)} images, {steps} steps. Seeds: "
+                                       f"{', '.join(map(str, seeds))}.",
+                               panel=run_panel("running", "Generating · encoding the prompts", 0, steps),
+                               run=f"Generating 0/{steps}")
+                elif kind == "progress":
+                    step, steps = update[1:]
+                    yield show(panel=run_panel("running", running_text(step, steps, time.monotonic() - began), step,
+                                               steps),
+                               run=f"Generating {step}/{steps}", run_at={"seeds": seeds, "step": step,
+                                                                                   "steps": steps})
+                elif kind == "preview":
+                    yield show(gallery=update[1])
                 else:
                     images, seeds, text, ran = update[1:]
                     # The run joins the history, which the browser keeps (in and out with the call; the
                     # server stores no prompt): what ran, the server's defaults where none was sent.
                     kept = history_after(history, {**values, **ran, "negative": values["negative"] or "",
                                                    "seed": seeds[0]})
-                    yield images, seeds, text, "", seeds[0], kept, gr.Dataset(samples=history_rows(kept))
+                    yield show(gallery=images, last_seeds=seeds, summary=text, history=kept,
+                               history_table=gr.Dataset(samples=history_rows(kept)),
+                               panel=run_panel("done", f"Done in {time.monotonic() - began:.1f} s."), **idle())
 
         def generate(values, progress):
-            """The API: the four images and the summary line (progress per step, no previews; a plain
-            function: a generator would cost every call a few more messages and thread hops). The last
-            three may be left out: the model's sampler, the server's Schedule type and RNG."""
+            """Four images from one prompt, made together in one call of the compiled pipeline; the
+            step count advances in the job's status as they denoise. Seed -1 draws a random seed (the
+            four images take it and the next three); sampler, schedule and rng may be left out (the
+            server's own). A value the server cannot use is refused with a message naming the field."""
             *_, (_, images, _, text, _) = run_updates(values, progress, previews=False)  # (run to its end: counted)
             return images, text
 
-        def refused(message: str):  # shown in the run status line; the images and the summary stay
-            return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {message}", gr.skip(), gr.skip(), gr.skip()
+        def refused(message: str):  # said once, in the run panel; the images and the line under them stay
+            return show(panel=run_panel("refused", f"⚠️ {message}"), **idle())
 
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
         # more chips than a request has images); the rest wait in Gradio's bounded queue. The page
         # and the API are two events of one queue; the page's also updates the form and the history.
-        queued = dict(inputs=form, preprocess=False, concurrency_id="generate", concurrency_limit=server.concurrency,
-                      show_progress_on=[run_status])
-        generating = gr.on([prompt.submit, negative.submit, run.click],
-                           gradio_handler(form_handler(generate_in_page, "history"), "the page's /generate", refused),
-                           **{**queued, "inputs": [*form, history]},
-                           outputs=[gallery, last_seeds, summary, run_status, seed, history, history_table],
-                           api_name="generate_in_page", api_visibility="private")
-        # A request the server did not take (its queue full, shutting down) never reaches the handler
-        # and fails: the status line says so (Gradio's notice has the reason).
-        # (Stop cancels the event, which fails it too: then the line keeps saying it stopped.)
-        generating.failure(None, inputs=[run_status], outputs=[run_status],
-                           js=f"(line) => line === {json.dumps(STOPPED)} ? line : {json.dumps(NOT_TAKEN)}")
-        api_trigger = gr.Button(visible=False)  # the API's event has no button in the page
-        api_trigger.click(gradio_handler(form_handler(generate), "/generate"), outputs=[gallery, summary],
-                          api_name="generate", **queued)
+        queued = dict(inputs=form, preprocess=False, concurrency_id="generate", concurrency_limit=server.concurrency)
         light = dict(api_visibility="private", concurrency_limit=None, show_progress="hidden", preprocess=False)
-        # Stop: Gradio cancels the event; the request ends within two denoising steps and the page
-        # keeps what it showed.
-        stop.click(None, outputs=[run_status], js=f"() => {json.dumps(STOPPED)}", cancels=[generating])
+        outputs = list(shown.values())
+        # One way to start a run, the button (the page script presses it for Enter and Ctrl+Enter, and
+        # shows the run waiting at once).
+        in_page = gradio_handler(form_handler(generate_in_page, "history"), "the page's /generate", refused)
+        generating = run.click(in_page, **{**queued, "inputs": [*form, history]}, outputs=outputs,
+                               api_name="generate_in_page", api_visibility="private", show_progress_on=[panel])
+        # A request the server did not take (its queue full, shutting down) never reaches the handler
+        # and fails, as does a stopped one (the page script marks the page when Stop is pressed,
+        # before Gradio cancels the event): in the browser, as the queue may have no room for more.
+        generating.failure(None, inputs=[panel], outputs=[panel],
+                           js=f"(now) => document.body.dataset.runStopped === 'yes' ? now : "
+                              f"{json.dumps(run_panel('refused', '⚠️ ' + NOT_TAKEN))}")
+        api_trigger = gr.Button(visible=False)  # the API's event has no button in the page
+        returns = ("Returns:\n    The four images (captions 'seed N'; each file carries its parameters as A1111 "
+                   "writes them) and a line that sums up the run: what ran, how long each stage took, the seeds.")
+        api_trigger.click(gradio_handler(form_handler(generate, returns=returns), "/generate"),
+                          outputs=[gallery, summary], api_name="generate", show_progress_on=[panel], **queued)
+
+        # Stop: Gradio cancels the event; the request ends within two denoising steps; the page says
+        # what was stopped, keeps its previews, and forgets nothing else.
+        def stopped(state, at):
+            if state == "idle":  # (it ended first)
+                return show()
+            at = at if isinstance(at, dict) else {}
+            step, steps = at.get("step"), at.get("steps")
+            where = f"Stopped at step {step} of {steps}." if step else "Stopped before the first step."
+            return show(panel=run_panel("stopped", where), summary=stopped_summary(at.get("seeds"), steps, step),
+                        **idle())
+
+        stop.click(None, outputs=[panel], js=f"() => {json.dumps(run_panel('stopped', 'Stopped.'))}",
+                   cancels=[generating]).then(stopped, inputs=[run_state, run_at], outputs=outputs, **light)
+
+        # Seeds as A1111 has them: 🎲 is -1 (random), ♻️ takes the picked image's seed (else the first).
+        def reuse_seed(seeds: list[int], index: Any):
+            chosen = seed_at(seeds, index if isinstance(index, int) else 0)
+            return chosen if chosen is not None else gr.skip()
+
+        for button in (reuse, use_seed):
+            button.click(reuse_seed, inputs=[last_seeds, picked], outputs=[seed], **light)
+        def pick(evt: gr.SelectData):
+            return evt.index
+
+        gallery.select(pick, outputs=[picked], **light)  # (a click only enlarges the image)
+        seed.change(seed_note, inputs=[seed], outputs=[form_note], **light)
 
         # In the browser, no server event: presets fill the fields, the preset menu follows the
         # fields, examples fill the prompt, a history row fills the form.
-        preset.input(None, inputs=[preset, steps, sampler, guidance], outputs=[steps, sampler, guidance],
-                     js=f"(p, s, sa, g) => ({json.dumps(presets)})[p] || [s, sa, g]")
-        for field in (steps, sampler, guidance):
-            field.change(None, inputs=[steps, sampler, guidance, offered], outputs=[preset],
+        preset.input(None, inputs=[preset, steps, sampler, schedule, guidance],
+                     outputs=[steps, sampler, schedule, guidance],
+                     js=PRESET_FILL_JS.replace("PRESETS", json.dumps(presets)))
+        for field in (steps, sampler, schedule, guidance):
+            field.change(None, inputs=[steps, sampler, schedule, guidance, offered], outputs=[preset],
                          js=MATCHING_PRESET_JS.replace("PRESETS", json.dumps(presets)).replace('"CUSTOM"',
                                                                                                 json.dumps(CUSTOM)))
+
+        def fit_schedule(sampler_name, schedule_name):  # (only the schedule types the sampler runs on)
+            menu, kept = fitted_schedule(sampler_name, schedule_name, server.offer.samplers, server.offer.schedules)
+            return gr.Dropdown(choices=menu, value=kept)
+
+        sampler.change(fit_schedule, inputs=[sampler, schedule], outputs=[schedule], **light)
         examples.click(None, inputs=[examples], outputs=[prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
         history_table.click(None, inputs=[history_table, history, *form], outputs=form, js=RESTORE_HISTORY_JS)
-
-        def reuse_seed(seeds: list[int], evt: gr.SelectData):
-            chosen = seed_at(seeds, evt.index)
-            return (chosen, False) if chosen is not None else (gr.skip(), gr.skip())
-
-        gallery.select(gradio_handler(reuse_seed, "reuse seed"), inputs=[last_seeds], outputs=[seed, randomize],
-                       **light)
         prompt.change(server.token_count, inputs=[prompt, style], outputs=[tokens], **light)
         pasted_into = [inputs[name] for name in PASTED_INTO]
 
@@ -240,6 +285,10 @@ def build_demo(server: Server) -> gr.Blocks:
 
         gr.on([use_pasted.click, pasted.submit], gradio_handler(fill_from_pasted, "paste parameters"), inputs=[pasted],
               outputs=[*pasted_into, paste_notes], api_name="paste_parameters", **light)
+        # A1111's "read generation parameters from the prompt" button: a parameters text pasted
+        # into the prompt box fills the form, prompt included.
+        read_prompt.click(gradio_handler(fill_from_pasted, "paste parameters"), inputs=[prompt],
+                          outputs=[*pasted_into, form_note], **light)
         style.change(lambda prompt, style: (style_description(style), server.token_count(prompt, style)),
                      inputs=[prompt, style], outputs=[style_info, tokens], api_name="style_description", **light)
 
@@ -247,7 +296,7 @@ def build_demo(server: Server) -> gr.Blocks:
         # page always does (its back ends come and go).
         refreshing = lambda: not server.warmup.compiled_event.is_set() or server.engine.watch_seconds is not None
 
-        def model_menus(seen: str, prompt_text: Any, style_name: Any):
+        def model_menus(seen: str, prompt_text: Any, style_name: Any, sampler_name: Any):
             """The sampler, schedule, RNG and preset menus as the model (a front end: its back ends)
             offers them, and the token count, when that differs from what the page has (`seen`: what
             it was built from, the tokenizer's presence included); the first time the page sees the
@@ -260,28 +309,30 @@ def build_demo(server: Server) -> gr.Blocks:
                 return *[gr.skip()] * 9,
             now = {} if seen else form_defaults(offer)
             value = lambda key: {"value": now[key]} if now else {}
-            return (json.dumps(names), gr.Dropdown(choices=list(offer.samplers), **value("sampler")),
-                    gr.Dropdown(choices=schedule_choices(offer.schedules), **value("schedule")),
+            menu, _ = fitted_schedule(now.get("sampler", sampler_name), None, offer.samplers, offer.schedules)
+            return (json.dumps(names), gr.Dropdown(choices=menu_samplers(offer.samplers), **value("sampler")),
+                    gr.Dropdown(choices=menu, **value("schedule")),
                     gr.Dropdown(choices=list(offer.rngs), **value("rng")),
-                    gr.Dropdown(choices=[*names, CUSTOM], info=preset_info(server), **value("preset")),
+                    gr.Dropdown(choices=[*names, CUSTOM], **value("preset")),
                     now.get("steps", gr.skip()), now.get("guidance", gr.skip()),
                     server.token_count(prompt_text, style_name), now_offered)
 
-        def refresh(seen: str, prompt_text: Any, style_name: Any):
+        def refresh(seen: str, prompt_text: Any, style_name: Any, state: Any, sampler_name: Any = None):
             sizes = size_choices(server.warmup.ready_sizes)
             first = not seen and server.warmup.described and sizes  # (the model's first size, as at a reload)
-            return (server.warmup.status_line, gr.Timer(active=refreshing()),
-                    gr.Button(GENERATE if server.ready else WARMING_UP, interactive=server.ready),
+            button = (gr.skip() if state == "running"  # (a run's button is the run's)
+                      else gr.Button(GENERATE if server.ready else WARMING_UP, interactive=server.ready))
+            return (server.warmup.status_line, gr.Timer(active=refreshing()), button,
                     gr.Dropdown(sizes, **({"value": sizes[0][1]} if first else {})),
-                    *model_menus(seen, prompt_text, style_name))
+                    *model_menus(seen, prompt_text, style_name, sampler_name))
 
         seen_offer = gr.State("")  # the offer this page's menus show ("": not described yet)
         # (`offered` first: the preset menu's match, run when steps or guidance change, reads it)
         refreshed = [status, timer := gr.Timer(2.0, active=refreshing()), run, size, offered, sampler, schedule, rng,
                      preset, steps, guidance, tokens, seen_offer]
-        timer.tick(refresh, inputs=[seen_offer, prompt, style], outputs=refreshed, **light)
-        demo.load(lambda seen, p, s, h: (*refresh(seen, p, s), gr.Dataset(samples=history_rows(h))),
-                  inputs=[seen_offer, prompt, style, history], outputs=[*refreshed, history_table], **light)
+        timer.tick(refresh, inputs=[seen_offer, prompt, style, run_state, sampler], outputs=refreshed, **light)
+        demo.load(lambda seen, p, s, sa, h: (*refresh(seen, p, s, "idle", sa), gr.Dataset(samples=history_rows(h))),
+                  inputs=[seen_offer, prompt, style, sampler, history], outputs=[*refreshed, history_table], **light)
     demo.queue(default_concurrency_limit=1, max_size=server.settings.queue_size, api_open=False)
     return demo
 
@@ -320,7 +371,8 @@ def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], Non
 
     demo = build_demo(server)
     gr.mount_gradio_app(app, demo, path="/", enable_monitoring=False, ssr_mode=False, mcp_server=False,
-                        footer_links=["api"], css=CSS)
+                        footer_links=["api"], css=(WEB / "playground.css").read_text(),
+                        js=(WEB / "playground.js").read_text())
     mark_launched(demo)
     queue, endpoints = QueueView(demo), endpoints_of(demo.config)
     server.count_waiting(queue.waiting)

@@ -35,11 +35,11 @@ def main() -> int:
             for (width, height), name in (((1280, 800), "playground.png"), ((390, 844), "playground-phone.png")):
                 with playground_page(server["url"], "Ready (", viewport=(width, height)) as page:
                     generate_in_page(page, args.prompt, "blurry, low quality")
-                    page.get_by_text("Advanced").click()
+                    page.get_by_text("More options").click()
                     page.locator("#style input").click()
                     page.get_by_role("option", name="Anime", exact=True).click()
                     generate_in_page(page, None)
-                    page.get_by_text("Advanced").click()  # closed again: the picture shows the main form
+                    page.get_by_text("More options").click()  # closed again: the picture shows the main form
                     if width < 768:  # a phone: from the Generate button down to the images
                         page.evaluate("document.querySelector('#generate').scrollIntoView({block: 'start'})")
                     page.wait_for_timeout(500)

@@ -97,19 +97,24 @@ def artifact(tmp_path: Path, name: str) -> Path:
     return path
 
 
-# Records what a person would see change while a run goes: each change of the run status line
-# (Gradio's progress bar lives there) and of the gallery's captions, with its time.
+# Records what a person would see change while a run goes: each change of the run panel (its line
+# and bar), of the gallery's captions and of the Generate button, with its time.
 WATCH_JS = """() => {
   window.__seen = [];
   const t0 = performance.now();
   const record = () => {
-    const status = document.querySelector('#run-status')?.innerText || '';
+    const bar = document.querySelector('#progress progress');
+    const status = (document.querySelector('#progress .run-panel')?.innerText || '') +
+                   (bar ? ` [bar ${bar.value}/${bar.max} ${Math.round(bar.getBoundingClientRect().width)}px]` : '');
     const captions = [...document.querySelectorAll('#gallery .caption-label')].map(c => c.innerText);
     const images = document.querySelectorAll('#gallery .grid-container img').length;
     const last = window.__seen[window.__seen.length - 1];
+    const button = document.querySelector('#generate');
     const now = {t: performance.now() - t0, status, captions: captions.join('|'), images,
+                 button: button ? `${button.innerText}${button.disabled ? ' (disabled)' : ''}` : '',
                  info: document.querySelector('#summary')?.innerText || ''};
-    if (!last || last.status !== now.status || last.captions !== now.captions || last.info !== now.info)
+    if (!last || last.status !== now.status || last.captions !== now.captions || last.info !== now.info ||
+        last.button !== now.button)
       window.__seen.push(now);
   };
   window.__watch = new MutationObserver(record);
@@ -119,20 +124,22 @@ WATCH_JS = """() => {
 
 
 def steps_seen(seen: list[dict]) -> list[int]:
-    """The step counts the progress bar showed ("7/20 steps"), in order, each once."""
+    """The step counts the run panel showed ("step 7 of 20"), in order, each once."""
     import re
 
     steps = []
     for s in seen:
-        m = re.search(r"(\d+)/(\d+) steps", s["status"])
+        m = re.search(r"step (\d+) of (\d+)", s["status"])
         if m and (not steps or steps[-1] != int(m.group(1))):
             steps.append(int(m.group(1)))
     return steps
 
 
-def generate_in_page(page, prompt: str | None, negative: str | None = None, seconds: float = 120) -> list[dict]:
+def generate_in_page(page, prompt: str | None, negative: str | None = None, seconds: float = 120,
+                     keys: str | None = None) -> list[dict]:
     """Types a prompt and a negative prompt (None: leaves the field as it is) in the playground page,
-    clicks Generate and waits (bounded) for the four final images and the line that reports them.
+    clicks Generate (or presses `keys` in the prompt box, e.g. "Control+Enter") and waits (bounded)
+    for the four final images and the line that reports them.
     Returns what the page showed meanwhile (see WATCH_JS): dicts of t, status, captions, images, info."""
     if prompt is not None:
         page.locator("#prompt textarea").fill(prompt)
@@ -140,7 +147,10 @@ def generate_in_page(page, prompt: str | None, negative: str | None = None, seco
         page.locator("#negative textarea").fill(negative)
     before = page.locator("#summary").inner_text()
     page.evaluate(WATCH_JS)
-    page.locator("#generate").click()
+    if keys:
+        page.locator("#prompt textarea").press(keys)
+    else:
+        page.locator("#generate").click()
     deadline = time.monotonic() + seconds
     while True:  # bounded: the final images replace the previews, and the timing line is new
         info = page.locator("#summary").inner_text()

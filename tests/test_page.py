@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdxl_tpu import CompileCounter, Request
+from sdxl_tpu.spec.fields import MAX_PROMPT_CHARS
 from sdxl_tpu.generate.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.files import ImageStore
@@ -65,9 +66,10 @@ def test_history_keeps_the_newest_runs_first_and_drops_what_is_not_a_run():
     assert [e["seed"] for e in again[:3]] == [HISTORY_LENGTH + 2, HISTORY_LENGTH + 4, HISTORY_LENGTH + 3]
     assert len(again) == HISTORY_LENGTH
     assert history_entry({**RUN, "extra": "x"}) == RUN  # only the fields a restore fills
-    for bad in [None, [], "x", {**RUN, "prompt": ""}, {**RUN, "seed": -1}, {**RUN, "seed": True}, {**RUN, "steps": 0},
+    for bad in [None, [], "x", {**RUN, "prompt": ""}, {**RUN, "seed": -2}, {**RUN, "seed": True}, {**RUN, "steps": 0},
                 {**RUN, "steps": 51}, {**RUN, "guidance": float("nan")}, {**RUN, "guidance": 21},
-                {**RUN, "prompt": "x" * 2001}, {**RUN, "size": 5}, {k: v for k, v in RUN.items() if k != "sampler"},
+                {**RUN, "prompt": "x" * (MAX_PROMPT_CHARS + 1)}, {**RUN, "size": 5},
+                {k: v for k, v in RUN.items() if k != "sampler"},
                 {**RUN, "schedule": "Beta"}, {**RUN, "schedule": None}, {**RUN, "schedule": ["Karras"]},
                 {**RUN, "rng": "GPU"}, {**RUN, "rng": 1}]:
         assert history_entry(bad) is None, bad
@@ -167,7 +169,8 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
         updates = list(server.stream(fields()))
     assert counter.compiles == 0
     kinds = [u[0] for u in updates]
-    assert kinds == ["progress", "progress", "preview", "progress", "progress", "preview", "progress", "progress",
+    assert updates[0] == ("started", [5, 6, 7, 8], 6)  # (the page says what runs before the first step)
+    assert kinds[1:] == ["progress", "progress", "preview", "progress", "progress", "preview", "progress", "progress",
                      "done"]
     assert [u[1:] for u in updates if u[0] == "progress"] == [(i, 6) for i in range(1, 7)]
     previews = [u[1] for u in updates if u[0] == "preview"]
@@ -303,3 +306,45 @@ def test_preview_and_size_options_parse_or_say_what_is_wrong(capsys):
         with pytest.raises(SystemExit):
             parse(*argv)
         assert "must be 'auto' or a whole number of steps" in capsys.readouterr().err
+
+
+def test_the_run_panel_says_the_state_in_words_escaped():
+    from sdxl_tpu.server.page import run_panel, running_text, seed_note, stopped_summary
+
+    assert run_panel("refused", "Style '<img src=x>' & more") == (
+        '<div class="run-panel" data-state="refused"><span class="run-text">Style &#x27;&lt;img src=x&gt;&#x27; '
+        '&amp; more</span></div>')
+    assert '<progress max="20" value="7"' in run_panel("running", "x", 7, 20)
+    assert running_text(1, 20, 0.5) == "Generating · step 1 of 20 · 0.5 s"  # (no estimate from the first step)
+    assert running_text(5, 20, 2.0) == "Generating · step 5 of 20 · 2.0 s · about 6 s left"
+    assert running_text(20, 20, 8.0) == "Generating · step 20 of 20 · 8.0 s"
+    assert stopped_summary([7, 8, 9, 10], 50, 12) == ("Stopped at step 12 of 50. The images are its last previews. "
+                                                      "Seeds: 7, 8, 9, 10.")
+    assert stopped_summary([7, 8], 50, 0) == "Stopped before the first step. Seeds: 7, 8."
+    assert stopped_summary(None, None, None) == "Stopped before it started: nothing was made."
+    assert seed_note(5) == seed_note(5.0) == "Seed 5 is fixed: each run makes the same images. 🎲 for random seeds."
+    for random_or_not_a_seed in (-1, 5.5, float("nan"), float("inf"), True, None, "5", 2**40, [5]):
+        assert seed_note(random_or_not_a_seed) == ""
+
+
+def test_the_sampler_menu_names_each_sampler_once_and_only_the_schedules_it_runs_on():
+    from sdxl_tpu.server.sampler_menu import (CHECKPOINT_KARRAS, fitted_schedule, menu_pair, menu_samplers,
+                                              request_pair, schedule_menu)
+    from sdxl_tpu.spec.names import SAMPLERS, SCHEDULES, resolve_schedule
+
+    assert menu_samplers(SAMPLERS) == ["Euler", "Euler a", "DPM++ 2M", "DPM++ 2M SDE", "DPM++ SDE", "DDIM", "LCM"]
+    assert [v for _, v in schedule_menu("DDIM", SAMPLERS, SCHEDULES)] == ["Checkpoint", "Automatic"]
+    assert [v for _, v in schedule_menu("DPM++ 2M", SAMPLERS, SCHEDULES)] == [
+        "Checkpoint", CHECKPOINT_KARRAS, "Automatic", "Uniform", "Karras", "Exponential", "SGM Uniform"]
+    assert CHECKPOINT_KARRAS not in [v for _, v in schedule_menu("Euler", SAMPLERS, SCHEDULES)]
+    assert fitted_schedule("LCM", "Karras", SAMPLERS, SCHEDULES)[1] == "Checkpoint"
+    assert fitted_schedule("Euler a", "Karras", SAMPLERS, SCHEDULES)[1] == "Karras"
+    # Every pair the menus offer is a request that runs, and goes back to the same menus.
+    for sampler in menu_samplers(SAMPLERS):
+        for _, schedule in schedule_menu(sampler, SAMPLERS, SCHEDULES):
+            named = request_pair(sampler, schedule)
+            resolve_schedule(*named)  # (raises for a pair that does not run)
+            assert menu_pair(*named) == (sampler, schedule)
+    assert request_pair("DPM++ 2M", CHECKPOINT_KARRAS) == ("DPM++ 2M Karras", "Checkpoint")
+    assert menu_pair("DPM++ 2M Karras", "Automatic") == ("DPM++ 2M", "Karras")  # (k-diffusion's Karras either way)
+    assert request_pair(None, CHECKPOINT_KARRAS) == (None, CHECKPOINT_KARRAS)  # (refused by the request's check)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from served_app import ROOT, SIZES, get
+from sdxl_tpu.server.guard import MAX_BODY_BYTES
 from sdxl_tpu.server.page import PASTED_INTO
 from sdxl_tpu.spec.fields import FIELD, FORM, MAX_PROMPT_CHARS
 from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
@@ -253,7 +254,7 @@ MALFORMED = {
     "prompt": st.one_of(not_text.filter(lambda v: v is not None), control, huge_text, absurd_weight),
     "negative": st.one_of(not_text.filter(lambda v: v is not None), huge_text, absurd_weight),
     "style": st.one_of(not_text, text.filter(lambda s: s != "(No style)")),
-    "seed": st.one_of(bad_number, st.floats(0.01, 0.99)),
+    "seed": st.one_of(bad_number.filter(lambda v: v != -1), st.floats(0.01, 0.99)),
     "randomize": st.one_of(st.none(), st.integers(), text, st.lists(st.booleans(), max_size=2)),
     "guidance": st.one_of(bad_number.filter(lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 0),
                           st.floats(20.001, 1e6)),
@@ -369,6 +370,9 @@ def test_fuzz_raw_values_through_the_queue(http_client, fn_index, app_log, endpo
     app_log.assert_quiet()
 
 
+PAGE_PANEL = 4  # the run panel's place among the page event's outputs (app.py: `shown`)
+
+
 def _raw_value_refused(http_client, log: AppLog, fn_index, endpoint: str, position: int, raw: str) -> None:
     """`endpoint` through the queue with input `position` the raw JSON text `raw`: refused at the
     envelope (4xx) or by the handler (an error event, or the page's warning line)."""
@@ -382,19 +386,20 @@ def _raw_value_refused(http_client, log: AppLog, fn_index, endpoint: str, positi
             assert message["success"] is True, message
         elif endpoint == "generate":
             assert message["success"] is False and message.get("output", {}).get("error"), message
-        else:  # the page's event shows the refusal in its status line (and a notice) instead of failing
-            line = message["output"]["data"][3]
-            assert message["success"] is True and line.startswith("⚠️ ") and len(line) > 10, message
+        else:  # the page's event shows the refusal in its run panel instead of failing
+            panel = message["output"]["data"][PAGE_PANEL]
+            assert message["success"] is True and 'data-state="refused"' in panel and "⚠️ " in panel, message
     else:
         assert status in (413, 422) and json.loads(text)["detail"], text
 
 
 def _light_handlers_answer_raw_values(http_client, log: AppLog, fn_index) -> None:
-    # The light handlers (token count, style description) answer with a message, not an error:
-    # every input of each, malformed in turn.
+    # The light handlers (token count, style description, the fixed-seed note, parameters read
+    # from the prompt box) answer with a message, not an error: every input of each, malformed in turn.
     for raw in RAW_VALUES:
         for name, valid in (("token_count", ['"a cat"', '"(No style)"']),
-                            ("style_description", ['"a cat"', '"Anime"'])):
+                            ("style_description", ['"a cat"', '"Anime"']), ("seed_note", ["5"]),
+                            ("fill_from_pasted", ['"a cat\\nSteps: 3"'])):
             for position in range(len(valid)):
                 status, _, session = _join_raw(http_client, log, fn_index[name], valid, position, raw)
                 if status == 200:
@@ -443,7 +448,7 @@ def test_fuzz_raw_routes(app_server, http_client, fn_index, app_log):
     for key, value in [("event_id", 5), ("trigger_id", "x"), ("trigger_id", True), ("simple_format", "yes"),
                        ("batched", 1), ("oauth_token", [1]), ("event_data", [[[[[[[[[[[[1]]]]]]]]]]]])]:
         envelopes.append(json.dumps({**good, key: value}).encode())
-    envelopes.append(json.dumps({**good, "data": ["x" * (2 << 20)] + GENERATE[1:]}).encode())  # a 2 MB body
+    envelopes.append(json.dumps({**good, "data": ["x" * (MAX_BODY_BYTES + 1)] + GENERATE[1:]}).encode())  # too big
     for body in envelopes:
         cases += [("POST", "/gradio_api/queue/join", body, {}), ("POST", "/gradio_api/call/generate", body, {})]
     # The queue needs a session; call/<api_name> makes one when none is given (a valid call there).
@@ -533,7 +538,7 @@ def _paste(http_client, log: AppLog, fn_index, value) -> None:
         filled[name] for name in ("prompt", "negative", "seed", "randomize", "guidance", "steps", "sampler",
                                   "schedule", "size", "rng"))
     assert all(v is None or isinstance(v, str) for v in (prompt, negative)), form
-    assert seed is None or (type(seed) is int and 0 <= seed < 2**32 and randomize is False), form
+    assert seed is None or (type(seed) is int and -1 <= seed < 2**32 and randomize is False), form
     assert guidance is None or 0 <= guidance <= 20, form
     assert steps is None or (type(steps) is int and 1 <= steps <= 50), form
     assert sampler in (None, *SAMPLERS) and size in (None, *SIZES.split(",")), form
@@ -542,11 +547,11 @@ def _paste(http_client, log: AppLog, fn_index, value) -> None:
 
 
 # One of each kind of malformed input above, sent by the test below itself (it runs alone too).
-SAMPLE_FIELDS = [("prompt", ["a cat"]), ("negative", {"a": "b"}), ("style", "Bogus"), ("seed", -1),
+SAMPLE_FIELDS = [("prompt", ["a cat"]), ("negative", {"a": "b"}), ("style", "Bogus"), ("seed", -2),
                  ("randomize", "yes"), ("guidance", 25.0), ("steps", 0), ("size", "huge"), ("sampler", "Heun"),
                  ("schedule", "Beta"), ("rng", "GPU"), ("prompt", "x" * (MAX_PROMPT_CHARS + 1)),
                  ("prompt", "(cat:1e300)"), (PAIR, REFUSED_PAIRS[0])]
-SAMPLE_PASTES = ["a cat\nSteps: 3, Sampler: DDIM, Schedule type: Karras", ["not", "text"], "x" * 7000, None]
+SAMPLE_PASTES = ["a cat\nSteps: 3, Sampler: DDIM, Schedule type: Karras", ["not", "text"], "x" * 70_000, None]
 
 
 def test_malformed_inputs_leave_the_server_up_its_log_quiet_and_a_normal_call_working(app_server, http_client,

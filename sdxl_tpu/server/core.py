@@ -115,6 +115,7 @@ class Server:
                queued_at: float | None = None, previews: bool = True) -> Iterator[tuple]:
         """One /generate call, from the form's fields as the client sent them (see `validate_form`),
         as what the page shows while it runs, in order:
+            ("started", seeds, steps)            once checked: the seeds it will make, its steps
             ("progress", step, steps)            after each denoising step
             ("preview", [(path, caption)])       live previews of the four images (if `previews`)
             ("done", [(path, caption)], seeds, summary markdown, what ran: {sampler, schedule, rng})
@@ -125,6 +126,7 @@ class Server:
         with self.metrics.counted(time.monotonic() if queued_at is None else queued_at):
             try:
                 request = self.validate_form(values)
+                yield ("started", [i.seed for i in request.images(self.offer.images_per_call)], request.steps)
                 yield from self._updates(request, gone, previews)
             except GeneratorExit:
                 closed.set()

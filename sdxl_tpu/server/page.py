@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..spec.errors import RequestError
-from ..spec.fields import BY_API, FIELD, FIELDS, HISTORY, MAX_PROMPT_CHARS, PASTED, kept, restoring
+from ..spec.fields import BY_API, FIELD, FIELDS, FORM, HISTORY, MAX_PROMPT_CHARS, PASTED, kept, restoring
 from ..spec.infotext import parse, request_fields
 from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
 from ..spec.recipes import RECIPES
@@ -19,13 +19,12 @@ from ..spec.styles import style_entry
 from ..spec.values import format_size
 from .errors import log_refusal
 from .offer import Offer
+from .sampler_menu import CHECKPOINT_KARRAS, KARRAS, MENU_PAIR_JS, menu_pair
 
 HISTORY_LENGTH = 24  # runs kept in the browser, newest first
 HISTORY_PER_PAGE = 12
 CUSTOM = "Custom"  # the preset menu's entry when the form matches no preset
 HISTORY_FIELDS = kept(HISTORY)
-# How the Schedule type menu names its entries (the others by their own names, A1111's).
-SCHEDULE_LABELS = {"Checkpoint": "Checkpoint (as diffusers runs it)", "Automatic": "Automatic (A1111's per sampler)"}
 SCHEDULE_INFO = "Checkpoint: the model's own scheduler, as diffusers runs it; the others are A1111's."
 RNG_INFO = ("Where the noise comes from: JAX (fast, on the chips), or CPU: PyTorch's CPU noise, as A1111 (RNG CPU) "
             "and ComfyUI draw it.")
@@ -67,11 +66,6 @@ def size_choices(sizes: Sequence[tuple[int, int]]) -> list[tuple[str, str]]:
     return [(size_label(s), format_size(s)) for s in sizes]
 
 
-def schedule_choices(schedules: Sequence[str]) -> list[tuple[str, str]]:
-    """(label, value) pairs for the Schedule type menu; the value is what a request sends."""
-    return [(SCHEDULE_LABELS.get(name, name), name) for name in schedules]
-
-
 def matching_preset(presets: dict[str, Sequence[Any]], steps: Any, sampler: Any, guidance: Any) -> str:
     """The preset whose (steps, sampler, guidance) the form holds, else CUSTOM."""
     for name, (p_steps, p_sampler, p_guidance) in presets.items():
@@ -81,15 +75,24 @@ def matching_preset(presets: dict[str, Sequence[Any]], steps: Any, sampler: Any,
     return CUSTOM
 
 
-# The same rule in the browser (the preset menu follows the fields without a server event).
+# The same rule in the browser (the preset menu follows the fields without a server event), on
+# the sampler as a request names it (the menus' pair translated back, see sampler_menu.py).
 # (`offered`: the preset names the menu offers now, from a hidden field the server refreshes)
-MATCHING_PRESET_JS = """(steps, sampler, guidance, offered) => {
-  for (const name of JSON.parse(offered || "[]")) {
+MATCHING_PRESET_JS = f"""(steps, sampler, schedule, guidance, offered) => {{
+  const named = schedule === {json.dumps(CHECKPOINT_KARRAS)} ? sampler + {json.dumps(KARRAS)} : sampler;
+  for (const name of JSON.parse(offered || "[]")) {{
     const p = PRESETS[name];
-    if (p && p[0] === steps && p[1] === sampler && Math.abs(p[2] - guidance) < 1e-6) return name;
-  }
+    if (p && p[0] === steps && p[1] === named && Math.abs(p[2] - guidance) < 1e-6) return name;
+  }}
   return "CUSTOM";
-}"""
+}}"""
+# Choosing a preset sets steps, the sampler (with the schedule its old A1111 name implies) and guidance.
+PRESET_FILL_JS = f"""(preset, steps, sampler, schedule, guidance) => {{
+  const p = PRESETS[preset];
+  if (!p) return [steps, sampler, schedule, guidance];
+  const [s, c] = ({MENU_PAIR_JS})(p[1], schedule === {json.dumps(CHECKPOINT_KARRAS)} ? "Checkpoint" : schedule);
+  return [p[0], s, c, p[2]];
+}}"""
 
 
 def preset_fields(recipes: Iterable[Any]) -> dict[str, list[Any]]:
@@ -102,7 +105,9 @@ def form_defaults(offer: Offer) -> dict[str, Any]:
     menu's entry for them."""
     start = offer.defaults()
     presets = preset_fields(RECIPES[name] for name in offer.presets)
-    return dict(start, preset=matching_preset(presets, start["steps"], start["sampler"], start["guidance"]))
+    sampler, schedule = menu_pair(start["sampler"], start["schedule"])
+    return dict(start, sampler=sampler, schedule=schedule,
+                preset=matching_preset(presets, start["steps"], start["sampler"], start["guidance"]))
 
 
 def history_entry(value: Any) -> dict[str, Any] | None:
@@ -165,10 +170,13 @@ def _restore_js() -> str:
             values.append(f"e[{json.dumps(f.name)}] ?? {fallback}")
         else:
             values.append(json.dumps(f.restored) if f.restored is not None else f"form[{i}]")
+    sampler, schedule = FORM.index("sampler"), FORM.index("schedule")  # (as the menus show them)
     return ("(index, history, ...form) => {\n"
             "  const e = Array.isArray(history) ? history[index] : undefined;\n"
             "  if (!e) return form;\n"
-            f"  return [{', '.join(values)}];\n}}")
+            f"  const values = [{', '.join(values)}];\n"
+            f"  [values[{sampler}], values[{schedule}]] = ({MENU_PAIR_JS})(values[{sampler}], values[{schedule}]);\n"
+            "  return values;\n}")
 
 
 RESTORE_HISTORY_JS = _restore_js()
@@ -190,5 +198,55 @@ def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[
     form = restoring({BY_API[api].name: value for api, value in fields.items() if PASTED in BY_API[api].kept})
     if "size" in form:
         form["size"] = format_size(form["size"])
+    if "sampler" in form:  # (as the menus show them)
+        given = form.get("schedule", DEFAULT_SCHEDULE)
+        form["sampler"], schedule = menu_pair(form["sampler"], given)
+        if "schedule" in form or schedule != given:
+            form["schedule"] = schedule
     filled = ", ".join(name for name in PASTED_INTO if name in form and FIELD[name].restored is None)
     return form, " ".join([f"Filled: {filled}."] + notes)
+
+
+# -- the run panel: one state at a time, in words, with a bar while it runs ---------------------
+
+RUN_STATES = ("idle", "queued", "running", "stopping", "stopped", "done", "refused")
+
+
+def run_panel(state: str, text: str = "", step: int = 0, steps: int = 0) -> str:
+    """The HTML above the gallery that says where the run is (RUN_STATES): a line of plain text
+    and, while it runs, a bar of the steps done. Text is escaped (a message may quote what a client
+    sent); the page script reads `data-state` (the queue's position goes into `.run-text`)."""
+    import html
+
+    bar = (f'<progress max="{steps}" value="{step}" aria-label="Denoising steps done"></progress>'
+           if state == "running" and steps else "")
+    return (f'<div class="run-panel" data-state="{state}"><span class="run-text">{html.escape(text)}</span>'
+            f"{bar}</div>")
+
+
+def running_text(step: int, steps: int, seconds: float) -> str:
+    """'Generating · step 7 of 20 · 3.1 s · about 4 s left' (the estimate once two steps have run:
+    the first also encodes the prompts)."""
+    text = f"Generating · step {step} of {steps} · {seconds:.1f} s"
+    if step >= 2 and step < steps:
+        left = seconds / step * (steps - step)
+        text += f" · about {max(1, round(left))} s left"
+    return text
+
+
+def stopped_summary(seeds: Any, steps: Any, step: Any) -> str:
+    """The line under the gallery after Stop: what was stopped, and its seeds (not the last run's)."""
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        return "Stopped before it started: nothing was made."
+    where = (f"at step {step} of {steps}" if isinstance(step, int) and isinstance(steps, int) and step > 0
+             else "before the first step")
+    shown = " The images are its last previews." if isinstance(step, int) and step > 0 else ""
+    return f"Stopped {where}.{shown} Seeds: {', '.join(str(s) for s in seeds)}."
+
+
+def seed_note(seed: Any) -> str:
+    """The line under Generate when the seed is fixed (A1111's -1 means a new random seed each run)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, float)) or not 0 <= seed <= FIELD["seed"].limits[1] \
+            or seed != int(seed):  # (what the seed field refuses is said when it runs)
+        return ""
+    return f"Seed {int(seed)} is fixed: each run makes the same images. 🎲 for random seeds."
