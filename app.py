@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,17 +33,18 @@ from sdxl_tpu.server.guard import RequestGuard
 from sdxl_tpu.server.handlers import form_handler, gradio_handler
 from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched
 from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
-from sdxl_tpu.server.page import (CUSTOM, HISTORY_HEADERS, HISTORY_PER_PAGE, MATCHING_PRESET_JS, PASTED_INTO,
-                                  RESTORE_HISTORY_JS, RNG_INFO, SCHEDULE_INFO, form_defaults, history_after,
-                                  history_rows, pasted_form, preset_fields, run_panel, running_text, seed_note,
-                                  size_choices, stopped_summary, style_description, PRESET_FILL_JS)
-from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, request_pair, schedule_menu
+from sdxl_tpu.server.history import HISTORY_HEADERS, HISTORY_PER_PAGE, RESTORE_HISTORY_JS, history_rows, restored_run
+from sdxl_tpu.server.page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESET_FILL_JS, RNG_INFO, SCHEDULE_INFO,
+                                  form_defaults, pasted_form, preset_fields, run_panel, seed_note, size_choices,
+                                  style_description)
+from sdxl_tpu.server.page_run import GENERATE, page_run, page_values, refused, stopped
+from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, schedule_menu
 from sdxl_tpu.server.settings import parse_settings
 from sdxl_tpu.spec.fields import FIELD, FIELDS, FORM
 from sdxl_tpu.spec.recipes import RECIPES
 from sdxl_tpu.spec.styles import STYLES
 
-GENERATE, WARMING_UP = "Generate", "Warming up…"
+WARMING_UP = "Warming up…"
 NOT_TAKEN = "The server could not take the request (its queue is full, or it is stopping); please try again."
 WEB = Path(__file__).resolve().parent / "sdxl_tpu" / "server" / "web"  # the page's own CSS and script
 
@@ -126,6 +126,7 @@ def build_demo(server: Server) -> gr.Blocks:
                     use_pasted = gr.Button("Fill the form", size="sm", elem_id="use-paste")
                     paste_notes = gr.Markdown("", elem_id="paste-notes")
                 history = gr.BrowserState([], storage_key="sdxl-tpu-history")
+                kept_run = gr.BrowserState({}, storage_key="sdxl-tpu-last-run")  # (shown again after a reload)
                 history_table = gr.Dataset(components=[gr.Textbox(visible=False) for _ in HISTORY_HEADERS],
                                            headers=HISTORY_HEADERS, samples=[], type="index", layout="table",
                                            samples_per_page=HISTORY_PER_PAGE, elem_id="history",
@@ -157,44 +158,21 @@ def build_demo(server: Server) -> gr.Blocks:
                     progress(update[1:], desc="Denoising", unit="steps")
                 yield update
 
-        # What the page's run updates, by name; a handler names what changes, the rest is skipped.
-        # (Which buttons can be pressed follows the panel's state: the page script sets them, at once.)
+        # What the page's run updates, by name (server/page_run.py names what changes; the rest is
+        # skipped). (Which buttons can be pressed follows the panel's state: the page script sets them.)
         shown = dict(gallery=gallery, last_seeds=last_seeds, picked=picked, summary=summary, panel=panel, run=run,
-                     run_state=run_state, run_at=run_at, history=history, history_table=history_table)
-        show = lambda **changed: tuple(changed.get(name, gr.skip()) for name in shown)
-        idle = lambda: dict(run=GENERATE, run_state="idle")
+                     run_state=run_state, run_at=run_at, history=history, history_table=history_table,
+                     kept_run=kept_run)
+
+        def show(changed: dict[str, Any]) -> tuple:
+            if "history_rows" in changed:
+                changed = {**changed, "history_table": gr.Dataset(samples=changed["history_rows"])}
+            return tuple(changed.get(name, gr.skip()) for name in shown)
 
         def generate_in_page(values, history, progress):
-            began = time.monotonic()
-            values = dict(values, **dict(zip(("sampler", "schedule"), request_pair(values["sampler"],
-                                                                                   values["schedule"]))))
-            for update in run_updates(values, None, previews=True):
-                kind = update[0]
-                if kind == "started":
-                    seeds, steps = update[1:]
-                    yield show(gallery=[], last_seeds=seeds, picked=None, run_state="running",
-                               run_at={"seeds": seeds, "step": 0, "steps": steps},
-                               summary=f"Generating {len(seeds)} images, {steps} steps. Seeds: "
-                                       f"{', '.join(map(str, seeds))}.",
-                               panel=run_panel("running", "Generating · encoding the prompts", 0, steps),
-                               run=f"Generating 0/{steps}")
-                elif kind == "progress":
-                    step, steps = update[1:]
-                    yield show(panel=run_panel("running", running_text(step, steps, time.monotonic() - began), step,
-                                               steps),
-                               run=f"Generating {step}/{steps}", run_at={"seeds": seeds, "step": step,
-                                                                                   "steps": steps})
-                elif kind == "preview":
-                    yield show(gallery=update[1])
-                else:
-                    images, seeds, text, ran = update[1:]
-                    # The run joins the history, which the browser keeps (in and out with the call; the
-                    # server stores no prompt): what ran, the server's defaults where none was sent.
-                    kept = history_after(history, {**values, **ran, "negative": values["negative"] or "",
-                                                   "seed": seeds[0]})
-                    yield show(gallery=images, last_seeds=seeds, summary=text, history=kept,
-                               history_table=gr.Dataset(samples=history_rows(kept)),
-                               panel=run_panel("done", f"Done in {time.monotonic() - began:.1f} s."), **idle())
+            values = page_values(values)
+            for changed in page_run(run_updates(values, None, previews=True), values, history):
+                yield show(changed)
 
         def generate(values, progress):
             """Four images from one prompt, made together in one call of the compiled pipeline; the
@@ -204,9 +182,6 @@ def build_demo(server: Server) -> gr.Blocks:
             *_, (_, images, _, text, _) = run_updates(values, progress, previews=False)  # (run to its end: counted)
             return images, text
 
-        def refused(message: str):  # said once, in the run panel; the images and the line under them stay
-            return show(panel=run_panel("refused", f"⚠️ {message}"), **idle())
-
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
         # more chips than a request has images); the rest wait in Gradio's bounded queue. The page
         # and the API are two events of one queue; the page's also updates the form and the history.
@@ -215,7 +190,8 @@ def build_demo(server: Server) -> gr.Blocks:
         outputs = list(shown.values())
         # One way to start a run, the button (the page script presses it for Enter and Ctrl+Enter, and
         # shows the run waiting at once).
-        in_page = gradio_handler(form_handler(generate_in_page, "history"), "the page's /generate", refused)
+        in_page = gradio_handler(form_handler(generate_in_page, "history"), "the page's /generate",
+                                 lambda message: show(refused(message)))
         generating = run.click(in_page, **{**queued, "inputs": [*form, history]}, outputs=outputs,
                                api_name="generate_in_page", api_visibility="private", show_progress_on=[panel])
         # A request the server did not take (its queue full, shutting down) never reaches the handler
@@ -232,17 +208,9 @@ def build_demo(server: Server) -> gr.Blocks:
 
         # Stop: Gradio cancels the event; the request ends within two denoising steps; the page says
         # what was stopped, keeps its previews, and forgets nothing else.
-        def stopped(state, at):
-            if state == "idle":  # (it ended first)
-                return show()
-            at = at if isinstance(at, dict) else {}
-            step, steps = at.get("step"), at.get("steps")
-            where = f"Stopped at step {step} of {steps}." if step else "Stopped before the first step."
-            return show(panel=run_panel("stopped", where), summary=stopped_summary(at.get("seeds"), steps, step),
-                        **idle())
-
         stop.click(None, outputs=[panel], js=f"() => {json.dumps(run_panel('stopped', 'Stopped.'))}",
-                   cancels=[generating]).then(stopped, inputs=[run_state, run_at], outputs=outputs, **light)
+                   cancels=[generating]).then(lambda state, at: show(stopped(state, at)), inputs=[run_state, run_at],
+                                              outputs=outputs, **light)
 
         # Seeds as A1111 has them: 🎲 is -1 (random), ♻️ takes the picked image's seed (else the first).
         def reuse_seed(seeds: list[int], index: Any):
@@ -331,6 +299,13 @@ def build_demo(server: Server) -> gr.Blocks:
         refreshed = [status, timer := gr.Timer(2.0, active=refreshing()), run, size, offered, sampler, schedule, rng,
                      preset, steps, guidance, tokens, seen_offer]
         timer.tick(refresh, inputs=[seen_offer, prompt, style, run_state, sampler], outputs=refreshed, **light)
+        # After a reload, the last run's images while the server still keeps their files (it checks
+        # the paths the browser sends against the files it wrote).
+        def restore_last_run(kept: Any):
+            restored = restored_run(kept, server.images.holds)
+            return restored if restored is not None else (gr.skip(),) * 3
+
+        demo.load(restore_last_run, inputs=[kept_run], outputs=[gallery, last_seeds, summary], **light)
         demo.load(lambda seen, p, s, sa, h: (*refresh(seen, p, s, "idle", sa), gr.Dataset(samples=history_rows(h))),
                   inputs=[seen_offer, prompt, style, sampler, history], outputs=[*refreshed, history_table], **light)
     demo.queue(default_concurrency_limit=1, max_size=server.settings.queue_size, api_open=False)

@@ -630,9 +630,10 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, browse
 
 
 def test_browser_history_restores_a_run(app_server, browser):
-    """Each run joins the history kept in the browser (newest first; it survives a reload); a
-    click on one restores its prompt, negative prompt, style, seed, guidance, steps, sampler and
-    size into the form, and running it again gives the same images; nothing recompiles."""
+    """Each run joins the history kept in the browser (newest first; it survives a reload, as do the
+    last run's images while the server keeps them); a click on one restores its prompt, negative
+    prompt, style, seed, guidance, steps, sampler and size into the form, and running it again gives
+    the same images; nothing recompiles."""
     before = compiles(app_server)
     with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         open_more_options(page)
@@ -647,8 +648,12 @@ def test_browser_history_restores_a_run(app_server, browser):
         choose(page, "style", "(No style)")
         choose(page, "sampler", "Euler a")
         generate_in_page(page, "a lighthouse", "")
+        shown = captions(page), page.locator("#summary").inner_text()
         page.reload()
         page.get_by_text("Ready (").wait_for(timeout=60_000)
+        # The last run's images are back (the server still keeps them), with their line.
+        wait_for(lambda: (captions(page), page.locator("#summary").inner_text()) == shown, 15,
+                 "a reload lost the last run's images")
         rows = page.locator("#history tbody tr")
         wait_for(lambda: rows.count() == 2, 10, "the history did not survive a reload")
         assert "a lighthouse" in rows.nth(0).inner_text() and "a red panda" in rows.nth(1).inner_text()

@@ -18,8 +18,8 @@ from sdxl_tpu.spec.fields import MAX_PROMPT_CHARS
 from sdxl_tpu.generate.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.files import ImageStore
-from sdxl_tpu.server.page import (CUSTOM, HISTORY_LENGTH, aspect_ratio, history_after, history_entry, history_rows,
-                                  matching_preset, size_choices, size_label)
+from sdxl_tpu.server.history import HISTORY_LENGTH, history_after, history_entry, history_rows
+from sdxl_tpu.server.page import CUSTOM, aspect_ratio, matching_preset, size_choices, size_label
 from sdxl_tpu.server.settings import SDXL_SIZES, Settings, parse_settings, parse_sizes
 from sdxl_tpu.spec.load import LoadOptions
 from sdxl_tpu.spec.request import preview_cadence as every
@@ -348,3 +348,22 @@ def test_the_sampler_menu_names_each_sampler_once_and_only_the_schedules_it_runs
     assert request_pair("DPM++ 2M", CHECKPOINT_KARRAS) == ("DPM++ 2M Karras", "Checkpoint")
     assert menu_pair("DPM++ 2M Karras", "Automatic") == ("DPM++ 2M", "Karras")  # (k-diffusion's Karras either way)
     assert request_pair(None, CHECKPOINT_KARRAS) == (None, CHECKPOINT_KARRAS)  # (refused by the request's check)
+
+
+def test_a_kept_last_run_comes_back_only_with_files_the_store_wrote_and_still_keeps(tmp_path):
+    from sdxl_tpu.server.files import ImageStore
+    from sdxl_tpu.server.history import last_run, restored_run
+
+    store = ImageStore(tmp_path / "store", keep_seconds=3600, max_bytes=10_000)
+    paths = store.write([b"a" * 4000, b"b" * 4000], [7, 8], "png")
+    kept = last_run([(p, f"seed {s}") for p, s in zip(paths, (7, 8))], [7, 8], "Generated 2 images")
+    assert restored_run(kept, store.holds) == ([(paths[0], "seed 7"), (paths[1], "seed 8")], [7, 8],
+                                               "Generated 2 images")
+    (tmp_path / "store" / "other.png").write_bytes(b"x")  # in the store's folder, not written by it
+    for forged in ([[str(tmp_path / "store" / "other.png"), "x"]], [["/etc/passwd", "x"]],
+                   [[paths[0] + "/../" + paths[0].rsplit("/", 1)[1], "x"]], [[paths[0], 1]], [], "x", None):
+        assert restored_run({**kept, "images": forged}, store.holds) is None, forged
+    for broken in (None, [], "x", {**kept, "seeds": ["7"]}, {**kept, "summary": None}, {"images": kept["images"]}):
+        assert restored_run(broken, store.holds) is None, broken
+    store.write([b"c" * 4000, b"d" * 4000], [9, 10], "png")  # over max_bytes: the first call's files go
+    assert not store.holds(paths) and restored_run(kept, store.holds) is None

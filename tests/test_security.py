@@ -361,12 +361,13 @@ def _join_raw(http_client, log: AppLog, fn: int, values: list[str], position: in
 
 
 @pytest.mark.parametrize("endpoint", CALLS)  # the API's event and the page's
-def test_fuzz_raw_values_through_the_queue(http_client, fn_index, app_log, endpoint):
+def test_fuzz_raw_values_through_the_queue(app_server, http_client, fn_index, app_log, endpoint):
     for position in range(len(CALLS[endpoint])):
         for raw in RAW_VALUES:
             _raw_value_refused(http_client, app_log, fn_index, endpoint, position, raw)
     if endpoint == "generate":
         _light_handlers_answer_raw_values(http_client, app_log, fn_index)
+        _kept_run_names_no_file_it_did_not_write(http_client, app_log, fn_index, app_server["cache_dir"])
     app_log.assert_quiet()
 
 
@@ -393,13 +394,26 @@ def _raw_value_refused(http_client, log: AppLog, fn_index, endpoint: str, positi
         assert status in (413, 422) and json.loads(text)["detail"], text
 
 
+def _kept_run_names_no_file_it_did_not_write(http_client, log: AppLog, fn_index, cache_dir: Path) -> None:
+    """The last run the browser keeps is the client's to forge: files outside the store (or in the
+    cache but not written by it) are not shown, so nothing is served from them."""
+    planted = cache_dir / "planted-by-another.png"
+    planted.write_bytes(b"\x89PNG planted")
+    for path in ("/etc/passwd", str(planted), str(cache_dir / ".." / "secret.txt"), "../../etc/passwd"):
+        kept = json.dumps({"images": [[path, "seed 1"]], "seeds": [1], "summary": "x"})
+        status, _, session = _join_raw(http_client, log, fn_index["restore_last_run"], [kept], 0, kept)
+        message = http_client.completion(session)
+        assert status == 200 and message["success"], message
+        assert path not in json.dumps(message["output"]["data"]), message
+
+
 def _light_handlers_answer_raw_values(http_client, log: AppLog, fn_index) -> None:
     # The light handlers (token count, style description, the fixed-seed note, parameters read
     # from the prompt box) answer with a message, not an error: every input of each, malformed in turn.
     for raw in RAW_VALUES:
         for name, valid in (("token_count", ['"a cat"', '"(No style)"']),
                             ("style_description", ['"a cat"', '"Anime"']), ("seed_note", ["5"]),
-                            ("fill_from_pasted", ['"a cat\\nSteps: 3"'])):
+                            ("fill_from_pasted", ['"a cat\\nSteps: 3"']), ("restore_last_run", ["{}"])):
             for position in range(len(valid)):
                 status, _, session = _join_raw(http_client, log, fn_index[name], valid, position, raw)
                 if status == 200:

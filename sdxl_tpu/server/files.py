@@ -79,6 +79,15 @@ class ImageStore:
             for listener in self._listeners:
                 listener(removed)
 
+    def holds(self, paths: Any) -> bool:
+        """Whether `paths` (any value a client sent) are files this store wrote and still keeps:
+        compared as strings with what it wrote, never looked up on the disk."""
+        if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+            return False
+        with self._lock:
+            held = {path for _, _, files, _ in self._calls for path in files}
+        return all(p in held for p in paths)
+
     @property
     def bytes_on_disk(self) -> int:
         return self._bytes

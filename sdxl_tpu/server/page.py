@@ -1,5 +1,5 @@
-"""What the playground page shows besides its widgets: size labels, a style's description, the
-history of runs kept in the browser, which preset the form matches, a pasted parameters text. Pure
+"""What the playground page shows besides its widgets: size labels, a style's description, which
+preset the form matches, a pasted parameters text, the run panel (the history: history.py). Pure
 functions of what a client sent (any JSON value), so app.py stays wiring and every rule here is
 tested without a browser."""
 
@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..spec.errors import RequestError
-from ..spec.fields import BY_API, FIELD, FIELDS, FORM, HISTORY, MAX_PROMPT_CHARS, PASTED, kept, restoring
+from ..spec.fields import BY_API, FIELD, FIELDS, PASTED, restoring
 from ..spec.infotext import parse, request_fields
-from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..spec.names import DEFAULT_SCHEDULE
 from ..spec.recipes import RECIPES
 from ..spec.styles import style_entry
 from ..spec.values import format_size
@@ -21,10 +21,7 @@ from .errors import log_refusal
 from .offer import Offer
 from .sampler_menu import CHECKPOINT_KARRAS, KARRAS, MENU_PAIR_JS, menu_pair
 
-HISTORY_LENGTH = 24  # runs kept in the browser, newest first
-HISTORY_PER_PAGE = 12
 CUSTOM = "Custom"  # the preset menu's entry when the form matches no preset
-HISTORY_FIELDS = kept(HISTORY)
 SCHEDULE_INFO = "Checkpoint: the model's own scheduler, as diffusers runs it; the others are A1111's."
 RNG_INFO = ("Where the noise comes from: JAX (fast, on the chips), or CPU: PyTorch's CPU noise, as A1111 (RNG CPU) "
             "and ComfyUI draw it.")
@@ -110,76 +107,6 @@ def form_defaults(offer: Offer) -> dict[str, Any]:
                 preset=matching_preset(presets, start["steps"], start["sampler"], start["guidance"]))
 
 
-def history_entry(value: Any) -> dict[str, Any] | None:
-    """A run as the history keeps it (the fields kept HISTORY), from a client's value (any JSON), or
-    None if it is not one. The page stores it in the browser (localStorage); the server keeps none."""
-    if not isinstance(value, dict):
-        return None
-    entry = {}
-    for name in HISTORY_FIELDS:
-        f = FIELD[name]
-        # Runs kept before an optional field existed ran on its default.
-        entry[name] = v = value.get(name, f.default if f.optional else None)
-        if f.kind in ("text", "choice"):
-            ok = isinstance(v, str) and len(v) <= MAX_PROMPT_CHARS and (f.choices is None or v in f.choices)
-        else:
-            low, high = f.limits
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high and (
-                f.kind != "whole" or isinstance(v, int))
-        if not ok:
-            return None
-    return entry if entry["prompt"] else None
-
-
-def history_after(history: Any, run: Any) -> list[dict[str, Any]]:
-    """The history with `run` added first (the same run again moves to the top), at most
-    HISTORY_LENGTH entries; malformed entries a client sent are dropped."""
-    kept_entries = [e for e in (history_entry(v) for v in (history if isinstance(history, list) else [])
-                                [:HISTORY_LENGTH * 2]) if e is not None]
-    new = history_entry(run)
-    if new is not None:
-        kept_entries = [new] + [e for e in kept_entries if e != new]
-    return kept_entries[:HISTORY_LENGTH]
-
-
-HISTORY_HEADERS = ["Prompt", "Settings", "Sampler"]
-
-
-def history_rows(history: Any) -> list[list[str]]:
-    """The history as the page's table shows it (HISTORY_HEADERS; the page shows 60 characters of
-    each): prompt; seed, steps, guidance, size and style; the sampler, with the Schedule type and
-    the noise source where they are not the defaults."""
-    rows = []
-    for e in history_after(history, None):
-        settings = (f"seed {e['seed']} · {e['steps']} steps · CFG {e['guidance']:g} · {e['size']}"
-                    + (f" · {e['style']}" if e["style"] != "(No style)" else ""))
-        sampler = (e["sampler"] + (f", {e['schedule']} schedule" if e["schedule"] != DEFAULT_SCHEDULE else "")
-                   + (f" · {e['rng']} noise" if e["rng"] != DEFAULT_RNG else ""))
-        rows.append([e["prompt"] + (f"  —  not: {e['negative']}" if e["negative"] else ""), settings, sampler])
-    return rows
-
-
-def _restore_js() -> str:
-    """Clicking a history row fills the form from the browser's copy of the run (no server event):
-    each field it keeps, the fields a restored run sets (Randomize off: the run comes out the same),
-    the others as they are. (A run kept before an optional field existed ran on its default.)"""
-    values = []
-    for i, f in enumerate(FIELDS):
-        if HISTORY in f.kept:
-            fallback = json.dumps(f.default) if f.optional and f.default is not None else f"form[{i}]"
-            values.append(f"e[{json.dumps(f.name)}] ?? {fallback}")
-        else:
-            values.append(json.dumps(f.restored) if f.restored is not None else f"form[{i}]")
-    sampler, schedule = FORM.index("sampler"), FORM.index("schedule")  # (as the menus show them)
-    return ("(index, history, ...form) => {\n"
-            "  const e = Array.isArray(history) ? history[index] : undefined;\n"
-            "  if (!e) return form;\n"
-            f"  const values = [{', '.join(values)}];\n"
-            f"  [values[{sampler}], values[{schedule}]] = ({MENU_PAIR_JS})(values[{sampler}], values[{schedule}]);\n"
-            "  return values;\n}")
-
-
-RESTORE_HISTORY_JS = _restore_js()
 # What "Fill the form" sets from a pasted parameters text, in the form's order.
 PASTED_INTO = tuple(f.name for f in FIELDS if PASTED in f.kept or f.restored is not None)
 

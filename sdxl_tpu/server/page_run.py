@@ -1,0 +1,74 @@
+"""A run as the page shows it: from the server's stream of updates (core.Server.stream) to what
+changes on the page, by name (app.py maps the names to its components): the gallery, the line
+under it, the run panel, the Generate button's label, the run's state and where it is, the
+history and the last run the browser keeps. Stop and a refusal, likewise."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from .history import history_after, history_rows, last_run
+from .page import run_panel, running_text, stopped_summary
+from .sampler_menu import request_pair
+
+GENERATE = "Generate"
+
+
+def idle() -> dict[str, Any]:
+    """What a run's end sets, however it ends (the page script then frees Generate, disables Stop)."""
+    return {"run": GENERATE, "run_state": "idle"}
+
+
+def page_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The form's values as the page sent them, with the menus' sampler and schedule as a request
+    names them (sampler_menu.py)."""
+    sampler, schedule = request_pair(values.get("sampler"), values.get("schedule"))
+    return {**values, "sampler": sampler, "schedule": schedule}
+
+
+def page_run(updates: Iterable[tuple], values: Mapping[str, Any], history: Any) -> Iterator[dict[str, Any]]:
+    """The page's changes, by name, for each update of a run of `values` (the history: the browser's,
+    as it sent it; `history_rows` of it is "history_rows")."""
+    began = time.monotonic()
+    seeds: list[int] = []
+    for update in updates:
+        kind = update[0]
+        if kind == "started":
+            seeds, steps = update[1:]
+            # The run replaces the last one at once: nothing of it is shown as current.
+            yield dict(gallery=[], last_seeds=seeds, picked=None, run_state="running",
+                       run_at={"seeds": seeds, "step": 0, "steps": steps}, run=f"Generating 0/{steps}",
+                       summary=f"Generating {len(seeds)} images, {steps} steps. Seeds: {', '.join(map(str, seeds))}.",
+                       panel=run_panel("running", "Generating · encoding the prompts", 0, steps))
+        elif kind == "progress":
+            step, steps = update[1:]
+            yield dict(panel=run_panel("running", running_text(step, steps, time.monotonic() - began), step, steps),
+                       run=f"Generating {step}/{steps}", run_at={"seeds": seeds, "step": step, "steps": steps})
+        elif kind == "preview":
+            yield dict(gallery=update[1])
+        else:
+            images, seeds, text, ran = update[1:]
+            # The run joins the history, which the browser keeps (in and out with the call; the server
+            # stores no prompt): what ran, the server's defaults where none was sent.
+            kept = history_after(history, {**values, **ran, "negative": values["negative"] or "", "seed": seeds[0]})
+            yield dict(gallery=images, last_seeds=seeds, summary=text, history=kept, history_rows=history_rows(kept),
+                       kept_run=last_run(images, seeds, text),
+                       panel=run_panel("done", f"Done in {time.monotonic() - began:.1f} s."), **idle())
+
+
+def refused(message: str) -> dict[str, Any]:
+    """A refused run: said once, in the run panel; the images and the line under them stay."""
+    return dict(panel=run_panel("refused", f"⚠️ {message}"), **idle())
+
+
+def stopped(state: Any, at: Any) -> dict[str, Any]:
+    """After Stop (the run's `state` and where it was, `at`: {seeds, step, steps}): where it stopped
+    and its seeds; nothing when it had ended first."""
+    if state == "idle":
+        return {}
+    at = at if isinstance(at, dict) else {}
+    step, steps = at.get("step"), at.get("steps")
+    where = f"Stopped at step {step} of {steps}." if step else "Stopped before the first step."
+    return dict(panel=run_panel("stopped", where), summary=stopped_summary(at.get("seeds"), steps, step), **idle())
