@@ -127,7 +127,8 @@ def build_demo(server: Server) -> gr.Blocks:
                     paste_notes = gr.Markdown("", elem_id="paste-notes")
                 history = gr.BrowserState([], storage_key="sdxl-tpu-history")
                 kept_run = gr.BrowserState({}, storage_key="sdxl-tpu-last-run")  # (shown again after a reload)
-                history_table = gr.Dataset(components=[gr.Textbox(visible=False) for _ in HISTORY_HEADERS],
+                history_table = gr.Dataset(components=[gr.HTML(visible=False)] +
+                                           [gr.Textbox(visible=False) for _ in HISTORY_HEADERS[1:]],
                                            headers=HISTORY_HEADERS, samples=[], type="index", layout="table",
                                            samples_per_page=HISTORY_PER_PAGE, elem_id="history",
                                            label="History (kept in this browser; click a run to restore it, seed "

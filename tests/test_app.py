@@ -657,7 +657,12 @@ def test_browser_history_restores_a_run(app_server, browser):
         rows = page.locator("#history tbody tr")
         wait_for(lambda: rows.count() == 2, 10, "the history did not survive a reload")
         assert "a lighthouse" in rows.nth(0).inner_text() and "a red panda" in rows.nth(1).inner_text()
-        assert "2 steps" in rows.nth(0).inner_text() and rows.nth(0).locator("td").nth(2).inner_text() == "Euler a"
+        assert "2 steps" in rows.nth(0).inner_text() and rows.nth(0).locator("td").nth(3).inner_text() == "Euler a"
+        # Each row shows its run's first image, small, kept in the browser with it.
+        thumbs = page.evaluate("() => [...document.querySelectorAll('#history tbody tr td:first-child img')]"
+                               ".map(i => [i.naturalWidth, i.naturalHeight, i.src.slice(0, 23)])")
+        assert len(thumbs) == 2 and all(t[2] == "data:image/jpeg;base64," for t in thumbs), thumbs
+        assert thumbs[0][:2] == [64, 64] and thumbs[1][0] == 64 and 42 <= thumbs[1][1] <= 43, thumbs  # (64x64, 96x64)
         assert "Anime" in rows.nth(1).inner_text()
         rows.nth(1).click()
         open_more_options(page)
@@ -812,7 +817,7 @@ def test_browser_schedule_and_rng_reach_the_image_and_the_history_restores_them(
         assert "Sampler: DPM++ 2M Karras, Schedule type: Checkpoint, CFG scale: 5," in parameters, parameters
         assert ", RNG: CPU, Version: sdxl-tpu " in parameters, parameters
         row = page.locator("#history tbody tr").first
-        sampler_cell = row.locator("td").nth(2)
+        sampler_cell = row.locator("td").nth(3)
         wait_for(lambda: sampler_cell.inner_text() == "DPM++ 2M Karras · CPU noise", 10,
                  f"the history row does not say the noise source: {row.inner_text()!r}")
         # Another choice in the form; the row puts the run's back.

@@ -75,12 +75,12 @@ def test_history_keeps_the_newest_runs_first_and_drops_what_is_not_a_run():
         assert history_entry(bad) is None, bad
         assert history_after([bad, RUN], None) == [RUN]
     rows = history_rows([{**RUN, "negative": "blurry", "style": "Anime"}])
-    assert rows == [["a cat  —  not: blurry", "seed 7 · 20 steps · CFG 5 · 64x64 · Anime", "Euler"]]
+    assert rows == [["", "a cat  —  not: blurry", "seed 7 · 20 steps · CFG 5 · 64x64 · Anime", "Euler"]]
     rows = history_rows([{**RUN, "sampler": "DPM++ 2M", "schedule": "Karras", "rng": "CPU"}])
-    assert rows == [["a cat", "seed 7 · 20 steps · CFG 5 · 64x64", "DPM++ 2M, Karras schedule · CPU noise"]]
+    assert rows == [["", "a cat", "seed 7 · 20 steps · CFG 5 · 64x64", "DPM++ 2M, Karras schedule · CPU noise"]]
     # (the page shows 60 characters of each: the longest sampler column fits)
     longest = history_rows([{**RUN, "sampler": "DPM++ 2M SDE Karras", "schedule": "SGM Uniform", "rng": "CPU"}])
-    assert len(longest[0][2]) <= 60
+    assert len(longest[0][3]) <= 60
     # A run kept before the schedule and the noise source were chosen ran on the defaults.
     old = {k: v for k, v in RUN.items() if k not in ("schedule", "rng")}
     assert history_entry(old) == RUN and history_after([old], None) == [RUN]
@@ -367,3 +367,21 @@ def test_a_kept_last_run_comes_back_only_with_files_the_store_wrote_and_still_ke
         assert restored_run(broken, store.holds) is None, broken
     store.write([b"c" * 4000, b"d" * 4000], [9, 10], "png")  # over max_bytes: the first call's files go
     assert not store.holds(paths) and restored_run(kept, store.holds) is None
+
+
+def test_history_rows_show_a_thumbnail_only_if_it_is_a_small_jpeg_data_url(tmp_path):
+    from PIL import Image
+
+    from sdxl_tpu.server.history import MAX_THUMBNAIL_CHARS, thumbnail
+
+    Image.new("RGB", (96, 64), (200, 30, 30)).save(tmp_path / "run.png")
+    thumb = thumbnail(str(tmp_path / "run.png"))
+    assert thumb.startswith("data:image/jpeg;base64,") and len(thumb) < 4000
+    assert thumbnail(str(tmp_path / "missing.png")) is None
+    (row,) = history_rows([{**RUN, "thumb": thumb}])
+    assert row[0] == (f'<img src="{thumb}" alt="seed 7" width="64" height="64" style="object-fit: contain">')
+    for forged in ['" onerror="alert(1)', "javascript:alert(1)", "data:image/svg+xml;base64,PHN2Zz4=",
+                   'data:image/jpeg;base64,AAAA" onload="x', "data:image/jpeg;base64," + "A" * MAX_THUMBNAIL_CHARS,
+                   5, None, ["x"]]:
+        assert "thumb" not in history_entry({**RUN, "thumb": forged}), forged  # (the run itself is kept)
+        assert history_rows([{**RUN, "thumb": forged}])[0][0] == ""

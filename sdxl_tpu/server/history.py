@@ -5,9 +5,14 @@ of what a client sent (any JSON value)."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
+
+from PIL import Image
 
 from ..spec.fields import FIELD, FIELDS, FORM, HISTORY, MAX_PROMPT_CHARS, kept
 from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
@@ -16,6 +21,22 @@ from .sampler_menu import MENU_PAIR_JS
 HISTORY_LENGTH = 24  # runs kept in the browser, newest first
 HISTORY_PER_PAGE = 12
 HISTORY_FIELDS = kept(HISTORY)
+# Each run's first image, small, as a JPEG data URL: 24 of them stay well within what a browser
+# keeps for a page (about 2 KB each at 64 px; the bound refuses anything far bigger).
+THUMBNAIL_PIXELS, MAX_THUMBNAIL_CHARS = 64, 12_000
+_THUMBNAIL = re.compile(r"data:image/jpeg;base64,[A-Za-z0-9+/]+={0,2}")
+
+
+def thumbnail(path: str) -> str | None:
+    """A run's first image (a file the server wrote) as a small JPEG data URL, or None."""
+    try:
+        with Image.open(path) as image:
+            image.thumbnail((THUMBNAIL_PIXELS, THUMBNAIL_PIXELS))
+            out = io.BytesIO()
+            image.convert("RGB").save(out, "JPEG", quality=70)
+    except (OSError, ValueError):
+        return None
+    return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode()
 
 
 def history_entry(value: Any) -> dict[str, Any] | None:
@@ -36,6 +57,10 @@ def history_entry(value: Any) -> dict[str, Any] | None:
                 f.kind != "whole" or isinstance(v, int))
         if not ok:
             return None
+    # Its thumbnail, if it is one (the table writes it into HTML: nothing else may pass).
+    thumb = value.get("thumb")
+    if isinstance(thumb, str) and len(thumb) <= MAX_THUMBNAIL_CHARS and _THUMBNAIL.fullmatch(thumb):
+        entry["thumb"] = thumb
     return entry if entry["prompt"] else None
 
 
@@ -50,20 +75,22 @@ def history_after(history: Any, run: Any) -> list[dict[str, Any]]:
     return kept_entries[:HISTORY_LENGTH]
 
 
-HISTORY_HEADERS = ["Prompt", "Settings", "Sampler"]
+HISTORY_HEADERS = ["Image", "Prompt", "Settings", "Sampler"]
 
 
 def history_rows(history: Any) -> list[list[str]]:
     """The history as the page's table shows it (HISTORY_HEADERS; the page shows 60 characters of
-    each): prompt; seed, steps, guidance, size and style; the sampler, with the Schedule type and
-    the noise source where they are not the defaults."""
+    each): the first image (HTML); prompt; seed, steps, guidance, size and style; the sampler, with
+    the Schedule type and the noise source where they are not the defaults."""
     rows = []
     for e in history_after(history, None):
         settings = (f"seed {e['seed']} · {e['steps']} steps · CFG {e['guidance']:g} · {e['size']}"
                     + (f" · {e['style']}" if e["style"] != "(No style)" else ""))
         sampler = (e["sampler"] + (f", {e['schedule']} schedule" if e["schedule"] != DEFAULT_SCHEDULE else "")
                    + (f" · {e['rng']} noise" if e["rng"] != DEFAULT_RNG else ""))
-        rows.append([e["prompt"] + (f"  —  not: {e['negative']}" if e["negative"] else ""), settings, sampler])
+        image = (f'<img src="{e["thumb"]}" alt="seed {e["seed"]}" width="{THUMBNAIL_PIXELS}" '
+                 f'height="{THUMBNAIL_PIXELS}" style="object-fit: contain">' if "thumb" in e else "")
+        rows.append([image, e["prompt"] + (f"  —  not: {e['negative']}" if e["negative"] else ""), settings, sampler])
     return rows
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from .history import history_after, history_rows, last_run
+from .history import history_after, history_rows, last_run, thumbnail
 from .page import run_panel, running_text, stopped_summary
 from .sampler_menu import request_pair
 
@@ -52,7 +52,8 @@ def page_run(updates: Iterable[tuple], values: Mapping[str, Any], history: Any) 
             images, seeds, text, ran = update[1:]
             # The run joins the history, which the browser keeps (in and out with the call; the server
             # stores no prompt): what ran, the server's defaults where none was sent.
-            kept = history_after(history, {**values, **ran, "negative": values["negative"] or "", "seed": seeds[0]})
+            kept = history_after(history, {**values, **ran, "negative": values["negative"] or "", "seed": seeds[0],
+                                           "thumb": thumbnail(images[0][0]) if images else None})
             yield dict(gallery=images, last_seeds=seeds, summary=text, history=kept, history_rows=history_rows(kept),
                        kept_run=last_run(images, seeds, text),
                        panel=run_panel("done", f"Done in {time.monotonic() - began:.1f} s."), **idle())
