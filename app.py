@@ -76,15 +76,17 @@ def build_demo(server: Server) -> gr.Blocks:
                 form_note = gr.Markdown("", elem_id="form-note")
                 with gr.Row():
                     sizes = size_choices(server.warmup.ready_sizes)
+                    # (min_width: two to a row on a desktop, one on a phone, where the labels are long)
                     size = gr.Dropdown(sizes, value=sizes[0][1] if sizes else None, label=label("size"),
-                                       elem_id="size")
+                                       min_width=220, elem_id="size")
                     preset = gr.Dropdown([*preset_names(server), CUSTOM], label="Preset", elem_id="preset",
-                                         value=start["preset"])
+                                         value=start["preset"], min_width=220)
                 with gr.Row():
                     sampler = gr.Dropdown(menu_samplers(offer.samplers), value=start["sampler"],
-                                          label=label("sampler"), elem_id="sampler")
+                                          label=label("sampler"), min_width=220, elem_id="sampler")
                     schedule = gr.Dropdown(schedule_menu(start["sampler"], offer.samplers, offer.schedules),
-                                           value=start["schedule"], label=label("schedule"), elem_id="schedule")
+                                           value=start["schedule"], label=label("schedule"), min_width=220,
+                                           elem_id="schedule")
                 with gr.Row():
                     steps = gr.Slider(*FIELD["steps"].limits, value=start["steps"], step=1, label=label("steps"),
                                       elem_id="steps")
