@@ -88,7 +88,12 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client):
 
     from sdxl_tpu.spec.images import read_parameters
 
-    parameters = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
+    info = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]
+    parameters = info["parameters"]
+    # The API page, for a client's author: what the call does, and example values a person would send.
+    assert info["description"].startswith("Four images from one prompt") and "Seed -1 draws" in info["description"]
+    assert [p["example_input"] for p in parameters[:2]] == ["a lighthouse on a cliff at dusk, oil painting",
+                                                            "blurry, low quality"]
     assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-3:]] == [
         ("sampler", True, "Euler"), ("schedule", True, "Checkpoint"), ("rng", True, "JAX")]
     for call in [(), ("Euler a",), ("Euler a", "Checkpoint"), ("Euler a", "Checkpoint", "CPU")]:
@@ -371,17 +376,22 @@ def assert_main_controls_in_view(page) -> None:
     assert not out, (size, out)
 
 
-def test_browser_a_run_as_a_person_sees_it(app_server, browser, tmp_path):
+@pytest.mark.parametrize("viewport", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
+def test_browser_a_run_as_a_person_sees_it(app_server, browser, tmp_path, viewport):
     """A run as a person watches it, started the A1111 way (Ctrl+Enter): the main controls in view
     from the start, Stop usable only while the run goes; the Generate button and the panel above the
     gallery say the step ("step 7 of 20"), the bar stays while previews come; four previews then four
     images. Clicking an image only enlarges it: the seed stays -1 (random) and two more runs get new
     seeds; ♻️ takes the enlarged image's seed, the line under Generate says it is fixed, and the next
     run makes it; 🎲 makes it random again. An image's download carries its parameters; nothing
-    recompiles."""
+    recompiles. At 1280x800 and on a phone (390x844: the controls come first, a tap enlarges)."""
     before = compiles(app_server)
-    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
-        assert_main_controls_in_view(page)
+    with playground_page(app_server["url"], "Ready (", browser=browser, viewport=viewport) as page:
+        if viewport[0] > 1000:
+            assert_main_controls_in_view(page)
+        else:
+            assert max(page.locator(f"#{name}").bounding_box()["y"] for name in MAIN_CONTROLS) < page.locator(
+                "#gallery").bounding_box()["y"]
         assert page.locator("#stop").is_disabled() and page.locator("#generate").is_enabled()
         assert page.locator("#seed input").input_value() == "-1"
         assert page.locator("#token-count [data-testid=markdown]").inner_text() == "0 / 225 tokens"
@@ -401,7 +411,7 @@ def test_browser_a_run_as_a_person_sees_it(app_server, browser, tmp_path):
         assert page.locator("#generate").inner_text() == "Generate" and page.locator("#stop").is_disabled()
         first = seeds_shown(page)
         assert page.locator("#seed input").input_value() == "-1"  # still random
-        page.screenshot(path=str(artifact(tmp_path, "playground-1280x800.png")))
+        page.screenshot(path=str(artifact(tmp_path, f"playground-{viewport[0]}x{viewport[1]}.png")))
         # Clicking an image enlarges it, and nothing else.
         third = page.locator("#gallery .grid-container img").nth(2)
         small = third.bounding_box()["width"]
@@ -497,15 +507,16 @@ def test_browser_the_page_keeps_its_place_and_is_accessible(app_server, browser,
             assert not (found := axe_violations(page)), describe(found)
 
 
-def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_server, browser):
+@pytest.mark.parametrize("viewport", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
+def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_server, browser, viewport):
     """After a finished run, Stop during a 50-step run: the run ends within two steps of what the
     page showed (one more for the page being a step behind); the panel and the line under the
     gallery say where it stopped and give its seeds, the gallery keeps its previews, and nothing of
-    the run before is shown as current; Stop is usable only while a run goes (and is queued); the
-    next run starts at once; nothing recompiles."""
+    the run before is shown as current; Stop is usable only while a run goes; the next run starts
+    at once; nothing recompiles. On a desktop and on a phone."""
     before = compiles(app_server)
     log_start = len(app_server["log"].read_text().splitlines())
-    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+    with playground_page(app_server["url"], "Ready (", browser=browser, viewport=viewport) as page:
         set_field(page, "steps", 2)
         generate_in_page(page, "a calm sea")
         earlier = seeds_shown(page)
