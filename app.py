@@ -280,7 +280,7 @@ def build_demo(server: Server) -> gr.Blocks:
                 return *[gr.skip()] * 9,
             now = {} if seen else form_defaults(offer)
             value = lambda key: {"value": now[key]} if now else {}
-            menu, _ = fitted_schedule(now.get("sampler", sampler_name), None, offer.samplers, offer.schedules)
+            menu = schedule_menu(now.get("sampler", sampler_name), offer.samplers, offer.schedules)
             return (json.dumps(names), gr.Dropdown(choices=menu_samplers(offer.samplers), **value("sampler")),
                     gr.Dropdown(choices=menu, **value("schedule")),
                     gr.Dropdown(choices=list(offer.rngs), **value("rng")),

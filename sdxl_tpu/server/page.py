@@ -136,7 +136,7 @@ def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[
 
 # -- the run panel: one state at a time, in words, with a bar while it runs ---------------------
 
-RUN_STATES = ("idle", "queued", "running", "stopping", "stopped", "done", "refused")
+RUN_STATES = ("idle", "queued", "running", "stopped", "done", "refused")
 
 
 def run_panel(state: str, text: str = "", step: int = 0, steps: int = 0) -> str:
