@@ -40,20 +40,23 @@ def our_loop():
         jnp.ones((b,)), tables, bounds, guided=False))
 
 
-def run_ours(name, schedule, steps, noise, step_noises):
+def run_ours(name, schedule, steps, noise, step_noises, image=None, strength=None):
     sampler = sampler_named(name)
-    tables = sampler.padded_tables(steps, schedule)
-    state = update.init(noise, np.array([1, 2], np.uint32), tables)
+    tables = sampler.padded_tables(steps, schedule, strength)
+    state = update.init(noise, np.array([1, 2], np.uint32), tables, image)
     state = state._replace(host_noise=np.ones(SHAPE[0], np.bool_))
     draws = iter(step_noises)
-    for i in range(sampler.step_ends(steps)[-1]):  # one row at a time, the host's noise set before each noisy one
+    rows = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))[-1]
+    for i in range(rows):  # one row at a time, the host's noise set before each noisy one
         if tables.update[i, 3] != 0:
             state = state._replace(noise=next(draws))
         state = our_loop()(state, tables, np.array([i, i + 1], np.int32))
     return np.asarray(state.x), tables
 
 
-def run_kdiffusion(name, schedule, steps, noise, step_noises):
+def run_kdiffusion(name, schedule, steps, noise, step_noises, image=None, strength=None):
+    """k-diffusion as A1111 runs it: from noise, or (`strength`) from an image's latents as its
+    KDiffusionSampler.sample_img2img does (setup_img2img_steps, the sigmas' tail, x + noise * sigma)."""
     import torch
 
     sampling_k, external = kdiffusion_reference.load()
@@ -66,11 +69,16 @@ def run_kdiffusion(name, schedule, steps, noise, step_noises):
     denoiser = external.DiscreteEpsDDPMDenoiser(model, kdiffusion_reference.a1111_alphas_cumprod(), quantize=False)
     sigmas = kdiffusion_reference.a1111_sigmas(schedule, steps, denoiser)
     x = torch.from_numpy(noise.transpose(0, 3, 1, 2).copy()) * sigmas[0]
+    if strength is not None:
+        t_enc = int(min(strength, 0.999) * steps)
+        sigmas = sigmas[steps - t_enc - 1:]
+        x = torch.from_numpy(image.transpose(0, 3, 1, 2).copy()) + torch.from_numpy(
+            noise.transpose(0, 3, 1, 2).copy()) * sigmas[0]
     draws = iter(step_noises)
     extra = {}
     if name in ("Euler a", "DPM++ 2M SDE", "DPM++ SDE"):
         extra["noise_sampler"] = lambda sigma, sigma_next: torch.from_numpy(next(draws).transpose(0, 3, 1, 2).copy())
-    if name == "DPM++ 2M SDE" and steps == 1:
+    if name == "DPM++ 2M SDE" and len(sigmas) == 2:
         # k-diffusion 0.1.1 fails here (h_last = h before any h); its one step would be the denoised estimate.
         out = denoiser(x, sigmas[:1].expand(x.shape[0]))
     else:
@@ -101,6 +109,27 @@ def test_samplers_match_kdiffusion_on_a1111_schedules(name, schedule):
                                    err_msg=str(case))
         assert sampler_named(name).step_ends(steps)[-1] == len(ref_timesteps)
         assert tables.init_sigma == pytest.approx(float(ref_sigmas[0]), rel=1e-6)
+        rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
+        assert rel <= 1e-5, (case, rel)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_img2img_matches_kdiffusion_as_a1111_runs_it(name):
+    """From an image's latents: the steps A1111 runs for a denoising strength (one more than
+    diffusers' int(strength * steps)), on the sigmas' tail, its first the image's noise, every
+    method's first step there first order; on each kind of schedule type."""
+    rng = np.random.default_rng(11)
+    for schedule, steps, strength in (("Karras", 20, 0.75), ("Uniform", 8, 0.3), ("Exponential", 10, 1.0),
+                                      ("SGM Uniform", 6, 0.05)):
+        image, noise = (rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2))
+        step_noises = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2 * steps)]
+        ref, ref_timesteps, ref_sigmas = run_kdiffusion(name, schedule, steps, noise, step_noises, image, strength)
+        ours, tables = run_ours(name, schedule, steps, noise, step_noises, image, strength)
+        case = (name, schedule, steps, strength)
+        assert len(ref_sigmas) - 1 == int(min(strength, 0.999) * steps) + 1, case  # the steps that ran
+        assert tables.init_sigma == pytest.approx(float(ref_sigmas[0]), rel=1e-6) and tables.init_image == 1
+        np.testing.assert_allclose(tables.timesteps[:len(ref_timesteps)], ref_timesteps, rtol=1e-5, atol=2e-4,
+                                   err_msg=str(case))
         rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
         assert rel <= 1e-5, (case, rel)
 

@@ -165,6 +165,59 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
             assert rel <= 1e-5, ("x0", name, spacing, prediction_type, steps, i, rel)
 
 
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_img2img_steps_equal_diffusers(name, monkeypatch):
+    """Starting from an image's latents as diffusers' StableDiffusionXLImg2ImgPipeline does (its
+    get_timesteps, set_begin_index, the scheduler's add_noise at the first timestep): the same
+    first latents and the same latents after every step that runs, given the same model outputs
+    and noise, for strengths that leave a few steps, most and all of them; a multistep method's
+    first step there is first order, as diffusers' is. Where int(strength * steps) is 0 (diffusers
+    refuses) one step runs, as A1111 runs it."""
+    import jax
+    import torch
+    from diffusers.schedulers import scheduling_dpmsolver_multistep, scheduling_euler_ancestral_discrete, scheduling_lcm
+
+    from sdxl_tpu.generate import update
+
+    rng = np.random.default_rng(1)
+    noises = []
+    for module in (scheduling_euler_ancestral_discrete, scheduling_dpmsolver_multistep, scheduling_lcm):
+        monkeypatch.setattr(module, "randn_tensor",
+                            lambda shape, **kw: torch.from_numpy(noises[-1].transpose(0, 3, 1, 2).copy()))
+    nchw = lambda a: torch.from_numpy(np.asarray(a).transpose(0, 3, 1, 2).copy())
+    ours = sampler_named(name)
+    assert ours.first_step(1, 0.3) == 0 and ours.first_step(10, 0.05) == 9  # one step, not a refusal
+    for steps, strength in ((7, 0.3), (20, 0.75), (9, 1.0), (4, 0.5)):
+        ref = reference(name, "leading")
+        ref.set_timesteps(steps)
+        start = steps - min(int(steps * strength), steps)  # diffusers' get_timesteps
+        assert ours.first_step(steps, strength) == start
+        timesteps = ref.timesteps[start * ref.order:]
+        if hasattr(ref, "set_begin_index"):  # (DDIM has none: it steps by its timesteps)
+            ref.set_begin_index(start * ref.order)
+        tables = ours.padded_tables(steps, "Checkpoint", strength)
+        assert ours.step_ends(steps - start)[-1] == len(timesteps)
+        image, noise = (rng.standard_normal((2, 8, 8, 4)).astype(np.float32) for _ in range(2))
+        ref_x = ref.add_noise(nchw(image), nchw(noise), timesteps[:1])
+        state = update.init(noise, np.array([1, 2], np.uint32), tables, image)
+        np.testing.assert_allclose(np.asarray(state.x).transpose(0, 3, 1, 2), ref_x.numpy(), rtol=1e-5, atol=1e-5)
+        ref.noise_sampler = lambda sigma, sigma_next: nchw(noises[-1])
+        step = jax.jit(update.step)
+        for i, t in enumerate(timesteps):
+            x_in, timestep = update.model_input(state, i, tables)
+            ref_in = ref.scale_model_input(ref_x, t).numpy()
+            np.testing.assert_allclose(np.asarray(x_in).transpose(0, 3, 1, 2), ref_in, rtol=1e-5, atol=1e-5)
+            assert float(timestep) == pytest.approx(float(t), rel=1e-6)
+            eps = rng.standard_normal(noise.shape).astype(np.float32)
+            noises.append(rng.standard_normal(noise.shape).astype(np.float32))
+            state = step(state, eps, np.int32(i), tables, noises[-1])
+            ref_x = ref.step(nchw(eps), t, ref_x, **({"variance_noise": nchw(noises[-1])}
+                                                     if name.startswith("DPM++ 2M SDE") else {})).prev_sample
+            ours_x = np.asarray(state.x).transpose(0, 3, 1, 2)
+            rel = np.linalg.norm(ours_x - ref_x.numpy()) / np.linalg.norm(ref_x.numpy())
+            assert rel <= 1e-5, (name, steps, strength, i, rel)
+
+
 def test_ancestral_noise_depends_on_the_seed_and_step_only():
     import jax
 

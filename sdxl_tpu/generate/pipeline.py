@@ -25,6 +25,8 @@ from jax.sharding import Mesh
 
 from ..sampler.tables import MAX_ROWS, Sampler
 from ..spec.errors import GenerationError, RequestError
+from ..spec.fields import DEFAULT_STRENGTH
+from ..spec.resize import DEFAULT_RESIZE_MODE, fit_image, image_array
 from ..spec.infotext import Stamp
 from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..spec.request import GenerationResult, ImageInfo, Request, guided
@@ -121,8 +123,9 @@ class Pipeline:
         return self._compiled[size]
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 (one per size, for the pipeline's life)
-    def _no_noise(self, size: tuple[int, int]) -> jax.Array:
-        """The host noise of a call where no image draws its own: zeros, kept on the devices."""
+    def _zero_latents(self, size: tuple[int, int]) -> jax.Array:
+        """Zero latents, kept on the devices: the host noise of a call where no image draws its own,
+        and the image latents of a call from noise."""
         shape = (self.images_per_call, *self.layout.latent_shape(size))
         return jax.device_put(np.zeros(shape, np.float32), self.batch_sharding)
 
@@ -148,15 +151,17 @@ class Pipeline:
     def request(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                 seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
                 steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None, schedule: str | None = None,
-                rng: str | None = None) -> Request:
+                rng: str | None = None, strength: float | None = None) -> Request:
         """A checked request for this pipeline (RequestError names what is wrong)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
-                          sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng)
+                          sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
+                          strength=strength)
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
                  steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None,
                  schedule: str | None = None, rng: str | None = None, latents: np.ndarray | None = None,
+                 image: Any = None, strength: float | None = None, resize_mode: str = DEFAULT_RESIZE_MODE,
                  progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Generate `images_per_call` images.
 
@@ -168,22 +173,36 @@ class Pipeline:
             scheduler config as diffusers runs it); rng: "JAX" (default) or "CPU" (PyTorch's CPU
             generator, per image from its seed, as A1111's CPU source and ComfyUI draw it).
         latents: optional initial noise in diffusers' layout (images, 4, h, w), as diffusers' `latents=`.
+        image: start from this image (img2img; a PIL image or an (H, W, 3) uint8 array), fitted to
+            `size` by `resize_mode` (A1111's: "Just resize", "Crop and resize", "Resize and fill"), its
+            latents noised to what a denoising `strength` leaves (default 0.75, A1111's): int(strength *
+            steps) of the steps run on the checkpoint's schedule, as diffusers' img2img pipeline runs
+            them, one more on A1111's schedule types, as A1111 does.
         progress: called as progress(step, steps) after each denoising step (in this thread; with
             step_progress=False only once, at the end of the fused loop).
         """
+        if image is not None and strength is None:
+            strength = DEFAULT_STRENGTH
         request = self.request(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps,
-                               size=size, sampler=sampler, schedule=schedule, rng=rng)
-        return self.run(request, latents=latents, progress=progress)
+                               size=size, sampler=sampler, schedule=schedule, rng=rng, strength=strength)
+        if (image is None) != (request.strength is None):
+            raise RequestError("Denoising strength applies to a starting image: give both or neither.")
+        init = None if image is None else image_array(fit_image(image, request.size, resize_mode))
+        return self.run(request, latents=latents, init_image=init, progress=progress)
 
     def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,
-            progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
-            **previews) -> GenerationResult:
+            init_image: np.ndarray | None = None, progress: Callable[[int, int], None] | None = None,
+            stop: Callable[[], bool] | None = None, **previews) -> GenerationResult:
         """Generate `images` (default: images_per_call) images of a checked request (see `generate`;
-        `previews`: run_images' preview and preview_every)."""
+        `init_image`: the request's starting image, (H, W, 3) uint8 at its size; `previews`:
+        run_images' preview and preview_every)."""
         n = self.images_per_call if images is None else images
-        return self.run_images(request.images(n), latents=latents, progress=progress, stop=stop, **previews)
+        inits = None if init_image is None else np.repeat(np.asarray(init_image)[None], n, axis=0)
+        return self.run_images(request.images(n), latents=latents, init_images=inits, progress=progress, stop=stop,
+                               **previews)
 
     def run_images(self, infos: Sequence[ImageInfo], *, latents: np.ndarray | None = None,
+                   init_images: np.ndarray | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    stop: Callable[[], bool] | None = None,
                    preview: Callable[[int, int, np.ndarray], None] | None = None,
@@ -193,6 +212,8 @@ class Pipeline:
         are filled with copies of the last image and discarded: each device makes its images alone,
         so an image's pixels do not depend on its slot or on the other images of the call.
 
+        init_images: (n, H, W, 3) uint8 at the call's size: the images they start from (img2img),
+            each image's denoising strength (ImageInfo.strength) saying how far.
         stop: polled after each denoising step (stepwise pipelines); when it returns True the call
             ends there and raises Cancelled.
         preview: called as preview(step, steps, images) every `preview_every` steps (stepwise
@@ -206,9 +227,13 @@ class Pipeline:
         if not 1 <= n <= self.images_per_call:
             raise ValueError(f"a call makes 1 to {self.images_per_call} images, not {n}")
         infos = [dataclasses.replace(info, sampler=info.sampler or self.default_sampler) for info in infos]
-        size, steps, name = infos[0].size, infos[0].steps, infos[0].sampler
-        if any((i.size, i.steps, i.sampler, i.schedule) != (size, steps, name, infos[0].schedule) for i in infos):
-            raise ValueError("the images of one call must share their size, step count, sampler and schedule")
+        size, steps, name, strength = infos[0].size, infos[0].steps, infos[0].sampler, infos[0].strength
+        if any((i.size, i.steps, i.sampler, i.schedule, i.strength) != (size, steps, name, infos[0].schedule, strength)
+               for i in infos):
+            raise ValueError("the images of one call must share their size, step count, sampler, schedule and "
+                             "denoising strength")
+        if (init_images is None) != (strength is None):
+            raise ValueError("images that start from an image need their denoising strength, and only they")
         if name not in self.samplers:
             raise RequestError(not_a_choice("Sampler", name, self.samplers))
         # What ran, as its parameters will say: Automatic resolved to the sampler's schedule.
@@ -224,10 +249,18 @@ class Pipeline:
             if latents.shape != shape:
                 raise RequestError(f"latents must have shape {shape}, got {latents.shape}.")
             latents = np.concatenate([latents, np.repeat(latents[-1:], self.images_per_call - n, axis=0)])
+        if init_images is not None:
+            init_images = np.asarray(init_images)
+            if init_images.shape != (n, size[1], size[0], 3) or init_images.dtype != np.uint8:
+                raise ValueError(f"init_images must be uint8 of shape {(n, size[1], size[0], 3)}, got "
+                                 f"{init_images.dtype} {init_images.shape}")
+            init_images = np.concatenate([init_images, np.repeat(init_images[-1:], self.images_per_call - n, axis=0)])
         put = lambda x: jax.device_put(x, self.batch_sharding)
-        host_tables = self.samplers[name].padded_tables(steps, schedule)
-        # A row is one model evaluation; a step is one row, or two (DPM++ SDE's midpoint).
-        step_ends = self.samplers[name].step_ends(steps)
+        sampler = self.samplers[name]
+        host_tables = sampler.padded_tables(steps, schedule, strength)
+        # A row is one model evaluation; a step is one row, or two (DPM++ SDE's midpoint). From an
+        # image, the steps its strength leaves.
+        step_ends = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))
         rows = step_ends[-1]
         tables = jax.device_put(host_tables, self.replicated)
         seeds = put(np.array([i.seed for i in slots], np.uint32))
@@ -241,8 +274,15 @@ class Pipeline:
             context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
                                                  *map(put, text[:4]), lengths, put(text.zero_negative))
             if latents is None:
-                state = programs["noise"](seeds, tables, host.draw() if host else self._no_noise(size), put(own))
+                image = self._zero_latents(size)
+                if init_images is not None:  # the VAE's sample first, then the noise: diffusers' draw order
+                    image = programs["encode_image"](self.params["vae"], put(init_images), seeds,
+                                                     host.draw() if host else self._zero_latents(size), put(own))
+                state = programs["noise"](seeds, tables, host.draw() if host else self._zero_latents(size), put(own),
+                                          image)
             else:
+                if init_images is not None:
+                    raise ValueError("give latents or init_images, not both")
                 state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
                 state = state._replace(host_noise=put(own))
             jax.block_until_ready((context, pooled, state))

@@ -24,7 +24,8 @@ BATCH = "batch"  # the mesh axis images are split over
 NETWORKS = ("text_encoder", "text_encoder_2", "unet", "vae")
 # denoise: with classifier-free guidance; denoise_unguided: the conditional pass alone, for calls
 # whose every image has guidance <= 1 (distilled models): half the UNet batch. (And "preview", with TAESD.)
-PROGRAMS = ("encode", "noise", "init", "denoise", "denoise_unguided", "decode")
+# encode_image: an image's latents (img2img), sampled with JAX's noise or the host's.
+PROGRAMS = ("encode", "encode_image", "noise", "init", "denoise", "denoise_unguided", "decode")
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ class _Shapes:
         self.latents = self.batch((b, *layout.latent_shape(size)))
         self.seeds = self.batch((b,), jnp.uint32)
         self.flags = self.batch((b,), jnp.bool_)
-        self.tables = Tables(self.rep((MAX_ROWS,)), self.rep((MAX_ROWS,)), self.rep((MAX_ROWS, 6)), self.rep(()))
+        self.tables = Tables(self.rep((MAX_ROWS,)), self.rep((MAX_ROWS,)), self.rep((MAX_ROWS, 6)), self.rep(()),
+                             self.rep(()))
+        self.images = self.batch((b, size[1], size[0], 3), jnp.uint8)
 
 
 def _network(graphs: Mapping[str, Any], name: str) -> Callable:
@@ -96,15 +99,30 @@ def _encode(s: _Shapes, graphs, params):
 
 
 def _noise(s: _Shapes, graphs, params):
-    """JAX's initial noise, or the host's for the images that draw their own (RNG CPU)."""
+    """JAX's initial noise, or the host's for the images that draw their own (RNG CPU), and the
+    images' latents it noises (img2img; zeros from noise alone)."""
     h, w, c = s.layout.latent_shape(s.size)
 
-    def fn(seeds, tables, host, use_host):
+    def fn(seeds, tables, host, use_host, image):
         noise = jnp.where(use_host[:, None, None, None], host, sampling.get_noise(seeds, h, w, c))
-        return update.init(noise, seeds, tables)._replace(host_noise=use_host)
+        return update.init(noise, seeds, tables, image)._replace(host_noise=use_host)
 
     bat = P(BATCH)
-    return shard(s.layout.mesh, fn, (bat, P(), bat, bat), bat), (s.seeds, s.tables, s.latents, s.flags)
+    return shard(s.layout.mesh, fn, (bat, P(), bat, bat, bat), bat), (s.seeds, s.tables, s.latents, s.flags,
+                                                                       s.latents)
+
+
+def _encode_image(s: _Shapes, graphs, params):
+    """Images -> their latents, the VAE's sample drawn by JAX or given by the host (RNG CPU)."""
+    vae, (h, w, c), bat = _network(graphs, "vae"), s.layout.latent_shape(s.size), P(BATCH)
+
+    def fn(p, images, seeds, host, use_host):
+        noise = jnp.where(use_host[:, None, None, None], host,
+                          sampling.get_noise(seeds, h, w, c, stream=sampling.ENCODE_STREAM))
+        return sampling.encode_image(vae(p), images, noise)
+
+    return shard(s.layout.mesh, fn, (P(), bat, bat, bat, bat), bat), (params["vae"], s.images, s.seeds, s.latents,
+                                                                       s.flags)
 
 
 def _init(s: _Shapes, graphs, params):
@@ -139,5 +157,6 @@ def _preview(s: _Shapes, graphs, params):
     return shard(s.layout.mesh, fn, (P(), bat), bat), (params["taesd"], s.latents)
 
 
-_BUILDERS = {"encode": _encode, "noise": _noise, "init": _init, "denoise": partial(_denoise, guided=True),
+_BUILDERS = {"encode": _encode, "encode_image": _encode_image, "noise": _noise, "init": _init,
+             "denoise": partial(_denoise, guided=True),
              "denoise_unguided": partial(_denoise, guided=False), "decode": _decode, "preview": _preview}

@@ -2,6 +2,7 @@
 
     prompt -> chunks of token ids and weights -> text embeddings -> noise -> denoising loop
            -> VAE decode -> images
+    (img2img: an image -> VAE encode -> its latents, noised to the first step's level -> ...)
 
 Pure functions on batch-major arrays; along axis 1 of the text arrays, index 0 is the negative
 (unconditional) prompt and index 1 the prompt. How they are compiled, sharded and called is
@@ -99,10 +100,30 @@ def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, weights1: jax.Array,
     return context * (keep[:, :, None] * counts)[..., None], pooled * keep[:, :, None]
 
 
-def get_noise(seeds: jax.Array, height: int, width: int, channels: int) -> jax.Array:
+# The stream of a seed's key that samples the VAE's latent distribution (img2img); the initial
+# noise uses the key itself and step i's noise stream i + 1 (update.step_noise).
+ENCODE_STREAM = 2**32 - 1
+
+
+def get_noise(seeds: jax.Array, height: int, width: int, channels: int, stream: int | None = None) -> jax.Array:
     """One unit normal latent (h, w, C) per seed: an image depends on its own seed only."""
-    sample = lambda s: jax.random.normal(jax.random.key(s), (height, width, channels), jnp.float32)
+    key = (lambda s: jax.random.key(s)) if stream is None else (lambda s: jax.random.fold_in(jax.random.key(s), stream))
+    sample = lambda s: jax.random.normal(key(s), (height, width, channels), jnp.float32)
     return jax.vmap(sample)(seeds)
+
+
+def encode_image(vae, images: jax.Array, noise: jax.Array) -> jax.Array:
+    """uint8 images (B, H, W, 3) -> latents (B, h, w, C) as the UNet takes them: a sample of the
+    VAE's latent distribution, mean + std * `noise` (diffusers' latent_dist.sample), times the
+    scaling factor. One image at a time, as decode."""
+    def one(args: tuple[jax.Array, jax.Array]) -> jax.Array:
+        image, z = args
+        x = image.astype(jnp.float32) / 255.0 * 2.0 - 1.0  # diffusers' VaeImageProcessor: [0, 1], then [-1, 1]
+        mean, logvar = vae.encode(x[None])
+        sample = mean.astype(jnp.float32) + jnp.exp(0.5 * logvar.astype(jnp.float32)) * z[None]
+        return (sample * vae.config.scaling_factor)[0]
+
+    return jax.lax.map(one, (images, noise))
 
 
 def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array,

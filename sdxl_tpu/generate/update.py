@@ -24,11 +24,14 @@ class State(NamedTuple):
     host_noise: jax.Array  # (B,) bool: the image takes its step noise from `noise`, not from JAX
 
 
-def init(noise: jax.Array, seeds: jax.Array, tables: Tables) -> State:
+def init(noise: jax.Array, seeds: jax.Array, tables: Tables, image: jax.Array | None = None) -> State:
     """The state before step 0, from unit normal noise and the images' seeds (step noise from JAX;
-    the host sets `noise` and `host_noise` to give its own)."""
-    return State(noise * tables.init_sigma, jnp.zeros_like(noise), seeds, jnp.zeros_like(noise),
-                 jnp.zeros(seeds.shape, jnp.bool_))
+    the host sets `noise` and `host_noise` to give its own); starting from an image (img2img), its
+    latents noised to the first step's level."""
+    x = noise * tables.init_sigma
+    if image is not None:
+        x = x + tables.init_image * image
+    return State(x, jnp.zeros_like(noise), seeds, jnp.zeros_like(noise), jnp.zeros(seeds.shape, jnp.bool_))
 
 
 def model_input(state: State, i: jax.Array, tables: Tables) -> tuple[jax.Array, jax.Array]:

@@ -66,7 +66,12 @@ class EulerDiscrete(Sampler):
         init = init_sigma(float(sigmas.max()), self.timestep_spacing)
         return timesteps, sigmas, float(np.float32(init))
 
-    def tables(self, steps: int) -> Tables:
+    def noising(self, steps: int, start: int) -> tuple[float, float]:
+        return 1.0, float(self.sigmas(steps)[1][start])  # x = x0 + sigma z
+
+    def tables(self, steps: int, start: int = 0) -> Tables:
+        if start:
+            return self._tail(self.tables(steps), start)
         timesteps, sigmas, init = self.sigmas(steps)
         s, t = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
         if self.ancestral:  # step to sigma_down, then add noise of sigma_up
@@ -115,12 +120,16 @@ class DPMSolverMultistep(Sampler):
         sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
         return timesteps.astype(np.float32), sigmas, 1.0
 
-    def tables(self, steps: int) -> Tables:
+    def noising(self, steps: int, start: int) -> tuple[float, float]:
+        s = float(self.sigmas(steps)[1][start])
+        return 1 / np.sqrt(s ** 2 + 1), s / np.sqrt(s ** 2 + 1)  # x = alpha x0 + sigma_vp z
+
+    def tables(self, steps: int, start: int = 0) -> Tables:
         timesteps, sigmas, init = self.sigmas(steps)
         sig = sigmas.astype(np.float64)
         alpha = 1 / np.sqrt(sig ** 2 + 1)
         update = np.zeros((steps, 6))
-        for i in range(steps):
+        for i in range(start, steps):
             s, t = sig[i], sig[i + 1]
             # The data prediction: m0 = (x - sigma_vp eps) / alpha = p x + q eps.
             p, q = 1 / alpha[i], -s
@@ -131,12 +140,12 @@ class DPMSolverMultistep(Sampler):
                 ratio, e = ratio * t / s, alpha[i + 1] * ((t / s) ** 2 - 1)
                 n = t * alpha[i + 1] * np.sqrt(1 - (t / s) ** 2)
             k = 0.0
-            if 0 < i < steps - 1:  # second order: - E/(2 r) (m0 - m1), r = h_prev / h
+            if start < i < steps - 1:  # second order: - E/(2 r) (m0 - m1), r = h_prev / h
                 k = 0.5 * np.log(s / t) / np.log(sig[i - 1] / s)
             update[i] = [ratio - e * (1 + k) * p, -e * (1 + k) * q, e * k, n, p, q]
         s = sig[:-1]  # x = alpha x0 + sigma_vp eps, sigma_vp = sigma alpha
         update = self._predicting(update, (1 / (s * alpha[:-1]), -1 / s))
-        return Tables(timesteps, np.ones(steps, np.float32), update.astype(np.float32), init)
+        return self._tail(Tables(timesteps, np.ones(steps, np.float32), update.astype(np.float32), init), start)
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,12 @@ class DPMSolverSDE(Sampler):
             init = float(np.float32(init_sigma(float(sigmas.max()), self.timestep_spacing)))
         return timesteps, sigmas, init
 
-    def tables(self, steps: int) -> Tables:
+    def noising(self, steps: int, start: int) -> tuple[float, float]:
+        return 1.0, float(self.sigmas(steps)[1][start])
+
+    def tables(self, steps: int, start: int = 0) -> Tables:
+        if start:
+            return self._tail(self.tables(steps), start)
         step_timesteps, sigmas, init = self.sigmas(steps)
         update, s = update_table("dpmpp_sde", sigmas)
         timesteps = sigma_to_t(s, self.train_sigmas()).astype(np.float32)
@@ -208,7 +222,13 @@ class DDIM(Sampler):
     def _alpha_prev(self, alphas_cumprod: np.ndarray, t: int) -> float:
         return alphas_cumprod[t] if t >= 0 else (1.0 if self.set_alpha_to_one else alphas_cumprod[0])
 
-    def tables(self, steps: int) -> Tables:
+    def noising(self, steps: int, start: int) -> tuple[float, float]:
+        a_t = float(self.alphas_cumprod().astype(np.float64)[self.timesteps(steps)[start]])
+        return np.sqrt(a_t), np.sqrt(1 - a_t)  # diffusers' add_noise: x = sqrt(a_t) x0 + sqrt(1 - a_t) z
+
+    def tables(self, steps: int, start: int = 0) -> Tables:
+        if start:
+            return self._tail(self.tables(steps), start)
         self._check_steps(steps)
         ac = self.alphas_cumprod().astype(np.float64)
         timesteps = self.timesteps(steps)

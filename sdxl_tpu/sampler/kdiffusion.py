@@ -73,11 +73,12 @@ def update_table(method: str, sigmas: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return np.array(rows), np.array(row_sigmas)
 
 
-def tables(method: str, schedule: str, steps: int, train: np.ndarray):
-    """(timesteps, input scale, update, init sigma) of `method` on A1111's `schedule`, per row; the
-    update for an eps-predicting model, with (u, v) such that eps = u x + v output for a model
+def tables(method: str, schedule: str, steps: int, train: np.ndarray, start: int = 0):
+    """(timesteps, input scale, update, init sigma) of `method` on A1111's `schedule`, per row, from
+    step `start` (img2img: the sigmas' tail, its first the noise added to the image's latents);
+    the update for an eps-predicting model, with (u, v) such that eps = u x + v output for a model
     that predicts the clean latents (x = x0 + sigma eps)."""
-    sigmas = schedule_sigmas(schedule, steps, train)
+    sigmas = schedule_sigmas(schedule, steps, train)[start:]
     update, s = update_table(method, sigmas)
     timesteps = sigma_to_t(s, train).astype(np.float32)
     scale = (1 / np.sqrt(s ** 2 + 1)).astype(np.float32)

@@ -15,6 +15,12 @@ evaluation: one per step, or two for a second-order step (DPM++ SDE evaluates at
 too; its first row keeps x in m for the second). Here: the tables and the base of every sampler.
 One compiled program runs every sampler at every step count: choosing either per request never
 recompiles, and the denoising loop knows no method's details.
+
+Starting from an image (img2img) is the same loop on the schedule's tail: the tables of the steps
+that run, from the first one the strength leaves (diffusers' get_timesteps on the checkpoint's
+schedule, A1111's setup_img2img_steps on its schedule types), and the image's latents noised to
+that step's level as the sampler's scheduler noises them (x = init_image * latents + init_sigma *
+noise: variance exploding or preserving, by sampler).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ class Tables(NamedTuple):
     timesteps: Any    # (rows,) model timesteps; zero padded to MAX_ROWS in the compiled loop
     input_scale: Any  # (rows,) the model sees input_scale[i] * x
     update: Any       # (rows, 6): a, b, c, n, p, q of row i (see the module docstring)
-    init_sigma: Any   # () the initial latents are init_sigma * unit noise
+    init_sigma: Any   # () the initial latents are init_sigma * unit noise (+ init_image * an image's latents)
+    init_image: Any = np.float32(1.0)  # () an image's latents' share of the initial latents (img2img)
 
 
 # -- the host half: one class per family of samplers ---------------------------------------------
@@ -81,35 +88,62 @@ class Sampler(abc.ABC):
         set_timesteps(steps): float32, unpadded; sigmas in Karras' (variance exploding) terms."""
 
     @abc.abstractmethod
-    def tables(self, steps: int) -> Tables:
-        """Tables for `steps` steps, step_ends(steps)[-1] rows (host, float32, unpadded)."""
+    def tables(self, steps: int, start: int = 0) -> Tables:
+        """Tables for steps `start` to `steps` of a `steps`-step schedule, step_ends(steps - start)[-1]
+        rows (host, float32, unpadded); a multistep method's first step there is first order, as its
+        scheduler makes it after set_begin_index."""
 
-    def kdiffusion_tables(self, steps: int, schedule: str) -> Tables:
-        """Tables for `steps` steps of its k-diffusion function on A1111's Schedule type `schedule`
-        (Uniform, Karras, Exponential, SGM Uniform), on this noise schedule (host, unpadded)."""
+    @abc.abstractmethod
+    def noising(self, steps: int, start: int) -> tuple[float, float]:
+        """(image, noise): how the scheduler puts clean latents at step `start`'s noise level,
+        image * latents + noise * unit noise (diffusers' add_noise at timesteps[start])."""
+
+    def kdiffusion_tables(self, steps: int, schedule: str, start: int = 0) -> Tables:
+        """Tables for steps `start` to `steps` of its k-diffusion function on A1111's Schedule type
+        `schedule` (Uniform, Karras, Exponential, SGM Uniform), on this noise schedule (host,
+        unpadded): the function runs on the sigmas' tail, as A1111's img2img gives it."""
         if self.kdiffusion_method is None:
             raise ValueError(f"{self.name} runs on its own timesteps only, not on Schedule type {schedule}")
         self._check_steps(steps)
         # A1111's training sigmas: its betas in float64 (sgm's LegacyDDPMDiscretization).
         train = sigmas.train_sigmas(sigmas.alphas_cumprod(self.num_train_timesteps, self.beta_start, self.beta_end,
                                                           self.beta_schedule, betas_dtype=np.float64))
-        timesteps, scale, update, init, to_eps = kdiffusion.tables(self.kdiffusion_method, schedule, steps, train)
+        timesteps, scale, update, init, to_eps = kdiffusion.tables(self.kdiffusion_method, schedule, steps, train,
+                                                                   start)
         return Tables(timesteps, scale, self._predicting(update, to_eps).astype(np.float32), init)
+
+    def first_step(self, steps: int, strength: float | None, schedule: str = "Checkpoint") -> int:
+        """The step a call starts at: 0 from noise (strength None), else what an image's denoising
+        strength leaves: diffusers' get_timesteps on the checkpoint's schedule (int(strength *
+        steps) steps, at least one), A1111's setup_img2img_steps on its schedule types (one more)."""
+        if strength is None:
+            return 0
+        if not 0 <= strength <= 1:
+            raise ValueError(f"denoising strength must be between 0 and 1, got {strength}")
+        if schedule == "Checkpoint":
+            return steps - max(1, min(int(steps * strength), steps))
+        return steps - int(min(strength, 0.999) * steps) - 1
 
     # asked for on every request; a few per sampler
     @functools.lru_cache(maxsize=8 * MAX_STEPS)  # noqa: B019 (samplers are few, frozen and live as long as the process)
-    def padded_tables(self, steps: int, schedule: str = "Checkpoint") -> Tables:
+    def padded_tables(self, steps: int, schedule: str = "Checkpoint", strength: float | None = None) -> Tables:
         """The tables padded to MAX_ROWS, as the compiled loop takes them (read-only: shared), on
-        the checkpoint's schedule or A1111's Schedule type `schedule` (resolved: not Automatic)."""
-        t = self.tables(steps) if schedule == "Checkpoint" else self.kdiffusion_tables(steps, schedule)
-        rows = self.step_ends(steps)[-1]
-        assert len(t.update) == rows, (self.name, steps, len(t.update))
+        the checkpoint's schedule or A1111's Schedule type `schedule` (resolved: not Automatic); with
+        a denoising `strength`, of the steps an image's denoising runs (first_step onwards), its
+        latents noised to the first one's level."""
+        start = self.first_step(steps, strength, schedule)
+        t = self.tables(steps, start) if schedule == "Checkpoint" else self.kdiffusion_tables(steps, schedule, start)
+        if strength is not None and schedule == "Checkpoint":
+            image, noise = self.noising(steps, start)
+            t = t._replace(init_image=image, init_sigma=noise)
+        rows = self.step_ends(steps - start)[-1]
+        assert len(t.update) == rows, (self.name, steps, start, len(t.update))
         timesteps, scale = np.zeros(MAX_ROWS, np.float32), np.zeros(MAX_ROWS, np.float32)
         update = np.zeros((MAX_ROWS, 6), np.float32)
         timesteps[:rows], scale[:rows], update[:rows] = t.timesteps, t.input_scale, t.update
         for array in (timesteps, scale, update):
             array.setflags(write=False)
-        return Tables(timesteps, scale, update, np.float32(t.init_sigma))
+        return Tables(timesteps, scale, update, np.float32(t.init_sigma), np.float32(t.init_image))
 
     def alphas_cumprod(self) -> np.ndarray:
         """alpha-bar of each training timestep, float32, as diffusers computes it."""
@@ -118,6 +152,11 @@ class Sampler(abc.ABC):
     def train_sigmas(self) -> np.ndarray:
         """The noise level of each training timestep, float32, as diffusers computes it."""
         return sigmas.train_sigmas(self.alphas_cumprod())
+
+    def _tail(self, t: Tables, start: int) -> Tables:
+        """The rows of steps `start` onwards, for a method whose rows do not depend on the steps before."""
+        first = start * self.rows_per_step
+        return t._replace(timesteps=t.timesteps[first:], input_scale=t.input_scale[first:], update=t.update[first:])
 
     def _predicting(self, update: np.ndarray, to_eps: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Update coefficients for this model's prediction: with eps = u x + v output for a

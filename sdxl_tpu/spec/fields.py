@@ -23,6 +23,8 @@ MAX_STEPS = 50
 # checking and tokenizing 20,000 characters takes at most about 70 ms (bracket soup, the worst case).
 MAX_PROMPT_CHARS = 20_000
 GUIDANCE_RANGE = (0.0, 20.0)
+STRENGTH_RANGE = (0.0, 1.0)  # img2img's denoising strength: 0 keeps the image, 1 all but replaces it
+DEFAULT_STRENGTH = 0.75  # A1111's
 DEFAULT_STYLE = "(No style)"
 
 HISTORY, PASTED = "history", "pasted"  # where a field is kept besides the form: a run's history, pasted parameters

@@ -87,6 +87,8 @@ def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
     if stamp.model_hash:
         settings.append(f"Model hash: {stamp.model_hash}")
     settings.append(f"Model: {stamp.model}")
+    if info.strength is not None:  # from an image (img2img), where A1111 writes it
+        settings.append(f"Denoising strength: {info.strength:g}")
     settings.append(f"RNG: {info.rng}")
     if stamp.loras:
         settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import RequestError
-from .fields import FIELD, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
+from .fields import FIELD, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED, STRENGTH_RANGE
 from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
 from .values import choice_input, number_input, parse_size, prompt_input, schedule_input, seed_input, size_input
 
@@ -29,6 +29,7 @@ class ImageInfo:
     sampler: str | None = None  # None: the pipeline's default (it fills it in)
     schedule: str = DEFAULT_SCHEDULE  # one of names.SCHEDULES
     rng: str = DEFAULT_RNG  # one of names.RNGS: where the noise comes from
+    strength: float | None = None  # img2img's denoising strength; None: from noise
 
 
 @dataclass
@@ -104,16 +105,18 @@ class Request:
     sampler: str | None = None  # by name; None: the pipeline's default
     schedule: str = DEFAULT_SCHEDULE
     rng: str = DEFAULT_RNG
+    strength: float | None = None  # from an image (img2img): its denoising strength
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
            steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
            sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
-           per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS) -> "Request":
+           strength: Any = None, per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS) -> "Request":
         """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
         image); `sizes` and `samplers` are those available (default: all of names.SAMPLERS);
         without `per_image`, lists are refused (a form has one value per field); prompts are at
-        most `max_chars` characters."""
+        most `max_chars` characters; `strength`: a denoising strength from 0 to 1 (img2img), None
+        from noise."""
         def prompt_text(v: Any) -> str:
             text = prompt_input(v, _label("prompt"), max_chars)
             if not text:
@@ -140,7 +143,9 @@ class Request:
             steps=int(number("steps", whole=True)(steps)),
             size=size_input(size, sizes) if sizes is not None else parse_size(size),
             sampler=sampler, schedule=schedule,
-            rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS))
+            rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS),
+            strength=None if strength is None else float(number_input(strength, "Denoising strength",
+                                                                      *STRENGTH_RANGE)))
 
     def images(self, n: int) -> list[ImageInfo]:
         """The request spelled out for `n` images."""
@@ -150,4 +155,5 @@ class Request:
                       per_image(self.negative_prompt, n, _label("negative")),
                       per_image(self.guidance_scale, n, _label("guidance")))
         return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
-                          sampler=self.sampler, schedule=self.schedule, rng=self.rng) for s, p, q, g in columns]
+                          sampler=self.sampler, schedule=self.schedule, rng=self.rng, strength=self.strength)
+                for s, p, q, g in columns]

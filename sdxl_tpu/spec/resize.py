@@ -1,0 +1,76 @@
+"""A starting image (img2img) fitted to a compiled size, by AUTOMATIC1111's resize modes, and the
+compiled size that suits an image best. Plain PIL and numpy: the page, the API and the pipeline
+fit images alike.
+
+    Just resize      stretched to the size (the aspect ratio may change)
+    Crop and resize  scaled to cover the size, centred, the overflow cut off
+    Resize and fill  scaled to fit inside the size, centred, the bands filled by stretching the
+                     image's edge rows or columns (outpainting starts here)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from .errors import RequestError
+
+RESIZE_MODES = ("Just resize", "Crop and resize", "Resize and fill")
+DEFAULT_RESIZE_MODE = RESIZE_MODES[0]  # A1111's
+
+
+def _resized(image: Image.Image, width: int, height: int) -> Image.Image:
+    return image.resize((width, height), resample=Image.Resampling.LANCZOS)
+
+
+def fit_image(image: Any, size: tuple[int, int], mode: str = DEFAULT_RESIZE_MODE) -> Image.Image:
+    """`image` (PIL, or an (H, W, 3) uint8 array) as an RGB image of `size` (width, height), as
+    A1111's images.resize_image fits it (Lanczos; no upscaler model)."""
+    if mode not in RESIZE_MODES:
+        raise RequestError(f"Resize mode must be one of {', '.join(RESIZE_MODES)}, got {mode!r}.")
+    im = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, np.uint8))
+    im = im.convert("RGB")
+    width, height = size
+    if mode == "Just resize" or im.size == (width, height):
+        return _resized(im, width, height) if im.size != (width, height) else im
+    ratio, src_ratio = width / height, im.width / im.height
+    covering = mode == "Crop and resize"
+    # The scaled image's size: covering the target (crop) or inside it (fill), aspect ratio kept.
+    wide = ratio > src_ratio if covering else ratio < src_ratio
+    src_w = width if wide else im.width * height // im.height
+    src_h = height if not wide else im.height * width // im.width
+    resized = _resized(im, src_w, src_h)
+    out = Image.new("RGB", (width, height))
+    out.paste(resized, box=(width // 2 - src_w // 2, height // 2 - src_h // 2))
+    if covering:
+        return out
+    if ratio < src_ratio:  # bands above and below: the first and last rows, stretched
+        fill = height // 2 - src_h // 2
+        if fill > 0:
+            out.paste(resized.resize((width, fill), box=(0, 0, width, 0)), box=(0, 0))
+            out.paste(resized.resize((width, fill), box=(0, resized.height, width, resized.height)),
+                      box=(0, fill + src_h))
+    elif ratio > src_ratio:  # bands left and right: the first and last columns, stretched
+        fill = width // 2 - src_w // 2
+        if fill > 0:
+            out.paste(resized.resize((fill, height), box=(0, 0, 0, height)), box=(0, 0))
+            out.paste(resized.resize((fill, height), box=(resized.width, 0, resized.width, height)),
+                      box=(fill + src_w, 0))
+    return out
+
+
+def image_array(image: Image.Image) -> np.ndarray:
+    """An RGB image as the pipeline takes it: (H, W, 3) uint8."""
+    return np.asarray(image.convert("RGB"), np.uint8)
+
+
+def nearest_size(image_size: tuple[int, int], sizes: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """The compiled size whose aspect ratio is nearest the image's (ratios compared in log terms,
+    so 2:1 and 1:2 are as far from 1:1); among equals, the one nearest in pixel count."""
+    width, height = image_size
+    aspect = np.log(width / height)
+    return min(sizes, key=lambda s: (round(abs(np.log(s[0] / s[1]) - aspect), 6),
+                                     abs(np.log(s[0] * s[1] / (width * height)))))
