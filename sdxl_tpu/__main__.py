@@ -40,12 +40,15 @@ def _build_parser() -> argparse.ArgumentParser:
 def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .generate.compilation import enable_compile_cache
     from .generate.loading import load
-    from .spec.errors import GenerationError
+    from .spec.errors import GenerationError, RequestError
+    from .spec.fields import DEFAULT_STRENGTH
+    from .spec.image_input import decode_image
     from .spec.images import save_png
     from .spec.load import LoadOptions
     from .spec.options import fill_defaults, load_values
     from .spec.recipes import recipe_named, settle
     from .spec.request import Request
+    from .spec.resize import fit_image, image_array
     from .spec.values import schedule_input
     from .weights.errors import CheckpointError
 
@@ -54,9 +57,14 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         args = fill_defaults(parser, args, "generate", given={f.name: pasted.get(f.api) for f in _PASTED})
         recipe = recipe_named(args.preset) if args.preset else None
         s = settle(recipe, sampler=args.sampler, steps=args.steps, guidance=args.guidance, size=args.size)
+        strength = args.strength if args.strength is not None or args.image is None else DEFAULT_STRENGTH
         request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=s["guidance"],
                              steps=s["steps"], size=s["size"], sampler=s["sampler"], schedule=args.schedule,
-                             rng=args.rng)
+                             rng=args.rng, strength=strength)
+        if args.image is None and strength is not None:
+            raise RequestError("--strength applies to a starting image: give --image too.")
+        init_image = None if args.image is None else image_array(fit_image(
+            decode_image(_read(args.image), "--image"), request.size, args.resize_mode))
         options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=[request.size],
                                                                                step_progress=False)
     except ValueError as e:
@@ -69,7 +77,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         pipe = load(options)
         if request.sampler is None:  # the checkpoint's own sampler: its schedule is checked now it is known
             schedule_input(pipe.default_sampler, request.schedule)
-        result = pipe.run(request, images=args.images)
+        result = pipe.run(request, images=args.images, init_image=init_image)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))
     out = Path(args.out)
@@ -104,6 +112,18 @@ def _pasted(text: str | None) -> dict:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return fields
+
+
+def _read(path: str) -> bytes:
+    """A file the person named on the command line (its content decides what it is)."""
+    from .spec.errors import RequestError
+    from .spec.image_input import MAX_BYTES
+
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise RequestError(f"--image {path}: {e.strerror or e}.") from None
 
 
 def _fail(message: str) -> int:

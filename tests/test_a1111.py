@@ -34,7 +34,12 @@ def reference_pipeline(tiny_checkpoint):
     return StableDiffusionXLPipeline.from_pretrained(tiny_checkpoint)
 
 
-def a1111(pipe, steps: int, function: str, schedule: str, n: int = 4, size: tuple[int, int] = (64, 64)) -> np.ndarray:
+def a1111(pipe, steps: int, function: str, schedule: str, n: int = 4, size: tuple[int, int] = (64, 64),
+          image: np.ndarray | None = None, strength: float | None = None) -> np.ndarray:
+    """A1111's txt2img, or with `image` and `strength` its img2img (KDiffusionSampler.sample_img2img:
+    setup_img2img_steps, the sigmas' tail, the image's latents plus noise times its first sigma).
+    A1111 samples the VAE's latent distribution from torch's global generator, unseeded; here that
+    draw comes first from each image's own generator, as our RNG CPU and diffusers draw it."""
     sampling, external = kdiffusion_reference.load()
     width, height = size
     with torch.no_grad():
@@ -59,7 +64,15 @@ def a1111(pipe, steps: int, function: str, schedule: str, n: int = 4, size: tupl
         shape = (pipe.unet.config.in_channels, height // 8, width // 8)
         draw = lambda *_: torch.stack([torch.randn(shape, generator=g) for g in generators])
         extra = {"noise_sampler": draw} if function == "sample_euler_ancestral" else {}
-        latents = getattr(sampling, function)(cfg_denoiser, draw() * sigmas[0], sigmas, disable=True, **extra)
+        start = 0
+        if image is not None:
+            pixels = torch.from_numpy(image.astype(np.float32) / 255.0 * 2 - 1).permute(2, 0, 1)
+            pixels = pixels[None].repeat(n, 1, 1, 1)
+            posterior = pipe.vae.encode(pixels).latent_dist
+            start = pipe.vae.config.scaling_factor * (posterior.mean + posterior.std * draw())
+            t_enc = int(min(strength, 0.999) * steps)
+            sigmas = sigmas[steps - t_enc - 1:]
+        latents = getattr(sampling, function)(cfg_denoiser, start + draw() * sigmas[0], sigmas, disable=True, **extra)
         images = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
     images = torch.clamp((images + 1.0) / 2.0, min=0.0, max=1.0)
     return (255.0 * images.numpy().transpose(0, 2, 3, 1)).astype(np.uint8)
@@ -89,3 +102,20 @@ def test_an_a1111_image_is_reproduced_from_its_parameters(tiny_pipeline, referen
     # The same text without RNG: CPU is JAX's noise, another image (A1111's default GPU noise is not reproduced).
     other = tiny_pipeline.generate(**{**fields, "rng": "JAX"})
     assert psnr(np.stack([np.asarray(im) for im in other.images]), ref) < 30
+
+
+@pytest.mark.parametrize("sampler, steps, strength", [("Euler a", 10, 0.6), ("DPM++ 2M Karras", 12, 0.45)])
+def test_an_a1111_img2img_is_reproduced(tiny_pipeline, reference_pipeline, sampler, steps, strength):
+    """img2img from the same image with A1111's parameters (its schedule type, RNG CPU, Denoising
+    strength): the steps A1111 runs for the strength, on the sigmas' tail, from the image's latents."""
+    settings, function, schedule = CASES[sampler]
+    y, x = np.mgrid[0:64, 0:64]
+    image = np.stack([x * 4, y * 4, 255 - x * 2], -1).astype(np.uint8)
+    text = (f"{PROMPT}\nNegative prompt: {NEGATIVE}\nSteps: {steps}, {settings}, CFG scale: {CFG}, Seed: {SEED}, "
+            f"Size: 64x64, Denoising strength: {strength}, RNG: CPU, Version: v1.10.1")
+    fields, notes = request_fields(parse(text), tiny_pipeline.sizes, list(tiny_pipeline.samplers))
+    result = tiny_pipeline.generate(**fields, image=image, strength=strength)
+    ours = np.stack([np.asarray(im) for im in result.images])
+    value = psnr(ours, a1111(reference_pipeline, steps, function, schedule, image=image, strength=strength))
+    print(f"img2img {sampler}, {steps} steps, strength {strength}: PSNR {value:.1f} dB")
+    assert value >= 40

@@ -242,6 +242,6 @@ def test_the_pipeline_stops_between_steps(tiny_pipeline):
     assert part.seeds == [8, 9]
     for a, b in zip(part.images, full.images[1:3]):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for other in (dict(steps=3), dict(steps=2, sampler="Euler a")):
-        with pytest.raises(ValueError, match="share their size, step count, sampler and schedule"):
+    for other in (dict(steps=3), dict(steps=2, sampler="Euler a"), dict(steps=2, strength=0.5)):
+        with pytest.raises(ValueError, match="share their size, step count, sampler, schedule and denoising strength"):
             tiny_pipeline.run_images([full.infos[0], Request.of("x", seed=1, size=(64, 64), **other).images(1)[0]])

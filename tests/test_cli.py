@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -66,6 +67,33 @@ def test_seed_minus_one_draws_a_random_seed_each_run(main, tmp_path):
         assert len(files) == 4 and all(f"Seed: {f.stem}," in Image.open(f).info["parameters"] for f in files)
         runs.append({int(f.stem) for f in files})
     assert runs[0] != runs[1] and all(0 <= seed < 2**32 for seed in runs[0] | runs[1])
+
+
+def test_generate_from_an_image(main, tmp_path, capsys):
+    """--image/--strength/--resize-mode: img2img from a file, decoded by its content (a PNG named
+    .jpg is a PNG), fitted to the size; its parameters say the strength; bad files and values are
+    one line each, before anything loads."""
+    y, x = np.mgrid[0:48, 0:96]
+    start = tmp_path / "start.jpg"  # (a PNG under another name)
+    Image.fromarray(np.stack([x * 2, y * 5, x + y], -1).astype(np.uint8)).save(start, "PNG")
+    common = ["generate", "a cat", "--seed", "3", "--steps", "4", "--size", "64x64", "--model", "tiny",
+              "--dtype", "float32"]  # (the programs test_seed_minus_one compiles: the session's cache has them)
+    assert main([*common, "--image", str(start), "--strength", "0.5", "--resize-mode", "Crop and resize",
+                 "--out", str(tmp_path / "out")]) == 0
+    image = Image.open(tmp_path / "out" / "3.png")
+    assert image.size == (64, 64) and ", Denoising strength: 0.5, RNG: JAX" in image.info["parameters"]
+    (tmp_path / "page.png").write_bytes(b"<html><script>alert(1)</script></html>")
+    for args, message in [
+        (["--image", str(tmp_path / "page.png")], "error: --image is not a PNG, JPEG or WebP image."),
+        (["--image", str(tmp_path / "missing.png")], "error: --image " + str(tmp_path / "missing.png")
+         + ": No such file or directory."),
+        (["--image", str(start), "--strength", "2"], "error: Denoising strength must be a number between 0 and 1."),
+        (["--strength", "0.5"], "error: --strength applies to a starting image: give --image too."),
+    ]:
+        capsys.readouterr()
+        assert main([*common, *args, "--out", str(tmp_path / "bad")]) == 2, args
+        assert capsys.readouterr().err.strip() == message
+    assert not (tmp_path / "bad").exists()
 
 
 def test_presets_fill_what_is_not_given(main, env, tmp_path):

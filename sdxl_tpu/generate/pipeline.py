@@ -26,7 +26,8 @@ from jax.sharding import Mesh
 from ..sampler.tables import MAX_ROWS, Sampler
 from ..spec.errors import GenerationError, RequestError
 from ..spec.fields import DEFAULT_STRENGTH
-from ..spec.resize import DEFAULT_RESIZE_MODE, fit_image, image_array
+from ..spec.names import DEFAULT_RESIZE_MODE
+from ..spec.resize import fit_image, image_array
 from ..spec.infotext import Stamp
 from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..spec.request import GenerationResult, ImageInfo, Request, guided
@@ -250,6 +251,8 @@ class Pipeline:
                 raise RequestError(f"latents must have shape {shape}, got {latents.shape}.")
             latents = np.concatenate([latents, np.repeat(latents[-1:], self.images_per_call - n, axis=0)])
         if init_images is not None:
+            if latents is not None:
+                raise ValueError("give latents or init_images, not both")
             init_images = np.asarray(init_images)
             if init_images.shape != (n, size[1], size[0], 3) or init_images.dtype != np.uint8:
                 raise ValueError(f"init_images must be uint8 of shape {(n, size[1], size[0], 3)}, got "
@@ -273,16 +276,18 @@ class Pipeline:
             lengths = put(text.lengths)
             context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
                                                  *map(put, text[:4]), lengths, put(text.zero_negative))
+            image, image_seconds = self._zero_latents(size), 0.0
+            if init_images is not None:  # the VAE's sample first, then the noise: diffusers' draw order
+                jax.block_until_ready((context, pooled))  # (timed apart: what an image adds to a call)
+                began = time.perf_counter()
+                image = jax.block_until_ready(programs["encode_image"](
+                    self.params["vae"], put(init_images), seeds, host.draw() if host else self._zero_latents(size),
+                    put(own)))
+                image_seconds = time.perf_counter() - began
             if latents is None:
-                image = self._zero_latents(size)
-                if init_images is not None:  # the VAE's sample first, then the noise: diffusers' draw order
-                    image = programs["encode_image"](self.params["vae"], put(init_images), seeds,
-                                                     host.draw() if host else self._zero_latents(size), put(own))
                 state = programs["noise"](seeds, tables, host.draw() if host else self._zero_latents(size), put(own),
                                           image)
             else:
-                if init_images is not None:
-                    raise ValueError("give latents or init_images, not both")
                 state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
                 state = state._replace(host_noise=put(own))
             jax.block_until_ready((context, pooled, state))
@@ -307,6 +312,8 @@ class Pipeline:
             bad = [infos[i].seed for i in np.flatnonzero(~finite)]
             raise GenerationError(f"the model produced non-finite values (NaN/inf) for seeds {bad}; "
                                   "try float32 or another seed")
-        timings = {"text_encoding": t_text - start, "denoising": t_denoise - t_text,
+        timings = {"text_encoding": t_text - start - image_seconds, "denoising": t_denoise - t_text,
                    "decoding": t_decode - t_denoise, "total": t_decode - start}
+        if init_images is not None:
+            timings["image_encoding"] = image_seconds
         return GenerationResult(images=[Image.fromarray(img) for img in images], infos=infos, timings=timings)

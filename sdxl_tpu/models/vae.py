@@ -1,4 +1,6 @@
-"""The SDXL VAE (diffusers AutoencoderKL), channels-last: decoder for images, encoder for completeness."""
+"""The SDXL VAE (diffusers AutoencoderKL), channels-last: the decoder for images, the encoder for
+images to start from (img2img); above its sample size each works in overlapping tiles, blended as
+diffusers' tiled_decode / tiled_encode blend them, so memory stays bounded at any size."""
 
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ class VAEConfig:
     layers_per_block: int
     norm_num_groups: int
     scaling_factor: float
+    # Images above it are decoded and encoded in tiles of it (diffusers' tile_sample_min_size); a
+    # config without one is taken as SDXL's (1024), not diffusers' class default (32).
+    sample_size: int = 1024
 
     @staticmethod
     def from_dict(cfg: dict[str, Any]) -> "VAEConfig":
@@ -48,7 +53,50 @@ class VAEConfig:
                          latent_channels=cfg.get("latent_channels", 4), block_out_channels=channels,
                          layers_per_block=cfg.get("layers_per_block", 2),
                          norm_num_groups=cfg.get("norm_num_groups", 32),
-                         scaling_factor=cfg.get("scaling_factor", 0.18215))
+                         scaling_factor=cfg.get("scaling_factor", 0.18215),
+                         sample_size=_side(cfg.get("sample_size", 1024)))
+
+
+def _side(sample_size: Any) -> int:
+    """diffusers' sample_size: an int, or (height, width) of which it takes the first."""
+    return int(sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size)
+
+
+TILE_OVERLAP = 0.25  # diffusers' tile_overlap_factor
+
+
+def _blend(a: jax.Array, b: jax.Array, extent: int, axis: int) -> jax.Array:
+    """b's first `extent` rows (axis 1) or columns (axis 2) faded in from a's last ones, linearly
+    (diffusers' blend_v / blend_h)."""
+    extent = min(a.shape[axis], b.shape[axis], extent)
+    if extent <= 0:
+        return b
+    shape = [1, 1, 1, 1]
+    shape[axis] = extent
+    w = (jnp.arange(extent, dtype=jnp.float32) / extent).reshape(shape).astype(b.dtype)
+    head = jax.lax.slice_in_dim(a, a.shape[axis] - extent, a.shape[axis], axis=axis) * (1 - w) + \
+        jax.lax.slice_in_dim(b, 0, extent, axis=axis) * w
+    return jnp.concatenate([head, jax.lax.slice_in_dim(b, extent, b.shape[axis], axis=axis)], axis=axis)
+
+
+def tiled(fn, x: jax.Array, tile_in: int, tile_out: int) -> jax.Array:
+    """fn over x (B, H, W, C) in overlapping tiles of tile_in, each giving tile_out, blended with
+    the tile above and the one to the left (those already blended, as diffusers' loop leaves them)
+    and cut to their stride: diffusers' tiled_decode / tiled_encode, channels-last."""
+    stride, blend = int(tile_in * (1 - TILE_OVERLAP)), int(tile_out * TILE_OVERLAP)
+    keep = tile_out - blend
+    rows = [[fn(x[:, i:i + tile_in, j:j + tile_in]) for j in range(0, x.shape[2], stride)]
+            for i in range(0, x.shape[1], stride)]
+    out = []
+    for i, row in enumerate(rows):
+        for j, tile in enumerate(row):
+            if i > 0:
+                tile = _blend(rows[i - 1][j], tile, blend, axis=1)
+            if j > 0:
+                tile = _blend(row[j - 1], tile, blend, axis=2)
+            row[j] = tile
+        out.append(jnp.concatenate([t[:, :keep, :keep] for t in row], axis=2))
+    return jnp.concatenate(out, axis=1)
 
 
 class MidBlock(nnx.Module):
@@ -132,6 +180,12 @@ class AutoencoderKL(nnx.Module):
         self.decoder = Decoder(c, p)
         self.post_quant_conv = Conv(c.latent_channels, c.latent_channels, p, kernel=1, padding=0)
 
+    @property
+    def tile_sizes(self) -> tuple[int, int]:
+        """(pixels, latents) of a tile: diffusers' tile_sample_min_size and tile_latent_min_size."""
+        pixels = self.config.sample_size
+        return pixels, int(pixels / 2 ** (len(self.config.block_out_channels) - 1))
+
     def decode(self, latents: jax.Array) -> jax.Array:
         """Latents (B, h, w, C) as the UNet produces them -> images (B, H, W, 3) in [-1, 1] (unclipped).
 
@@ -140,8 +194,25 @@ class AutoencoderKL(nnx.Module):
         z = latents / self.config.scaling_factor
         return self.decoder(self.post_quant_conv(z.astype(self.post_quant_conv.dtype or z.dtype)))
 
+    def tiled_decode(self, latents: jax.Array) -> jax.Array:
+        """decode in overlapping tiles (diffusers' tiled_decode, what its enable_tiling does to
+        latents larger than a tile): memory bounded by the tile, whatever the size."""
+        pixels, tile = self.tile_sizes
+        return tiled(self.decode, latents, tile, pixels)
+
     def encode(self, images: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Images (B, H, W, 3) in [-1, 1] -> (mean, logvar) of the latent distribution (unscaled)."""
-        moments = self.quant_conv(self.encoder(images.astype(self.quant_conv.dtype or images.dtype)))
+        return self._distribution(self._moments(images))
+
+    def tiled_encode(self, images: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """encode in overlapping tiles (diffusers' tiled_encode): their moments blended, then split."""
+        pixels, tile = self.tile_sizes
+        return self._distribution(tiled(self._moments, images, pixels, tile))
+
+    def _moments(self, images: jax.Array) -> jax.Array:
+        return self.quant_conv(self.encoder(images.astype(self.quant_conv.dtype or images.dtype)))
+
+    @staticmethod
+    def _distribution(moments: jax.Array) -> tuple[jax.Array, jax.Array]:
         mean, logvar = jnp.split(moments, 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)

@@ -73,11 +73,11 @@ class Job:
 
     @property
     def shape(self) -> tuple:
-        """What a call's images must share: one sampler's tables on one schedule (and whether they
+        """What a call's images must share: one sampler's tables on one schedule and strength (and whether they
         are guided: a call of unguided images runs the UNet on half the batch, so they are not
         mixed with guided ones). The RNG is per image: JAX and CPU noise mix in a call."""
         first = self.infos[0]
-        return first.size, first.steps, first.sampler, first.schedule, guided(self.infos)
+        return first.size, first.steps, first.sampler, first.schedule, first.strength, guided(self.infos)
 
 
 class Batcher:

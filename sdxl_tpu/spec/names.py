@@ -56,3 +56,8 @@ def schedule_used(sampler: str | None, schedule: str) -> str:
 
 __all__ = ["ARCHITECTURES", "DEFAULT_RNG", "DEFAULT_SCHEDULE", "RNGS", "SAMPLERS", "SCHEDULES", "SDXL_BASE",
            "resolve_schedule", "schedule_used"]
+
+
+# How a starting image is fitted to a compiled size (img2img): AUTOMATIC1111's resize modes (resize.py).
+RESIZE_MODES = ("Just resize", "Crop and resize", "Resize and fill")
+DEFAULT_RESIZE_MODE = RESIZE_MODES[0]  # A1111's

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .images import FORMATS
-from .names import ARCHITECTURES, DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+from .names import (ARCHITECTURES, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS,
+                    SCHEDULES)
 from .prompts import DEFAULT_MAX_CHUNKS
 from .recipes import RECIPES
 
@@ -108,6 +109,12 @@ OPTIONS: tuple[Option, ...] = (
     option("--size", RUN, "WIDTHxHEIGHT", shown_default="1024x1024, or the preset's (bench: the architecture's)"),
     option("--images", RUN, "images in one call (the compiled batch is rounded up to the device count)", type=int,
            default=4, loads="images_per_call"),
+    option("--image", ["generate"], "start from this image (img2img): a PNG, JPEG or WebP file, fitted to --size by "
+           "--resize-mode", metavar="FILE"),
+    option("--strength", ["generate"], "denoising strength from --image, 0-1: how much of it is redrawn",
+           type=float, shown_default="0.75 with --image"),
+    option("--resize-mode", ["generate"], "how --image is fitted to --size (AUTOMATIC1111's resize modes)",
+           default=DEFAULT_RESIZE_MODE, choices=list(RESIZE_MODES), metavar="MODE"),
     option("--out", ["generate"], "where the PNGs are written", default="outputs"),
     # --- the model ---
     option("--preset", [*SERVERS, "generate"],

@@ -36,7 +36,8 @@ class ImageInfo:
 class GenerationResult:
     images: list  # PIL.Image.Image
     infos: list[ImageInfo]
-    timings: dict[str, float] = field(default_factory=dict)  # seconds: text_encoding, denoising, decoding, total
+    # seconds: text_encoding, (from an image) image_encoding, denoising, decoding, total
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def seeds(self) -> list[int]:

@@ -17,9 +17,7 @@ import numpy as np
 from PIL import Image
 
 from .errors import RequestError
-
-RESIZE_MODES = ("Just resize", "Crop and resize", "Resize and fill")
-DEFAULT_RESIZE_MODE = RESIZE_MODES[0]  # A1111's
+from .names import DEFAULT_RESIZE_MODE, RESIZE_MODES
 
 
 def _resized(image: Image.Image, width: int, height: int) -> Image.Image:
