@@ -20,6 +20,7 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdxl_tpu.models.layers import Precision  # noqa: E402
+from sdxl_tpu.generate.sampling import TILED_ABOVE  # noqa: E402
 from sdxl_tpu.models.vae import AutoencoderKL, VAEConfig  # noqa: E402
 from sdxl_tpu.weights.architectures import architecture_configs  # noqa: E402
 
@@ -54,6 +55,7 @@ def main() -> None:
         images = jax.ShapeDtypeStruct((1, side, side, 3), jnp.float32)
         call = lambda method: (lambda s, x: getattr(nnx.merge(graph, s), method)(x))
         report["per_image"][f"{side}x{side}"] = {
+            "generator_tiles": side > TILED_ABOVE,
             "decode": planned_bytes(call("decode"), state, latents),
             "tiled_decode": planned_bytes(call("tiled_decode"), state, latents),
             "encode": planned_bytes(call("encode"), state, images),

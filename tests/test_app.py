@@ -763,6 +763,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
     threading.Thread(target=web.run, daemon=True).start()
     server.start()
     try:
+        wait_for(lambda: web.started, 60, "the page's server never started listening")  # (not a navigation too soon)
         with playground_page(f"http://127.0.0.1:{port}", "Loading the model", browser=browser) as page:
             button = page.locator("#generate")
             assert button.inner_text() == "Warming up…" and button.is_disabled()

@@ -19,7 +19,8 @@ assert jax.device_count() == 4, jax.devices()
 pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], images_per_call=3, compile_cache=sys.argv[2],
                      step_progress=False)
 programs = pipe.compiled((64, 64))
-hlo = {name: programs[name].as_text() for name in ("encode", "noise", "denoise", "denoise_unguided", "decode")}
+hlo = {name: programs[name].as_text() for name in ("encode", "encode_image", "noise", "denoise", "denoise_unguided",
+                                                   "decode")}
 COLLECTIVE = r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter|collective-broadcast)\b"
 collectives = {name: sorted(set(re.findall(COLLECTIVE, text))) for name, text in hlo.items()}
 # The check itself can see a collective: a sum over the sharded batch needs one.
@@ -66,7 +67,7 @@ def test_four_devices_match_one_device(tiny_checkpoint, tiny_pipeline, compile_c
     assert report["seeds"] == [11, 12, 13, 14]
     assert report["while_loops"] >= 1  # the step loop stays inside the compiled program
     # Each device makes its own images, conditional and unconditional pass included: no collectives.
-    none = {"encode": [], "noise": [], "denoise": [], "denoise_unguided": [], "decode": []}
+    none = {"encode": [], "encode_image": [], "noise": [], "denoise": [], "denoise_unguided": [], "decode": []}
     assert report["collectives"] == none
     # ... and no host round-trip inside any program (the step loop included).
     assert report["host_transfers"] == none
