@@ -53,7 +53,7 @@ def main() -> None:
     for side in (int(s) for s in args.sizes.split(",")):
         latents = jax.ShapeDtypeStruct((1, side // factor, side // factor, config.latent_channels), jnp.float32)
         images = jax.ShapeDtypeStruct((1, side, side, 3), jnp.float32)
-        call = lambda method: (lambda s, x: getattr(nnx.merge(graph, s), method)(x))
+        call = lambda method: (lambda params, x: getattr(nnx.merge(graph, params), method)(x))
         report["per_image"][f"{side}x{side}"] = {
             "generator_tiles": side > TILED_ABOVE,
             "decode": planned_bytes(call("decode"), state, latents),

@@ -2,6 +2,13 @@ import os
 
 # Tests run on the CPU; a TPU plugin (jax[tpu]) would otherwise log an init error first.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA's CPU backend compiles at LLVM -O1 here, in this process and every server and tool it starts
+# (they inherit the environment): on the tiny model compiling is most of a test's time, and -O1
+# takes 29% less of it than the default while the compiled programs run as fast (measured
+# 2026-12-03: two sizes of the tiny pipeline, 36.9 s -> 26.1 s; 60 steps 2.5 s -> 2.4 s; -O0 took
+# 19.6 s but ran 3x slower). Code generation only: the same arithmetic, so every parity holds.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=1"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402

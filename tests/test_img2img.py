@@ -11,15 +11,11 @@ import torch
 from PIL import Image
 
 from sdxl_tpu.generate.compilation import CompileCounter
+from test_pipeline import psnr
 from sdxl_tpu.spec.errors import RequestError
 from sdxl_tpu.spec.resize import RESIZE_MODES, fit_image, nearest_size
 
 SEED = 40
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
 def picture(width: int = 64, height: int = 64) -> Image.Image:

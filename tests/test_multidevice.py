@@ -55,7 +55,8 @@ print(json.dumps({"images_per_call": pipe.images_per_call, "seeds": result.seeds
 
 
 def test_four_devices_match_one_device(tiny_checkpoint, tiny_pipeline, compile_cache, tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip())
     out = tmp_path / "images.npy"
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_checkpoint), str(compile_cache), str(out)],
                             env=env, capture_output=True, text=True, timeout=900)
@@ -143,7 +144,8 @@ print(json.dumps({"images_per_call": pipe.images_per_call, "calls_alone": calls_
 def test_eight_devices_serve_two_requests_in_one_call(tiny_checkpoint, compile_cache):
     """A host with more chips than a request has images (8 x H200, v5e-8): two waiting requests
     of 4 images share one call, each getting exactly the images it would have got alone."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip())
     result = subprocess.run([sys.executable, "-c", BATCHING, str(tiny_checkpoint), str(compile_cache)],
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]

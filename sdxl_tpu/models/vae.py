@@ -1,6 +1,6 @@
 """The SDXL VAE (diffusers AutoencoderKL), channels-last: the decoder for images, the encoder for
-images to start from (img2img); above its sample size each works in overlapping tiles, blended as
-diffusers' tiled_decode / tiled_encode blend them, so memory stays bounded at any size."""
+images to start from (img2img), each also in overlapping tiles of the sample size, blended as
+diffusers' tiled_decode / tiled_encode blend them (the generator tiles large images)."""
 
 from __future__ import annotations
 
