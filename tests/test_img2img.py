@@ -76,6 +76,12 @@ def test_strength_reaches_the_steps_run_and_the_parameters(tiny_pipeline):
     tiny_pipeline.generate("a cat", seed=1, steps=10, size=(64, 64), image=picture(), strength=0.3,
                            schedule="Karras", progress=lambda step, steps: seen.append((step, steps)))
     assert seen[-1] == (4, 4)  # one more on A1111's schedule types, as A1111 runs them
+    # Previews follow the steps that run: every step but the last of the three.
+    previews = []
+    tiny_pipeline.run(tiny_pipeline.request("a cat", seed=1, steps=10, size=(64, 64), strength=0.3),
+                      init_image=np.asarray(picture()), preview_every=1,
+                      preview=lambda step, steps, images: previews.append((step, steps, len(images))))
+    assert previews == [(1, 3, 4), (2, 3, 4)]
     from sdxl_tpu.spec.infotext import parameters_text
 
     assert "Denoising strength: 0.3" in parameters_text(result.infos[0], "tiny")

@@ -296,10 +296,10 @@ class Pipeline:
             denoise = programs["denoise" if guided(infos) else "denoise_unguided"]
             if self.stepwise:
                 on_device = partial(programs["preview"], self.params["taesd"]) if "preview" in programs else None
+                previews = Previews(on_device, n, len(step_ends), preview, preview_every)  # (the steps that run)
                 state = denoise_stepwise(lambda s, i: denoise(self.params["unet"], s, *conditioning,
                                                               self._step_index[i]),
-                                         state, step_ends, host, Previews(on_device, n, steps, preview, preview_every),
-                                         progress, stop)
+                                         state, step_ends, host, previews, progress, stop)
             else:
                 state = denoise_fused(lambda s, first, end: denoise(self.params["unet"], s, *conditioning,
                                                                     np.array([first, end], np.int32)),
