@@ -26,11 +26,11 @@ from jax.sharding import Mesh
 from ..sampler.tables import MAX_ROWS, Sampler
 from ..spec.errors import GenerationError, RequestError
 from ..spec.fields import DEFAULT_STRENGTH
-from ..spec.names import DEFAULT_RESIZE_MODE
-from ..spec.resize import fit_image, image_array
 from ..spec.infotext import Stamp
+from ..spec.names import DEFAULT_RESIZE_MODE
 from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..spec.request import GenerationResult, ImageInfo, Request, guided
+from ..spec.resize import fit_image, image_array
 from ..spec.values import format_size, not_a_choice, parse_size, schedule_input, size_input
 from ..weights.checkpoint import Models
 from . import sampling
@@ -129,6 +129,10 @@ class Pipeline:
         and the image latents of a call from noise."""
         shape = (self.images_per_call, *self.layout.latent_shape(size))
         return jax.device_put(np.zeros(shape, np.float32), self.batch_sharding)
+
+    def _filled(self, per_image: np.ndarray) -> np.ndarray:
+        """A call's per-image array, its free slots of the compiled batch filled with the last image's."""
+        return np.concatenate([per_image, np.repeat(per_image[-1:], self.images_per_call - len(per_image), axis=0)])
 
     def is_compiled(self, size: tuple[int, int]) -> bool:
         return size in self._compiled
@@ -249,7 +253,7 @@ class Pipeline:
             latents = np.asarray(latents, np.float32)
             if latents.shape != shape:
                 raise RequestError(f"latents must have shape {shape}, got {latents.shape}.")
-            latents = np.concatenate([latents, np.repeat(latents[-1:], self.images_per_call - n, axis=0)])
+            latents = self._filled(latents)
         if init_images is not None:
             if latents is not None:
                 raise ValueError("give latents or init_images, not both")
@@ -257,7 +261,7 @@ class Pipeline:
             if init_images.shape != (n, size[1], size[0], 3) or init_images.dtype != np.uint8:
                 raise ValueError(f"init_images must be uint8 of shape {(n, size[1], size[0], 3)}, got "
                                  f"{init_images.dtype} {init_images.shape}")
-            init_images = np.concatenate([init_images, np.repeat(init_images[-1:], self.images_per_call - n, axis=0)])
+            init_images = self._filled(init_images)
         put = lambda x: jax.device_put(x, self.batch_sharding)
         sampler = self.samplers[name]
         host_tables = sampler.padded_tables(steps, schedule, strength)

@@ -98,13 +98,18 @@ def _encode(s: _Shapes, graphs, params):
         params["text_encoder"], params["text_encoder_2"], s.ids, s.ids, s.weights, s.weights, s.lengths, s.flags)
 
 
+def _unit_noise(seeds, host, use_host, shape: tuple[int, int, int], stream: int | None = None) -> jax.Array:
+    """Each image's unit noise: the host's where it draws its own (RNG CPU), else JAX's from its seed."""
+    return jnp.where(use_host[:, None, None, None], host, sampling.get_noise(seeds, *shape, stream=stream))
+
+
 def _noise(s: _Shapes, graphs, params):
     """JAX's initial noise, or the host's for the images that draw their own (RNG CPU), and the
     images' latents it noises (img2img; zeros from noise alone)."""
     h, w, c = s.layout.latent_shape(s.size)
 
     def fn(seeds, tables, host, use_host, image):
-        noise = jnp.where(use_host[:, None, None, None], host, sampling.get_noise(seeds, h, w, c))
+        noise = _unit_noise(seeds, host, use_host, (h, w, c))
         return update.init(noise, seeds, tables, image)._replace(host_noise=use_host)
 
     bat = P(BATCH)
@@ -117,8 +122,7 @@ def _encode_image(s: _Shapes, graphs, params):
     vae, (h, w, c), bat = _network(graphs, "vae"), s.layout.latent_shape(s.size), P(BATCH)
 
     def fn(p, images, seeds, host, use_host):
-        noise = jnp.where(use_host[:, None, None, None], host,
-                          sampling.get_noise(seeds, h, w, c, stream=sampling.ENCODE_STREAM))
+        noise = _unit_noise(seeds, host, use_host, (h, w, c), stream=sampling.ENCODE_STREAM)
         return sampling.encode_image(vae(p), images, noise)
 
     return shard(s.layout.mesh, fn, (P(), bat, bat, bat, bat), bat), (params["vae"], s.images, s.seeds, s.latents,

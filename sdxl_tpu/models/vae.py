@@ -35,8 +35,8 @@ class VAEConfig:
     layers_per_block: int
     norm_num_groups: int
     scaling_factor: float
-    # Images above it are decoded and encoded in tiles of it (diffusers' tile_sample_min_size); a
-    # config without one is taken as SDXL's (1024), not diffusers' class default (32).
+    # The side of a tile in tiled_decode / tiled_encode (diffusers' tile_sample_min_size); a config
+    # without one is taken as SDXL's (1024), not diffusers' class default (32).
     sample_size: int = 1024
 
     @staticmethod
