@@ -77,7 +77,7 @@ def random_model(factory, seed: int = 0, views: bool = False) -> torch.nn.Module
             if p.ndim == 1:  # small tensors: shifted and scaled, then rounded to float16
                 p.mul_(0.1).add_(1.0 if name.endswith("weight") else 0.0)
                 p.copy_(p.half())
-        for module_name, module in model.named_modules():
+        for module in model.modules():
             for name, b in list(module.named_buffers(recurse=False)):
                 if b.is_meta:
                     b = torch.empty(b.shape, dtype=b.dtype)
