@@ -32,20 +32,20 @@ def random_model(factory, seed: int = 0, views: bool = False) -> torch.nn.Module
     are exactly representable in float16, so a float16 checkpoint of it equals it.
 
     Weights ~ N(0, ~1/fan_in); 1-D weights near one and biases near zero, perturbed. Values are
-    slices, at random offsets, of one pool of 2^24 (views: 2^25) normal draws: drawing SDXL's 2.6 G parameters
-    one by one took half a minute, copying takes seconds; each tensor's values are still i.i.d.
-    The pool holds float16 values of magnitude 2^-6 or more (smaller draws are zero), and a weight
-    matrix is the pool times the power of two nearest 1/sqrt(fan_in): exact in float16 without a
-    rounding pass over the model.
+    slices, at random offsets, of one pool of 2^24 normal draws (views: 2^25): drawing SDXL's 2.6 G
+    parameters one by one took half a minute, copying takes seconds; each tensor's values are
+    still i.i.d. The pool holds float16 values of magnitude 2^-6 or more (smaller draws are zero),
+    and a weight matrix is the pool times the power of two nearest 1/sqrt(fan_in): exact in
+    float16 without a rounding pass over the model.
 
     views=True: each weight matrix *is* its slice of the pool (scaled once per power of two), a
-    view, not a copy: SDXL's UNet then holds some 0.6 GB, not 10 GB, which on a 2-core machine
-    took 40 s just to fault in (2026-12-04). For a forward pass and a state dict read tensor by
-    tensor; not for save_pretrained, which refuses tensors that share memory.
+    view, not a copy: SDXL's UNet then holds some 0.6 GB, not 10 GB, which on a 2-core VM took 40 s
+    just to page in (2026-12-04). For a forward pass and a state dict read tensor by tensor; not for
+    save_pretrained, which refuses tensors that share memory.
     """
     with torch.device("meta"):
         model = factory()
-    model = model.to_empty(device="meta" if views else "cpu")
+    model = model.to_empty(device="cpu")  # (allocated, not touched: views=True replaces the weights)
     gen = torch.Generator().manual_seed(seed)
     # (views: a pool longer than the largest tensor, an up block's 3x3 convolution of 29.5 M)
     pool = torch.randn(1 << (25 if views else 24), generator=gen).half().float()
@@ -60,14 +60,12 @@ def random_model(factory, seed: int = 0, views: bool = False) -> torch.nn.Module
                 assert p.numel() <= pool.numel(), name
                 if scale not in scaled:
                     scaled[scale] = pool * scale
-                source = scaled[scale]
                 offset = int(torch.randint(0, pool.numel() - p.numel() + 1, (), generator=gen))
-                value = source[offset:offset + p.numel()].view(p.shape)
-                if p.ndim == 1:  # (small: a copy of its own, shifted and scaled below)
-                    value = value.clone()
-                module_name, _, attr = name.rpartition(".")
-                p = torch.nn.Parameter(value, requires_grad=False)
-                setattr(model.get_submodule(module_name), attr, p)
+                value = scaled[scale][offset:offset + p.numel()].view(p.shape)
+                module, _, attr = name.rpartition(".")
+                # (a 1-D tensor gets a copy of its own: it is shifted and scaled below)
+                p = torch.nn.Parameter(value.clone() if p.ndim == 1 else value, requires_grad=False)
+                setattr(model.get_submodule(module), attr, p)
             else:
                 flat = p.view(-1)
                 for start in range(0, flat.numel(), pool.numel()):
@@ -77,14 +75,9 @@ def random_model(factory, seed: int = 0, views: bool = False) -> torch.nn.Module
             if p.ndim == 1:  # small tensors: shifted and scaled, then rounded to float16
                 p.mul_(0.1).add_(1.0 if name.endswith("weight") else 0.0)
                 p.copy_(p.half())
-        for module in model.modules():
-            for name, b in list(module.named_buffers(recurse=False)):
-                if b.is_meta:
-                    b = torch.empty(b.shape, dtype=b.dtype)
-                    setattr(module, name, b)
-                if name.endswith("position_ids"):
-                    b.copy_(torch.arange(b.shape[-1]).expand_as(b))
-    assert not any(t.is_meta for t in model.state_dict().values())  # (none tied, none missed)
+        for name, b in model.named_buffers():
+            if name.endswith("position_ids"):
+                b.copy_(torch.arange(b.shape[-1]).expand_as(b))
     return model.eval()
 
 

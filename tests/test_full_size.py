@@ -81,8 +81,8 @@ def _save_fp16_and_free(model: torch.nn.Module, directory) -> None:
 
 class StateDictSource:
     """A PyTorch state dict as the loader's tensor source (what a safetensors file would give):
-    the UNet's weights need not go through the disk and back (their 10 GB in float32, written
-    out of views of a shared pool). Each tensor is handed over once and dropped here."""
+    the UNet's 10 GB of float32 weights need not go through the disk and back. Each tensor is
+    handed over once and dropped here."""
 
     files = ["state dict in memory"]
 
