@@ -280,28 +280,6 @@ def test_compile_counter_counts():
     assert counter.compiles >= 1 and counter.traces >= 1
 
 
-RESTART = """
-import sys
-from sdxl_tpu import CompileCounter, load_pipeline
-with CompileCounter() as counter:
-    load_pipeline(sys.argv[1], dtype="float32", sizes=((64, 64), (96, 64)), compile_cache=sys.argv[2])
-print(counter.cache_hits, counter.cache_misses)
-"""
-
-
-def test_a_restart_reuses_compiled_programs_from_the_persistent_cache(tiny_checkpoint, tiny_pipeline, compile_cache):
-    import os
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-c", RESTART, str(tiny_checkpoint), str(compile_cache)],
-                            capture_output=True, text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    hits, misses = map(int, result.stdout.split()[-2:])
-    print(f"restart: {hits} programs from the cache, {misses} compiled")
-    assert misses == 0 and hits >= 9  # encode + (noise, init, denoise, decode) per size
-
-
 def test_noise_sources_mix_in_a_call_each_image_its_own(tiny_pipeline):
     """Images of RNG CPU and RNG JAX in one call (the batcher packs requests that differ only in
     it): each comes out as in a call of its own kind, ancestral step noise included."""

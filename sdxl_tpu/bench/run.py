@@ -24,6 +24,7 @@ from flax import nnx
 from ..generate.compilation import enable_compile_cache
 from ..generate.loading import compute_dtype_for, load
 from ..generate.pipeline import Pipeline
+from ..generate.stored_programs import ProgramStore
 from ..models.layers import Precision
 from ..models.taesd import AutoencoderTiny, TAESDConfig
 from ..spec.load import LoadOptions
@@ -76,18 +77,22 @@ def measured_configs(args: argparse.Namespace) -> dict[str, Any]:
     return {name: dict(read_json(root / name / "config.json")) for name in ("unet", "vae")}
 
 
-def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False) -> Pipeline:
-    """The pipeline measured (stepwise with previews when `step_progress`), compiled on first use."""
+def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False, compile_cache: str | None = None
+                   ) -> Pipeline:
+    """The pipeline measured (stepwise with previews when `step_progress`), compiled on first use,
+    its programs kept in `compile_cache` when given (as a server keeps them)."""
     if args.load is not None:  # the app's own loader: the checkpoint's scheduler, tokenizers and settings
         return load(args.load.replace(step_progress=step_progress,
-                                      preview=args.load.preview if step_progress else "approx"), warmup=False)
+                                      preview=args.load.preview if step_progress else "approx"), warmup=False,
+                    compile_cache=compile_cache)
     precision = Precision.of(compute_dtype_for(args.dtype, args.compute_dtype), args.dtype, attention=args.attention)
     taesd = None
     if step_progress and args.preview != "approx":  # taesdxl's architecture, random weights
         taesd = load_taesd(args.preview, precision) if os.path.isdir(args.preview) else random_fill(
             nnx.eval_shape(lambda: AutoencoderTiny(TAESDConfig(), precision)), seed=4)
     return random_pipeline(args.architecture, precision, sizes=[args.size], images_per_call=args.images,
-                           step_progress=step_progress, preview_decoder=taesd)
+                           step_progress=step_progress, preview_decoder=taesd,
+                           program_store=ProgramStore.beside(compile_cache))
 
 
 def _memory(programs: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +148,7 @@ def warm_compile_argv(args: argparse.Namespace, cache: str) -> list[str]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     cache = args.compile_cache or tempfile.mkdtemp(prefix="sdxl-bench-jax-cache-")
     enable_compile_cache(cache)
-    pipe = build_pipeline(args)
+    pipe = build_pipeline(args, compile_cache=cache)
     start = time.perf_counter()
     pipe.warmup()
     compile_s = time.perf_counter() - start
@@ -262,7 +267,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"cold compile      {r['cold_compile_s']:.1f} s",
     ]
     if "warm_compile_s" in r:
-        lines.append(f"warm compile      {r['warm_compile_s']:.1f} s (second process, persistent cache)")
+        lines.append(f"warm compile      {r['warm_compile_s']:.1f} s (second process: stored programs)")
     lines += [
         f"latency per call  median {lat['median']:.3f} s, min {lat['min']:.3f} s, max {lat['max']:.3f} s "
         f"({lat['runs']} runs)",

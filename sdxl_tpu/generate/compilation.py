@@ -3,10 +3,12 @@ recompiles."""
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.util
 import logging
 import os
+import threading
 from pathlib import Path
 
 import jax
@@ -56,6 +58,26 @@ def enable_compile_cache(directory: str | os.PathLike | None) -> None:
     # JAX decides once per process, at its first compile, whether and where to cache: without a
     # reset, anything compiled before this call (or an earlier directory) would win.
     compilation_cache.reset_cache()
+
+
+_this_thread = threading.local()
+
+
+@functools.cache
+def _listen_for_cache_hits() -> None:
+    def hit(event: str, **kwargs) -> None:
+        if event == _CACHE_HITS:  # (recorded in the thread that compiles)
+            _this_thread.cache_hits = getattr(_this_thread, "cache_hits", 0) + 1
+
+    jax.monitoring.register_event_listener(hit)
+
+
+def compile_lowered(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, bool]:
+    """`lowered` compiled, and whether XLA compiled it (False: JAX's persistent cache had it)."""
+    _listen_for_cache_hits()
+    before = getattr(_this_thread, "cache_hits", 0)
+    compiled = lowered.compile()
+    return compiled, getattr(_this_thread, "cache_hits", 0) == before
 
 
 class CompileCounter:

@@ -18,6 +18,7 @@ from ..weights.checkpoint import config_root, is_single_file, load_models
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
 from .compilation import enable_compile_cache
+from .stored_programs import ProgramStore
 from .pipeline import Pipeline
 
 
@@ -35,16 +36,19 @@ def load_pipeline(model: str | os.PathLike, *, warmup: bool = True, devices: Seq
     to load: the model, sizes, dtype, LoRAs, ...; see spec/load.py). With `warmup` every size is
     compiled before this returns; requests for other sizes are refused rather than compiled.
     `devices`: those the pipeline is replicated on (default: all). `compile_cache`, if given, is set
-    as the process-wide JAX persistent compilation cache (entry points usually set it once themselves)."""
+    as the process-wide JAX persistent compilation cache (entry points usually set it once themselves)
+    and holds the pipeline's compiled programs (stored_programs.py)."""
     if compile_cache is not None:
         enable_compile_cache(compile_cache)
-    return load(LoadOptions(model=model, **options), warmup=warmup, devices=devices)
+    return load(LoadOptions(model=model, **options), warmup=warmup, devices=devices, compile_cache=compile_cache)
 
 
-def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Device] | None = None) -> Pipeline:
+def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Device] | None = None,
+         compile_cache: str | os.PathLike | None = None) -> Pipeline:
     """The Pipeline `options` describe: its weights (a preview decoder first: one that cannot be
     had is refused before minutes of loading), tokenizers, samplers and the names its images'
-    parameters carry; compiled for every size with `warmup`."""
+    parameters carry; compiled for every size with `warmup`, its programs kept in (and loaded
+    from) `compile_cache`'s directory when given."""
     o = options
     taesd = None
     if o.preview != "approx":
@@ -74,7 +78,7 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Dev
                     images_per_call=o.images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
                     step_progress=o.step_progress, preview_decoder=taesd, max_prompt_chunks=o.max_prompt_chunks,
-                    stamp=stamp)
+                    stamp=stamp, program_store=ProgramStore.beside(compile_cache))
     if warmup:
         pipe.warmup()
     return pipe

@@ -34,7 +34,7 @@ def prepare_process(settings: Settings) -> None:
 
 def load_and_compile_first(settings: Settings) -> Pipeline:
     """The pipeline of `settings`, compiled for its first size (the others follow in the background)."""
-    pipe = load(settings.load, warmup=False)
+    pipe = load(settings.load, warmup=False, compile_cache=settings.compile_cache)
     pipe.warmup(pipe.sizes[:1])
     return pipe
 

@@ -155,10 +155,11 @@ OPTIONS: tuple[Option, ...] = (
            shown_default="--dtype, but float32 on a CPU", loads="compute_dtype"),
     option("--attention", MODEL, "attention kernel: auto (the best per platform) or xla", env="SDXL_TPU_ATTENTION",
            default="auto", choices=("auto", "xla"), loads="attention"),
-    option("--compile-cache", [*SERVERS, "generate"], "JAX's persistent compilation cache directory (a restart "
-           "reuses compiled programs); '' for none", env="SDXL_TPU_COMPILE_CACHE", default=DEFAULT_COMPILE_CACHE,
+    option("--compile-cache", [*SERVERS, "generate"], "JAX's persistent compilation cache directory, with each "
+           "size's compiled programs stored in it (a restart loads them untraced); '' for none",
+           env="SDXL_TPU_COMPILE_CACHE", default=DEFAULT_COMPILE_CACHE,
            shown_default="~/.cache/sdxl_tpu/jax"),
-    option("--compile-cache", ["bench"], "JAX's persistent compilation cache directory",
+    option("--compile-cache", ["bench"], "JAX's persistent compilation cache directory, with the stored programs",
            shown_default="a fresh directory, so compiles are cold"),
     option("--max-prompt-chunks", SERVERS,
            f"the longest prompt, in chunks of 75 tokens as A1111 splits them ({DEFAULT_MAX_CHUNKS}: 225 tokens); "

@@ -1,0 +1,128 @@
+"""Compiled programs kept on disk and loaded without tracing, so a restarted server or a new
+replica is ready in the time it takes to read them: JAX's persistent cache alone still traces
+every program in Python before it is asked (about 2.6 s a size on the tiny model on a CPU).
+
+They live beside JAX's cache (`<compile cache>/programs/`), one file per program, named by a hash
+of everything that would make a stored program wrong for this process: the program and its size,
+the pipeline's layout, the abstract arguments (shapes, dtypes, shardings), the networks' graphs
+with their static attributes (configs, dtypes, the attention kernel), this package's source, the
+jax, jaxlib and flax versions, the platform, the devices (kind and ids) and XLA's flags. Weights
+are arguments, not part of a program: checkpoints of one architecture share the programs.
+Anything wrong with an entry (absent, truncated, corrupt, made for other devices) is a miss:
+the program is compiled as before and stored again. Entries are pickles (as JAX's cache holds
+executables): the directory must be as trusted as the code, like the cache it sits in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+from jax.experimental.serialize_executable import deserialize_and_load, serialize
+
+FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
+SUBDIRECTORY = "programs"
+_PACKAGE = Path(__file__).resolve().parents[1]
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # (object addresses differ from process to process)
+log = logging.getLogger("sdxl_tpu")
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(_ADDRESS.sub("", repr(parts)).encode()).hexdigest()
+
+
+@functools.cache
+def _process_fingerprint() -> str:
+    """What every program of this process depends on besides its pipeline: code, versions, flags."""
+    import flax
+    import jaxlib
+
+    source = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        source.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes())
+    client = jax.devices()[0].client
+    return _digest(source.hexdigest(), jax.__version__, jaxlib.__version__, flax.__version__, client.platform,
+                   client.platform_version, os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
+                   jax.config.jax_enable_x64, str(jax.config.jax_default_matmul_precision))
+
+
+def graphs_fingerprint(graphs: Mapping[str, Any]) -> str:
+    """The networks' graphs, static attributes included (nnx GraphDefs: nodes and attributes)."""
+    return _digest(sorted((name, repr(g.nodes), repr(g.attributes)) for name, g in graphs.items()))
+
+
+class ProgramStore:
+    """Compiled programs in `directory`, by key (see the module's docstring)."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+
+    @classmethod
+    def beside(cls, compile_cache: str | os.PathLike | None) -> ProgramStore | None:
+        """The store kept in a persistent compilation cache's directory (None: no cache, no store)."""
+        return None if compile_cache is None else cls(Path(compile_cache) / SUBDIRECTORY)
+
+    def key(self, name: str, size: tuple[int, int] | None, layout: Any, args: Sequence[Any], graphs: str) -> str:
+        """The key of program `name` for `size` (None: one for every size), built for `layout` (a
+        programs.Layout), lowered with `args` from graphs with fingerprint `graphs`."""
+        devices = [(d.platform, d.device_kind, d.id, d.process_index) for d in layout.mesh.devices.flat]
+        fields = {f.name: getattr(layout, f.name) for f in dataclasses.fields(layout) if f.name != "mesh"}
+        shapes = [f"{a.shape} {a.dtype} {getattr(a.sharding, 'spec', a.sharding)}" for a in jax.tree.leaves(args)]
+        return _digest(FORMAT, _process_fingerprint(), graphs, name, size, fields, devices, layout.mesh.axis_names,
+                       jax.tree.structure(args), shapes)
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.pkl"
+
+    def load(self, key: str, args: Sequence[Any], devices: Sequence[jax.Device]) -> jax.stages.Compiled | None:
+        """The stored program of `key`, loaded onto `devices`; None (a miss) if there is none or it
+        cannot be used, which is logged."""
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("stored program %s unreadable (%s): compiling it afresh", path, e)
+            return None
+        try:
+            entry = pickle.loads(data)  # noqa: S301 (a directory as trusted as the code: see above)
+            if not (isinstance(entry, dict) and entry.get("format") == FORMAT and entry.get("key") == key):
+                raise ValueError("not an entry of this format and key")
+            if entry["in_tree"] != jax.tree.structure((tuple(args), {})):
+                raise ValueError("made for other arguments")
+            return deserialize_and_load(entry["executable"], entry["in_tree"], entry["out_tree"],
+                                        backend=devices[0].client, execution_devices=list(devices))
+        except Exception as e:  # noqa: BLE001 (truncated, corrupt, other devices: all a miss)
+            log.warning("stored program %s cannot be used (%s: %s): compiling it afresh", path.name,
+                        type(e).__name__, str(e)[:200])
+            return None
+
+    def save(self, key: str, compiled: jax.stages.Compiled) -> None:
+        """Store `compiled` under `key` (atomically: a reader sees a whole entry or none); a failure
+        is logged, never raised: the program is in memory either way."""
+        try:
+            executable, in_tree, out_tree = serialize(compiled)
+            data = pickle.dumps({"format": FORMAT, "key": key, "executable": executable, "in_tree": in_tree,
+                                 "out_tree": out_tree}, protocol=pickle.HIGHEST_PROTOCOL)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".writing-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, self._path(key))
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except Exception as e:  # noqa: BLE001 (a full disk, a backend without serialization)
+            log.warning("could not store a compiled program in %s (%s: %s)", self.directory, type(e).__name__, e)

@@ -1,0 +1,135 @@
+"""Compiled programs stored beside the compilation cache and loaded untraced on a restart
+(stored_programs.py): nothing traced or compiled, the same images, and any unusable entry a
+logged miss, never a crash."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from sdxl_tpu.generate.programs import program
+from sdxl_tpu.generate.stored_programs import ProgramStore, graphs_fingerprint
+
+REQUEST = dict(prompt="a red chair", negative_prompt="blurry", seed=7, steps=3, size=(64, 64))
+
+RESTART = """
+import json, logging, sys
+import numpy as np
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from sdxl_tpu import CompileCounter, load_pipeline
+with CompileCounter() as counter:
+    pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], compile_cache=sys.argv[2])
+compiled = {"compiles": counter.compiles, "cache_hits": counter.cache_hits, "cache_misses": counter.cache_misses}
+result = pipe.generate(**json.loads(sys.argv[4]))
+np.save(sys.argv[3], np.stack([np.asarray(im) for im in result.images]))
+print(json.dumps(compiled))
+"""
+
+
+def test_a_restart_loads_the_stored_programs_untraced_and_jax_cache_hits_are_not_stored(tiny_checkpoint, tmp_path):
+    """Three starts: on an empty cache every program compiles and is stored; the second loads them
+    all without asking XLA or JAX's cache for any; the third, the stored programs removed, has
+    them from JAX's cache and stores none (XLA's CPU client cannot serialize what it deserialized:
+    such entries failed when run, "Function ... not found"). The same images all three times."""
+    cache, store = tmp_path / "cache", tmp_path / "cache" / "programs"
+    counts, log = _start(tiny_checkpoint, cache, tmp_path / "cold.npy")
+    assert counts["compiles"] == 7 and counts["cache_hits"] == 0, log[-3000:]
+    assert f"64x64: 0 programs loaded from {store}, 7 compiled and stored, 0 from JAX's cache" in log
+    assert len(list(store.iterdir())) == 7
+
+    counts, log = _start(tiny_checkpoint, cache, tmp_path / "stored.npy")
+    assert counts == {"compiles": 0, "cache_hits": 0, "cache_misses": 0}, log[-3000:]
+    assert f"64x64: 7 programs loaded from {store}, 0 compiled and stored, 0 from JAX's cache" in log
+
+    shutil.rmtree(store)
+    counts, log = _start(tiny_checkpoint, cache, tmp_path / "jax-cache.npy")
+    assert counts["cache_hits"] == 7 and counts["cache_misses"] == 0, log[-3000:]
+    assert "64x64: 0 programs loaded from" in log and "0 compiled and stored, 7 from JAX's cache (not stored)" in log
+    assert not store.exists()
+    for run in ("stored", "jax-cache"):
+        np.testing.assert_array_equal(np.load(tmp_path / f"{run}.npy"), np.load(tmp_path / "cold.npy"))
+
+
+def _start(checkpoint, cache, out) -> tuple[dict[str, int], str]:
+    result = subprocess.run([sys.executable, "-c", RESTART, str(checkpoint), str(cache), str(out),
+                             json.dumps(REQUEST)], capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def test_an_unusable_entry_is_a_logged_miss_and_a_stored_one_runs_as_compiled(tiny_pipeline, tmp_path, caplog):
+    """The smallest program at a size nothing else compiles (so XLA compiles it here, not JAX's cache)."""
+    pipe, devices, size = tiny_pipeline, list(tiny_pipeline.mesh.devices.flat), (80, 64)
+    fn, args = program("init", pipe.layout, size, pipe.graphs, pipe.params)
+    compiled = fn.lower(*args).compile()
+    concrete = jax.tree.map(lambda a: jax.device_put(np.full(a.shape, 0.5, a.dtype), a.sharding), args)
+    store = ProgramStore(tmp_path / "programs")
+    key = store.key("init", size, pipe.layout, args, graphs_fingerprint(pipe.graphs))
+    assert store.load(key, args, devices) is None and not caplog.records  # absent: a silent miss
+
+    store.save(key, compiled)
+    assert [p.name for p in store.directory.iterdir()] == [f"{key}.pkl"]  # (no temporary file left)
+    whole = (store.directory / f"{key}.pkl").read_bytes()
+    other = pickle.loads(whole) | {"key": "0" * 64}  # a whole entry, of another key
+    for what, data in {"empty": b"", "truncated": whole[: len(whole) // 2], "garbage": os.urandom(4096),
+                       "another key's entry": pickle.dumps(other), "another format": b"\x80\x04K\x01."}.items():
+        caplog.clear()
+        (store.directory / f"{key}.pkl").write_bytes(data)
+        with caplog.at_level(logging.WARNING, logger="sdxl_tpu"):
+            assert store.load(key, args, devices) is None, what
+        assert "cannot be used" in caplog.text and "compiling it afresh" in caplog.text, what
+
+    store.save(key, compiled)  # over the bad entry, atomically
+    loaded = store.load(key, args, devices)
+    for a, b in zip(jax.tree.leaves(loaded(*concrete)), jax.tree.leaves(compiled(*concrete)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    # A store that cannot be written (its directory is a file) is logged, and nothing else happens.
+    (tmp_path / "a-file").write_text("")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sdxl_tpu"):
+        ProgramStore(tmp_path / "a-file").save(key, compiled)
+    assert "could not store a compiled program" in caplog.text
+
+
+def test_the_key_changes_with_what_a_program_depends_on(tiny_pipeline):
+    pipe = tiny_pipeline
+    store, graphs = ProgramStore("unused"), graphs_fingerprint(pipe.graphs)
+
+    def key(name="denoise", size=(64, 64), layout=pipe.layout, graphs=graphs):
+        return store.key(name, size, layout, program(name, layout, size, pipe.graphs, pipe.params)[1], graphs)
+
+    base = key()
+    assert key() == base  # (and the restart test: the same in another process)
+    assert key(size=(96, 64)) != base
+    assert key(name="denoise_unguided") != base
+    assert key(layout=dataclasses.replace(pipe.layout, batch=8)) != base
+    assert key(layout=dataclasses.replace(pipe.layout, stepwise=not pipe.layout.stepwise)) != base
+    assert key(graphs="other networks") != base
+
+
+@pytest.mark.parametrize("change", ["dtype", "attention"])
+def test_the_graphs_fingerprint_sees_static_attributes(change):
+    """Two UNets of one architecture and weights layout that compile differently differ here."""
+    from sdxl_tpu.models.layers import Precision
+    from sdxl_tpu.models.unet import UNet2DConditionModel, UNetConfig
+    from sdxl_tpu.weights.architectures import architecture_configs
+
+    config = UNetConfig.from_dict(architecture_configs("tiny")["unet"])
+    other = {"dtype": Precision.of("bfloat16", "float32"), "attention": Precision.of("float32", attention="xla")}
+    graphs = [{"unet": nnx.split(nnx.eval_shape(lambda p=p: UNet2DConditionModel(config, p)))[0]}
+              for p in (Precision.of("float32"), other[change])]
+    assert graphs_fingerprint(graphs[0]) == graphs_fingerprint(graphs[0])
+    assert graphs_fingerprint(graphs[0]) != graphs_fingerprint(graphs[1])
