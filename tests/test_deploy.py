@@ -414,6 +414,23 @@ def test_managed_prometheus_component(tmp_path):
     assert container_port(container(objects, "sdxl-backend"), endpoint["port"]) == 8000
 
 
+def test_shared_cache_component(tmp_path):
+    """The optional component: every back end's cache on one ReadWriteMany claim, at the same mount."""
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(K8S / "overlays" / "tpu-v5e", tmp_path)],
+        "components": [os.path.relpath(K8S / "components" / "shared-cache", tmp_path)],
+    }))
+    objects = render(tmp_path)
+    assert set(objects) == EXPECTED_OBJECTS | {("PersistentVolumeClaim", "sdxl-cache")}
+    claim = objects[("PersistentVolumeClaim", "sdxl-cache")]["spec"]
+    assert claim["accessModes"] == ["ReadWriteMany"]
+    backend = container(objects, "sdxl-backend")
+    (mount,) = [m for m in backend["volumeMounts"] if m["mountPath"] == "/cache"]
+    volumes = {v["name"]: v for v in pod_spec(objects, "sdxl-backend")["volumes"]}
+    assert volumes[mount["name"]] == {"name": "cache", "persistentVolumeClaim": {"claimName": "sdxl-cache"}}
+    assert volumes["tmp"]["emptyDir"]  # (the other volume untouched)
+
+
 def test_readme_deploy_paths_exist():
     """Every deploy/ path README names is in the repository (README and files move together)."""
     readme = (ROOT / "README.md").read_text()
