@@ -179,6 +179,9 @@ def test_requests_survive_a_killed_and_a_drained_back_end(chain):
     assert requests_total(after, "failed") == requests_total(before, "failed")
     assert served["A"] > 0 and served["B"] > 0 and served["C"] > 0  # the load was spread over every back end
     assert retries >= 1  # A's requests broke off when it was killed and were sent again
+    # C, the replacement, started from the programs the first back ends stored: nothing compiled.
+    c_metrics = read_metrics(c["url"] + "/metrics")
+    assert c_metrics["sdxl_compiles_total"] == 0 and c_metrics["sdxl_programs_loaded_total"] > 0
     for name in ("B", "C"):
         assert "Traceback" not in chain["backends"][name]["log"].read_text()
     assert "Traceback" not in front["log"].read_text()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import math
 import threading
 import time
@@ -35,13 +34,10 @@ from ..spec.resize import fit_image, image_array
 from ..spec.values import format_size, not_a_choice, parse_size, schedule_input, size_input
 from ..weights.checkpoint import Models
 from . import sampling
-from .compilation import compile_lowered
 from .denoising import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
 from .programs import BATCH, Layout, NETWORKS, PROGRAMS, program
-from .stored_programs import ProgramStore, graphs_fingerprint
-
-log = logging.getLogger("sdxl_tpu")
+from .stored_programs import ProgramStore
 
 
 
@@ -106,7 +102,6 @@ class Pipeline:
             self.params["taesd"] = jax.device_put(state, self.replicated)
         self._compiled: dict[Any, Any] = {}
         self.program_store = program_store
-        self._graphs_fingerprint = graphs_fingerprint(self.graphs) if program_store else ""
         # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
         self._step_index = [jax.device_put(np.int32(i), self.replicated) for i in range(MAX_ROWS)]
 
@@ -124,37 +119,15 @@ class Pipeline:
             # The text encoders do not depend on the size: compiled once, shared by every size.
             encode = next((p["encode"] for p in self._compiled.values() if "encode" in p), None)
             programs = {"encode": encode} if encode else {}
-            start, sources = time.perf_counter(), []
-            for name in PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ()):
-                if name not in programs:
-                    programs[name], source = self._program(name, size)
-                    sources.append(source)
-            if self.program_store:
-                log.info("%s: %d programs loaded from %s, %d compiled and stored, %d from JAX's cache (not stored), "
-                         "in %.1f s", format_size(size), sources.count("store"), self.program_store.directory,
-                         sources.count("xla"), sources.count("jax cache"), time.perf_counter() - start)
+            missing = [name for name in PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
+                       if name not in programs]
+            if self.program_store is not None:  # loaded untraced where stored, else compiled (and stored)
+                programs |= self.program_store.programs(missing, self.layout, size, self.graphs, self.params)
+            for name in set(missing) - set(programs):
+                fn, args = program(name, self.layout, size, self.graphs, self.params)
+                programs[name] = fn.lower(*args).compile()
             self._compiled[size] = programs
         return self._compiled[size]
-
-    def _program(self, name: str, size: tuple[int, int]) -> tuple[Any, str]:
-        """Program `name` for `size` and where it came from, with a store: "store" (loaded untraced),
-        "xla" (compiled, and stored) or "jax cache" (JAX's persistent cache)."""
-        fn, args = program(name, self.layout, size, self.graphs, self.params)
-        if self.program_store is None:
-            return fn.lower(*args).compile(), "compiled"
-        # The text encoders do not depend on the size: one entry for every size.
-        key = self.program_store.key(name, None if name == "encode" else size, self.layout, args,
-                                     self._graphs_fingerprint)
-        loaded = self.program_store.load(key, args, list(self.mesh.devices.flat))
-        if loaded is not None:
-            return loaded, "store"
-        compiled, by_xla = compile_lowered(fn.lower(*args))
-        # One that JAX's persistent cache gave is not stored: XLA's CPU client cannot serialize a
-        # program it deserialized whole (its kernels would be missing when loaded: "Function ...
-        # not found"). It is stored once it really compiles (a changed program, a new JAX).
-        if by_xla:
-            self.program_store.save(key, compiled)
-        return compiled, "xla" if by_xla else "jax cache"
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 (one per size, for the pipeline's life)
     def _zero_latents(self, size: tuple[int, int]) -> jax.Array:

@@ -23,12 +23,17 @@ import os
 import pickle
 import re
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
+
+from ..spec.values import format_size
+from .compilation import compile_lowered
+from .programs import program
 
 FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
 SUBDIRECTORY = "programs"
@@ -62,10 +67,13 @@ def graphs_fingerprint(graphs: Mapping[str, Any]) -> str:
 
 
 class ProgramStore:
-    """Compiled programs in `directory`, by key (see the module's docstring)."""
+    """Compiled programs in `directory`, by key (see the module's docstring); `loaded` counts the
+    programs loaded from it (by `programs`) since it was made."""
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
+        self.loaded = 0
+        self._graphs: dict[int, str] = {}  # graphs_fingerprint by id of the graphs (one pipeline's)
 
     @classmethod
     def beside(cls, compile_cache: str | os.PathLike | None) -> ProgramStore | None:
@@ -80,6 +88,36 @@ class ProgramStore:
         shapes = [f"{a.shape} {a.dtype} {getattr(a.sharding, 'spec', a.sharding)}" for a in jax.tree.leaves(args)]
         return _digest(FORMAT, _process_fingerprint(), graphs, name, size, fields, devices, layout.mesh.axis_names,
                        jax.tree.structure(args), shapes)
+
+    def programs(self, names: Sequence[str], layout: Any, size: tuple[int, int], graphs: Mapping[str, Any],
+                 params: Mapping[str, Any]) -> dict[str, jax.stages.Compiled]:
+        """Programs `names` for `size` (programs.program's arguments): loaded untraced where stored,
+        else compiled and stored; one log line says which."""
+        start, sources, out = time.perf_counter(), [], {}
+        if id(graphs) not in self._graphs:
+            self._graphs[id(graphs)] = graphs_fingerprint(graphs)
+        fingerprint = self._graphs[id(graphs)]
+        devices = list(layout.mesh.devices.flat)
+        for name in names:
+            fn, args = program(name, layout, size, graphs, params)
+            # The text encoders do not depend on the size: one entry for every size.
+            key = self.key(name, None if name == "encode" else size, layout, args, fingerprint)
+            out[name] = self.load(key, args, devices)
+            if out[name] is not None:
+                sources.append("stored")
+                continue
+            out[name], by_xla = compile_lowered(fn.lower(*args))
+            # One that JAX's persistent cache gave is not stored: XLA's CPU client cannot serialize a
+            # program it deserialized whole (its kernels would be missing when loaded: "Function ...
+            # not found"). It is stored once it really compiles (a changed program, a new JAX).
+            if by_xla:
+                self.save(key, out[name])
+            sources.append("compiled" if by_xla else "jax cache")
+        self.loaded += sources.count("stored")
+        log.info("%s: %d programs loaded from %s, %d compiled and stored, %d from JAX's cache (not stored), in %.1f s",
+                 format_size(size), sources.count("stored"), self.directory, sources.count("compiled"),
+                 sources.count("jax cache"), time.perf_counter() - start)
+        return out
 
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.pkl"

@@ -52,7 +52,8 @@ class Server:
         self.settings = settings
         self._web_waiting: Callable[[], int] = lambda: 0
         self.metrics = Metrics(queue_depth=lambda: self._web_waiting() + self.engine.waiting,
-                               compiles=lambda: self.engine.compiles())
+                               compiles=lambda: self.engine.compiles(),
+                               programs_loaded=lambda: self.engine.programs_loaded())
         self.engine = engine_for(settings, self.metrics.count_call, loader, max_waiting)
         self.warmup = Warmup(self.engine, provisional(settings), on_ready=lambda ready: self.metrics.ready.set(ready))
         self._images = images

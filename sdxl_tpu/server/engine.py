@@ -99,6 +99,9 @@ class Engine(Protocol):
     def compiles(self) -> int:
         """XLA compilations in this process since it started (0 where nothing compiles)."""
 
+    def programs_loaded(self) -> int:
+        """Compiled programs loaded from the store (stored_programs.py) since it started."""
+
     @property
     def waiting(self) -> int:
         """Requests waiting in the engine (not yet running)."""

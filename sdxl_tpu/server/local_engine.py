@@ -95,6 +95,10 @@ class LocalEngine:
     def compiles(self) -> int:
         return self._compiles.compiles
 
+    def programs_loaded(self) -> int:
+        store = self.pipeline.program_store if self.pipeline is not None else None
+        return store.loaded if store is not None else 0
+
     @property
     def waiting(self) -> int:
         return self.batcher.waiting if self.batcher is not None else 0

@@ -29,23 +29,29 @@ STAGES = ("text_encoding", "denoising", "decoding", "saving")
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
-class _Compiles:
-    """XLA compilations since the process started (warm-up included; flat once it is warm: a
-    request that compiled would show here); 0 where nothing compiles (a front end, no JAX)."""
+class _Programs:
+    """XLA compilations and programs loaded from the store since the process started (warm-up
+    included; flat once it is warm: a request that compiled would show here); 0 where nothing
+    compiles (a front end, no JAX)."""
 
-    def __init__(self, count: Callable[[], int]) -> None:
-        self.count = count
+    def __init__(self, compiles: Callable[[], int], loaded: Callable[[], int]) -> None:
+        self.compiles, self.loaded = compiles, loaded
 
     def collect(self):
-        family = CounterMetricFamily("sdxl_compiles", "XLA backend compilations since start (warm-up included)")
-        family.add_metric([], self.count())
-        yield family
+        for name, text, count in (
+                ("sdxl_compiles", "XLA backend compilations since start (warm-up included)", self.compiles),
+                ("sdxl_programs_loaded", "Compiled programs loaded from the store since start", self.loaded)):
+            family = CounterMetricFamily(name, text)
+            family.add_metric([], count())
+            yield family
 
 
 class Metrics:
-    """`queue_depth()`: requests waiting now; `compiles()`: XLA compilations so far."""
+    """`queue_depth()`: requests waiting now; `compiles()`: XLA compilations so far;
+    `programs_loaded()`: compiled programs loaded from the store so far."""
 
-    def __init__(self, queue_depth: Callable[[], float] = lambda: 0, compiles: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, queue_depth: Callable[[], float] = lambda: 0, compiles: Callable[[], int] = lambda: 0,
+                 programs_loaded: Callable[[], int] = lambda: 0) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("sdxl_requests", "Generation requests by outcome", ["outcome"], registry=r)
         for outcome in OUTCOMES:  # every outcome is exported from the start, at 0
@@ -62,7 +68,7 @@ class Metrics:
             self.stage_seconds.labels(stage)
         self.request_seconds = Histogram("sdxl_request_seconds", "Seconds from joining the queue to images saved",
                                          buckets=BUCKETS, registry=r)
-        r.register(_Compiles(compiles))
+        r.register(_Programs(compiles, programs_loaded))
 
     @contextlib.contextmanager
     def counted(self, queued_at: float) -> Iterator[None]:

@@ -76,6 +76,9 @@ class RemoteEngine:
     def compiles(self) -> int:
         return 0
 
+    def programs_loaded(self) -> int:
+        return 0
+
     def concurrency(self) -> int:
         """As many as the queue holds: the back ends queue and balance them."""
         return self.settings.queue_size
