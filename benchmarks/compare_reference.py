@@ -135,7 +135,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulated CPU devices (0: use the machine's real devices)")
     parser.add_argument("--checkpoint", default=None, help="reuse a checkpoint directory instead of writing one")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--setup", action="store_true",
+                        help="only create (or refresh) the reference environment, then exit (README's test command)")
     args = parser.parse_args(argv)
+    if args.setup:
+        print(ensure_reference_env())
+        return 0
 
     env = dict(os.environ)
     if args.devices:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,12 +36,15 @@ def test_reference_environment_links_the_site_packages_jax_comes_from():
         assert any(d.startswith(str(Path(sys.prefix).resolve())) for d in dirs)
 
 
-def test_compare_reference_tiny():
+def test_compare_reference_tiny(tiny_checkpoint, tmp_path):
     """End to end on two simulated devices (two images a call, sharded; the script's default of
-    four costs some 35 s more on two cores and shows nothing more), one step."""
+    four costs some 35 s more on two cores and shows nothing more), one step, on a copy of the
+    session's tiny checkpoint (the script would write the same; the reference adds .bin files)."""
     runs, devices = 3, 2
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "tiny")
     began = time.perf_counter()
-    argv = ["--architecture", "tiny", "--steps", "1", "--runs", str(runs), "--devices", str(devices), "--json"]
+    argv = ["--architecture", "tiny", "--steps", "1", "--runs", str(runs), "--devices", str(devices), "--json",
+            "--checkpoint", str(checkpoint)]
     result = subprocess.run([sys.executable, "benchmarks/compare_reference.py", *argv], cwd=ROOT, capture_output=True,
                             text=True, timeout=1500, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     wall = time.perf_counter() - began

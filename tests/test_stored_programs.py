@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 
@@ -22,6 +21,8 @@ from sdxl_tpu.generate.programs import program
 from sdxl_tpu.generate.stored_programs import ProgramStore, graphs_fingerprint
 
 REQUEST = dict(prompt="a red chair", negative_prompt="blurry", seed=7, steps=3, size=(64, 64))
+# Two images a call: programs no other test of the session compiles, so XLA compiles them here.
+OPTIONS = dict(dtype="float32", sizes=[(64, 64)], images_per_call=2)
 
 RESTART = """
 import json, logging, sys
@@ -29,44 +30,62 @@ import numpy as np
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 from sdxl_tpu import CompileCounter, load_pipeline
 with CompileCounter() as counter:
-    pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], compile_cache=sys.argv[2])
+    pipe = load_pipeline(sys.argv[1], compile_cache=sys.argv[2], **json.loads(sys.argv[3]))
 compiled = {"compiles": counter.compiles, "cache_hits": counter.cache_hits, "cache_misses": counter.cache_misses}
 result = pipe.generate(**json.loads(sys.argv[4]))
-np.save(sys.argv[3], np.stack([np.asarray(im) for im in result.images]))
+np.save(sys.argv[5], np.stack([np.asarray(im) for im in result.images]))
 print(json.dumps(compiled))
 """
 
 
-def test_a_restart_loads_the_stored_programs_untraced_and_jax_cache_hits_are_not_stored(tiny_checkpoint, tmp_path):
-    """Three starts: on an empty cache every program compiles and is stored; the second loads them
-    all without asking XLA or JAX's cache for any; the third, the stored programs removed, has
-    them from JAX's cache and stores none (XLA's CPU client cannot serialize what it deserialized:
-    such entries failed when run, "Function ... not found"). The same images all three times."""
-    cache, store = tmp_path / "cache", tmp_path / "cache" / "programs"
-    counts, log = _start(tiny_checkpoint, cache, tmp_path / "cold.npy")
-    assert counts["compiles"] == 7 and counts["cache_hits"] == 0, log[-3000:]
-    assert f"64x64: 0 programs loaded from {store}, 7 compiled and stored, 0 from JAX's cache" in log
+def _images(result) -> np.ndarray:
+    return np.stack([np.asarray(im) for im in result.images])
+
+
+def test_a_restart_loads_the_stored_programs_untraced_and_makes_the_same_images(tiny_checkpoint, tiny_pipeline,
+                                                                                tmp_path, caplog):
+    """Compiled here (and stored: its own store, the session's JAX cache), then a new process:
+    it loads every program without asking XLA or JAX's cache for any; the same images, bit for bit."""
+    from sdxl_tpu.generate.loading import load
+    from sdxl_tpu.spec.load import LoadOptions
+
+    store = tmp_path / "cache" / "programs"
+    with caplog.at_level(logging.INFO, logger="sdxl_tpu"):
+        here = load(LoadOptions(model=str(tiny_checkpoint), **OPTIONS), compile_cache=tmp_path / "cache")
+    assert f"64x64: 0 programs loaded from {store}, 7 compiled and stored, 0 from JAX's cache" in caplog.text
     assert len(list(store.iterdir())) == 7
 
-    counts, log = _start(tiny_checkpoint, cache, tmp_path / "stored.npy")
-    assert counts == {"compiles": 0, "cache_hits": 0, "cache_misses": 0}, log[-3000:]
-    assert f"64x64: 7 programs loaded from {store}, 0 compiled and stored, 0 from JAX's cache" in log
-
-    shutil.rmtree(store)
-    counts, log = _start(tiny_checkpoint, cache, tmp_path / "jax-cache.npy")
-    assert counts["cache_hits"] == 7 and counts["cache_misses"] == 0, log[-3000:]
-    assert "64x64: 0 programs loaded from" in log and "0 compiled and stored, 7 from JAX's cache (not stored)" in log
-    assert not store.exists()
-    for run in ("stored", "jax-cache"):
-        np.testing.assert_array_equal(np.load(tmp_path / f"{run}.npy"), np.load(tmp_path / "cold.npy"))
-
-
-def _start(checkpoint, cache, out) -> tuple[dict[str, int], str]:
-    result = subprocess.run([sys.executable, "-c", RESTART, str(checkpoint), str(cache), str(out),
-                             json.dumps(REQUEST)], capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    result = subprocess.run([sys.executable, "-c", RESTART, str(tiny_checkpoint), str(tmp_path / "cache"),
+                             json.dumps(OPTIONS), json.dumps(REQUEST), str(tmp_path / "images.npy")],
+                            capture_output=True, text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert counts == {"compiles": 0, "cache_hits": 0, "cache_misses": 0}, result.stderr[-3000:]
+    assert f"64x64: 7 programs loaded from {store}, 0 compiled and stored, 0 from JAX's cache" in result.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "images.npy"), _images(here.generate(**REQUEST)))
+
+
+def test_a_program_from_jax_cache_is_used_but_not_stored(tiny_pipeline, tmp_path, caplog):
+    """XLA's CPU client cannot serialize a program it deserialized (such entries failed when run:
+    "Function ... not found"), so what JAX's persistent cache gives is not stored. The smallest
+    program at a size nothing else compiles: compiled and stored in `a`; then, for store `b`, from
+    JAX's cache (the session's), not stored; then from `a`, loaded; the same result each time."""
+    pipe, size = tiny_pipeline, (88, 64)
+    a, b = ProgramStore(tmp_path / "a"), ProgramStore(tmp_path / "b")
+    args = program("init", pipe.layout, size, pipe.graphs, pipe.params)[1]
+    concrete = jax.tree.map(lambda x: jax.device_put(np.full(x.shape, 0.5, x.dtype), x.sharding), args)
+    results = []
+    for store, said in ((a, "0 programs loaded from {}, 1 compiled and stored, 0 from JAX's cache"),
+                        (b, "0 programs loaded from {}, 0 compiled and stored, 1 from JAX's cache (not stored)"),
+                        (a, "1 programs loaded from {}, 0 compiled and stored, 0 from JAX's cache")):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="sdxl_tpu"):
+            results.append(store.programs(["init"], pipe.layout, size, pipe.graphs, pipe.params)["init"](*concrete))
+        assert "88x64: " + said.format(store.directory) in caplog.text
+    assert (a.loaded, b.loaded) == (1, 0) and not b.directory.exists()
+    for other in results[1:]:
+        for x, y in zip(jax.tree.leaves(other), jax.tree.leaves(results[0]), strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_an_unusable_entry_is_a_logged_miss_and_a_stored_one_runs_as_compiled(tiny_pipeline, tmp_path, caplog):
