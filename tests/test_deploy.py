@@ -396,13 +396,18 @@ def test_backend_caches_live_on_a_volume(name):
         assert mounts[mount] in volumes
 
 
-def test_managed_prometheus_component(tmp_path):
-    """The optional component: GMP scrapes the back ends and the HPA asks for the adapter's metric name."""
+def render_with_component(tmp_path: Path, component: str) -> dict:
+    """The default overlay with one of deploy/k8s/components added, as an overlay of one's own adds it."""
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
         "resources": [os.path.relpath(K8S / "overlays" / "tpu-v5e", tmp_path)],
-        "components": [os.path.relpath(K8S / "components" / "managed-prometheus", tmp_path)],
+        "components": [os.path.relpath(K8S / "components" / component, tmp_path)],
     }))
-    objects = render(tmp_path)
+    return render(tmp_path)
+
+
+def test_managed_prometheus_component(tmp_path):
+    """The optional component: GMP scrapes the back ends and the HPA asks for the adapter's metric name."""
+    objects = render_with_component(tmp_path, "managed-prometheus")
     assert set(objects) == EXPECTED_OBJECTS | {("PodMonitoring", "sdxl-backend")}
     (metric,) = objects[("HorizontalPodAutoscaler", "sdxl-backend")]["spec"]["metrics"]
     assert metric["pods"]["metric"]["name"] == "prometheus.googleapis.com|sdxl_queue_depth|gauge"
@@ -416,11 +421,7 @@ def test_managed_prometheus_component(tmp_path):
 
 def test_shared_cache_component(tmp_path):
     """The optional component: every back end's cache on one ReadWriteMany claim, at the same mount."""
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": [os.path.relpath(K8S / "overlays" / "tpu-v5e", tmp_path)],
-        "components": [os.path.relpath(K8S / "components" / "shared-cache", tmp_path)],
-    }))
-    objects = render(tmp_path)
+    objects = render_with_component(tmp_path, "shared-cache")
     assert set(objects) == EXPECTED_OBJECTS | {("PersistentVolumeClaim", "sdxl-cache")}
     claim = objects[("PersistentVolumeClaim", "sdxl-cache")]["spec"]
     assert claim["accessModes"] == ["ReadWriteMany"]
