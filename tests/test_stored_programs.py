@@ -11,6 +11,7 @@ import os
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -121,6 +122,12 @@ def test_an_unusable_entry_is_a_logged_miss_and_a_stored_one_runs_as_compiled(ti
     with caplog.at_level(logging.WARNING, logger="sdxl_tpu"):
         ProgramStore(tmp_path / "a-file").save(key, compiled)
     assert "could not store a compiled program" in caplog.text
+
+
+def test_no_compile_cache_no_store():
+    """`--compile-cache ''` means none: no store either (not a programs/ folder where the CLI runs)."""
+    assert ProgramStore.beside(None) is None and ProgramStore.beside("") is None
+    assert ProgramStore.beside("/c").directory == Path("/c/programs")
 
 
 def test_the_key_changes_with_what_a_program_depends_on(tiny_pipeline):

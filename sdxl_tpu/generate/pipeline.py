@@ -123,9 +123,10 @@ class Pipeline:
                        if name not in programs]
             if self.program_store is not None:  # loaded untraced where stored, else compiled (and stored)
                 programs |= self.program_store.programs(missing, self.layout, size, self.graphs, self.params)
-            for name in set(missing) - set(programs):
-                fn, args = program(name, self.layout, size, self.graphs, self.params)
-                programs[name] = fn.lower(*args).compile()
+            else:
+                for name in missing:
+                    fn, args = program(name, self.layout, size, self.graphs, self.params)
+                    programs[name] = fn.lower(*args).compile()
             self._compiled[size] = programs
         return self._compiled[size]
 

@@ -77,8 +77,9 @@ class ProgramStore:
 
     @classmethod
     def beside(cls, compile_cache: str | os.PathLike | None) -> ProgramStore | None:
-        """The store kept in a persistent compilation cache's directory (None: no cache, no store)."""
-        return None if compile_cache is None else cls(Path(compile_cache) / SUBDIRECTORY)
+        """The store kept in a persistent compilation cache's directory (None: no cache, no store;
+        '' too, as `--compile-cache ''` says)."""
+        return None if compile_cache in (None, "") else cls(Path(compile_cache) / SUBDIRECTORY)
 
     def key(self, name: str, size: tuple[int, int] | None, layout: Any, args: Sequence[Any], graphs: str) -> str:
         """The key of program `name` for `size` (None: one for every size), built for `layout` (a
