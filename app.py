@@ -40,7 +40,7 @@ from sdxl_tpu.server.page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESE
 from sdxl_tpu.server.page_run import GENERATE, page_run, page_values, refused, stopped
 from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, schedule_menu
 from sdxl_tpu.server.settings import parse_settings
-from sdxl_tpu.spec.fields import FIELD, FIELDS, FORM
+from sdxl_tpu.spec.fields import FIELD, FORM, PAGE_FIELDS
 from sdxl_tpu.spec.recipes import RECIPES
 from sdxl_tpu.spec.styles import STYLES
 
@@ -139,7 +139,7 @@ def build_demo(server: Server) -> gr.Blocks:
         # every event takes them in the form's order.
         inputs = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None) in FORM}
         form = [inputs[name] for name in FORM]
-        for f in FIELDS:  # (the API page's example call: realistic values, not Gradio's "Hello!!")
+        for f in PAGE_FIELDS:  # (the API page's example call: realistic values, not Gradio's "Hello!!")
             if (example := f.default if f.example is None else f.example) is not None:
                 inputs[f.name].example_inputs = lambda value=example: value
         # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery

@@ -48,7 +48,6 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .spec.options import fill_defaults, load_values
     from .spec.recipes import recipe_named, settle
     from .spec.request import Request
-    from .spec.resize import fit_image, image_array
     from .spec.values import schedule_input
     from .weights.errors import CheckpointError
 
@@ -58,13 +57,12 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         recipe = recipe_named(args.preset) if args.preset else None
         s = settle(recipe, sampler=args.sampler, steps=args.steps, guidance=args.guidance, size=args.size)
         strength = args.strength if args.strength is not None or args.image is None else DEFAULT_STRENGTH
-        request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=s["guidance"],
-                             steps=s["steps"], size=s["size"], sampler=s["sampler"], schedule=args.schedule,
-                             rng=args.rng, strength=strength)
         if args.image is None and strength is not None:
             raise RequestError("--strength applies to a starting image: give --image too.")
-        init_image = None if args.image is None else image_array(fit_image(
-            decode_image(_read(args.image), "--image"), request.size, args.resize_mode))
+        request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=s["guidance"],
+                             steps=s["steps"], size=s["size"], sampler=s["sampler"], schedule=args.schedule,
+                             rng=args.rng, strength=strength, resize_mode=args.resize_mode,
+                             image=None if args.image is None else decode_image(_read(args.image), "--image"))
         options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=[request.size],
                                                                                step_progress=False)
     except ValueError as e:
@@ -77,7 +75,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         pipe = load(options, compile_cache=args.compile_cache)
         if request.sampler is None:  # the checkpoint's own sampler: its schedule is checked now it is known
             schedule_input(pipe.default_sampler, request.schedule)
-        result = pipe.run(request, images=args.images, init_image=init_image)
+        result = pipe.run(request, images=args.images)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))
     out = Path(args.out)

@@ -31,9 +31,11 @@ class FakePipeline:
         self.hold.set()
         self.fail: Exception | None = None
         self.steps_run = 0
+        self.init_images: list[np.ndarray | None] = []  # each call's
 
-    def run_images(self, infos, progress=None, stop=None):
+    def run_images(self, infos, progress=None, stop=None, init_images=None):
         self.calls.append((time.monotonic(), [i.seed for i in infos]))
+        self.init_images.append(init_images)
         self.hold.wait(10)
         if self.fail is not None:
             raise self.fail
@@ -130,6 +132,28 @@ def test_requests_with_other_noise_sources_share_a_call():
         results = [f.result(10) for f in (held, jax_noise, cpu_noise)]
     assert batcher.calls == 2 and sorted(len(seeds) for _, seeds in pipe.calls) == [4, 8]
     assert [i.rng for i in results[2].infos] == ["CPU"] * 4 and [i.rng for i in results[1].infos] == ["JAX"] * 4
+
+
+def test_img2img_requests_share_a_call_each_with_its_own_image():
+    """Requests from an image at one strength share a call, each image in its images' slots; text to
+    image and another strength are calls of their own."""
+    pipe, batcher = held_batcher(images_per_call=8, max_wait=0.02)
+    start = [np.full((64, 64, 3), value, np.uint8) for value in (10, 20, 30)]
+    with ThreadPoolExecutor(1) as pool:
+        held = started(pool, batcher, pipe, infos(0))  # (the others wait meanwhile)
+        jobs = [batcher.enqueue(infos(10 * (k + 1), n=n, strength=strength), init_image=start[k])
+                for k, (n, strength) in enumerate(((3, 0.5), (4, 0.5), (2, 0.25)))]
+        pipe.hold.set()
+        held.result(10)
+        for job in jobs:
+            assert job.done.wait(10) and job.error is None
+    assert batcher.calls == 3
+    assert pipe.init_images[0] is None  # text to image: no images
+    shared, alone = pipe.init_images[1:]
+    assert shared.shape == (7, 64, 64, 3) and alone.shape == (2, 64, 64, 3)
+    assert [int(x[0, 0, 0]) for x in shared] == [10] * 3 + [20] * 4 and (alone == 30).all()
+    with pytest.raises(ValueError, match="need their denoising strength, and only they"):
+        batcher.enqueue(infos(1, strength=0.5))
 
 
 def test_an_abandoned_request_is_dropped_while_waiting_and_stopped_while_running():
@@ -242,6 +266,7 @@ def test_the_pipeline_stops_between_steps(tiny_pipeline):
     assert part.seeds == [8, 9]
     for a, b in zip(part.images, full.images[1:3]):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for other in (dict(steps=3), dict(steps=2, sampler="Euler a"), dict(steps=2, strength=0.5)):
+    for other in (dict(steps=3), dict(steps=2, sampler="Euler a"),
+                  dict(steps=2, strength=0.5, image=np.zeros((64, 64, 3), np.uint8))):
         with pytest.raises(ValueError, match="share their size, step count, sampler, schedule and denoising strength"):
             tiny_pipeline.run_images([full.infos[0], Request.of("x", seed=1, size=(64, 64), **other).images(1)[0]])

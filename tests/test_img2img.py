@@ -78,8 +78,8 @@ def test_strength_reaches_the_steps_run_and_the_parameters(tiny_pipeline):
     assert seen[-1] == (4, 4)  # one more on A1111's schedule types, as A1111 runs them
     # Previews follow the steps that run: every step but the last of the three.
     previews = []
-    tiny_pipeline.run(tiny_pipeline.request("a cat", seed=1, steps=10, size=(64, 64), strength=0.3),
-                      init_image=np.asarray(picture()), preview_every=1,
+    tiny_pipeline.run(tiny_pipeline.request("a cat", seed=1, steps=10, size=(64, 64), strength=0.3,
+                                            image=np.asarray(picture())), preview_every=1,
                       preview=lambda step, steps, images: previews.append((step, steps, len(images))))
     assert previews == [(1, 3, 4), (2, 3, 4)]
     from sdxl_tpu.spec.infotext import parameters_text
@@ -93,7 +93,8 @@ def test_strength_reaches_the_steps_run_and_the_parameters(tiny_pipeline):
     (dict(strength=1.5), "Denoising strength must be a number between 0 and 1"),
     (dict(strength="high"), "Denoising strength must be a number between 0 and 1, got text"),
     (dict(strength=0.5, image=None), "Denoising strength applies to a starting image"),
-    (dict(resize_mode="Stretch"), "Resize mode must be one of Just resize, Crop and resize, Resize and fill"),
+    (dict(resize_mode="Stretch"), "Resize mode 'Stretch' is not available; choose one of: Just resize, Crop and "
+                                   "resize, Resize and fill."),
 ])
 def test_bad_img2img_inputs_are_clear_errors(tiny_pipeline, kwargs, message):
     kwargs = {"image": picture(), **kwargs}

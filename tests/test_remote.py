@@ -162,3 +162,35 @@ def test_previews_are_relayed_and_a_malformed_one_is_not(request_):
     finally:
         fake.close()
     assert seen == [(1, 2, [JPEG] * 4)] and made.files == [JPEG] * 4 and len(fake.bodies) == 2
+
+
+def test_a_starting_image_travels_to_the_back_end_as_it_will_run():
+    """A request from an image reaches the back end with the image already fitted (lossless PNG as
+    base64) and its strength: the back end's request is the front end's, pixels included."""
+    import numpy as np
+
+    from sdxl_tpu.server.backend import parse_request
+    from sdxl_tpu.server.offer import provisional
+    from sdxl_tpu.server.settings import Settings
+    from sdxl_tpu.spec.load import LoadOptions
+
+    pixels = np.random.default_rng(1).integers(0, 256, (48, 128, 3), np.uint8)
+    request = Request.of("a cat", seed=5, steps=4, size="64x64", sampler="Euler", image=pixels,
+                         resize_mode="Resize and fill", strength=0.4)
+    fake = FakeBackend([ok()])
+    try:
+        Backend(fake.url).generate(request)
+    finally:
+        fake.close()
+    body = fake.bodies[0]
+    assert body["strength"] == 0.4 and "resize_mode" not in body
+
+    class Server:  # (what parse_request asks of a back end's server)
+        offer = provisional(Settings(load=LoadOptions(model="tiny", sizes=[(64, 64)])))
+
+        class warmup:
+            check_size = staticmethod(lambda size: None)
+
+    again, _ = parse_request(json.dumps(body).encode(), Server)
+    assert again == request
+    np.testing.assert_array_equal(again.image, request.image)

@@ -103,3 +103,31 @@ def test_the_playground_and_the_api_give_the_same_message(field, value):
     with pytest.raises(RequestError) as from_ui:
         validate(ui, provisional(Settings(load=LoadOptions(model="tiny", sizes=SIZES))))
     assert str(from_ui.value) == str(from_api.value)
+
+
+def test_a_starting_image_in_each_form_a_client_sends_it():
+    """PIL, an array, a file's bytes, base64 bare or in a data: URL (line breaks too): one fitted
+    image at the request's size; the strength defaults to A1111's 0.75; the image is no part of a
+    request's equality (its fields are)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 256, (64, 96, 3), np.uint8)
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, "PNG")
+    text = base64.b64encode(png.getvalue()).decode()
+    forms = [Image.fromarray(pixels), pixels, png.getvalue(), text, "data:image/webp;base64," + text,
+             "\n".join(text[i:i + 76] for i in range(0, len(text), 76))]
+    for form in forms:
+        request = Request.of("a cat", seed=1, size="96x64", image=form)
+        assert request.strength == 0.75 and request.image.dtype == np.uint8
+        np.testing.assert_array_equal(request.image, pixels)  # (already its size: as it is)
+        assert request == Request.of("a cat", seed=1, size="96x64", strength=0.75, image=np.zeros_like(pixels))
+    fitted = Request.of("a cat", size="64x64", image=pixels, resize_mode="Crop and resize", strength=0).image
+    assert fitted.shape == (64, 64, 3)
+    for form, message in ((np.zeros((64, 64), np.uint8), r"Image as an array must be \(height, width, 3\) uint8"),
+                          ("data:;base64", "Image: a data: URL must hold base64"), ("", "Image is empty.")):
+        with pytest.raises(RequestError, match=message):
+            Request.of("a cat", size="64x64", image=form)

@@ -25,12 +25,9 @@ from jax.sharding import Mesh
 
 from ..sampler.tables import MAX_ROWS, Sampler
 from ..spec.errors import GenerationError, RequestError
-from ..spec.fields import DEFAULT_STRENGTH
 from ..spec.infotext import Stamp
-from ..spec.names import DEFAULT_RESIZE_MODE
 from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..spec.request import GenerationResult, ImageInfo, Request, guided
-from ..spec.resize import fit_image, image_array
 from ..spec.values import format_size, not_a_choice, parse_size, schedule_input, size_input
 from ..weights.checkpoint import Models
 from . import sampling
@@ -163,17 +160,18 @@ class Pipeline:
     def request(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                 seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
                 steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None, schedule: str | None = None,
-                rng: str | None = None, strength: float | None = None) -> Request:
+                rng: str | None = None, strength: float | None = None, image: Any = None,
+                resize_mode: str | None = None) -> Request:
         """A checked request for this pipeline (RequestError names what is wrong)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
                           sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
-                          strength=strength)
+                          strength=strength, image=image, resize_mode=resize_mode)
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
                  steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None,
                  schedule: str | None = None, rng: str | None = None, latents: np.ndarray | None = None,
-                 image: Any = None, strength: float | None = None, resize_mode: str = DEFAULT_RESIZE_MODE,
+                 image: Any = None, strength: float | None = None, resize_mode: str | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Generate `images_per_call` images.
 
@@ -185,31 +183,27 @@ class Pipeline:
             scheduler config as diffusers runs it); rng: "JAX" (default) or "CPU" (PyTorch's CPU
             generator, per image from its seed, as A1111's CPU source and ComfyUI draw it).
         latents: optional initial noise in diffusers' layout (images, 4, h, w), as diffusers' `latents=`.
-        image: start from this image (img2img; a PIL image or an (H, W, 3) uint8 array), fitted to
-            `size` by `resize_mode` (A1111's: "Just resize", "Crop and resize", "Resize and fill"), its
-            latents noised to what a denoising `strength` leaves (default 0.75, A1111's): int(strength *
-            steps) of the steps run on the checkpoint's schedule, as diffusers' img2img pipeline runs
-            them, one more on A1111's schedule types, as A1111 does.
+        image: start from this image (img2img; a PIL image, an (H, W, 3) uint8 array or an image
+            file's bytes), fitted to `size` by `resize_mode` (A1111's: "Just resize", "Crop and
+            resize", "Resize and fill"; default Just resize), its latents noised to what a denoising
+            `strength` leaves (default 0.75, A1111's): int(strength * steps) of the steps run on the
+            checkpoint's schedule, as diffusers' img2img pipeline runs them, one more on A1111's
+            schedule types, as A1111 does.
         progress: called as progress(step, steps) after each denoising step (in this thread; with
             step_progress=False only once, at the end of the fused loop).
         """
-        if image is not None and strength is None:
-            strength = DEFAULT_STRENGTH
         request = self.request(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps,
-                               size=size, sampler=sampler, schedule=schedule, rng=rng, strength=strength)
-        if (image is None) != (request.strength is None):
-            raise RequestError("Denoising strength applies to a starting image: give both or neither.")
-        init = None if image is None else image_array(fit_image(image, request.size, resize_mode))
-        return self.run(request, latents=latents, init_image=init, progress=progress)
+                               size=size, sampler=sampler, schedule=schedule, rng=rng, strength=strength,
+                               image=image, resize_mode=resize_mode)
+        return self.run(request, latents=latents, progress=progress)
 
     def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,
-            init_image: np.ndarray | None = None, progress: Callable[[int, int], None] | None = None,
-            stop: Callable[[], bool] | None = None, **previews) -> GenerationResult:
+            progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
+            **previews) -> GenerationResult:
         """Generate `images` (default: images_per_call) images of a checked request (see `generate`;
-        `init_image`: the request's starting image, (H, W, 3) uint8 at its size; `previews`:
-        run_images' preview and preview_every)."""
+        from its image, if it has one; `previews`: run_images' preview and preview_every)."""
         n = self.images_per_call if images is None else images
-        inits = None if init_image is None else np.repeat(np.asarray(init_image)[None], n, axis=0)
+        inits = None if request.image is None else np.repeat(request.image[None], n, axis=0)
         return self.run_images(request.images(n), latents=latents, init_images=inits, progress=progress, stop=stop,
                                **previews)
 

@@ -39,6 +39,7 @@ from starlette.routing import Route
 
 from ..spec.errors import Cancelled, RequestError
 from ..spec.fields import FIELDS as FORM_FIELDS
+from ..spec.image_input import MAX_BASE64_CHARS
 from ..spec.images import encode_preview
 from ..spec.infotext import parse as parse_parameters, request_fields
 from ..spec.request import Request
@@ -57,8 +58,9 @@ log = logging.getLogger("sdxl_tpu.server.backend")
 # The form's fields by their API names (spec/fields.py), and an A1111 parameters text.
 FIELDS = (*(f.api for f in FORM_FIELDS if f.api), "parameters")
 # The longest fields as json.dumps escapes them (12 bytes for an emoji): two styled prompts of some
-# 20,300 characters (a front end's request), about 490 kB, or a parameters text of 60,000 (720 kB).
-MAX_BODY_BYTES = 1 << 20
+# 20,300 characters (a front end's request), about 490 kB, or a parameters text of 60,000 (720 kB);
+# and a starting image of at most 16 MB, as base64.
+MAX_BODY_BYTES = (1 << 20) + MAX_BASE64_CHARS
 KEEPALIVE_SECONDS = 1.0  # a streaming caller hears from us this often (and can tell we are alive)
 RETRY_AFTER = {"busy": 1, "draining": 1, "loading": 5}  # seconds, for 503s
 
@@ -79,7 +81,8 @@ def error_response(status: int, message: str, retry_after: int | None = None) ->
 async def read_body(http: HTTPRequest, limit: int = MAX_BODY_BYTES) -> bytes:
     """The request body, refused (413) past `limit` bytes without reading the rest."""
     declared = http.headers.get("content-length")
-    too_large = Refused(413, f"The request body is over {limit:,} bytes; a generation request is a small JSON object.")
+    too_large = Refused(413, f"The request body is over {limit:,} bytes: a generation request is a JSON object of "
+                             "text fields and at most one image of 16 MB as base64.")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise too_large
     body = bytearray()
@@ -119,7 +122,7 @@ def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
     server.warmup.check_size(data.get("size"))
     # Left out (an optional field: or null), the server's default; a random seed; no negative prompt.
     fallback = {**offer.defaults(), "negative": "", "seed": None}
-    given = {f.api: fallback[f.name] if f.api not in data or (f.optional and data[f.api] is None) else data[f.api]
+    given = {f.api: fallback.get(f.name) if f.api not in data or (f.optional and data[f.api] is None) else data[f.api]
              for f in FORM_FIELDS if f.api and f.api != "prompt"}
     return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers,
                       max_chars=MAX_STYLED_PROMPT_CHARS), notes
@@ -174,7 +177,8 @@ class Generation:
         server = self.server
         try:
             with server.metrics.counted(time.monotonic()):
-                request, notes = parse_request(await read_body(self.http), server)
+                # (in a thread: a starting image takes a while to decode and fit, and the loop serves others)
+                request, notes = await asyncio.to_thread(parse_request, await read_body(self.http), server)
                 if server.warmup.draining:
                     raise ShuttingDown()
                 ticket = server.submit(request, report, self.gone.is_set, self.previews)

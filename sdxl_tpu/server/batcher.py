@@ -19,13 +19,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import numpy as np
 
 from ..spec.errors import Cancelled, RequestError
 from ..spec.request import GenerationResult, ImageInfo, guided, preview_cadence
-
-if TYPE_CHECKING:
-    import numpy as np
 
 log = logging.getLogger("sdxl_tpu.server.batcher")
 
@@ -64,6 +61,7 @@ class Job:
     error: BaseException | None = None
     on_done: Callable[[Job], None] | None = None  # told (on the accelerator's thread) once `done` is set
     preview: Callable[[int, int, np.ndarray], None] | None = None  # (step, steps, its images' previews)
+    init_image: np.ndarray | None = None  # from an image: it at the call's size, (H, W, 3) uint8
 
     def outcome(self) -> GenerationResult:
         """The images, or what stopped them (raised); call once `done` is set."""
@@ -112,13 +110,17 @@ class Batcher:
 
     def enqueue(self, infos: Sequence[ImageInfo], progress: Callable[[int, int], None] | None = None,
                 abandoned: Callable[[], bool] = never, on_done: Callable[[Job], None] | None = None,
-                preview: Callable[[int, int, np.ndarray], None] | None = None) -> Job:
+                preview: Callable[[int, int, np.ndarray], None] | None = None,
+                init_image: np.ndarray | None = None) -> Job:
         """`submit` without waiting: the accepted job (its `done` is set, and `on_done(job)` called,
         when it ends). Raises at once what `submit` raises at the door. `preview(step, steps,
-        images)` is given live previews of its images (see preview.py), if any are made."""
+        images)` is given live previews of its images (see preview.py), if any are made.
+        `init_image`: the image its images start from (img2img; their infos carry the strength)."""
         if not 1 <= len(infos) <= self.capacity:
             raise ValueError(f"a request makes 1 to {self.capacity} images, not {len(infos)}")
-        job = Job(list(infos), progress, abandoned, on_done=on_done, preview=preview)
+        if (init_image is None) != (infos[0].strength is None):
+            raise ValueError("images that start from an image need their denoising strength, and only they")
+        job = Job(list(infos), progress, abandoned, on_done=on_done, preview=preview, init_image=init_image)
         with self._cond:
             if self._closed:
                 raise ShuttingDown()
@@ -232,10 +234,13 @@ class Batcher:
 
         images = sum(len(j.infos) for j in batch)
         # Previews only when a caller shows them (an API caller that waits for the result does not).
-        previews = {}
+        previews: dict = {}
         if any(job.preview is not None for job in batch):
             every = preview_cadence(self.preview_every, batch[0].infos[0].steps)
             previews = dict(preview=preview, preview_every=every)
+        if batch[0].init_image is not None:  # (strength is in a job's shape: all of the call or none)
+            previews["init_images"] = np.concatenate([np.repeat(j.init_image[None], len(j.infos), axis=0)
+                                                      for j in batch])
         try:
             result = self.pipeline.run_images([i for j in batch for i in j.infos], progress=progress,
                                               stop=lambda: all(self._gone(j) for j in batch), **previews)

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..spec.errors import RequestError
-from ..spec.fields import FIELD, FIELDS, FORM
+from ..spec.fields import FIELD, FORM, PAGE_FIELDS
 from ..spec.prompts import CHUNK_TOKENS, NetworkTag, chunk_prompt, split_network_tags
 from ..spec.request import Request
 from ..spec.styles import apply_style, style_entry
@@ -54,7 +54,7 @@ def validate(values: Mapping[str, Any], offer: Offer) -> Request:
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
         seed_input(seed, FIELD["seed"].label)
     fallback = offer.defaults()
-    given = {f.api: fallback[f.name] if f.optional and v[f.name] is None else v[f.name] for f in FIELDS if f.api}
+    given = {f.api: fallback[f.name] if f.optional and v[f.name] is None else v[f.name] for f in PAGE_FIELDS if f.api}
     request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,
                          samplers=offer.samplers, per_image=False)
     # The style wraps what the user typed (their text is what the length limit applies to).

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..spec.errors import RequestError
-from ..spec.fields import BY_API, FIELD, FIELDS, PASTED, restoring
+from ..spec.fields import BY_API, FIELD, PAGE_FIELDS, PASTED, restoring
 from ..spec.infotext import parse, request_fields
 from ..spec.names import DEFAULT_SCHEDULE
 from ..spec.recipes import RECIPES
@@ -108,7 +108,7 @@ def form_defaults(offer: Offer) -> dict[str, Any]:
 
 
 # What "Fill the form" sets from a pasted parameters text, in the form's order.
-PASTED_INTO = tuple(f.name for f in FIELDS if PASTED in f.kept or f.restored is not None)
+PASTED_INTO = tuple(f.name for f in PAGE_FIELDS if PASTED in f.kept or f.restored is not None)
 
 
 def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str]) -> tuple[dict[str, Any], str]:

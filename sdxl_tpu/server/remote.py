@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from ..spec.errors import Cancelled, RequestError
+from ..spec.images import png_bytes
 from ..spec.request import Request
 from ..spec.values import format_size
 from .engine import Generated
@@ -67,6 +68,8 @@ def request_json(request: Request) -> dict[str, Any]:
             "schedule": request.schedule, "rng": request.rng}
     if request.sampler is not None:
         body["sampler"] = request.sampler
+    if request.image is not None:  # (already at the size: the back end's fit leaves it as it is)
+        body.update(image=base64.b64encode(png_bytes(request.image)).decode("ascii"), strength=request.strength)
     return body
 
 

@@ -4,7 +4,8 @@ field by its label; the history keeps the fields marked HISTORY; the back end's 
 `api` names (Pipeline.generate's arguments); a pasted A1111 parameters text fills those marked
 PASTED, read from its `infotext` key.
 
-To add a field: one entry here, its input in app.py's layout, and what it means to a Request.
+To add a field: one entry here, its input in app.py's layout (unless it is the API's alone), and
+what it means to a Request.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 
 MAX_SEED = 2**32 - 1
 RANDOM_SEED = -1  # as in AUTOMATIC1111: a seed drawn at random for each run
@@ -34,7 +35,7 @@ HISTORY, PASTED = "history", "pasted"  # where a field is kept besides the form:
 class Field:
     name: str  # the form's name: the page's element id, the history's key, /generate's argument
     label: str  # how the page and every message name it
-    kind: str  # "text", "choice", "number", "whole" (a whole number) or "switch"
+    kind: str  # "text", "choice", "number", "whole" (a whole number), "switch" or "image"
     default: Any = None  # the page's starting value (None: the server's, e.g. its first size)
     api: str | None = None  # its name in POST /v1/generate and Pipeline.generate (None: the page's alone)
     kept: frozenset[str] = frozenset()  # HISTORY, PASTED
@@ -45,6 +46,7 @@ class Field:
     restored: Any = None  # the value it takes when a run is restored with its seed (not None: it is set)
     about: str = ""  # what it means, for a client's author (the API page)
     example: Any = None  # a realistic value for the API page's example call (None: its default)
+    on_page: bool = True  # False: the back end's API alone (POST /v1/generate), not the page's form
 
 
 _ALL = frozenset({HISTORY, PASTED})
@@ -74,15 +76,27 @@ FIELDS: tuple[Field, ...] = (
           about="Checkpoint (as diffusers runs the model) or one of A1111's schedule types."),
     Field("rng", "RNG", "choice", DEFAULT_RNG, api="rng", kept=_ALL, optional=True, infotext="RNG", choices=RNGS,
           about="Where the noise comes from: JAX, or CPU (PyTorch's CPU noise, as A1111 and ComfyUI draw it)."),
+    # img2img (the back end's API; the page's image panel is to come).
+    Field("image", "Image", "image", api="image", optional=True, on_page=False,
+          about="Start from this image (img2img): a PNG, JPEG or WebP file as base64, bare or as a data: URL, "
+                "fitted to the size by resize_mode. Left out: from noise."),
+    Field("strength", "Denoising strength", "number", DEFAULT_STRENGTH, api="strength", optional=True,
+          on_page=False, limits=STRENGTH_RANGE,
+          about="With an image: how far from it, 0 (kept) to 1 (all but replaced); left out: 0.75, A1111's."),
+    Field("resize_mode", "Resize mode", "choice", DEFAULT_RESIZE_MODE, api="resize_mode", optional=True,
+          on_page=False, choices=RESIZE_MODES,
+          about="With an image: how it is fitted to the size, as A1111's: Just resize (stretched), Crop and "
+                "resize (covering, centred), Resize and fill (inside, the bands filled from its edges)."),
 )
 FIELD = {f.name: f for f in FIELDS}
-FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them
+PAGE_FIELDS = tuple(f for f in FIELDS if f.on_page)
+FORM = tuple(f.name for f in PAGE_FIELDS)  # the form's fields in the order the page and /generate send them
 BY_API = {f.api: f for f in FIELDS if f.api}
 
 
 def kept(where: str) -> tuple[str, ...]:
     """The names of the fields kept `where` (HISTORY, PASTED), in the form's order."""
-    return tuple(f.name for f in FIELDS if where in f.kept)
+    return tuple(f.name for f in PAGE_FIELDS if where in f.kept)
 
 
 def restoring(values: dict[str, Any]) -> dict[str, Any]:
@@ -90,4 +104,4 @@ def restoring(values: dict[str, Any]) -> dict[str, Any]:
     (Randomize off)."""
     if "seed" not in values:
         return dict(values)
-    return {**{f.name: f.restored for f in FIELDS if f.restored is not None}, **values}
+    return {**{f.name: f.restored for f in PAGE_FIELDS if f.restored is not None}, **values}

@@ -8,6 +8,8 @@ images converted. What comes back is pixels only: no metadata of the upload trav
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import warnings
 from typing import Any
@@ -21,6 +23,7 @@ FORMATS = ("PNG", "JPEG", "WEBP")  # decoded; anything else (SVG, GIF, HTML, ...
 MAX_BYTES = 16 * 2**20  # a 4096x4096 PNG of noise is about 50 MB; a photo's JPEG a few MB
 MAX_PIXELS = 4096 * 4096  # checked from the header, before decoding
 MIN_SIDE = 8
+MAX_BASE64_CHARS = 4 * (MAX_BYTES // 3 + 1)  # MAX_BYTES as base64
 BACKGROUND = (255, 255, 255)  # transparency is flattened onto it (A1111's img2img_background_color)
 
 
@@ -57,6 +60,35 @@ def decode_image(data: Any, what: str = "Image") -> Image.Image:
         raise RequestError(f"{what} is not a PNG, JPEG or WebP image.") from None
     except (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeError, MemoryError):
         raise RequestError(f"{what} could not be read: the file is damaged or truncated.") from None
+
+
+def image_input(value: Any, what: str = "Image") -> Image.Image:
+    """A starting image as a client gives it: a PIL image, an (H, W, 3) uint8 array, an image
+    file's bytes, or (in JSON) the file as base64, bare or as a data: URL. Files are decoded by their
+    content (`decode_image`), whatever a data: URL's type says."""
+    if isinstance(value, Image.Image):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype != np.uint8 or value.ndim != 3 or value.shape[2] != 3 or min(value.shape[:2]) < MIN_SIDE:
+            raise RequestError(f"{what} as an array must be (height, width, 3) uint8, got {value.shape} {value.dtype}.")
+        return Image.fromarray(value, "RGB")
+    if isinstance(value, str):
+        value = from_base64(value, what)
+    return decode_image(value, what)
+
+
+def from_base64(text: str, what: str = "Image") -> bytes:
+    """An image file sent as base64 text (line breaks allowed; a data: URL's header is skipped)."""
+    if len(text) > MAX_BASE64_CHARS + 1024:
+        raise RequestError(f"{what} is larger than {MAX_BYTES // 2**20} MB.")
+    if text.startswith("data:"):
+        header, comma, text = text.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise RequestError(f"{what}: a data: URL must hold base64 ('data:image/png;base64,...').")
+    try:
+        return base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{what} must be a PNG, JPEG or WebP file as base64 text.") from None
 
 
 def _as_rgb(image: Image.Image) -> Image.Image:

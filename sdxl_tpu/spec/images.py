@@ -71,6 +71,16 @@ def encode_preview(pixels) -> bytes:
     return out.getvalue()
 
 
+def png_bytes(pixels) -> bytes:
+    """Pixels ((h, w, 3) uint8) as a plain PNG, lossless and quick: an image passed on (a front
+    end's starting image to its back end), not a result."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG", compress_level=1)
+    return out.getvalue()
+
+
 def read_parameters(image: "Image.Image") -> str | None:
     """The parameters an image file carries (PNG text chunk or EXIF UserComment), if any."""
     if "parameters" in image.info:

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import RequestError
-from .fields import FIELD, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED, STRENGTH_RANGE
-from .names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SAMPLERS, SCHEDULES
+from .fields import DEFAULT_STRENGTH, FIELD, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
+from .image_input import image_input
+from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
+from .resize import fit_image, image_array
 from .values import choice_input, number_input, parse_size, prompt_input, schedule_input, seed_input, size_input
 
 
@@ -107,17 +109,22 @@ class Request:
     schedule: str = DEFAULT_SCHEDULE
     rng: str = DEFAULT_RNG
     strength: float | None = None  # from an image (img2img): its denoising strength
+    # From an image: the image fitted to `size`, (height, width, 3) uint8 (None: from noise).
+    image: Any = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
            steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
            sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
-           strength: Any = None, per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS) -> "Request":
+           strength: Any = None, image: Any = None, resize_mode: Any = None, per_image: bool = True,
+           max_chars: int = MAX_PROMPT_CHARS) -> "Request":
         """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
         image); `sizes` and `samplers` are those available (default: all of names.SAMPLERS);
         without `per_image`, lists are refused (a form has one value per field); prompts are at
-        most `max_chars` characters; `strength`: a denoising strength from 0 to 1 (img2img), None
-        from noise."""
+        most `max_chars` characters. From an image (img2img): `image` (image_input.image_input's
+        forms: a PIL image, an array, a file's bytes or base64), fitted to the size by `resize_mode`
+        (A1111's; default Just resize), and `strength`, its denoising strength from 0 to 1 (default
+        A1111's 0.75); without an image, no strength. The image is checked last (it costs most)."""
         def prompt_text(v: Any) -> str:
             text = prompt_input(v, _label("prompt"), max_chars)
             if not text:
@@ -135,7 +142,7 @@ class Request:
         schedule = DEFAULT_SCHEDULE if schedule is None else choice_input(schedule, _label("schedule"), SCHEDULES)
         if sampler is not None:  # the default sampler's combination is checked once it is known
             schedule_input(sampler, schedule)
-        return Request(
+        checked = dict(
             prompt=field(prompt, "prompt", prompt_text),
             negative_prompt=field(negative_prompt, "negative",
                                   lambda v: prompt_input(v, _label("negative"), max_chars)),
@@ -144,9 +151,16 @@ class Request:
             steps=int(number("steps", whole=True)(steps)),
             size=size_input(size, sizes) if sizes is not None else parse_size(size),
             sampler=sampler, schedule=schedule,
-            rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS),
-            strength=None if strength is None else float(number_input(strength, "Denoising strength",
-                                                                      *STRENGTH_RANGE)))
+            rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS))
+        if image is None:
+            if strength is not None:
+                raise RequestError(f"{_label('strength')} applies to a starting image: give the image too.")
+            return Request(**checked)
+        mode = DEFAULT_RESIZE_MODE if resize_mode is None else choice_input(resize_mode, _label("resize_mode"),
+                                                                            RESIZE_MODES)
+        strength = DEFAULT_STRENGTH if strength is None else float(number("strength")(strength))
+        return Request(**checked, strength=strength,
+                       image=image_array(fit_image(image_input(image, _label("image")), checked["size"], mode)))
 
     def images(self, n: int) -> list[ImageInfo]:
         """The request spelled out for `n` images."""
