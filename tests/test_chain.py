@@ -225,6 +225,18 @@ def test_the_chain_gives_what_the_back_end_makes(chain):
     assert read_parameters(chained_images[0]).startswith("a lighthouse in a storm\nNegative prompt: blurry\nSteps: 2,")
     # Four different images (seeds 7..10), so equal pixels above are not four copies of one.
     assert len({np.asarray(i).tobytes() for i in chained_images}) == 4
+    # A starting image of a few MB (img2img) passes nginx to a back end, which runs it.
+    noise = np.random.default_rng(0).integers(0, 256, (900, 1200, 3), np.uint8)
+    png = BytesIO()
+    Image.fromarray(noise).save(png, "PNG", compress_level=1)
+    body = json.dumps({"prompt": "a cat", "steps": 2, "image": base64.b64encode(png.getvalue()).decode(),
+                       "strength": 0.5}).encode()
+    assert len(body) > 3 << 20
+    request = urllib.request.Request(chain["nginx"].url + "/v1/generate", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.loads(response.read())
+    assert len(answer["images"]) == 4 and "Denoising strength: 0.5" in answer["parameters"][0]
 
 
 def test_browser_against_the_chain(chain, tmp_path):
