@@ -295,6 +295,29 @@ def test_without_quiet_platforms_libtpu_would_log_errors():
     assert "TPU" in noisy.stderr and quiet.returncode == 0 and "TPU" not in quiet.stderr and "Cpu" in quiet.stdout
 
 
+def test_an_nvidia_gpu_that_jax_does_not_use_is_said_at_start_and_on_the_page(tmp_path, monkeypatch):
+    """A GPU Space given requirements.txt's jax[tpu] runs on the CPU: the ready line (the page's
+    status) says so and what to install; nothing is said without a GPU, or when JAX uses it."""
+    from sdxl_tpu.generate import compilation
+    from sdxl_tpu.server.local_engine import LocalEngine
+    from sdxl_tpu.server.offer import provisional
+    from sdxl_tpu.server.settings import Settings
+    from sdxl_tpu.spec.load import LoadOptions
+
+    assert compilation.gpu_unused("cpu", root=str(tmp_path)) is None  # no GPU
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    assert compilation.gpu_unused("cpu", root=str(tmp_path)) == compilation.GPU_UNUSED
+    assert compilation.gpu_unused("gpu", root=str(tmp_path)) is None  # JAX uses it
+    assert "install jax[cuda13]" in compilation.GPU_UNUSED
+    settings = Settings(load=LoadOptions(model="tiny", sizes=[(64, 64)]))
+    engine, offer = LocalEngine(settings), provisional(settings)
+    monkeypatch.setattr(compilation, "nvidia_gpu_present", lambda root="/": False)
+    assert engine.ready_message(3.2, offer) == "Ready (3 s to load and compile every size)."
+    monkeypatch.setattr(compilation, "nvidia_gpu_present", lambda root="/": True)  # (this machine: JAX on the CPU)
+    assert engine.ready_message(3.2, offer).endswith(f"every size). ⚠️ {compilation.GPU_UNUSED}")
+
+
 def test_taesd_previews_offline_are_refused_first_with_one_line(tmp_path, monkeypatch):
     """--preview taesd where the Hub cannot be reached and nothing is cached: the server fails at
     once, before loading the model, saying what failed and what to do (app.py prints it as its one

@@ -207,6 +207,9 @@ def test_dockerfile_installs_as_readme_says(tmp_path):
     rewritten = copy.read_text()
     assert re.search(r"^jax\[cuda13\]", rewritten, re.M), rewritten
     assert not re.search(r"^jax\[tpu\]", rewritten, re.M), rewritten
+    # The GPU install (a GPU Space's too) that docs/deploy.md gives is the image's rewrite.
+    assert f"sed -i '{sed}' requirements.txt && pip install -r requirements.txt" in (
+        ROOT / "docs" / "deploy.md").read_text()
 
 
 def test_dockerignore_lets_in_what_the_image_copies():

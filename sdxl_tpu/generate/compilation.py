@@ -47,6 +47,25 @@ def quiet_platforms(environ: dict[str, str] | None = None) -> str | None:
     return platforms
 
 
+# What README says to install on an NVIDIA GPU (jax[tpu] runs there on the CPU without a word).
+GPU_UNUSED = ("An NVIDIA GPU is present but JAX runs on the CPU: install jax[cuda13] in place of jax[tpu] "
+              "(README, Deploy) to use it.")
+
+
+def nvidia_gpu_present(root: str = "/") -> bool:
+    """Whether an NVIDIA driver and device are on this machine (its device files or the driver's
+    /proc entry), whatever JAX sees."""
+    return bool(glob.glob(os.path.join(root, "dev/nvidia[0-9]*"))
+                or os.path.exists(os.path.join(root, "proc/driver/nvidia/version")))
+
+
+def gpu_unused(backend: str | None = None, root: str = "/") -> str | None:
+    """GPU_UNUSED where JAX computes on the CPU (`backend`: jax.default_backend()) although an
+    NVIDIA GPU is present (a GPU Space given requirements.txt's jax[tpu]); else None."""
+    backend = jax.default_backend() if backend is None else backend
+    return GPU_UNUSED if backend == "cpu" and nvidia_gpu_present(root) else None
+
+
 def enable_compile_cache(directory: str | os.PathLike | None) -> None:
     """JAX's persistent compilation cache: a restarted server reuses compiled programs."""
     if directory is None:

@@ -4,13 +4,14 @@ Engine, engine.py). The one module of the server that imports the generator (JAX
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from ..generate.compilation import CompileCounter, enable_compile_cache, quiet_platforms
+from ..generate.compilation import CompileCounter, enable_compile_cache, gpu_unused, quiet_platforms
 from ..generate.loading import load
 from ..generate.pipeline import Pipeline, call_batch
 from ..spec.errors import GenerationError, RequestError
@@ -30,6 +31,8 @@ def prepare_process(settings: Settings) -> None:
     errors would fill the log), and the persistent compilation cache (a restart reuses programs)."""
     quiet_platforms()
     enable_compile_cache(settings.compile_cache)
+    if unused := gpu_unused():
+        logging.getLogger("sdxl_tpu").warning(unused)
 
 
 def load_and_compile_first(settings: Settings) -> Pipeline:
@@ -62,7 +65,8 @@ class LocalEngine:
 
     def ready_message(self, seconds: float, offer: Offer) -> str:
         what = format_size(offer.sizes[0]) if self.compiling else "every size"
-        return f"Ready ({seconds:.0f} s to load and compile {what})."
+        unused = gpu_unused()  # (said where people look: the page's status line, and the log at start)
+        return f"Ready ({seconds:.0f} s to load and compile {what})." + (f" ⚠️ {unused}" if unused else "")
 
     def start(self) -> Offer:
         pipe = self._loader(self.settings)
