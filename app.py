@@ -36,11 +36,13 @@ from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_
 from sdxl_tpu.server.history import HISTORY_HEADERS, HISTORY_PER_PAGE, RESTORE_HISTORY_JS, history_rows, restored_run
 from sdxl_tpu.server.page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESET_FILL_JS, RNG_INFO, SCHEDULE_INFO,
                                   form_defaults, pasted_form, preset_fields, run_panel, seed_note, size_choices,
-                                  style_description)
+                                  size_for_image, style_description)
 from sdxl_tpu.server.page_run import GENERATE, page_run, page_values, refused, stopped
 from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, schedule_menu
 from sdxl_tpu.server.settings import parse_settings
-from sdxl_tpu.spec.fields import FIELD, FORM, PAGE_FIELDS
+from sdxl_tpu.server.uploads import Uploads
+from sdxl_tpu.spec.fields import FEWEST_INPUTS, FIELD, FIELDS, FORM
+from sdxl_tpu.spec.image_input import MAX_BYTES
 from sdxl_tpu.spec.recipes import RECIPES
 from sdxl_tpu.spec.styles import STYLES
 
@@ -99,6 +101,16 @@ def build_demo(server: Server) -> gr.Blocks:
                     gr.Button("🎲", scale=0, min_width=44, elem_id="random-seed").click(
                         None, outputs=[seed], js="() => -1")
                     reuse = gr.Button("♻️", scale=0, min_width=44, elem_id="reuse-seed")
+                # img2img, as A1111's tab has it: the image (dropped, pasted or from the webcam), how far
+                # from it, how it fits the size. Uploads are read only for a run (server/uploads.py).
+                with gr.Accordion("Start from an image", open=False, elem_id="image-panel"):
+                    image = gr.Image(label=label("image"), type="filepath", sources=["upload", "clipboard", "webcam"],
+                                     height=220, elem_id="image")
+                    with gr.Row():
+                        gr.Slider(*FIELD["strength"].limits, value=FIELD["strength"].default, step=0.01,
+                                  label=label("strength"), min_width=220, elem_id="strength")
+                        gr.Radio(list(FIELD["resize_mode"].choices), value=FIELD["resize_mode"].default,
+                                 label=label("resize_mode"), min_width=220, elem_id="resize_mode")
                 # A1111's seed: -1 draws new seeds each run; the API's Randomize switch stays off here.
                 gr.Checkbox(FIELD["randomize"].default, label=label("randomize"), visible=False, elem_id="randomize")
                 with gr.Accordion("More options", open=False, elem_id="more-options"):
@@ -139,7 +151,7 @@ def build_demo(server: Server) -> gr.Blocks:
         # every event takes them in the form's order.
         inputs = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None) in FORM}
         form = [inputs[name] for name in FORM]
-        for f in PAGE_FIELDS:  # (the API page's example call: realistic values, not Gradio's "Hello!!")
+        for f in FIELDS:  # (the API page's example call: realistic values, not Gradio's "Hello!!")
             if (example := f.default if f.example is None else f.example) is not None:
                 inputs[f.name].example_inputs = lambda value=example: value
         # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery
@@ -243,6 +255,12 @@ def build_demo(server: Server) -> gr.Blocks:
             return gr.Dropdown(choices=menu, value=kept)
 
         sampler.change(fit_schedule, inputs=[sampler, schedule], outputs=[schedule], **light)
+        # An image dropped in proposes the compiled size nearest its aspect ratio (the resize mode
+        # fits it there); the person may choose another.
+        def propose_size(value):
+            return size_for_image(value, server.uploads, server.warmup.ready_sizes) or gr.skip()
+
+        image.upload(propose_size, inputs=[image], outputs=[size], **light)
         examples.click(None, inputs=[examples], outputs=[prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
         history_table.click(None, inputs=[history_table, history, *form], outputs=form, js=RESTORE_HISTORY_JS)
         prompt.change(server.token_count, inputs=[prompt, style], outputs=[tokens], **light)
@@ -348,11 +366,15 @@ def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], Non
             return Response(server.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
     demo = build_demo(server)
+    ours = lambda path: server.images.holds([path])
+    server.uploads = Uploads(demo.upload_file_set, ours, keep_seconds=server.settings.keep_images_seconds,
+                             max_bytes=server.settings.max_image_bytes)
     gr.mount_gradio_app(app, demo, path="/", enable_monitoring=False, ssr_mode=False, mcp_server=False,
+                        max_file_size=MAX_BYTES,
                         footer_links=["api"], css=(WEB / "playground.css").read_text(),
                         js=(WEB / "playground.js").read_text())
     mark_launched(demo)
-    queue, endpoints = QueueView(demo), endpoints_of(demo.config)
+    queue, endpoints = QueueView(demo), endpoints_of(demo.config, shortest={"generate": FEWEST_INPUTS})
     server.count_waiting(queue.waiting)
     generations = {e.fn_index for e in endpoints.values() if e.api_name in ("generate", "generate_in_page")}
 
@@ -361,7 +383,8 @@ def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], Non
             server.metrics.count("draining" if server.warmup.draining else "queue_full")
 
     guard = RequestGuard(app, endpoints, queue, cache_dir=get_upload_folder(), app_routes=routes,
-                         closed=lambda: SHUTTING_DOWN if server.warmup.draining else None, on_join=count_turned_away)
+                         closed=lambda: SHUTTING_DOWN if server.warmup.draining else None, on_join=count_turned_away,
+                         ours=ours, uploads=server.uploads)
     return guard, queue, heartbeat_stopper(app)
 
 

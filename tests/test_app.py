@@ -79,10 +79,10 @@ def test_client_gets_four_images_with_seeds(client, tmp_path):
     assert all(0 <= int(item["caption"].split()[1]) < 2**32 for item in gallery)
 
 
-def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client):
-    """The API's last three inputs may be left out (a client of before, which sends none of them:
-    the model's sampler, Schedule type Checkpoint, JAX noise); given, they reach each image's
-    parameters and the timing line; a combination the sampler refuses gets its message."""
+def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, tmp_path):
+    """The API's last six inputs may be left out (a client of before, which sends none of them:
+    the model's sampler, Schedule type Checkpoint, JAX noise, no image); given, they reach each
+    image's parameters and the timing line; a combination the sampler refuses gets its message."""
     from gradio_client.exceptions import AppError
     from PIL import Image
 
@@ -94,8 +94,11 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client):
     assert info["description"].startswith("Four images from one prompt") and "Seed -1 draws" in info["description"]
     assert [p["example_input"] for p in parameters[:2]] == ["a lighthouse on a cliff at dusk, oil painting",
                                                             "blurry, low quality"]
-    assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-3:]] == [
+    assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-6:-3]] == [
         ("sampler", True, "Euler"), ("schedule", True, "Checkpoint"), ("rng", True, "JAX")]
+    # ... and img2img's three after them, added since: an image (none), its strength and resize mode.
+    assert [(p["parameter_name"], p["parameter_has_default"]) for p in parameters[-3:]] == [
+        ("image", True), ("strength", True), ("resize_mode", True)]
     for call in [(), ("Euler a",), ("Euler a", "Checkpoint"), ("Euler a", "Checkpoint", "CPU")]:
         gallery, info = _generate(client, "a cat", "", "(No style)", 3, False, 5.0, 2, "64x64", *call)
         rng = "CPU" if len(call) == 3 else "JAX"
@@ -103,6 +106,15 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client):
         text = read_parameters(Image.open(gallery[0]["image"]))
         assert f"Sampler: {call[0] if call else 'Euler'}, Schedule type: Checkpoint, CFG scale: 5," in text
         assert f", RNG: {rng}, Version: " in text
+    # From an image, as gradio_client sends one (uploaded first): its strength in the parameters.
+    from gradio_client import handle_file
+
+    from test_img2img import picture
+
+    picture(96, 64).save(tmp_path / "start.png")
+    gallery, info = _generate(client, "a cat", "", "(No style)", 3, False, 5.0, 4, "64x64", "Euler", "Checkpoint",
+                              "JAX", handle_file(str(tmp_path / "start.png")), 0.5, "Resize and fill")
+    assert "Denoising strength: 0.5," in read_parameters(Image.open(gallery[0]["image"])) and "4 steps" in info
     for call, message in [(("DPM++ 2M Karras", "Exponential", "JAX"),
                            r"^DPM\+\+ 2M Karras names its schedule \(Karras\): for Schedule type Exponential choose "
                            r"DPM\+\+ 2M\.$"),
@@ -925,3 +937,58 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
         first = seeds_shown(page)
         generate_in_page(page, None)
         assert seeds_shown(page)[0] != first[0] and "2 steps of Euler " in page.locator("#summary").inner_text()
+
+
+def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, tiny_pipeline):
+    """A person opens "Start from an image", drops a picture in (the panel shows it, served back as
+    plain PNG pixels; the size menu proposes the size nearest its shape), sets the strength and the
+    resize mode and runs: four images whose parameters
+    say the strength, the pixels the pipeline makes of that image in this process (through the same
+    JPEG encoder), and nothing recompiles."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from sdxl_tpu.spec.images import encode, read_parameters
+    from sdxl_tpu.spec.infotext import parse
+    from test_img2img import picture
+    from test_pipeline import psnr
+
+    start = tmp_path / "start.png"
+    picture(128, 96).save(start)
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        page.get_by_text("Start from an image").click()
+        page.locator("#image input[type=file]").set_input_files(str(start))
+        shown = "() => { const i = document.querySelector('#image img'); return i && i.complete ? i.naturalWidth : 0 }"
+        wait_for(lambda: page.evaluate(shown) == 128, 30, "the uploaded image is not shown in the panel")
+        # A 4:3 image: the size menu proposes the compiled size nearest its aspect ratio (3:2).
+        wait_for(lambda: page.locator("#size input").input_value() == SIZE_LABELS["96x64"], 30,
+                 "the size nearest the image was not proposed")
+        set_field(page, "strength", 0.5)
+        page.locator("#resize_mode").get_by_label("Crop and resize").check()
+        set_field(page, "seed", 5)
+        set_field(page, "steps", 4)
+        generate_in_page(page, "a cat in the snow", "")
+        page.locator("#image-panel").scroll_into_view_if_needed()
+        page.screenshot(path=str(artifact(tmp_path, "img2img-1280x800.png")))
+        urls = page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
+        panel_src = page.evaluate("() => document.querySelector('#image img').src")
+    with urllib.request.urlopen(panel_src, timeout=30) as response:
+        headers = response.headers
+        assert headers["Content-Type"] == "image/png" and headers["X-Content-Type-Options"] == "nosniff"
+    files = []
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            files.append(response.read())
+    texts = [read_parameters(Image.open(io.BytesIO(f))) for f in files]
+    assert len(files) == 4 and all("Denoising strength: 0.5," in t for t in texts), texts
+    s = parse(texts[0]).settings
+    ours = tiny_pipeline.generate("a cat in the snow", seed=5, steps=4, size=s["Size"], sampler=s["Sampler"],
+                                  schedule=s.get("Schedule type"), guidance_scale=float(s["CFG scale"]),
+                                  image=Image.open(start), strength=0.5, resize_mode="Crop and resize")
+    for blob, image, text in zip(files, ours.images, texts, strict=True):
+        expected = np.asarray(Image.open(io.BytesIO(encode(image, text, "jpeg"))))
+        assert psnr(np.asarray(Image.open(io.BytesIO(blob))), expected) > 40
+    assert compiles(app_server) == before

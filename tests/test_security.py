@@ -21,10 +21,12 @@ from hypothesis import strategies as st
 from served_app import ROOT, SIZES, get
 from sdxl_tpu.server.guard import MAX_BODY_BYTES
 from sdxl_tpu.server.page import PASTED_INTO
-from sdxl_tpu.spec.fields import FIELD, FORM, MAX_PROMPT_CHARS
-from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.spec.fields import FEWEST_INPUTS, FIELD, FORM, MAX_PROMPT_CHARS
+from sdxl_tpu.spec.names import RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
-GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX"]  # a valid call (1 step)
+# A valid call (1 step), from noise: no image (its strength and resize mode are checked, not used).
+GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX", None, 0.75,
+            "Just resize"]
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
        "sampler": "Euler", "size": "64x64", "schedule": "Checkpoint", "rng": "JAX"}  # a run as the history keeps it
 # The page's own generation event takes the history the browser keeps as a last input.
@@ -32,6 +34,19 @@ CALLS = {"generate": GENERATE, "generate_in_page": GENERATE + [[RUN]]}
 HISTORY = len(GENERATE)  # (its position)
 FIELDS = list(FORM)  # the form's fields, in the order /generate takes them
 OWN_SOURCE = "def build_demo(server: Server)"  # a line of app.py: must never be served
+
+
+def _png_html() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(out, "PNG")
+    return out.getvalue() + b"<html><script>alert(document.domain)</script></html>"
+
+
+PNG_HTML = _png_html()  # a polyglot: a valid PNG with a page after it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,13 +165,18 @@ def test_file_data_inputs_never_read_a_file(app_server, http_client, fn_index):
             data = list(GENERATE)
             data[position] = _file_data(path)
             status, detail = http_client.join(data, fn_index["generate"])
-            assert status == 422 and detail == f"input {position + 1} is a file object; this app takes no files."
+            assert status == 422 and detail == f"input {position + 1} is a file object; only an image input takes one."
         status, detail = http_client.join([_file_data(path), "(No style)"], fn_index["token_count"])
         assert status == 422 and "file object" in detail
         status, detail = http_client.join(GENERATE + [[{"prompt": _file_data(path)}]], fn_index["generate_in_page"])
-        assert status == 422 and detail == f"input {HISTORY + 1} is a file object; this app takes no files."
-        status, detail = http_client.join(GENERATE[:9] + [_file_data(path), "JAX"], fn_index["generate"])
-        assert status == 422 and detail == "input 10 is a file object; this app takes no files."
+        assert status == 422 and detail == f"input {HISTORY + 1} is a file object; only an image input takes one."
+        status, detail = http_client.join(GENERATE[:9] + [_file_data(path)] + GENERATE[10:], fn_index["generate"])
+        assert status == 422 and detail == "input 10 is a file object; only an image input takes one."
+        # The image input takes a file object: only that of an upload (or of the app's own images).
+        image = FIELDS.index("image")
+        status, detail = http_client.join(GENERATE[:image] + [_file_data(path)] + GENERATE[image + 1:],
+                                          fn_index["generate"])
+        assert status == 422 and detail.startswith(f"Image (input {image + 1}) must be null or a file uploaded"), detail
         # ... and asked for directly, by every spelling of the path
         for spelled in (path, path.replace("/", "%2F"), path.replace(".", "%2e")):
             status, _ = http_client.request("GET", f"/gradio_api/file={spelled}")
@@ -266,6 +286,12 @@ MALFORMED = {
                           st.sampled_from([s.lower() for s in SCHEDULES] + ["sgm_uniform", "normal", "Beta"])),
     "rng": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s not in RNGS),
                      st.sampled_from(["cpu", "GPU", "NV", "jax"])),
+    # (checked with or without an image; the image itself is refused at the envelope unless it is an
+    # upload's file object, which gradio_client cannot send malformed: fuzzed raw below)
+    "strength": st.one_of(bad_number.filter(lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 0),
+                          st.floats(1.001, 1e6), st.floats(-1e6, -0.001)),
+    "resize_mode": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s not in RESIZE_MODES),
+                             st.sampled_from(["just resize", "Fit", "Stretch", "crop"])),
 }
 
 
@@ -280,7 +306,8 @@ def _refused(sampler: str, schedule: str) -> bool:
 # A sampler and a Schedule type, each valid, together not (DDIM on Karras): both set.
 REFUSED_PAIRS = [(sampler, schedule) for sampler in SAMPLERS for schedule in SCHEDULES if _refused(sampler, schedule)]
 PAIR = "sampler+schedule"
-CASES = st.one_of(st.sampled_from(FIELDS).flatmap(lambda f: st.tuples(st.just(f), MALFORMED[f])),
+CASES = st.one_of(st.sampled_from([f for f in FIELDS if f in MALFORMED]).flatmap(
+                      lambda f: st.tuples(st.just(f), MALFORMED[f])),
                   st.tuples(st.just(PAIR), st.sampled_from(REFUSED_PAIRS)))
 
 
@@ -345,7 +372,8 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
               "true", "false", "null", "[]", "{}", '"' + "y" * 100_000 + '"']
 # (position, value) pairs among those that make a valid call: no negative prompt, randomize on or off,
 # the default sampler, schedule and noise source.
-STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null"), (9, "null"), (10, "null")}
+STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null"), (9, "null"), (10, "null"),
+               (11, "null"), (12, "null"), (13, "null")}  # (no image: no strength and resize mode needed)
 
 
 def _join_raw(http_client, log: AppLog, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:
@@ -409,11 +437,13 @@ def _kept_run_names_no_file_it_did_not_write(http_client, log: AppLog, fn_index,
 
 def _light_handlers_answer_raw_values(http_client, log: AppLog, fn_index) -> None:
     # The light handlers (token count, style description, the fixed-seed note, parameters read
-    # from the prompt box) answer with a message, not an error: every input of each, malformed in turn.
+    # from the prompt box, the size proposed for an image) answer, not fail: every input of each,
+    # malformed in turn.
     for raw in RAW_VALUES:
         for name, valid in (("token_count", ['"a cat"', '"(No style)"']),
                             ("style_description", ['"a cat"', '"Anime"']), ("seed_note", ["5"]),
-                            ("fill_from_pasted", ['"a cat\\nSteps: 3"']), ("restore_last_run", ["{}"])):
+                            ("fill_from_pasted", ['"a cat\\nSteps: 3"']), ("restore_last_run", ["{}"]),
+                            ("propose_size", ["null"])):
             for position in range(len(valid)):
                 status, _, session = _join_raw(http_client, log, fn_index[name], valid, position, raw)
                 if status == 200:
@@ -457,7 +487,7 @@ def test_fuzz_raw_routes(app_server, http_client, fn_index, app_log):
         envelopes.append(('{"data": [], "fn_index": %s, "session_hash": "s"}' % fn).encode())
     for session_hash in ('""', "1", '"a b"', '"../x"', '"' + "s" * 65 + '"', '"\\ud800"', "[]"):
         envelopes.append(json.dumps({**good, "session_hash": 0}).replace("0}", session_hash + "}").encode())
-    for arity in (0, 1, len(GENERATE) - 1, len(GENERATE) + 1, 100):
+    for arity in (0, 1, FEWEST_INPUTS - 1, len(GENERATE) + 1, 100):  # (older callers send FEWEST_INPUTS and more)
         envelopes.append(json.dumps({**good, "data": (GENERATE * 20)[:arity]}).encode())
     for key, value in [("event_id", 5), ("trigger_id", "x"), ("trigger_id", True), ("simple_format", "yes"),
                        ("batched", 1), ("oauth_token", [1]), ("event_data", [[[[[[[[[[[[1]]]]]]]]]]]])]:
@@ -477,8 +507,9 @@ def test_fuzz_raw_routes(app_server, http_client, fn_index, app_log):
     cases += [("GET", f"/gradio_api/heartbeat/{s}", None, {}) for s in ("", "%00", "a%20b", "x" * 65, "a/b")]
     cases += [("GET", f"/gradio_api/call/generate/{e}", None, {}) for e in (uuid.uuid4().hex, "%00", "x" * 65, "")]
     cases += [("POST", "/gradio_api/upload", b"--x\r\nContent-Disposition: form-data; name=\"files\"; "
-               b"filename=\"../../a.txt\"\r\n\r\nhello\r\n--x--\r\n",
-               {"Content-Type": "multipart/form-data; boundary=x"})]
+               b"filename=\"../../a.txt\"\r\n\r\n" + content + b"\r\n--x--\r\n",
+               {"Content-Type": "multipart/form-data; boundary=x"})
+              for content in (b"hello", b"<svg onload=alert(1)>", PNG_HTML[:40], b"")]
     cases += [("POST", "/gradio_api/upload", b"x" * (3 << 20), {"Content-Type": "multipart/form-data; boundary=x"})]
     cases += [("POST", "/gradio_api/queue/join", b"{}", {"Content-Length": "-1"})]
     assert len(cases) >= 500
@@ -604,3 +635,38 @@ def test_malformed_inputs_leave_the_server_up_its_log_quiet_and_a_normal_call_wo
     gallery, info = fuzz_client.predict(*GENERATE, api_name="/generate")
     assert len(gallery) == 4 and "Generated 4 images" in info
     assert _cached_files_containing(app_server["cache_dir"], [app_server["secret"], OWN_SOURCE, "root:x:0:0"]) == []
+
+
+def test_fuzz_uploads(app_server, http_client, fn_index, app_log):
+    """Every hostile or broken file of test_image_input (over 300) sent to the upload route: a
+    non-image is refused (4xx naming the upload, nothing kept); an image that decodes (corruptions
+    may leave one) is kept and served back only as fresh PNG pixels (never the file itself: a PNG
+    with a page after it comes back without the page), and a run from it works."""
+    from test_image_input import hostile_files
+
+    files = [(name, data) for name, data in hostile_files() if isinstance(data, bytes)]
+    files.append(("png+html", PNG_HTML))
+    assert len(files) >= 300
+    taken = []
+    for name, data in files:
+        boundary = "sdxl" + uuid.uuid4().hex
+        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}.html\"\r\n"
+                "Content-Type: text/html\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+        app_log.inputs += 1
+        status, text = http_client.request("POST", "/gradio_api/upload", body,
+                                           {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        if status == 200:
+            taken.append((name, json.loads(text)[0]))
+            continue
+        assert status in (400, 413, 415) and json.loads(text)["detail"].startswith(("The upload", "An upload")), (
+            name, status, text[:200])
+    assert 0 < len(taken) < len(files) // 2, len(taken)
+    for name, path in taken:
+        status, content = http_client.request("GET", f"/gradio_api/file={path}")
+        assert status == 200 and content.startswith(b"\x89PNG") and b"<html" not in content, (name, content[:100])
+    # The page's run from an upload (the last: the polyglot), its image as the page sends it.
+    data = GENERATE[:FIELDS.index("image")] + [_file_data(taken[-1][1]), 0.5, "Just resize"]
+    status, message = http_client.join(data, fn_index["generate"])
+    assert status == 200 and message["success"], message
+    assert not _cached_files_containing(app_server["cache_dir"], [app_server["secret"]])
+    app_log.assert_quiet()

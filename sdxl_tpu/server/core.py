@@ -28,6 +28,7 @@ from .metrics import Metrics
 from .offer import Offer, provisional
 from .remote_engine import RemoteEngine
 from .settings import Settings
+from .uploads import Uploads
 from .warmup import Warmup
 
 
@@ -57,6 +58,7 @@ class Server:
         self.engine = engine_for(settings, self.metrics.count_call, loader, max_waiting)
         self.warmup = Warmup(self.engine, provisional(settings), on_ready=lambda ready: self.metrics.ready.set(ready))
         self._images = images
+        self.uploads: Uploads | None = None  # what people upload to the page (app.py's; None: no uploads)
 
     @property
     def images(self) -> ImageStore:
@@ -110,7 +112,7 @@ class Server:
         """The form's fields as a client sent them (by name) as a checked Request (form.validate);
         a size offered but still compiling is refused first (StillCompiling)."""
         self.warmup.check_size(values.get("size"))
-        return validate(values, self.offer)
+        return validate(values, self.offer, self.uploads.read if self.uploads is not None else None)
 
     def stream(self, values: Mapping[str, Any], abandoned: Callable[[], bool] | None = None,
                queued_at: float | None = None, previews: bool = True) -> Iterator[tuple]:

@@ -1,12 +1,14 @@
 """The JSON of Gradio's queue protocol as a client sends it, checked against the app's own
 endpoints (their input counts), before guard.py lets it through: the envelope's keys and types,
-`fn_index`, ids, `data`'s arity and nesting, no file objects; a refusal is a 4xx with a message."""
+`fn_index`, ids, `data`'s arity and nesting, file objects only where the input is an image (what
+they name is checked where it is read: uploads.py); a refusal is a 4xx with a message."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,37 +48,48 @@ class Endpoint:
     api_name: str | None
     public: bool  # callable by name (call/<api_name>), not only by the page's fn_index
     select: bool  # a .select() listener: Gradio builds SelectData from event_data["index"/"value"]
+    file_inputs: tuple[tuple[int, str], ...] = ()  # (position, label) of inputs that are images: a file object
+    min_inputs: int | None = None  # fewer may be sent (an older client's): the rest are null; None: all
 
 
-def endpoints_of(config: dict) -> dict[int, Endpoint]:
-    """The Blocks' dependencies that run on the server and through the queue, by fn_index."""
+def endpoints_of(config: dict, shortest: Mapping[str, int] | None = None) -> dict[int, Endpoint]:
+    """The Blocks' dependencies that run on the server and through the queue, by fn_index;
+    `shortest`: for an API name, how few inputs a call may send (inputs added at the end since)."""
+    components = {c["id"]: c for c in config.get("components", [])}
     out = {}
     for dep in config["dependencies"]:
         if not dep.get("backend_fn") or not dep.get("queue", True):
             continue  # JS-only events and queue-less ones (the guard closes run/predict) are not callable
+        images = tuple((i, components[block].get("props", {}).get("label") or "image")
+                       for i, block in enumerate(dep["inputs"]) if components.get(block, {}).get("type") == "image")
         out[dep["id"]] = Endpoint(dep["id"], len(dep["inputs"]), dep.get("api_name"),
                                   dep.get("api_visibility") == "public",
-                                  any(event == "select" for _, event in dep.get("targets", [])))
+                                  any(event == "select" for _, event in dep.get("targets", [])), images,
+                                  (shortest or {}).get(dep.get("api_name")))
     return out
 
 
-def check_data(data: Any, endpoint: Endpoint, *, files: bool = False) -> None:
-    """`data` has the endpoint's arity, bounded nesting and (unless `files`) no file objects: no
-    input of this app is a file, and a file object is how a client asks Gradio to read one."""
+def check_data(data: Any, endpoint: Endpoint, *, files: bool = False) -> list:
+    """`data` has the endpoint's arity (a shorter call's missing inputs are returned as null),
+    bounded nesting and no file objects but an image input's own (a file object is how a client asks
+    Gradio to read a file; `files`: anywhere)."""
     if not isinstance(data, list):
         raise Refused(422, f"'data' must be a list of {endpoint.n_inputs} input values, got {json_type(data)}.")
-    if len(data) != endpoint.n_inputs:
+    fewest = endpoint.n_inputs if endpoint.min_inputs is None else endpoint.min_inputs
+    if not fewest <= len(data) <= endpoint.n_inputs:
         name = f"/{endpoint.api_name}" if endpoint.api_name else f"fn_index {endpoint.fn_index}"
-        raise Refused(422, f"{name} takes {endpoint.n_inputs} input values, got {len(data)}.")
+        takes = f"{endpoint.n_inputs}" if fewest == endpoint.n_inputs else f"{fewest} to {endpoint.n_inputs}"
+        raise Refused(422, f"{name} takes {takes} input values, got {len(data)}.")
     stack = [(value, 1, i) for i, value in enumerate(data)]
     while stack:  # iterative: Gradio walks inputs recursively, so depth is bounded here
         value, depth, index = stack.pop()
         if depth > MAX_DEPTH:
             raise Refused(422, f"input {index + 1} is nested too deeply.")
-        if not files and is_file_object(value):
-            raise Refused(422, f"input {index + 1} is a file object; this app takes no files.")
+        if not files and is_file_object(value) and not (depth == 1 and index in dict(endpoint.file_inputs)):
+            raise Refused(422, f"input {index + 1} is a file object; only an image input takes one.")
         children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
         stack.extend((child, depth + 1, index) for child in children)
+    return data + [None] * (endpoint.n_inputs - len(data))
 
 
 def check_envelope(body: Any, endpoints: dict[int, Endpoint], *, fn_index: int | None = None) -> dict:
@@ -92,7 +105,7 @@ def check_envelope(body: Any, endpoints: dict[int, Endpoint], *, fn_index: int |
     for key, (ok, what) in ENVELOPE_KEYS.items():
         if key in body and not ok(body[key]):
             raise Refused(422, f"'{key}' must be {what}, got {json_type(body[key])}.")
-    check_data(body.get("data"), endpoint)
+    data = check_data(body.get("data"), endpoint)
     # event_data may be any JSON (a change event sends the new value); only handlers that ask for it
     # read it, and a gallery's select event names an image (no file is read), so only depth is bounded.
     event_data = body.get("event_data")
@@ -100,7 +113,7 @@ def check_envelope(body: Any, endpoints: dict[int, Endpoint], *, fn_index: int |
         raise Refused(422, "'event_data' must be an object with 'index' and 'value' for a select event.")
     if event_data is not None:
         check_data([event_data], Endpoint(fn_index, 1, "event_data", False, False), files=True)
-    return {**body, "fn_index": fn_index}
+    return {**body, "fn_index": fn_index, "data": data}
 
 
 def check_fn_index(value: Any, endpoints: dict[int, Endpoint]) -> int:

@@ -5,15 +5,16 @@ image; a prompt's token count."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..spec.errors import RequestError
-from ..spec.fields import FIELD, FORM, PAGE_FIELDS
+from ..spec.fields import FIELD, FIELDS, FORM
 from ..spec.prompts import CHUNK_TOKENS, NetworkTag, chunk_prompt, split_network_tags
 from ..spec.request import Request
 from ..spec.styles import apply_style, style_entry
-from ..spec.values import json_type, seed_input, text_input
+from ..spec.names import RESIZE_MODES
+from ..spec.values import choice_input, json_type, number_input, seed_input, text_input
 from .errors import log_refusal
 from .offer import Offer
 
@@ -39,13 +40,15 @@ def form_values(values: Sequence[Any]) -> dict[str, Any]:
     return dict(zip(FORM, values))
 
 
-def validate(values: Mapping[str, Any], offer: Offer) -> Request:
+def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, str], bytes] | None = None) -> Request:
     """The form's fields as a client sent them (JSON values, by name) as one checked Request with
     the style applied, for what `offer` offers. A form has one value per field: lists are refused,
     not taken per image. An optional field left out (or null) is the offer's default: its sampler,
     Schedule type and RNG; the Schedule type is checked with the sampler that will run it. The seed
     is drawn at random where it is -1 (as in A1111) or Randomize is on (the page's switch of old,
-    which API clients may still send)."""
+    which API clients may still send). The image is a file object of the page's upload, read by
+    `read_file(value, label)` (uploads.Uploads.read; None: no image is taken); without one, the
+    strength and resize mode the form always sends are not used."""
     v = {name: values.get(name) for name in FORM}
     style_entry(v["style"])  # an unknown style is refused before the rest is checked
     randomize, seed = v["randomize"], v["seed"]
@@ -54,7 +57,18 @@ def validate(values: Mapping[str, Any], offer: Offer) -> Request:
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
         seed_input(seed, FIELD["seed"].label)
     fallback = offer.defaults()
-    given = {f.api: fallback[f.name] if f.optional and v[f.name] is None else v[f.name] for f in PAGE_FIELDS if f.api}
+    given = {f.api: fallback.get(f.name) if f.optional and v[f.name] is None else v[f.name]
+             for f in FIELDS if f.api}
+    if given.get("image") is None:  # (the page always sends them: checked all the same, then not used)
+        if given["strength"] is not None:
+            number_input(given["strength"], FIELD["strength"].label, *FIELD["strength"].limits)
+        if given["resize_mode"] is not None:
+            choice_input(given["resize_mode"], FIELD["resize_mode"].label, RESIZE_MODES)
+        given.update(image=None, strength=None, resize_mode=None)
+    elif read_file is None:
+        raise RequestError(f"{FIELD['image'].label}: this server takes no images.")
+    else:
+        given["image"] = read_file(given["image"], FIELD["image"].label)
     request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,
                          samplers=offer.samplers, per_image=False)
     # The style wraps what the user typed (their text is what the length limit applies to).

@@ -12,12 +12,14 @@ What a request may be:
   - Gradio's queue protocol for the app's own events: queue/join, queue/data, heartbeat, cancel,
     and call/<api_name> for the named endpoints; the JSON envelope is checked (envelope.py:
     fn_index, session_hash, data's arity, event_data, no file objects) and forwarded as checked;
-  - file=<path> for files inside Gradio's cache folder (the images the app wrote);
+  - file=<path> for the images the app wrote, and for uploads as fresh PNG pixels (uploads.py);
+  - uploads (POST upload: one file of at most 16 MB, multipart) where the page takes an image;
   - extra routes of the app itself (/healthz, /readyz).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -26,16 +28,20 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from ..spec.errors import RequestError
+from ..spec.image_input import MAX_BYTES, decode_image
 from ..spec.values import shown
 from .envelope import (Endpoint, ID, Refused, check_cached_file, check_envelope, check_fn_index, check_id, parse_json,
                        parse_json_object)
 from .internals import QueueView
+from .uploads import Uploads
 
 log = logging.getLogger("sdxl_tpu.http")
 
 # A /generate call is a few kB; the page's carries the history the browser keeps too: 25 runs'
 # two prompts of up to 20,000 characters (fields.MAX_PROMPT_CHARS), 4 bytes each in UTF-8 at most.
 MAX_BODY_BYTES = 4 << 20
+MAX_UPLOAD_BYTES = MAX_BYTES + (64 << 10)  # one image file and its multipart headers
 API = "/gradio_api"
 STATIC_PAGES = frozenset(["/", "/config", "/config/", "/theme.css", "/favicon.ico", "/manifest.json", "/robots.txt",
                           f"{API}/info", f"{API}/info/", f"{API}/theme.css"])
@@ -46,11 +52,12 @@ UNLOGGED = frozenset(["/monitoring/summary", f"{API}/mcp/schema"])
 
 
 class Answered(Exception):
-    """A request the guard answers itself (Gradio's route would do nothing with it)."""
+    """A request the guard answers itself (Gradio's route would do nothing with it, or must not
+    answer it: an upload served back): a JSON body, or bytes of `media_type`."""
 
-    def __init__(self, status: int, body: dict):
+    def __init__(self, status: int, body: dict | bytes, media_type: str = "application/json"):
         super().__init__(status)
-        self.status, self.body = status, body
+        self.status, self.body, self.media_type = status, body, media_type
 
 
 Handler = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -61,16 +68,19 @@ class RequestGuard:
 
     `endpoints` are the Blocks' callable events (`endpoints_of(blocks.config)`), `queue` tells
     which sessions and events Gradio's queue holds, `cache_dir` is Gradio's cache folder,
-    `app_routes` the app's own routes besides Gradio's (GET/HEAD).
+    `app_routes` the app's own routes besides Gradio's (GET/HEAD); `ours(path)` whether the app
+    wrote a file (its images: served), `uploads` what people uploaded (None: no uploads taken).
     """
 
     def __init__(self, app: Handler, endpoints: dict[int, Endpoint], queue: QueueView, cache_dir: str | Path,
                  app_routes: Iterable[str] = (), max_body: int = MAX_BODY_BYTES,
                  closed: Callable[[], str | None] = lambda: None,
-                 on_join: Callable[[int, int], None] | None = None):
+                 on_join: Callable[[int, int], None] | None = None,
+                 ours: Callable[[str], bool] = lambda path: False, uploads: Uploads | None = None):
         """`closed()` returns a message while new work must be refused (503 to new queue calls,
         e.g. while draining); `on_join(fn_index, status)` is told the answer to each new call."""
         self.app, self.endpoints, self.queue, self.max_body = app, endpoints, queue, max_body
+        self.ours, self.uploads = ours, uploads
         self.cache_dir = Path(os.path.realpath(cache_dir))
         self.pages = STATIC_PAGES | set(app_routes)
         self.closed, self.on_join = closed, on_join
@@ -97,7 +107,7 @@ class RequestGuard:
             checked = await self.check(scope, receive)
             if checked is not None:
                 # Forward what was checked, re-encoded: Gradio parses exactly the values looked at here.
-                body = json.dumps(checked, ensure_ascii=True).encode()
+                body = checked if isinstance(checked, bytes) else json.dumps(checked, ensure_ascii=True).encode()
                 fn_index = checked.get("fn_index") if joining else None
                 receive = _replay(body, receive)
                 scope = _with_body_length(scope, len(body))
@@ -108,7 +118,10 @@ class RequestGuard:
                 return
             await self.app(scope, receive, send_tracked)
         except Answered as e:
-            await _send_json(send, e.status, e.body)
+            if isinstance(e.body, bytes):
+                await _send_bytes(send, e.status, e.body, e.media_type)
+            else:
+                await _send_json(send, e.status, e.body)
         except Refused as e:  # raised by check(), before the app could start a response
             if path not in UNLOGGED:
                 log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), e.message)
@@ -122,9 +135,9 @@ class RequestGuard:
             else:  # end the response the app began (uvicorn would log an incomplete one again)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def check(self, scope: dict, receive) -> dict | None:
-        """Raises Refused, or returns the checked JSON body to forward (None: forward the request
-        as it is)."""
+    async def check(self, scope: dict, receive) -> dict | bytes | None:
+        """Raises Refused, or returns the checked body to forward (JSON, or bytes as they came;
+        None: forward the request as it is)."""
         method, path = scope["method"], scope["path"]
         query = scope.get("query_string", b"").decode("latin-1")
         if any(unicodedata.category(ch) == "Cc" for ch in path + query):
@@ -133,8 +146,16 @@ class RequestGuard:
         if reading and (path in self.pages or path.startswith(STATIC_PREFIXES)):
             return None
         if reading and path.startswith(f"{API}/file="):
-            check_cached_file(path[len(f"{API}/file="):], self.cache_dir)
-            return None
+            file = path[len(f"{API}/file="):]
+            check_cached_file(file, self.cache_dir)
+            if self.ours(file):
+                return None
+            if self.uploads is not None and self.uploads.holds(file):
+                try:
+                    raise Answered(200, self.uploads.png(file), "image/png")
+                except (RequestError, OSError):
+                    raise Refused(415, "That upload is not an image this app reads (PNG, JPEG or WebP).") from None
+            raise Refused(404, "No such image (only files this app wrote are served, while they last).")
         if reading and path.startswith(f"{API}/heartbeat/"):
             check_id(path[len(f"{API}/heartbeat/"):])
             return None
@@ -162,10 +183,34 @@ class RequestGuard:
                                                   f"{API}/call/", f"{API}/queue/join", f"{API}/cancel",
                                                   f"{API}/reset")):
             raise Refused(405, f"{method} is not allowed here.")
+        if method == "POST" and path == f"{API}/upload" and self.uploads is not None:
+            return await self._checked_upload(scope, receive)
         if path.startswith(f"{API}/upload"):
-            raise Refused(403, "This app takes no file uploads.")
+            raise Refused(403, "This app takes no other file uploads." if self.uploads else
+                          "This app takes no file uploads.")
         raise Refused(404, "Not found. This server answers the page, the /generate endpoint through "
                            "Gradio's queue, /healthz and /readyz.")
+
+    async def _checked_upload(self, scope: dict, receive) -> bytes:
+        """One file of an image's size, as multipart form data (Gradio's parser reads it and writes
+        it where uploads.py finds it); older uploads are swept first."""
+        headers = dict(scope.get("headers", []))
+        kind = headers.get(b"content-type", b"").decode("latin-1")
+        boundary = kind.partition("boundary=")[2].strip('"')
+        if not kind.startswith("multipart/form-data") or not boundary:
+            raise Refused(400, "An upload is multipart form data with one image file.")
+        body = await _read_body(scope, receive, MAX_UPLOAD_BYTES, "An upload is one image file of at most "
+                                f"{MAX_BYTES // 2**20} MB.")
+        parts = [part for part in body.split(b"--" + boundary.encode("latin-1"))[1:] if not part.startswith(b"--")]
+        head, blank, content = parts[0].partition(b"\r\n\r\n") if len(parts) == 1 else (b"", b"", b"")
+        if not blank:
+            raise Refused(400, "An upload is one image file at a time, as multipart form data.")
+        try:  # (decoded by its content, whatever its name says: only images are kept)
+            await asyncio.to_thread(decode_image, content.removesuffix(b"\r\n"), "The upload")
+        except RequestError as e:
+            raise Refused(415, str(e)) from None
+        self.uploads.sweep()
+        return body
 
     def _joined(self, fn_index: int | None, status: int) -> None:
         if fn_index is not None and self.on_join is not None:
@@ -195,16 +240,31 @@ class RequestGuard:
             checked = check_envelope(parse_json(body), self.endpoints, fn_index=self._named(api_name).fn_index)
             if checked.get("session_hash") is not None:
                 check_id(checked["session_hash"])
+        if "data" in checked:
+            self._check_files(checked)
         return checked
 
+    def _check_files(self, checked: dict) -> None:
+        """An image input is null or the file object of an upload (or of one of the app's images),
+        named as the upload answered: Gradio would otherwise answer a path with its own error."""
+        for index, label in self.endpoints[checked["fn_index"]].file_inputs:
+            value = checked["data"][index]
+            path = value.get("path") if isinstance(value, dict) else None
+            if value is not None and not (isinstance(path, str) and (
+                    self.ours(path) or self.uploads is not None and self.uploads.holds(path))):
+                raise Refused(422, f"{label} (input {index + 1}) must be null or a file uploaded to this page "
+                                   "(POST /gradio_api/upload), as the upload named it; uploads are deleted after "
+                                   "a while.")
 
-async def _read_body(scope: dict, receive, limit: int) -> bytes:
+
+async def _read_body(scope: dict, receive, limit: int, too_large: str | None = None) -> bytes:
+    too_large = too_large or f"The request body is larger than {limit // 1024} KiB."
     for name, value in scope.get("headers", []):
         if name == b"content-length":
             if not value.isdigit():
                 raise Refused(400, "Content-Length is not a number.")
             if int(value) > limit:
-                raise Refused(413, f"The request body is larger than {limit // 1024} KiB.")
+                raise Refused(413, too_large)
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -213,7 +273,7 @@ async def _read_body(scope: dict, receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise Refused(413, f"The request body is larger than {limit // 1024} KiB.")
+            raise Refused(413, too_large)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
@@ -243,6 +303,17 @@ async def _send_json(send, status: int, body: dict, headers: Iterable[tuple[byte
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                             *headers]})
     await send({"type": "http.response.body", "body": payload})
+
+
+async def _send_bytes(send, status: int, body: bytes, media_type: str) -> None:
+    """Bytes the guard serves itself (an upload's pixels): never sniffed into another type, never
+    run as a document (a sandbox with nothing allowed), not kept by shared caches."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode()),
+                            (b"x-content-type-options", b"nosniff"),
+                            (b"content-security-policy", b"default-src 'none'; sandbox"),
+                            (b"cache-control", b"private, max-age=3600")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def client_address(scope: dict) -> str:

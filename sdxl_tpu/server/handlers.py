@@ -10,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from ..spec.fields import FORM, PAGE_FIELDS
+from ..spec.fields import FIELDS, FORM
 from .errors import user_message
 from .form import form_values
 
@@ -22,7 +22,7 @@ def form_handler(run: Callable, *extra: str, returns: str = "") -> Callable:
     docstring is `run`'s, the fields' meanings (Field.about) and `returns` ("Returns: ...")."""
     keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
     params = [inspect.Parameter(f.name, keyword, default=None if f.optional else inspect.Parameter.empty)
-              for f in PAGE_FIELDS]
+              for f in FIELDS]
     params += [inspect.Parameter(name, keyword, default=None) for name in extra]
     params.append(inspect.Parameter("progress", keyword, default=gr.Progress()))
     split = lambda args: (form_values(args[:len(FORM)]), *args[len(FORM):])
@@ -37,7 +37,7 @@ def form_handler(run: Callable, *extra: str, returns: str = "") -> Callable:
     handler.__name__ = handler.__qualname__ = run.__name__
     # (Gradio's API page reads the description and each argument's line from the docstring)
     handler.__doc__ = ((run.__doc__ or "").strip() + "\n\nArgs:\n" +
-                       "\n".join(f"    {f.name}: {f.about}" for f in PAGE_FIELDS) + "\n\n" + returns).strip()
+                       "\n".join(f"    {f.name}: {f.about}" for f in FIELDS) + "\n\n" + returns).strip()
     return handler
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..spec.fields import FIELD, FORM, PAGE_FIELDS, HISTORY, MAX_PROMPT_CHARS, kept
+from ..spec.fields import FIELD, FIELDS, FORM, HISTORY, MAX_PROMPT_CHARS, kept
 from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
 from .sampler_menu import MENU_PAIR_JS
 
@@ -99,7 +99,7 @@ def _restore_js() -> str:
     each field it keeps, the fields a restored run sets (Randomize off: the run comes out the same),
     the others as they are. (A run kept before an optional field existed ran on its default.)"""
     values = []
-    for i, f in enumerate(PAGE_FIELDS):
+    for i, f in enumerate(FIELDS):
         if HISTORY in f.kept:
             fallback = json.dumps(f.default) if f.optional and f.default is not None else f"form[{i}]"
             values.append(f"e[{json.dumps(f.name)}] ?? {fallback}")

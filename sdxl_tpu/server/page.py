@@ -11,10 +11,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..spec.errors import RequestError
-from ..spec.fields import BY_API, FIELD, PAGE_FIELDS, PASTED, restoring
+from ..spec.fields import BY_API, FIELD, FIELDS, PASTED, restoring
+from ..spec.image_input import decode_image
 from ..spec.infotext import parse, request_fields
 from ..spec.names import DEFAULT_SCHEDULE
 from ..spec.recipes import RECIPES
+from ..spec.resize import nearest_size
 from ..spec.styles import style_entry
 from ..spec.values import format_size
 from .errors import log_refusal
@@ -63,6 +65,18 @@ def size_choices(sizes: Sequence[tuple[int, int]]) -> list[tuple[str, str]]:
     return [(size_label(s), format_size(s)) for s in sizes]
 
 
+def size_for_image(value: Any, uploads: Any, sizes: Sequence[tuple[int, int]]) -> str | None:
+    """The compiled size nearest an uploaded image's aspect ratio (as the page proposes it on
+    upload, where A1111 asks for one), or None where the value is no readable upload."""
+    if uploads is None or not sizes:
+        return None
+    try:
+        image = decode_image(uploads.read(value))
+    except RequestError:
+        return None
+    return format_size(nearest_size(image.size, sizes))
+
+
 def matching_preset(presets: dict[str, Sequence[Any]], steps: Any, sampler: Any, guidance: Any) -> str:
     """The preset whose (steps, sampler, guidance) the form holds, else CUSTOM."""
     for name, (p_steps, p_sampler, p_guidance) in presets.items():
@@ -108,7 +122,7 @@ def form_defaults(offer: Offer) -> dict[str, Any]:
 
 
 # What "Fill the form" sets from a pasted parameters text, in the form's order.
-PASTED_INTO = tuple(f.name for f in PAGE_FIELDS if PASTED in f.kept or f.restored is not None)
+PASTED_INTO = tuple(f.name for f in FIELDS if PASTED in f.kept or f.restored is not None)
 
 
 def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str]) -> tuple[dict[str, Any], str]:

@@ -4,8 +4,8 @@ field by its label; the history keeps the fields marked HISTORY; the back end's 
 `api` names (Pipeline.generate's arguments); a pasted A1111 parameters text fills those marked
 PASTED, read from its `infotext` key.
 
-To add a field: one entry here, its input in app.py's layout (unless it is the API's alone), and
-what it means to a Request.
+To add a field: one entry here (at the end, optional: older /generate callers leave it out), its
+input in app.py's layout, and what it means to a Request.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class Field:
     restored: Any = None  # the value it takes when a run is restored with its seed (not None: it is set)
     about: str = ""  # what it means, for a client's author (the API page)
     example: Any = None  # a realistic value for the API page's example call (None: its default)
-    on_page: bool = True  # False: the back end's API alone (POST /v1/generate), not the page's form
 
 
 _ALL = frozenset({HISTORY, PASTED})
@@ -76,27 +75,29 @@ FIELDS: tuple[Field, ...] = (
           about="Checkpoint (as diffusers runs the model) or one of A1111's schedule types."),
     Field("rng", "RNG", "choice", DEFAULT_RNG, api="rng", kept=_ALL, optional=True, infotext="RNG", choices=RNGS,
           about="Where the noise comes from: JAX, or CPU (PyTorch's CPU noise, as A1111 and ComfyUI draw it)."),
-    # img2img (the back end's API; the page's image panel is to come).
-    Field("image", "Image", "image", api="image", optional=True, on_page=False,
-          about="Start from this image (img2img): a PNG, JPEG or WebP file as base64, bare or as a data: URL, "
+    # img2img (added last: /generate's older callers send the fields above and nothing more).
+    Field("image", "Image", "image", api="image", optional=True,
+          about="Start from this image (img2img): on the page and /generate an uploaded file (Gradio's file "
+                "object); in POST /v1/generate a PNG, JPEG or WebP file as base64, bare or as a data: URL; "
                 "fitted to the size by resize_mode. Left out: from noise."),
     Field("strength", "Denoising strength", "number", DEFAULT_STRENGTH, api="strength", optional=True,
-          on_page=False, limits=STRENGTH_RANGE,
+          limits=STRENGTH_RANGE,
           about="With an image: how far from it, 0 (kept) to 1 (all but replaced); left out: 0.75, A1111's."),
     Field("resize_mode", "Resize mode", "choice", DEFAULT_RESIZE_MODE, api="resize_mode", optional=True,
-          on_page=False, choices=RESIZE_MODES,
+          choices=RESIZE_MODES,
           about="With an image: how it is fitted to the size, as A1111's: Just resize (stretched), Crop and "
                 "resize (covering, centred), Resize and fill (inside, the bands filled from its edges)."),
 )
 FIELD = {f.name: f for f in FIELDS}
-PAGE_FIELDS = tuple(f for f in FIELDS if f.on_page)
-FORM = tuple(f.name for f in PAGE_FIELDS)  # the form's fields in the order the page and /generate send them
+FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them
+# How few of them a /generate call may send: up to the last one that cannot be left out.
+FEWEST_INPUTS = 1 + max(i for i, f in enumerate(FIELDS) if not f.optional)
 BY_API = {f.api: f for f in FIELDS if f.api}
 
 
 def kept(where: str) -> tuple[str, ...]:
     """The names of the fields kept `where` (HISTORY, PASTED), in the form's order."""
-    return tuple(f.name for f in PAGE_FIELDS if where in f.kept)
+    return tuple(f.name for f in FIELDS if where in f.kept)
 
 
 def restoring(values: dict[str, Any]) -> dict[str, Any]:
@@ -104,4 +105,4 @@ def restoring(values: dict[str, Any]) -> dict[str, Any]:
     (Randomize off)."""
     if "seed" not in values:
         return dict(values)
-    return {**{f.name: f.restored for f in PAGE_FIELDS if f.restored is not None}, **values}
+    return {**{f.name: f.restored for f in FIELDS if f.restored is not None}, **values}
