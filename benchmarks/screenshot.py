@@ -5,7 +5,9 @@
 Starts `python app.py --model tiny` (random weights: the images are noise, everything else is
 real) on 127.0.0.1, opens it in Debian's Chromium (Playwright), types a prompt, generates with the
 Anime style and takes a desktop (1280x800) and a phone (390x844) screenshot once the four images
-are in. Needs what the tests need (requirements-dev.txt and `apt-get install chromium`).
+are in; then a run from an image (the "Start from an image" panel open; 1280x1280, to show the
+panel and the images together). Needs what
+the tests need (requirements-dev.txt and `apt-get install chromium`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from served_app import generate_in_page, playground_page, start_app  # noqa: E402
+
+
+def picture(width: int, height: int):
+    """A starting image to show: a sunset's colours and a disc (any image would do)."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width] / max(width, height)
+    disc = (x - 0.5) ** 2 + (y - 0.35) ** 2 < 0.02
+    rgb = np.stack([200 + 55 * disc, 80 + 120 * y + 150 * disc, 140 - 100 * y], -1)
+    return Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8))
 
 
 def main() -> int:
@@ -42,9 +55,23 @@ def main() -> int:
                     page.get_by_text("More options").click()  # closed again: the picture shows the main form
                     if width < 768:  # a phone: from the Generate button down to the images
                         page.evaluate("document.querySelector('#generate').scrollIntoView({block: 'start'})")
+                    else:  # (opening "More options", below the fold, scrolled the page)
+                        page.evaluate("window.scrollTo(0, 0)")
                     page.wait_for_timeout(500)
                     page.screenshot(path=str(out / name))
                     print(out / name)
+            with playground_page(server["url"], "Ready (", viewport=(1280, 1280)) as page:
+                start = Path(tmp) / "start.png"
+                picture(384, 256).save(start)
+                page.get_by_text("Start from an image").click()
+                page.locator("#image input[type=file]").set_input_files(str(start))
+                page.locator("#strength input").first.fill("0.6")
+                page.locator("#strength input").first.press("Enter")
+                generate_in_page(page, args.prompt, "blurry, low quality")
+                page.evaluate("window.scrollTo(0, 0)")
+                page.wait_for_timeout(500)
+                page.screenshot(path=str(out / "playground-img2img.png"))
+                print(out / "playground-img2img.png")
         finally:
             app.close()
     return 0

@@ -670,3 +670,38 @@ def test_fuzz_uploads(app_server, http_client, fn_index, app_log):
     assert status == 200 and message["success"], message
     assert not _cached_files_containing(app_server["cache_dir"], [app_server["secret"]])
     app_log.assert_quiet()
+
+
+def test_uploads_are_read_by_their_name_alone_and_swept_by_age_and_size(tmp_path):
+    """Only a path an upload answered (or one of the app's own images) is read, as given; uploads go
+    when older than the images are kept, and the oldest first while they take more than the budget;
+    a run naming one that went says to drop the image in again."""
+    import time
+
+    from sdxl_tpu.server.uploads import Uploads
+    from sdxl_tpu.spec.errors import RequestError
+
+    now = time.time()
+    files = []
+    for i in range(4):
+        path = tmp_path / f"upload-{i}.png"
+        path.write_bytes(bytes([i]) * 1000)
+        os.utime(path, (now - 10 + i, now - 10 + i))  # oldest first, all younger than kept
+        files.append(path)
+    ours = tmp_path / "sdxl-1.jpg"
+    ours.write_bytes(b"ours")
+    uploaded = {str(p) for p in files}
+    uploads = Uploads(uploaded, lambda path: path == str(ours), keep_seconds=60, max_bytes=2500)
+    assert uploads.read({"path": str(files[1])}) == bytes([1]) * 1000 and uploads.read({"path": str(ours)}) == b"ours"
+    for value in ({"path": "/etc/passwd"}, {"path": f"{tmp_path}/x/../upload-1.png"}, str(files[1]),
+                  {"url": str(files[1])}, {"path": [str(files[1])]}, None, 5):
+        with pytest.raises(RequestError, match="must be a file uploaded to this page"):
+            uploads.read(value)
+    uploads.sweep()  # 4,000 bytes over a budget of 2,500: the two oldest go
+    assert uploaded == {str(files[2]), str(files[3])} and not files[0].exists() and not files[1].exists()
+    os.utime(files[2], (now - 120, now - 120))  # older than kept
+    uploads.sweep()
+    assert uploaded == {str(files[3])} and not files[2].exists() and files[3].exists() and ours.exists()
+    files[3].unlink()  # (gone behind its back: a run naming it says so)
+    with pytest.raises(RequestError, match="no longer on the server"):
+        uploads.read({"path": str(files[3])})
