@@ -28,7 +28,7 @@ from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.envelope import endpoints_of
 from sdxl_tpu.server.errors import log_refusal
 from sdxl_tpu.server.files import ImageStore
-from sdxl_tpu.server.form import EXAMPLES, seed_at
+from sdxl_tpu.server.form import EXAMPLES, picked_item
 from sdxl_tpu.server.guard import RequestGuard
 from sdxl_tpu.server.handlers import form_handler, gradio_handler
 from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched
@@ -103,7 +103,7 @@ def build_demo(server: Server) -> gr.Blocks:
                     reuse = gr.Button("♻️", scale=0, min_width=44, elem_id="reuse-seed")
                 # img2img, as A1111's tab has it: the image (dropped, pasted or from the webcam), how far
                 # from it, how it fits the size. Uploads are read only for a run (server/uploads.py).
-                with gr.Accordion("Start from an image", open=False, elem_id="image-panel"):
+                with gr.Accordion("Start from an image", open=False, elem_id="image-panel") as image_panel:
                     image = gr.Image(label=label("image"), type="filepath", sources=["upload", "clipboard", "webcam"],
                                      height=220, elem_id="image")
                     with gr.Row():
@@ -124,8 +124,9 @@ def build_demo(server: Server) -> gr.Blocks:
             with gr.Column(min_width=0, elem_id="results"):
                 panel = gr.HTML(run_panel("idle"), elem_id="progress")
                 use_seed = gr.Button("♻️ Use this seed", size="sm", elem_id="use-seed")
+                use_image = gr.Button("🖼️ Use as image", size="sm", elem_id="use-image")  # (A1111's Send to img2img)
                 gallery = gr.Gallery(label="Images", columns=2, height="auto", object_fit="contain", preview=False,
-                                     buttons=["download", "fullscreen", use_seed], elem_id="gallery")
+                                     buttons=["download", "fullscreen", use_seed, use_image], elem_id="gallery")
                 summary = gr.Markdown("Four images per run. Click an image to see it large; ♻️ takes its seed.",
                                       elem_id="summary")
             with gr.Column(min_width=0, elem_id="more"):
@@ -158,8 +159,9 @@ def build_demo(server: Server) -> gr.Blocks:
         # serves them without a copy; the store deletes old ones and Gradio forgets them too.
         server.images.on_delete(lambda paths: forget_served(gallery, paths))
         # Per page: the seeds the gallery shows, the image picked in it, the run's state (page.RUN_STATES)
-        # and where it is ({seeds, step, steps}).
+        # and where it is ({seeds, step, steps}); the files it shows (kept on the server, never sent).
         last_seeds, picked, run_state, run_at = gr.State([]), gr.State(None), gr.State("idle"), gr.State({})
+        last_images = gr.State([])
 
         def run_updates(values, progress, previews: bool):
             # The request stops (waiting or between denoising steps) once Gradio no longer runs
@@ -177,7 +179,7 @@ def build_demo(server: Server) -> gr.Blocks:
         # skipped). (Which buttons can be pressed follows the panel's state: the page script sets them.)
         shown = dict(gallery=gallery, last_seeds=last_seeds, picked=picked, summary=summary, panel=panel, run=run,
                      run_state=run_state, run_at=run_at, history=history, history_table=history_table,
-                     kept_run=kept_run)
+                     kept_run=kept_run, last_images=last_images)
 
         def show(changed: dict[str, Any]) -> tuple:
             if "history_rows" in changed:
@@ -229,11 +231,21 @@ def build_demo(server: Server) -> gr.Blocks:
 
         # Seeds as A1111 has them: 🎲 is -1 (random), ♻️ takes the picked image's seed (else the first).
         def reuse_seed(seeds: list[int], index: Any):
-            chosen = seed_at(seeds, index if isinstance(index, int) else 0)
+            chosen = picked_item(seeds, index if isinstance(index, int) else 0)
             return chosen if chosen is not None else gr.skip()
 
         for button in (reuse, use_seed):
             button.click(reuse_seed, inputs=[last_seeds, picked], outputs=[seed], **light)
+
+        # 🖼️ (A1111's "Send to img2img"): the picked image (else the first) starts the next run.
+        def use_as_image(paths: list[str], index: Any):
+            path = picked_item(paths, index if isinstance(index, int) else 0)
+            if not isinstance(path, str) or not server.images.holds([path]):
+                return gr.skip(), gr.skip(), gr.skip()
+            size_now = size_for_image({"path": path}, server.uploads, server.warmup.ready_sizes)
+            return path, gr.Accordion(open=True), size_now or gr.skip()
+
+        use_image.click(use_as_image, inputs=[last_images, picked], outputs=[image, image_panel, size], **light)
         def pick(evt: gr.SelectData):
             return evt.index
 
@@ -324,9 +336,11 @@ def build_demo(server: Server) -> gr.Blocks:
         # the paths the browser sends against the files it wrote).
         def restore_last_run(kept: Any):
             restored = restored_run(kept, server.images.holds)
-            return restored if restored is not None else (gr.skip(),) * 3
+            if restored is None:
+                return (gr.skip(),) * 4
+            return *restored, [path for path, _ in restored[0]]
 
-        demo.load(restore_last_run, inputs=[kept_run], outputs=[gallery, last_seeds, summary], **light)
+        demo.load(restore_last_run, inputs=[kept_run], outputs=[gallery, last_seeds, summary, last_images], **light)
         demo.load(lambda seen, p, s, sa, h: (*refresh(seen, p, s, "idle", sa), gr.Dataset(samples=history_rows(h))),
                   inputs=[seen_offer, prompt, style, sampler, history], outputs=[*refreshed, history_table], **light)
     demo.queue(default_concurrency_limit=1, max_size=server.settings.queue_size, api_open=False)

@@ -942,9 +942,9 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
 def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, tiny_pipeline):
     """A person opens "Start from an image", drops a picture in (the panel shows it, served back as
     plain PNG pixels; the size menu proposes the size nearest its shape), sets the strength and the
-    resize mode and runs: four images whose parameters
-    say the strength, the pixels the pipeline makes of that image in this process (through the same
-    JPEG encoder), and nothing recompiles."""
+    resize mode and runs: four images whose parameters say the strength, the pixels the pipeline
+    makes of that image in this process (through the same JPEG encoder). Then 🖼️ on a result (A1111's
+    Send to img2img) starts the next run from it. Nothing recompiles."""
     import io
 
     import numpy as np
@@ -975,6 +975,16 @@ def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, t
         page.screenshot(path=str(artifact(tmp_path, "img2img-1280x800.png")))
         urls = page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
         panel_src = page.evaluate("() => document.querySelector('#image img').src")
+        # 🖼️ on a result (A1111's Send to img2img): that image starts the next run.
+        page.locator("#gallery .grid-container img").nth(2).click()
+        page.locator("#gallery [data-testid=detailed-image]").wait_for(timeout=10_000)
+        page.locator("#gallery").get_by_label("🖼️ Use as image").click()
+        picked = urls[2].split("file=")[1]
+        wait_for(lambda: picked in (page.evaluate("() => document.querySelector('#image img')?.src") or ""), 30,
+                 "🖼️ did not put the picked image in the panel")
+        page.keyboard.press("Escape")
+        generate_in_page(page, None)
+        again = page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
     with urllib.request.urlopen(panel_src, timeout=30) as response:
         headers = response.headers
         assert headers["Content-Type"] == "image/png" and headers["X-Content-Type-Options"] == "nosniff"
@@ -991,4 +1001,12 @@ def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, t
     for blob, image, text in zip(files, ours.images, texts, strict=True):
         expected = np.asarray(Image.open(io.BytesIO(encode(image, text, "jpeg"))))
         assert psnr(np.asarray(Image.open(io.BytesIO(blob))), expected) > 40
+    with urllib.request.urlopen(again[0], timeout=30) as response:
+        from_result = response.read()
+    assert "Denoising strength: 0.5," in read_parameters(Image.open(io.BytesIO(from_result)))
+    ours = tiny_pipeline.generate("a cat in the snow", seed=5, steps=4, size=s["Size"], sampler=s["Sampler"],
+                                  schedule=s.get("Schedule type"), guidance_scale=float(s["CFG scale"]),
+                                  image=Image.open(io.BytesIO(files[2])), strength=0.5, resize_mode="Crop and resize")
+    expected = np.asarray(Image.open(io.BytesIO(encode(ours.images[0], "", "jpeg"))))
+    assert psnr(np.asarray(Image.open(io.BytesIO(from_result))), expected) > 40
     assert compiles(app_server) == before

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from sdxl_tpu.server.core import Server
-from sdxl_tpu.server.form import seed_at, validate
+from sdxl_tpu.server.form import picked_item, validate
 from sdxl_tpu.server.offer import Offer, provisional
 from sdxl_tpu.server.page import style_description
 from sdxl_tpu.server.settings import Settings, parse_settings
@@ -373,9 +373,9 @@ def test_display_helpers_take_any_client_value():
     assert style_description("Anime").startswith("**Prompt template:** `anime artwork {prompt}")
     assert style_description(["Anime"]).startswith("Style must be text, got a list")
     assert style_description("\ud800").startswith("Style '\\ud800' is not available")
-    assert seed_at([5, 6, 7, 8], 2) == 7
+    assert picked_item([5, 6, 7, 8], 2) == 7 and picked_item(["a.jpg", "b.jpg"], 1) == "b.jpg"
     for seeds, index in [([5], 1), ([5], -1), ([5], True), ([5], "0"), ([5], 0.0), (None, 0), ([5], None)]:
-        assert seed_at(seeds, index) is None
+        assert picked_item(seeds, index) is None
     server = Server(Settings(load=LoadOptions(model="tiny")))
     assert server.token_count(["a"]) == "⚠️ Prompt must be text, got a list."
     assert server.token_count("x" * 20_001).startswith("⚠️ Prompt is 20,001 characters long")

@@ -1,6 +1,6 @@
 """The playground's form (its fields are spec/fields.py's): the values as a client sends them,
-checked into one Request with the style applied; the example prompts; the seed of a picked gallery
-image; a prompt's token count."""
+checked into one Request with the style applied; the example prompts; the seed or file of a picked
+gallery image; a prompt's token count."""
 
 from __future__ import annotations
 
@@ -27,11 +27,12 @@ EXAMPLES = [
 ]
 
 
-def seed_at(seeds: Any, index: Any) -> int | None:
-    """The seed of the gallery image at `index` (from a select event), or None if there is none."""
-    if isinstance(index, bool) or not isinstance(index, int) or not isinstance(seeds, list):
+def picked_item(items: Any, index: Any) -> Any:
+    """What the page keeps of the gallery image at `index` (from a select event): its seed, or its
+    file; None if there is none."""
+    if isinstance(index, bool) or not isinstance(index, int) or not isinstance(items, list):
         return None
-    return seeds[index] if 0 <= index < len(seeds) else None
+    return items[index] if 0 <= index < len(items) else None
 
 
 def form_values(values: Sequence[Any]) -> dict[str, Any]:

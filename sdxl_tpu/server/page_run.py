@@ -38,7 +38,7 @@ def page_run(updates: Iterable[tuple], values: Mapping[str, Any], history: Any) 
         if kind == "started":
             seeds, steps = update[1:]
             # The run replaces the last one at once: nothing of it is shown as current.
-            yield dict(gallery=[], last_seeds=seeds, picked=None, run_state="running",
+            yield dict(gallery=[], last_seeds=seeds, last_images=[], picked=None, run_state="running",
                        run_at={"seeds": seeds, "step": 0, "steps": steps}, run=f"Generating 0/{steps}",
                        summary=f"Generating {len(seeds)} images, {steps} steps. Seeds: {', '.join(map(str, seeds))}.",
                        panel=run_panel("running", "Generating · encoding the prompts", 0, steps))
@@ -54,7 +54,8 @@ def page_run(updates: Iterable[tuple], values: Mapping[str, Any], history: Any) 
             # stores no prompt): what ran, the server's defaults where none was sent.
             kept = history_after(history, {**values, **ran, "negative": values["negative"] or "", "seed": seeds[0],
                                            "thumb": thumbnail(images[0][0]) if images else None})
-            yield dict(gallery=images, last_seeds=seeds, summary=text, history=kept, history_rows=history_rows(kept),
+            yield dict(gallery=images, last_seeds=seeds, last_images=[path for path, _ in images], summary=text,
+                       history=kept, history_rows=history_rows(kept),
                        kept_run=last_run(images, seeds, text),
                        panel=run_panel("done", f"Done in {time.monotonic() - began:.1f} s."), **idle())
 
