@@ -225,6 +225,30 @@ def test_the_chain_gives_what_the_back_end_makes(chain):
     assert read_parameters(chained_images[0]).startswith("a lighthouse in a storm\nNegative prompt: blurry\nSteps: 2,")
     # Four different images (seeds 7..10), so equal pixels above are not four copies of one.
     assert len({np.asarray(i).tobytes() for i in chained_images}) == 4
+    # From an image, through the page's API on the front end (an upload, forwarded as the fitted
+    # image): the back end's own answer for the same image, pixel for pixel.
+    from gradio_client import handle_file
+
+    from test_img2img import picture
+
+    start = BytesIO()
+    picture(96, 72).save(start, "PNG")
+    (chain["root"] / "start.png").write_bytes(start.getvalue())
+    body = json.dumps({"prompt": "a lighthouse in a storm", "negative_prompt": "blurry", "seed": 7, "steps": 4,
+                       "size": "64x64", "sampler": "Euler", "image": base64.b64encode(start.getvalue()).decode(),
+                       "strength": 0.5, "resize_mode": "Crop and resize"}).encode()
+    request = urllib.request.Request(backend["url"] + "/v1/generate", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        direct = [Image.open(BytesIO(base64.b64decode(b))) for b in json.loads(response.read())["images"]]
+    gallery, _ = client.predict("a lighthouse in a storm", "blurry", "(No style)", 7, False, 5.0, 4, "64x64", "Euler",
+                                "Checkpoint", "JAX", handle_file(str(chain["root"] / "start.png")), 0.5,
+                                "Crop and resize", api_name="/generate")
+    for item, theirs in zip(gallery, direct, strict=True):
+        with urllib.request.urlopen(item["image"]["url"], timeout=30) as r:
+            ours = Image.open(BytesIO(r.read()))
+        assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+        assert "Denoising strength: 0.5," in read_parameters(ours) and read_parameters(ours) == read_parameters(theirs)
     # A starting image of a few MB (img2img) passes nginx to a back end, which runs it.
     noise = np.random.default_rng(0).integers(0, 256, (900, 1200, 3), np.uint8)
     png = BytesIO()
