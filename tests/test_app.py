@@ -126,6 +126,19 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, t
         assert "Traceback" not in str(refused.value)
 
 
+def test_a_call_the_guard_refuses_reaches_gradio_client_as_its_message(client):
+    """A call refused before the queue (here: an image input given a path it did not upload) is a
+    failed validation to gradio_client, with the guard's message, not a crash of the client."""
+    from gradio_client.exceptions import ValidationError
+
+    for image in ("not a file", 5, [1]):  # (a path to a local file gradio_client would upload: refused there)
+        with pytest.raises(ValidationError, match=r"Image \(input 12\) must be null or a file uploaded to this page"):
+            _generate(client, "a cat", "", "(No style)", 3, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX",
+                      image, 0.5, "Just resize")
+    gallery, _ = _generate(client, seed=3, steps=1)  # (and the server goes on)
+    assert len(gallery) == 4
+
+
 # Every value reaches our checks as the client sent it (no Gradio preprocessing); the message
 # names the field and the problem. The fuzz test in test_security.py sends many more.
 @pytest.mark.parametrize("overrides, message", [

@@ -98,7 +98,7 @@ class Http:
                            "trigger_id": None, **extra}).encode()
         status, text = self.request("POST", "/gradio_api/queue/join", body)
         if status != 200:
-            return status, json.loads(text)["detail"]
+            return status, refusal(text)
         return status, self.completion(session)
 
     def completion(self, session: str) -> dict:
@@ -128,6 +128,17 @@ def http_client(app_server):
 def fn_index(app_server):
     config = json.loads(get(app_server["url"] + "/config")[1])
     return {dep["api_name"]: dep["id"] for dep in config["dependencies"] if dep.get("backend_fn")}
+
+
+def refusal(text: str) -> str:
+    """The message of a refused request: a 422 to a queue call is a failed validation, as Gradio's
+    clients read one ({"detail": [{"__type__": "validate", "message": ...}]}); others a plain detail."""
+    detail = json.loads(text)["detail"]
+    if isinstance(detail, list):
+        (entry,) = detail
+        assert entry["__type__"] == "validate" and entry["is_valid"] is False, detail
+        return entry["message"]
+    return detail
 
 
 def _file_data(path: str) -> dict:
@@ -419,7 +430,7 @@ def _raw_value_refused(http_client, log: AppLog, fn_index, endpoint: str, positi
             panel = message["output"]["data"][PAGE_PANEL]
             assert message["success"] is True and 'data-state="refused"' in panel and "⚠️ " in panel, message
     else:
-        assert status in (413, 422) and json.loads(text)["detail"], text
+        assert status in (413, 422) and refusal(text), text
 
 
 def _kept_run_names_no_file_it_did_not_write(http_client, log: AppLog, fn_index, cache_dir: Path) -> None:
@@ -531,7 +542,7 @@ def _route_refused(app_server, http_client, log: AppLog, method: str, path: str,
     status, data = http_client.request(method, path, body, headers)
     assert 400 <= status < 500, (method, path[:100], status, data[:200])
     if method != "HEAD" and data:
-        assert json.loads(data).get("detail"), (method, path[:100], data[:200])
+        assert refusal(data), (method, path[:100], data[:200])
 
 
 def _raw_lying_length(port: int, path: str) -> int:
@@ -571,7 +582,7 @@ def _paste(http_client, log: AppLog, fn_index, value) -> None:
         raw = json.dumps(value, ensure_ascii=True)
     status, text, session = _join_raw(http_client, log, fn_index["paste_parameters"], ["null"], 0, raw)
     if status != 200:  # refused at the envelope (a file object: this app takes no files)
-        assert 400 <= status < 500 and json.loads(text).get("detail"), text[:300]
+        assert 400 <= status < 500 and refusal(text), text[:300]
         return
     message = http_client.completion(session)
     assert message["success"] is True, message

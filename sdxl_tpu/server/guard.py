@@ -125,7 +125,10 @@ class RequestGuard:
         except Refused as e:  # raised by check(), before the app could start a response
             if path not in UNLOGGED:
                 log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), e.message)
-            await _send_json(send, e.status, {"detail": e.message})
+            # (a refused call, as Gradio's clients read one: a failed validation, its message shown)
+            detail = [{"__type__": "validate", "is_valid": False, "parameter_name": "request",
+                       "message": e.message}] if joining and e.status == 422 else e.message
+            await _send_json(send, e.status, {"detail": detail})
         except Exception as e:  # a bug, not a client's fault: one line, no traceback to the client
             where = _innermost_frame(e)
             log.error("error %s %s from %s: %s: %s (%s)", method, shown(path, 80), client_address(scope),
