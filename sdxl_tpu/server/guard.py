@@ -119,7 +119,7 @@ class RequestGuard:
             await self.app(scope, receive, send_tracked)
         except Answered as e:
             if isinstance(e.body, bytes):
-                await _send_bytes(send, e.status, e.body, e.media_type)
+                await _send(send, e.status, e.body, e.media_type, FILE_HEADERS)
             else:
                 await _send_json(send, e.status, e.body)
         except Refused as e:  # raised by check(), before the app could start a response
@@ -300,23 +300,21 @@ def _with_body_length(scope: dict, length: int) -> dict:
     return {**scope, "headers": headers + [(b"content-length", str(length).encode())]}
 
 
+# What the guard serves itself of a file (an upload's pixels): never sniffed into another type, never
+# run as a document (a sandbox with nothing allowed), not kept by shared caches.
+FILE_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"content-security-policy", b"default-src 'none'; sandbox"),
+                (b"cache-control", b"private, max-age=3600"))
+
+
 async def _send_json(send, status: int, body: dict, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    payload = json.dumps(body, ensure_ascii=True).encode()
+    await _send(send, status, json.dumps(body, ensure_ascii=True).encode(), "application/json", headers)
+
+
+async def _send(send, status: int, payload: bytes, media_type: str, headers: Iterable[tuple[bytes, bytes]]) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                "headers": [(b"content-type", media_type.encode()), (b"content-length", str(len(payload)).encode()),
                             *headers]})
     await send({"type": "http.response.body", "body": payload})
-
-
-async def _send_bytes(send, status: int, body: bytes, media_type: str) -> None:
-    """Bytes the guard serves itself (an upload's pixels): never sniffed into another type, never
-    run as a document (a sandbox with nothing allowed), not kept by shared caches."""
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode()),
-                            (b"x-content-type-options", b"nosniff"),
-                            (b"content-security-policy", b"default-src 'none'; sandbox"),
-                            (b"cache-control", b"private, max-age=3600")]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def client_address(scope: dict) -> str:
