@@ -250,7 +250,7 @@ def build_demo(server: Server) -> gr.Blocks:
             return evt.index
 
         gallery.select(pick, outputs=[picked], **light)  # (a click only enlarges the image)
-        seed.change(seed_note, inputs=[seed], outputs=[form_note], **light)
+        seed.change(seed_note, inputs=[seed, form_note], outputs=[form_note], **light)
 
         # In the browser, no server event: presets fill the fields, the preset menu follows the
         # fields, examples fill the prompt, a history row fills the form.

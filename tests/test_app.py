@@ -943,8 +943,11 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
                                               "Size: 64x64")
         page.locator("#read-parameters").click()
         # (the note under the form is Markdown, which Gradio renders a moment after the fields)
-        wait_for(lambda: page.locator("#prompt textarea").input_value() == "a lighthouse"
-                 and "Filled: prompt" in page.locator("#form-note").inner_text(), 15, "not read")
+        read = lambda: (page.locator("#prompt textarea").input_value(), page.locator("#form-note").inner_text())
+        try:
+            wait_for(lambda: read()[0] == "a lighthouse" and "Filled: prompt" in read()[1], 15, "not read")
+        except AssertionError:  # (once, under a loaded machine: say which half did not come)
+            raise AssertionError(f"the prompt box was not read: prompt and note are {read()!r}") from None
         assert page.locator("#seed input").input_value() == "-1"
         generate_in_page(page, None)
         first = seeds_shown(page)

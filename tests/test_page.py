@@ -325,6 +325,11 @@ def test_the_run_panel_says_the_state_in_words_escaped():
     assert seed_note(5) == seed_note(5.0) == "Seed 5 is fixed: each run makes the same images. 🎲 for random seeds."
     for random_or_not_a_seed in (-1, 5.5, float("nan"), float("inf"), True, None, "5", 2**40, [5]):
         assert seed_note(random_or_not_a_seed) == ""
+    # Beside another note (what the prompt box's parameters filled): kept; a stale seed line replaced.
+    filled = "Filled: prompt, seed, steps."
+    assert seed_note(-1, filled) == filled
+    assert seed_note(7, f"{filled}  \n{seed_note(5)}") == f"{filled}  \n{seed_note(7)}"
+    assert seed_note(-1, seed_note(5)) == "" and seed_note(5, ["not text"]) == seed_note(5)
 
 
 def test_the_sampler_menu_names_each_sampler_once_and_only_the_schedules_it_runs_on():

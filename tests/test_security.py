@@ -452,7 +452,7 @@ def _light_handlers_answer_raw_values(http_client, log: AppLog, fn_index) -> Non
     # malformed in turn.
     for raw in RAW_VALUES:
         for name, valid in (("token_count", ['"a cat"', '"(No style)"']),
-                            ("style_description", ['"a cat"', '"Anime"']), ("seed_note", ["5"]),
+                            ("style_description", ['"a cat"', '"Anime"']), ("seed_note", ["5", '""']),
                             ("fill_from_pasted", ['"a cat\\nSteps: 3"']), ("restore_last_run", ["{}"]),
                             ("propose_size", ["null"])):
             for position in range(len(valid)):

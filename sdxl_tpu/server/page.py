@@ -185,9 +185,14 @@ def stopped_summary(seeds: Any, steps: Any, step: Any) -> str:
     return f"Stopped {where}.{shown} Seeds: {', '.join(str(s) for s in seeds)}."
 
 
-def seed_note(seed: Any) -> str:
-    """The line under Generate when the seed is fixed (A1111's -1 means a new random seed each run)."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, float)) or not 0 <= seed <= FIELD["seed"].limits[1] \
-            or seed != int(seed):  # (what the seed field refuses is said when it runs)
-        return ""
-    return f"Seed {int(seed)} is fixed: each run makes the same images. 🎲 for random seeds."
+def seed_note(seed: Any, note: Any = "") -> str:
+    """The lines under Generate: the one saying the seed is fixed, when it is (A1111's -1 means a new
+    random seed each run), after what else is there (`note`: what the prompt box's parameters
+    filled, which the seed they set must not wipe), without a stale seed line."""
+    note = note[:2000] if isinstance(note, str) and not any(0xD800 <= ord(c) <= 0xDFFF for c in note) else ""
+    stale = lambda line: line.startswith("Seed ") and " is fixed: " in line
+    lines = [line for line in note.split("  \n") if line.strip() and not stale(line)]
+    if not (isinstance(seed, bool) or not isinstance(seed, (int, float)) or not 0 <= seed <= FIELD["seed"].limits[1]
+            or seed != int(seed)):  # (what the seed field refuses is said when it runs)
+        lines.append(f"Seed {int(seed)} is fixed: each run makes the same images. 🎲 for random seeds.")
+    return "  \n".join(lines)
