@@ -234,16 +234,16 @@ class Batcher:
 
         images = sum(len(j.infos) for j in batch)
         # Previews only when a caller shows them (an API caller that waits for the result does not).
-        previews: dict = {}
+        options: dict = {}  # run_images' optional arguments
         if any(job.preview is not None for job in batch):
             every = preview_cadence(self.preview_every, batch[0].infos[0].steps)
-            previews = dict(preview=preview, preview_every=every)
+            options.update(preview=preview, preview_every=every)
         if batch[0].init_image is not None:  # (strength is in a job's shape: all of the call or none)
-            previews["init_images"] = np.concatenate([np.repeat(j.init_image[None], len(j.infos), axis=0)
+            options["init_images"] = np.concatenate([np.repeat(j.init_image[None], len(j.infos), axis=0)
                                                       for j in batch])
         try:
             result = self.pipeline.run_images([i for j in batch for i in j.infos], progress=progress,
-                                              stop=lambda: all(self._gone(j) for j in batch), **previews)
+                                              stop=lambda: all(self._gone(j) for j in batch), **options)
         except BaseException as e:  # every caller of the call learns what happened
             if isinstance(e, Cancelled):
                 log.info("call %s", e)
