@@ -111,6 +111,15 @@ def build_demo(server: Server) -> gr.Blocks:
                                   label=label("strength"), min_width=220, elem_id="strength")
                         gr.Radio(list(FIELD["resize_mode"].choices), value=FIELD["resize_mode"].default,
                                  label=label("resize_mode"), min_width=220, elem_id="resize_mode")
+                    # Inpainting: a mask of the image's size (white repaints), as A1111's "Inpaint upload".
+                    with gr.Row():
+                        gr.Image(label=label("mask"), type="filepath", sources=["upload", "clipboard"], height=160,
+                                 image_mode="L", min_width=160, elem_id="mask")
+                        with gr.Column(min_width=220):
+                            gr.Slider(*FIELD["mask_blur"].limits, value=FIELD["mask_blur"].default, step=1,
+                                      label=label("mask_blur"), elem_id="mask_blur")
+                            gr.Radio(list(FIELD["masked_content"].choices), value=FIELD["masked_content"].default,
+                                     label=label("masked_content"), elem_id="masked_content")
                 # A1111's seed: -1 draws new seeds each run; the API's Randomize switch stays off here.
                 gr.Checkbox(FIELD["randomize"].default, label=label("randomize"), visible=False, elem_id="randomize")
                 with gr.Accordion("More options", open=False, elem_id="more-options"):

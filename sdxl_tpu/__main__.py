@@ -62,7 +62,9 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=s["guidance"],
                              steps=s["steps"], size=s["size"], sampler=s["sampler"], schedule=args.schedule,
                              rng=args.rng, strength=strength, resize_mode=args.resize_mode,
-                             image=None if args.image is None else decode_image(_read(args.image), "--image"))
+                             image=None if args.image is None else decode_image(_read(args.image), "--image"),
+                             mask=None if args.mask is None else _read(args.mask), mask_blur=args.mask_blur,
+                             masked_content=args.masked_content)
         options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=[request.size],
                                                                                step_progress=False)
     except ValueError as e:

@@ -94,11 +94,13 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, t
     assert info["description"].startswith("Four images from one prompt") and "Seed -1 draws" in info["description"]
     assert [p["example_input"] for p in parameters[:2]] == ["a lighthouse on a cliff at dusk, oil painting",
                                                             "blurry, low quality"]
-    assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-6:-3]] == [
+    assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-9:-6]] == [
         ("sampler", True, "Euler"), ("schedule", True, "Checkpoint"), ("rng", True, "JAX")]
-    # ... and img2img's three after them, added since: an image (none), its strength and resize mode.
-    assert [(p["parameter_name"], p["parameter_has_default"]) for p in parameters[-3:]] == [
-        ("image", True), ("strength", True), ("resize_mode", True)]
+    # ... then img2img's three, added since: an image (none), its strength and resize mode; and
+    # inpainting's: a mask (none), its blur and masked content.
+    assert [(p["parameter_name"], p["parameter_has_default"]) for p in parameters[-6:]] == [
+        ("image", True), ("strength", True), ("resize_mode", True), ("mask", True), ("mask_blur", True),
+        ("masked_content", True)]
     for call in [(), ("Euler a",), ("Euler a", "Checkpoint"), ("Euler a", "Checkpoint", "CPU")]:
         gallery, info = _generate(client, "a cat", "", "(No style)", 3, False, 5.0, 2, "64x64", *call)
         rng = "CPU" if len(call) == 3 else "JAX"

@@ -32,10 +32,12 @@ class FakePipeline:
         self.fail: Exception | None = None
         self.steps_run = 0
         self.init_images: list[np.ndarray | None] = []  # each call's
+        self.masks: list[np.ndarray | None] = []  # each call's
 
-    def run_images(self, infos, progress=None, stop=None, init_images=None):
+    def run_images(self, infos, progress=None, stop=None, init_images=None, masks=None):
         self.calls.append((time.monotonic(), [i.seed for i in infos]))
         self.init_images.append(init_images)
+        self.masks.append(masks)
         self.hold.wait(10)
         if self.fail is not None:
             raise self.fail
@@ -136,22 +138,28 @@ def test_requests_with_other_noise_sources_share_a_call():
 
 def test_img2img_requests_share_a_call_each_with_its_own_image():
     """Requests from an image at one strength share a call, each image in its images' slots; text to
-    image and another strength are calls of their own."""
+    image, another strength and masked requests (inpainting, which share a call too, each with its
+    own mask) are calls of their own."""
     pipe, batcher = held_batcher(images_per_call=8, max_wait=0.02)
     start = [np.full((64, 64, 3), value, np.uint8) for value in (10, 20, 30)]
     with ThreadPoolExecutor(1) as pool:
         held = started(pool, batcher, pipe, infos(0))  # (the others wait meanwhile)
         jobs = [batcher.enqueue(infos(10 * (k + 1), n=n, strength=strength), init_image=start[k])
                 for k, (n, strength) in enumerate(((3, 0.5), (4, 0.5), (2, 0.25)))]
+        masks = [np.full((64, 64), value, np.uint8) for value in (255, 128)]  # (one image each: room in the first)
+        jobs += [batcher.enqueue(infos(50 + k, n=1, strength=0.5), init_image=start[k], mask=masks[k])
+                 for k in range(2)]
         pipe.hold.set()
         held.result(10)
         for job in jobs:
             assert job.done.wait(10) and job.error is None
-    assert batcher.calls == 3
+    assert batcher.calls == 4
     assert pipe.init_images[0] is None  # text to image: no images
-    shared, alone = pipe.init_images[1:]
+    shared, alone, masked = pipe.init_images[1:]
     assert shared.shape == (7, 64, 64, 3) and alone.shape == (2, 64, 64, 3)
     assert [int(x[0, 0, 0]) for x in shared] == [10] * 3 + [20] * 4 and (alone == 30).all()
+    assert pipe.masks[:3] == [None] * 3 and [int(m[0, 0]) for m in pipe.masks[3]] == [255, 128]
+    assert [int(x[0, 0, 0]) for x in masked] == [10, 20]
     with pytest.raises(ValueError, match="need their denoising strength, and only they"):
         batcher.enqueue(infos(1, strength=0.5))
 

@@ -82,6 +82,18 @@ def test_generate_from_an_image(main, tmp_path, capsys):
                  "--out", str(tmp_path / "out")]) == 0
     image = Image.open(tmp_path / "out" / "3.png")
     assert image.size == (64, 64) and ", Denoising strength: 0.5, RNG: JAX" in image.info["parameters"]
+    # --mask (inpainting): outside the blurred mask, the fitted image's pixels.
+    mask = np.zeros((48, 96), np.uint8)
+    mask[:, 48:] = 255
+    Image.fromarray(mask).save(tmp_path / "mask.png")
+    Image.fromarray(mask[:32, :32]).save(tmp_path / "small.png")
+    assert main([*common, "--image", str(start), "--mask", str(tmp_path / "mask.png"), "--mask-blur", "2",
+                 "--masked-content", "fill", "--out", str(tmp_path / "inpainted")]) == 0
+    inpainted = Image.open(tmp_path / "inpainted" / "3.png")
+    assert ", Denoising strength: 0.75, Mask blur: 2, Masked content: fill, RNG" in inpainted.info["parameters"]
+    fitted = np.asarray(Image.open(start).convert("RGB").resize((64, 64), Image.Resampling.LANCZOS))
+    np.testing.assert_array_equal(np.asarray(inpainted.convert("RGB"))[:, :24], fitted[:, :24])
+    assert not np.array_equal(np.asarray(inpainted.convert("RGB"))[:, 40:], fitted[:, 40:])
     (tmp_path / "page.png").write_bytes(b"<html><script>alert(1)</script></html>")
     for args, message in [
         (["--image", str(tmp_path / "page.png")], "error: --image is not a PNG, JPEG or WebP image."),
@@ -89,6 +101,9 @@ def test_generate_from_an_image(main, tmp_path, capsys):
          + ": No such file or directory."),
         (["--image", str(start), "--strength", "2"], "error: Denoising strength must be a number between 0 and 1."),
         (["--strength", "0.5"], "error: --strength applies to a starting image: give --image too."),
+        (["--mask", str(start)], "error: Mask applies to a starting image: give the image too."),
+        (["--image", str(start), "--mask", str(tmp_path / "small.png")],
+         "error: Mask is 32x32 pixels but the image is 96x48: they must be the same size."),
     ]:
         capsys.readouterr()
         assert main([*common, *args, "--out", str(tmp_path / "bad")]) == 2, args

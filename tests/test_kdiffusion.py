@@ -40,10 +40,10 @@ def our_loop():
         jnp.ones((b,)), tables, bounds, guided=False))
 
 
-def run_ours(name, schedule, steps, noise, step_noises, image=None, strength=None):
+def run_ours(name, schedule, steps, noise, step_noises, image=None, strength=None, keep=None):
     sampler = sampler_named(name)
     tables = sampler.padded_tables(steps, schedule, strength)
-    state = update.init(noise, np.array([1, 2], np.uint32), tables, image)
+    state = update.init(noise, np.array([1, 2], np.uint32), tables, image, keep)
     state = state._replace(host_noise=np.ones(SHAPE[0], np.bool_))
     draws = iter(step_noises)
     rows = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))[-1]
@@ -54,9 +54,11 @@ def run_ours(name, schedule, steps, noise, step_noises, image=None, strength=Non
     return np.asarray(state.x), tables
 
 
-def run_kdiffusion(name, schedule, steps, noise, step_noises, image=None, strength=None):
+def run_kdiffusion(name, schedule, steps, noise, step_noises, image=None, strength=None, keep=None):
     """k-diffusion as A1111 runs it: from noise, or (`strength`) from an image's latents as its
-    KDiffusionSampler.sample_img2img does (setup_img2img_steps, the sigmas' tail, x + noise * sigma)."""
+    KDiffusionSampler.sample_img2img does (setup_img2img_steps, the sigmas' tail, x + noise * sigma);
+    with `keep` (inpainting), every denoised estimate blended with the image's latents where the
+    mask keeps them, as its CFGDenoiser does, and the final latents as its sample() does."""
     import torch
 
     sampling_k, external = kdiffusion_reference.load()
@@ -67,6 +69,11 @@ def run_kdiffusion(name, schedule, steps, noise, step_noises, image=None, streng
         return toy_eps(x, t[:, None, None, None], torch)
 
     denoiser = external.DiscreteEpsDDPMDenoiser(model, kdiffusion_reference.a1111_alphas_cumprod(), quantize=False)
+    blend = lambda latents: latents
+    if keep is not None:
+        kept, init_latent = (torch.from_numpy(a.transpose(0, 3, 1, 2).copy()) for a in (keep, image))
+        blend = lambda latents: latents * (1 - kept) + init_latent * kept
+    call = lambda x, sigma, **kw: blend(denoiser(x, sigma, **kw))
     sigmas = kdiffusion_reference.a1111_sigmas(schedule, steps, denoiser)
     x = torch.from_numpy(noise.transpose(0, 3, 1, 2).copy()) * sigmas[0]
     if strength is not None:
@@ -80,10 +87,10 @@ def run_kdiffusion(name, schedule, steps, noise, step_noises, image=None, streng
         extra["noise_sampler"] = lambda sigma, sigma_next: torch.from_numpy(next(draws).transpose(0, 3, 1, 2).copy())
     if name == "DPM++ 2M SDE" and len(sigmas) == 2:
         # k-diffusion 0.1.1 fails here (h_last = h before any h); its one step would be the denoised estimate.
-        out = denoiser(x, sigmas[:1].expand(x.shape[0]))
+        out = call(x, sigmas[:1].expand(x.shape[0]))
     else:
-        out = getattr(sampling_k, METHODS[name])(denoiser, x, sigmas, disable=True, **extra)
-    return out.numpy().transpose(0, 2, 3, 1), np.array(seen), sigmas.numpy()
+        out = getattr(sampling_k, METHODS[name])(call, x, sigmas, disable=True, **extra)
+    return blend(out).numpy().transpose(0, 2, 3, 1), np.array(seen), sigmas.numpy()
 
 
 def a1111_train_sigmas() -> np.ndarray:
@@ -130,6 +137,24 @@ def test_img2img_matches_kdiffusion_as_a1111_runs_it(name):
         assert tables.init_sigma == pytest.approx(float(ref_sigmas[0]), rel=1e-6) and tables.init_image == 1
         np.testing.assert_allclose(tables.timesteps[:len(ref_timesteps)], ref_timesteps, rtol=1e-5, atol=2e-4,
                                    err_msg=str(case))
+        rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
+        assert rel <= 1e-5, (case, rel)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_inpainting_matches_kdiffusion_as_a1111_runs_it(name):
+    """Inpainting under A1111's schedule types: the image's latents re-imposed on every denoised
+    estimate (DPM++ SDE's midpoints too) where the mask keeps them, and on the final latents."""
+    rng = np.random.default_rng(13)
+    keep = np.zeros((*SHAPE[:3], 1), np.float32)
+    keep[:, :, :4] = 1  # the left half kept
+    for schedule, steps, strength in (("Karras", 12, 0.75), ("Exponential", 8, 1.0), ("Uniform", 6, 0.5)):
+        image, noise = (rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2))
+        step_noises = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2 * steps)]
+        ref = run_kdiffusion(name, schedule, steps, noise, step_noises, image, strength, keep)[0]
+        ours = run_ours(name, schedule, steps, noise, step_noises, image, strength, keep)[0]
+        case = (name, schedule, steps, strength)
+        np.testing.assert_array_equal(ours[:, :, :4], image[:, :, :4], err_msg=str(case))  # kept exactly
         rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
         assert rel <= 1e-5, (case, rel)
 

@@ -22,11 +22,13 @@ from served_app import ROOT, SIZES, get
 from sdxl_tpu.server.guard import MAX_BODY_BYTES
 from sdxl_tpu.server.page import PASTED_INTO
 from sdxl_tpu.spec.fields import FEWEST_INPUTS, FIELD, FORM, MAX_PROMPT_CHARS
+from sdxl_tpu.spec.mask import MASKED_CONTENT
 from sdxl_tpu.spec.names import RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
-# A valid call (1 step), from noise: no image (its strength and resize mode are checked, not used).
+# A valid call (1 step), from noise: no image (its strength and resize mode are checked, not used),
+# no mask (its blur and masked content likewise).
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX", None, 0.75,
-            "Just resize"]
+            "Just resize", None, 4, "original"]
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
        "sampler": "Euler", "size": "64x64", "schedule": "Checkpoint", "rng": "JAX"}  # a run as the history keeps it
 # The page's own generation event takes the history the browser keeps as a last input.
@@ -303,6 +305,11 @@ MALFORMED = {
                           st.floats(1.001, 1e6), st.floats(-1e6, -0.001)),
     "resize_mode": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s not in RESIZE_MODES),
                              st.sampled_from(["just resize", "Fit", "Stretch", "crop"])),
+    "mask_blur": st.one_of(bad_number, st.floats(0.01, 63.99).filter(lambda v: v != int(v)), st.integers(65, 10**6),
+                           st.integers(-10**6, -1)),
+    "masked_content": st.one_of(not_text.filter(lambda v: v is not None),
+                                text.filter(lambda s: s not in MASKED_CONTENT),
+                                st.sampled_from(["Fill", "latent_noise", "noise", "nothing"])),
 }
 
 
@@ -384,7 +391,8 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
 # (position, value) pairs among those that make a valid call: no negative prompt, randomize on or off,
 # the default sampler, schedule and noise source.
 STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null"), (9, "null"), (10, "null"),
-               (11, "null"), (12, "null"), (13, "null")}  # (no image: no strength and resize mode needed)
+               (11, "null"), (12, "null"), (13, "null"), (14, "null"), (15, "null"),
+               (16, "null")}  # (no image: no strength and resize mode needed; no mask: no blur or content)
 
 
 def _join_raw(http_client, log: AppLog, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:
@@ -675,10 +683,18 @@ def test_fuzz_uploads(app_server, http_client, fn_index, app_log):
     for name, path in taken:
         status, content = http_client.request("GET", f"/gradio_api/file={path}")
         assert status == 200 and content.startswith(b"\x89PNG") and b"<html" not in content, (name, content[:100])
-    # The page's run from an upload (the last: the polyglot), its image as the page sends it.
-    data = GENERATE[:FIELDS.index("image")] + [_file_data(taken[-1][1]), 0.5, "Just resize"]
+    # The page's run from an upload (the last: the polyglot), its image as the page sends it; and
+    # the same upload as the image's mask (inpainting). A mask without its image is refused by name.
+    image = FIELDS.index("image")
+    data = GENERATE[:image] + [_file_data(taken[-1][1]), 0.5, "Just resize"] + GENERATE[image + 3:]
     status, message = http_client.join(data, fn_index["generate"])
     assert status == 200 and message["success"], message
+    mask = FIELDS.index("mask")
+    status, message = http_client.join(data[:mask] + [_file_data(taken[-1][1])] + data[mask + 1:], fn_index["generate"])
+    assert status == 200 and message["success"], message
+    status, message = http_client.join(GENERATE[:mask] + [_file_data(taken[-1][1])] + GENERATE[mask + 1:],
+                                       fn_index["generate"])
+    assert status == 200 and not message["success"] and "Mask applies to a starting image" in str(message), message
     assert not _cached_files_containing(app_server["cache_dir"], [app_server["secret"]])
     app_log.assert_quiet()
 

@@ -30,12 +30,11 @@ from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..spec.request import GenerationResult, ImageInfo, Request, guided
 from ..spec.values import format_size, not_a_choice, parse_size, schedule_input, size_input
 from ..weights.checkpoint import Models
-from . import sampling
+from . import sampling, starting
 from .denoising import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
 from .programs import BATCH, Layout, NETWORKS, PROGRAMS, program
 from .stored_programs import ProgramStore
-
 
 
 def call_batch(images: int, devices: int) -> int:
@@ -127,12 +126,11 @@ class Pipeline:
             self._compiled[size] = programs
         return self._compiled[size]
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 (one per size, for the pipeline's life)
-    def _zero_latents(self, size: tuple[int, int]) -> jax.Array:
-        """Zero latents, kept on the devices: the host noise of a call where no image draws its own,
-        and the image latents of a call from noise."""
-        shape = (self.images_per_call, *self.layout.latent_shape(size))
-        return jax.device_put(np.zeros(shape, np.float32), self.batch_sharding)
+    @functools.lru_cache(maxsize=None)  # noqa: B019 (a few per size, for the pipeline's life)
+    def _zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> jax.Array:
+        """Zeros of `shape` per image of a call, kept on the devices: the host noise of a call where
+        no image draws its own; the image latents, kept mask and latent fill of a call from noise."""
+        return jax.device_put(np.zeros((self.images_per_call, *shape), dtype), self.batch_sharding)
 
     def _filled(self, per_image: np.ndarray) -> np.ndarray:
         """A call's per-image array, its free slots of the compiled batch filled with the last image's."""
@@ -161,17 +159,19 @@ class Pipeline:
                 seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
                 steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None, schedule: str | None = None,
                 rng: str | None = None, strength: float | None = None, image: Any = None,
-                resize_mode: str | None = None) -> Request:
-        """A checked request for this pipeline (RequestError names what is wrong)."""
+                resize_mode: str | None = None, **inpainting: Any) -> Request:
+        """A checked request for this pipeline (RequestError names what is wrong); `inpainting`:
+        mask, mask_blur, masked_content (Request.of)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
                           sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
-                          strength=strength, image=image, resize_mode=resize_mode)
+                          strength=strength, image=image, resize_mode=resize_mode, **inpainting)
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
                  steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None,
                  schedule: str | None = None, rng: str | None = None, latents: np.ndarray | None = None,
                  image: Any = None, strength: float | None = None, resize_mode: str | None = None,
+                 mask_image: Any = None, mask_blur: int | None = None, masked_content: str | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Generate `images_per_call` images.
 
@@ -189,12 +189,17 @@ class Pipeline:
             `strength` leaves (default 0.75, A1111's): int(strength * steps) of the steps run on the
             checkpoint's schedule, as diffusers' img2img pipeline runs them, one more on A1111's
             schedule types, as A1111 does.
+        mask_image: inpainting: repaint where this mask of the image's size is white, its edge blurred
+            by `mask_blur` pixels (default 4), from `masked_content` (A1111's; default "original");
+            the rest keeps the image's pixels (as diffusers' inpainting pipeline on the checkpoint's
+            schedule, as A1111 on its schedule types: spec/mask.py, sampler/tables.py).
         progress: called as progress(step, steps) after each denoising step (in this thread; with
             step_progress=False only once, at the end of the fused loop).
         """
         request = self.request(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps,
                                size=size, sampler=sampler, schedule=schedule, rng=rng, strength=strength,
-                               image=image, resize_mode=resize_mode)
+                               image=image, resize_mode=resize_mode, mask=mask_image, mask_blur=mask_blur,
+                               masked_content=masked_content)
         return self.run(request, latents=latents, progress=progress)
 
     def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,
@@ -204,11 +209,12 @@ class Pipeline:
         from its image, if it has one; `previews`: run_images' preview and preview_every)."""
         n = self.images_per_call if images is None else images
         inits = None if request.image is None else np.repeat(request.image[None], n, axis=0)
-        return self.run_images(request.images(n), latents=latents, init_images=inits, progress=progress, stop=stop,
-                               **previews)
+        masks = None if request.mask is None else np.repeat(request.mask[None], n, axis=0)
+        return self.run_images(request.images(n), latents=latents, init_images=inits, masks=masks, progress=progress,
+                               stop=stop, **previews)
 
     def run_images(self, infos: Sequence[ImageInfo], *, latents: np.ndarray | None = None,
-                   init_images: np.ndarray | None = None,
+                   init_images: np.ndarray | None = None, masks: np.ndarray | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    stop: Callable[[], bool] | None = None,
                    preview: Callable[[int, int, np.ndarray], None] | None = None,
@@ -220,6 +226,8 @@ class Pipeline:
 
         init_images: (n, H, W, 3) uint8 at the call's size: the images they start from (img2img),
             each image's denoising strength (ImageInfo.strength) saying how far.
+        masks: (n, H, W) uint8 with init_images (inpainting): where each is repainted (255), as
+            starting.py prepares and applies them.
         stop: polled after each denoising step (stepwise pipelines); when it returns True the call
             ends there and raises Cancelled.
         preview: called as preview(step, steps, images) every `preview_every` steps (stepwise
@@ -250,19 +258,12 @@ class Pipeline:
         text = sampling.prepare(self.tokenizers, slots, self.force_zeros_for_empty_prompt, self.max_prompt_chunks)
         h, w, c = self.layout.latent_shape(size)
         if latents is not None:
-            shape = (n, c, h, w)
-            latents = np.asarray(latents, np.float32)
-            if latents.shape != shape:
-                raise RequestError(f"latents must have shape {shape}, got {latents.shape}.")
+            if (latents := np.asarray(latents, np.float32)).shape != (n, c, h, w):
+                raise RequestError(f"latents must have shape {(n, c, h, w)}, got {latents.shape}.")
             latents = self._filled(latents)
-        if init_images is not None:
-            if latents is not None:
-                raise ValueError("give latents or init_images, not both")
-            init_images = np.asarray(init_images)
-            if init_images.shape != (n, size[1], size[0], 3) or init_images.dtype != np.uint8:
-                raise ValueError(f"init_images must be uint8 of shape {(n, size[1], size[0], 3)}, got "
-                                 f"{init_images.dtype} {init_images.shape}")
-            init_images = self._filled(init_images)
+        if (masks is not None and init_images is None) or (init_images is not None and latents is not None):
+            raise ValueError("masks come with init_images, and init_images without latents")
+        begin = None if init_images is None else starting.prepare(init_images, masks, infos, self.vae_factor)
         put = lambda x: jax.device_put(x, self.batch_sharding)
         sampler = self.samplers[name]
         host_tables = sampler.padded_tables(steps, schedule, strength)
@@ -281,17 +282,19 @@ class Pipeline:
             lengths = put(text.lengths)
             context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
                                                  *map(put, text[:4]), lengths, put(text.zero_negative))
-            image, image_seconds = self._zero_latents(size), 0.0
-            if init_images is not None:  # the VAE's sample first, then the noise: diffusers' draw order
+            image, image_seconds = self._zeros((h, w, c)), 0.0
+            keep, fill = self._zeros((h, w, 1)), self._zeros((), np.int32)
+            if begin is not None:  # the VAE's sample first, then the noise: diffusers' draw order
                 jax.block_until_ready((context, pooled))  # (timed apart: what an image adds to a call)
                 began = time.perf_counter()
                 image = jax.block_until_ready(programs["encode_image"](
-                    self.params["vae"], put(init_images), seeds, host.draw() if host else self._zero_latents(size),
-                    put(own)))
+                    self.params["vae"], put(self._filled(begin.pixels)), seeds,
+                    host.draw() if host else self._zeros((h, w, c)), put(own)))
+                keep, fill = put(self._filled(begin.keep)), put(self._filled(begin.fill))
                 image_seconds = time.perf_counter() - began
             if latents is None:
-                state = programs["noise"](seeds, tables, host.draw() if host else self._zero_latents(size), put(own),
-                                          image)
+                state = programs["noise"](seeds, tables, host.draw() if host else self._zeros((h, w, c)), put(own),
+                                          image, keep, fill)
             else:
                 state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
                 state = state._replace(host_noise=put(own))
@@ -319,6 +322,9 @@ class Pipeline:
                                   "try float32 or another seed")
         timings = {"text_encoding": t_text - start - image_seconds, "denoising": t_denoise - t_text,
                    "decoding": t_decode - t_denoise, "total": t_decode - start}
-        if init_images is not None:
+        if begin is not None:
             timings["image_encoding"] = image_seconds
-        return GenerationResult(images=[Image.fromarray(img) for img in images], infos=infos, timings=timings)
+        images = [Image.fromarray(img) for img in images]
+        if begin is not None:
+            images = starting.finish(images, np.asarray(init_images), masks)
+        return GenerationResult(images=images, infos=infos, timings=timings)

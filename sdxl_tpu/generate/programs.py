@@ -82,8 +82,10 @@ class _Shapes:
         self.seeds = self.batch((b,), jnp.uint32)
         self.flags = self.batch((b,), jnp.bool_)
         self.tables = Tables(self.rep((MAX_ROWS,)), self.rep((MAX_ROWS,)), self.rep((MAX_ROWS, 6)), self.rep(()),
-                             self.rep(()))
+                             self.rep(()), self.rep((MAX_ROWS, 5)))
         self.images = self.batch((b, size[1], size[0], 3), jnp.uint8)
+        self.keep = self.batch((b, *layout.latent_shape(size)[:2], 1))
+        self.codes = self.batch((b,), jnp.int32)
 
 
 def _network(graphs: Mapping[str, Any], name: str) -> Callable:
@@ -103,18 +105,26 @@ def _unit_noise(seeds, host, use_host, shape: tuple[int, int, int], stream: int 
     return jnp.where(use_host[:, None, None, None], host, sampling.get_noise(seeds, *shape, stream=stream))
 
 
+# Inpainting's "Masked content" as the noise program takes it, per image: what fills the masked latents.
+LATENT_FILL = {"latent noise": 1, "latent nothing": 2}  # (anything else: 0, the image's own latents)
+
+
 def _noise(s: _Shapes, graphs, params):
     """JAX's initial noise, or the host's for the images that draw their own (RNG CPU), and the
-    images' latents it noises (img2img; zeros from noise alone)."""
+    images' latents it noises (img2img; zeros from noise alone), kept where `keep` is 1
+    (inpainting), where the mask repaints them replaced as LATENT_FILL says (A1111: by the
+    initial noise, or by nothing)."""
     h, w, c = s.layout.latent_shape(s.size)
 
-    def fn(seeds, tables, host, use_host, image):
+    def fn(seeds, tables, host, use_host, image, keep, fill):
         noise = _unit_noise(seeds, host, use_host, (h, w, c))
-        return update.init(noise, seeds, tables, image)._replace(host_noise=use_host)
+        fill = fill[:, None, None, None]
+        image = jnp.where(fill == 1, image * keep + noise * (1 - keep), jnp.where(fill == 2, image * keep, image))
+        return update.init(noise, seeds, tables, image, keep)._replace(host_noise=use_host)
 
     bat = P(BATCH)
-    return shard(s.layout.mesh, fn, (bat, P(), bat, bat, bat), bat), (s.seeds, s.tables, s.latents, s.flags,
-                                                                       s.latents)
+    return shard(s.layout.mesh, fn, (bat, P(), bat, bat, bat, bat, bat), bat), (
+        s.seeds, s.tables, s.latents, s.flags, s.latents, s.keep, s.codes)
 
 
 def _encode_image(s: _Shapes, graphs, params):

@@ -22,16 +22,24 @@ class State(NamedTuple):
     seeds: jax.Array       # (B,) uint32: each image's seed, for the noise an ancestral step adds
     noise: jax.Array       # (B, h, w, C): the next step's unit noise, where the host draws it (RNG CPU)
     host_noise: jax.Array  # (B,) bool: the image takes its step noise from `noise`, not from JAX
+    # Inpainting (tables.known says when): the latents kept, where `keep` is 1 (zeros: nothing kept).
+    known: jax.Array       # (B, h, w, C): the starting image's latents
+    keep: jax.Array        # (B, h, w, 1) float32: 1 where the image is kept, 0 where it is repainted
+    first_noise: jax.Array  # (B, h, w, C): the initial unit noise, which noises `known` (diffusers)
 
 
-def init(noise: jax.Array, seeds: jax.Array, tables: Tables, image: jax.Array | None = None) -> State:
+def init(noise: jax.Array, seeds: jax.Array, tables: Tables, image: jax.Array | None = None,
+         keep: jax.Array | None = None) -> State:
     """The state before step 0, from unit normal noise and the images' seeds (step noise from JAX;
     the host sets `noise` and `host_noise` to give its own); starting from an image (img2img), its
-    latents noised to the first step's level."""
+    latents noised to the first step's level, and (inpainting) kept where `keep` says."""
+    zeros = jnp.zeros_like(noise)
     x = noise * tables.init_sigma
     if image is not None:
         x = x + tables.init_image * image
-    return State(x, jnp.zeros_like(noise), seeds, jnp.zeros_like(noise), jnp.zeros(seeds.shape, jnp.bool_))
+    keep = jnp.zeros((*noise.shape[:-1], 1), jnp.float32) if keep is None else keep
+    return State(x, zeros, seeds, zeros, jnp.zeros(seeds.shape, jnp.bool_), zeros if image is None else image, keep,
+                 noise)
 
 
 def model_input(state: State, i: jax.Array, tables: Tables) -> tuple[jax.Array, jax.Array]:
@@ -49,12 +57,19 @@ def step_noise(seeds: jax.Array, i: jax.Array, shape: tuple[int, ...]) -> jax.Ar
 def step(state: State, eps: jax.Array, i: jax.Array, tables: Tables, noise: jax.Array | None = None) -> State:
     """Step i (pure, float32). `noise` replaces the seeds' step noise (tests inject diffusers')."""
     a, b, c, n, p, q = jnp.asarray(tables.update)[i]
+    if tables.known is not None:  # inpainting, A1111's way: the denoised estimate takes the known latents
+        x_image, x_noise, x_blend, d_u, d_v = jnp.asarray(tables.known)[i]
+        divisor = jnp.where(d_v != 0, d_v, 1.0)
+        eps = jnp.where(d_v != 0, eps + state.keep * ((state.known - d_u * state.x) / divisor - eps), eps)
     if noise is None:  # only ancestral and SDE steps draw noise
         host = state.host_noise[:, None, None, None]
         noise = jax.lax.cond(n != 0, lambda: jnp.where(host, state.noise,
                                                        step_noise(state.seeds, i, state.x.shape[1:])),
                              lambda: jnp.zeros_like(state.x))
     x = a * state.x + b * eps + c * state.prediction + n * noise
+    if tables.known is not None:  # and diffusers' way: the latents take the known ones, noised to the next level
+        target = x_image * state.known + x_noise * state.first_noise
+        x = jnp.where(x_blend != 0, x + state.keep * (target - x), x)
     return state._replace(x=x, prediction=p * state.x + q * eps)
 
 

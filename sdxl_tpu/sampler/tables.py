@@ -44,6 +44,11 @@ class Tables(NamedTuple):
     update: Any       # (rows, 6): a, b, c, n, p, q of row i (see the module docstring)
     init_sigma: Any   # () the initial latents are init_sigma * unit noise (+ init_image * an image's latents)
     init_image: Any = np.float32(1.0)  # () an image's latents' share of the initial latents (img2img)
+    # (rows, 5) inpainting's known latents L, re-imposed where the mask keeps the image (None: never):
+    # after row i, where x_blend: x' = L x_image + z0 x_noise there (z0: the initial noise; diffusers'
+    # add_noise at the next step); before it, where d_v != 0: the model's denoised estimate
+    # d_u x + d_v eps made L there (A1111's CFGDenoiser blends it so).
+    known: Any = None  # columns: x_image, x_noise, x_blend, d_u, d_v
 
 
 # -- the host half: one class per family of samplers ---------------------------------------------
@@ -110,7 +115,15 @@ class Sampler(abc.ABC):
                                                           self.beta_schedule, betas_dtype=np.float64))
         timesteps, scale, update, init, to_eps = kdiffusion.tables(self.kdiffusion_method, schedule, steps, train,
                                                                    start)
-        return Tables(timesteps, scale, self._predicting(update, to_eps).astype(np.float32), init)
+        # Inpainting: every row's denoised estimate, x - sigma eps (or the model's own for a sample-
+        # predicting one), takes the known latents; after the last, the latents do (A1111's sample()).
+        known = np.zeros((len(update), 5), np.float32)
+        if self.prediction_type == "epsilon":
+            known[:, 3], known[:, 4] = 1.0, -1 / to_eps[0]
+        else:
+            known[:, 3], known[:, 4] = 0.0, 1.0
+        known[-1, :3] = (1.0, 0.0, 1.0)
+        return Tables(timesteps, scale, self._predicting(update, to_eps).astype(np.float32), init, known=known)
 
     def first_step(self, steps: int, strength: float | None, schedule: str = "Checkpoint") -> int:
         """The step a call starts at: 0 from noise (strength None), else what an image's denoising
@@ -136,14 +149,21 @@ class Sampler(abc.ABC):
         if strength is not None and schedule == "Checkpoint":
             image, noise = self.noising(steps, start)
             t = t._replace(init_image=image, init_sigma=noise)
-        rows = self.step_ends(steps - start)[-1]
+        step_ends = self.step_ends(steps - start)
+        rows = step_ends[-1]
         assert len(t.update) == rows, (self.name, steps, start, len(t.update))
         timesteps, scale = np.zeros(MAX_ROWS, np.float32), np.zeros(MAX_ROWS, np.float32)
-        update = np.zeros((MAX_ROWS, 6), np.float32)
+        update, known = np.zeros((MAX_ROWS, 6), np.float32), np.zeros((MAX_ROWS, 5), np.float32)
         timesteps[:rows], scale[:rows], update[:rows] = t.timesteps, t.input_scale, t.update
-        for array in (timesteps, scale, update):
+        if t.known is not None:
+            known[:rows] = t.known
+        else:  # diffusers' inpainting: after each step, the known latents noised to the next step's level
+            for k, end in enumerate(step_ends):
+                after = start + k + 1
+                known[end - 1, :3] = (*self.noising(steps, after), 1.0) if after < steps else (1.0, 0.0, 1.0)
+        for array in (timesteps, scale, update, known):
             array.setflags(write=False)
-        return Tables(timesteps, scale, update, np.float32(t.init_sigma), np.float32(t.init_image))
+        return Tables(timesteps, scale, update, np.float32(t.init_sigma), np.float32(t.init_image), known)
 
     def alphas_cumprod(self) -> np.ndarray:
         """alpha-bar of each training timestep, float32, as diffusers computes it."""

@@ -55,12 +55,13 @@ from .settings import Settings
 
 log = logging.getLogger("sdxl_tpu.server.backend")
 
-# The form's fields by their API names (spec/fields.py), and an A1111 parameters text.
-FIELDS = (*(f.api for f in FORM_FIELDS if f.api), "parameters")
+# The form's fields by their API names (spec/fields.py), an A1111 parameters text, and whether a mask
+# comes blurred already (a front end forwards its requests' masks so: remote.request_json).
+FIELDS = (*(f.api for f in FORM_FIELDS if f.api), "mask_blurred", "parameters")
 # The longest fields as json.dumps escapes them (12 bytes for an emoji): two styled prompts of some
 # 20,300 characters (a front end's request), about 490 kB, or a parameters text of 60,000 (720 kB);
-# and a starting image of at most 16 MB, as base64.
-MAX_BODY_BYTES = (1 << 20) + MAX_BASE64_CHARS
+# and a starting image and its mask of at most 16 MB each, as base64.
+MAX_BODY_BYTES = (1 << 20) + 2 * MAX_BASE64_CHARS
 KEEPALIVE_SECONDS = 1.0  # a streaming caller hears from us this often (and can tell we are alive)
 RETRY_AFTER = {"busy": 1, "draining": 1, "loading": 5}  # seconds, for 503s
 
@@ -82,7 +83,8 @@ async def read_body(http: HTTPRequest, limit: int = MAX_BODY_BYTES) -> bytes:
     """The request body, refused (413) past `limit` bytes without reading the rest."""
     declared = http.headers.get("content-length")
     too_large = Refused(413, f"The request body is over {limit:,} bytes: a generation request is a JSON object of "
-                             "text fields and at most one image of 16 MB as base64.")
+                             "text fields and at most two images (a starting image and its mask) of 16 MB each, as "
+                             "base64.")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise too_large
     body = bytearray()
@@ -120,11 +122,14 @@ def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
     if "prompt" not in data:
         raise Refused(422, "The field 'prompt' is required.")
     server.warmup.check_size(data.get("size"))
+    blurred = data.pop("mask_blurred", False)
+    if not isinstance(blurred, bool):
+        raise Refused(422, f"The field 'mask_blurred' must be true or false, got {json_type(blurred)}.")
     # Left out (an optional field: or null), the server's default; a random seed; no negative prompt.
     fallback = {**offer.defaults(), "negative": "", "seed": None}
     given = {f.api: fallback.get(f.name) if f.api not in data or (f.optional and data[f.api] is None) else data[f.api]
              for f in FORM_FIELDS if f.api and f.api != "prompt"}
-    return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers,
+    return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers, mask_blurred=blurred,
                       max_chars=MAX_STYLED_PROMPT_CHARS), notes
 
 

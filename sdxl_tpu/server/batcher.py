@@ -62,6 +62,7 @@ class Job:
     on_done: Callable[[Job], None] | None = None  # told (on the accelerator's thread) once `done` is set
     preview: Callable[[int, int, np.ndarray], None] | None = None  # (step, steps, its images' previews)
     init_image: np.ndarray | None = None  # from an image: it at the call's size, (H, W, 3) uint8
+    mask: np.ndarray | None = None  # inpainting: where it is repainted, (H, W) uint8
 
     def outcome(self) -> GenerationResult:
         """The images, or what stopped them (raised); call once `done` is set."""
@@ -73,9 +74,11 @@ class Job:
     def shape(self) -> tuple:
         """What a call's images must share: one sampler's tables on one schedule and strength (and whether they
         are guided: a call of unguided images runs the UNet on half the batch, so they are not
-        mixed with guided ones). The RNG is per image: JAX and CPU noise mix in a call."""
+        mixed with guided ones), and whether they are masked (inpainting). The RNG is per image: JAX and CPU
+        noise mix in a call."""
         first = self.infos[0]
-        return first.size, first.steps, first.sampler, first.schedule, first.strength, guided(self.infos)
+        return (first.size, first.steps, first.sampler, first.schedule, first.strength, guided(self.infos),
+                self.mask is not None)
 
 
 class Batcher:
@@ -111,16 +114,20 @@ class Batcher:
     def enqueue(self, infos: Sequence[ImageInfo], progress: Callable[[int, int], None] | None = None,
                 abandoned: Callable[[], bool] = never, on_done: Callable[[Job], None] | None = None,
                 preview: Callable[[int, int, np.ndarray], None] | None = None,
-                init_image: np.ndarray | None = None) -> Job:
+                init_image: np.ndarray | None = None, mask: np.ndarray | None = None) -> Job:
         """`submit` without waiting: the accepted job (its `done` is set, and `on_done(job)` called,
         when it ends). Raises at once what `submit` raises at the door. `preview(step, steps,
         images)` is given live previews of its images (see preview.py), if any are made.
-        `init_image`: the image its images start from (img2img; their infos carry the strength)."""
+        `init_image`: the image its images start from (img2img; their infos carry the strength), and
+        `mask` where it is repainted (inpainting; their infos carry the mask's settings)."""
         if not 1 <= len(infos) <= self.capacity:
             raise ValueError(f"a request makes 1 to {self.capacity} images, not {len(infos)}")
         if (init_image is None) != (infos[0].strength is None):
             raise ValueError("images that start from an image need their denoising strength, and only they")
-        job = Job(list(infos), progress, abandoned, on_done=on_done, preview=preview, init_image=init_image)
+        if mask is not None and init_image is None:
+            raise ValueError("a mask comes with the image it masks")
+        job = Job(list(infos), progress, abandoned, on_done=on_done, preview=preview, init_image=init_image,
+                  mask=mask)
         with self._cond:
             if self._closed:
                 raise ShuttingDown()
@@ -241,6 +248,8 @@ class Batcher:
         if batch[0].init_image is not None:  # (strength is in a job's shape: all of the call or none)
             options["init_images"] = np.concatenate([np.repeat(j.init_image[None], len(j.infos), axis=0)
                                                       for j in batch])
+        if batch[0].mask is not None:  # (as the image: all of the call or none)
+            options["masks"] = np.concatenate([np.repeat(j.mask[None], len(j.infos), axis=0) for j in batch])
         try:
             result = self.pipeline.run_images([i for j in batch for i in j.infos], progress=progress,
                                               stop=lambda: all(self._gone(j) for j in batch), **options)

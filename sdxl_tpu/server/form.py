@@ -13,7 +13,6 @@ from ..spec.fields import FIELD, FIELDS, FORM
 from ..spec.prompts import CHUNK_TOKENS, NetworkTag, chunk_prompt, split_network_tags
 from ..spec.request import Request
 from ..spec.styles import apply_style, style_entry
-from ..spec.names import RESIZE_MODES
 from ..spec.values import choice_input, json_type, number_input, seed_input, text_input
 from .errors import log_refusal
 from .offer import Offer
@@ -60,16 +59,22 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     fallback = offer.defaults()
     given = {f.api: fallback.get(f.name) if f.optional and v[f.name] is None else v[f.name]
              for f in FIELDS if f.api}
-    if given.get("image") is None:  # (the page always sends them: checked all the same, then not used)
-        if given["strength"] is not None:
-            number_input(given["strength"], FIELD["strength"].label, *FIELD["strength"].limits)
-        if given["resize_mode"] is not None:
-            choice_input(given["resize_mode"], FIELD["resize_mode"].label, RESIZE_MODES)
-        given.update(image=None, strength=None, resize_mode=None)
-    elif read_file is None:
+    # The page always sends the image's settings, and the mask's: checked all the same, then not used
+    # without the image (or the mask).
+    for name, needs in (("strength", "image"), ("resize_mode", "image"), ("mask_blur", "mask"),
+                        ("masked_content", "mask")):
+        if given[name] is not None and (given["image"] is None or given[needs] is None):
+            f = FIELD[name]
+            if f.limits:
+                number_input(given[name], f.label, *f.limits, whole=f.kind == "whole")
+            else:
+                choice_input(given[name], f.label, f.choices)
+            given[name] = None
+    if given["image"] is not None and read_file is None:
         raise RequestError(f"{FIELD['image'].label}: this server takes no images.")
-    else:
-        given["image"] = read_file(given["image"], FIELD["image"].label)
+    for name in ("image", "mask"):  # (a mask without its image is refused by name, unread)
+        if given[name] is not None and given["image"] is not None:
+            given[name] = read_file(given[name], FIELD[name].label)
     request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,
                          samplers=offer.samplers, per_image=False)
     # The style wraps what the user typed (their text is what the length limit applies to).

@@ -123,7 +123,7 @@ class LocalEngine:
         ticket = Ticket(report, encode=self._encode)
         self.batcher.enqueue(request.images(self.settings.load.images_per_call), progress=ticket.progress,
                              abandoned=abandoned, preview=ticket.preview if previews else None,
-                             on_done=lambda job: _finish(ticket, job), init_image=request.image)
+                             on_done=lambda job: _finish(ticket, job), init_image=request.image, mask=request.mask)
         return ticket
 
     def _encode(self, result: GenerationResult) -> Generated:

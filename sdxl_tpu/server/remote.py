@@ -70,6 +70,9 @@ def request_json(request: Request) -> dict[str, Any]:
         body["sampler"] = request.sampler
     if request.image is not None:  # (already at the size: the back end's fit leaves it as it is)
         body.update(image=base64.b64encode(png_bytes(request.image)).decode("ascii"), strength=request.strength)
+    if request.mask is not None:  # (blurred and fitted already: sent as it is, its blur named for the parameters)
+        body.update(mask=base64.b64encode(png_bytes(request.mask)).decode("ascii"), mask_blur=request.mask_blur,
+                    masked_content=request.masked_content, mask_blurred=True)
     return body
 
 

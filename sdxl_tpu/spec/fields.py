@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASKED_CONTENT, MASKED_CONTENT, MAX_MASK_BLUR
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 
 MAX_SEED = 2**32 - 1
@@ -87,6 +88,17 @@ FIELDS: tuple[Field, ...] = (
           choices=RESIZE_MODES,
           about="With an image: how it is fitted to the size, as A1111's: Just resize (stretched), Crop and "
                 "resize (covering, centred), Resize and fill (inside, the bands filled from its edges)."),
+    # inpainting (after img2img's, for the same reason)
+    Field("mask", "Mask", "image", api="mask", optional=True,
+          about="With an image: where to repaint it (inpainting), an image of the same size: white repaints, "
+                "black keeps (or, where it has transparency, its opaque part repaints), sent as the image is. "
+                "Outside the blurred mask the results keep the image's pixels. Left out: all of it (img2img)."),
+    Field("mask_blur", "Mask blur", "whole", DEFAULT_MASK_BLUR, api="mask_blur", optional=True,
+          limits=(0, MAX_MASK_BLUR), about="With a mask: how far its edge is blurred, in pixels (A1111's Mask blur)."),
+    Field("masked_content", "Masked content", "choice", DEFAULT_MASKED_CONTENT, api="masked_content", optional=True,
+          choices=MASKED_CONTENT,
+          about="With a mask: what the masked area starts from, as A1111's: fill (its surroundings' colours), "
+                "original (the image), latent noise, latent nothing."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them

@@ -27,9 +27,10 @@ MAX_BASE64_CHARS = 4 * (MAX_BYTES // 3 + 1)  # MAX_BYTES as base64
 BACKGROUND = (255, 255, 255)  # transparency is flattened onto it (A1111's img2img_background_color)
 
 
-def decode_image(data: Any, what: str = "Image") -> Image.Image:
-    """`data` (bytes, or a binary file object) -> an RGB PIL image, or a RequestError that names
-    `what` and what is wrong with it."""
+def decode_image(data: Any, what: str = "Image", keep_alpha: bool = False) -> Image.Image:
+    """`data` (bytes, or a binary file object) -> an RGB PIL image (`keep_alpha`: RGBA where the
+    file has transparency, as a mask's), or a RequestError that names `what` and what is wrong
+    with it."""
     if hasattr(data, "read"):
         data = data.read(MAX_BYTES + 1)
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -51,7 +52,7 @@ def decode_image(data: Any, what: str = "Image") -> Image.Image:
                 raise RequestError(f"{what} is {width}x{height} pixels; each side must be at least {MIN_SIDE}.")
             image.seek(0)  # an animation's first frame
             image.load()
-            return _as_rgb(image)
+            return _as_rgb(image, keep_alpha)
     except RequestError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # (PIL's own bound, far above ours)
@@ -91,8 +92,8 @@ def from_base64(text: str, what: str = "Image") -> bytes:
         raise RequestError(f"{what} must be a PNG, JPEG or WebP file as base64 text.") from None
 
 
-def _as_rgb(image: Image.Image) -> Image.Image:
-    """The decoded image as a person sees it, in RGB, without its metadata."""
+def _as_rgb(image: Image.Image, keep_alpha: bool = False) -> Image.Image:
+    """The decoded image as a person sees it, in RGB (or RGBA), without its metadata."""
     image = ImageOps.exif_transpose(image)
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit greyscale: to 8 bits, not clipped to white
         values = np.asarray(image, np.float64)
@@ -104,6 +105,8 @@ def _as_rgb(image: Image.Image) -> Image.Image:
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
         rgba = image.convert("RGBA")
+        if keep_alpha:
+            return Image.frombytes("RGBA", rgba.size, rgba.tobytes())
         flat = Image.new("RGBA", rgba.size, (*BACKGROUND, 255))
         flat.alpha_composite(rgba)
         image = flat

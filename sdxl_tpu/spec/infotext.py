@@ -89,6 +89,10 @@ def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
     settings.append(f"Model: {stamp.model}")
     if info.strength is not None:  # from an image (img2img), where A1111 writes it
         settings.append(f"Denoising strength: {info.strength:g}")
+    if info.mask_blur:  # inpainting's, as A1111 writes them (nothing for no blur, or "original" content)
+        settings.append(f"Mask blur: {info.mask_blur}")
+    if info.masked_content not in (None, "original"):
+        settings.append(f"Masked content: {info.masked_content}")
     settings.append(f"RNG: {info.rng}")
     if stamp.loras:
         settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .images import FORMATS
+from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASKED_CONTENT, MASKED_CONTENT
 from .names import (ARCHITECTURES, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS,
                     SCHEDULES)
 from .prompts import DEFAULT_MAX_CHUNKS
@@ -115,6 +116,12 @@ OPTIONS: tuple[Option, ...] = (
            type=float, shown_default="0.75 with --image"),
     option("--resize-mode", ["generate"], "how --image is fitted to --size (AUTOMATIC1111's resize modes)",
            default=DEFAULT_RESIZE_MODE, choices=list(RESIZE_MODES), metavar="MODE"),
+    option("--mask", ["generate"], "repaint only where this mask (the size of --image) is white (inpainting); "
+           "black keeps --image's pixels", metavar="FILE"),
+    option("--mask-blur", ["generate"], "pixels the mask's edge is blurred by", type=int, metavar="PIXELS",
+           shown_default=f"{DEFAULT_MASK_BLUR} with --mask"),
+    option("--masked-content", ["generate"], "what the masked area starts from (AUTOMATIC1111's)",
+           choices=list(MASKED_CONTENT), metavar="CONTENT", shown_default=f"{DEFAULT_MASKED_CONTENT} with --mask"),
     option("--out", ["generate"], "where the PNGs are written", default="outputs"),
     # --- the model ---
     option("--preset", [*SERVERS, "generate"],

@@ -12,6 +12,7 @@ from typing import Any
 from .errors import RequestError
 from .fields import DEFAULT_STRENGTH, FIELD, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
 from .image_input import image_input
+from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASKED_CONTENT, MASKED_CONTENT, fit_mask, mask_input
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 from .resize import fit_image, image_array
 from .values import choice_input, number_input, parse_size, prompt_input, schedule_input, seed_input, size_input
@@ -32,6 +33,8 @@ class ImageInfo:
     schedule: str = DEFAULT_SCHEDULE  # one of names.SCHEDULES
     rng: str = DEFAULT_RNG  # one of names.RNGS: where the noise comes from
     strength: float | None = None  # img2img's denoising strength; None: from noise
+    mask_blur: int | None = None  # inpainting's (None: no mask)
+    masked_content: str | None = None  # inpainting's: one of mask.MASKED_CONTENT (None: no mask)
 
 
 @dataclass
@@ -109,14 +112,19 @@ class Request:
     schedule: str = DEFAULT_SCHEDULE
     rng: str = DEFAULT_RNG
     strength: float | None = None  # from an image (img2img): its denoising strength
+    mask_blur: int | None = None  # inpainting's: with a mask only
+    masked_content: str | None = None
     # From an image: the image fitted to `size`, (height, width, 3) uint8 (None: from noise).
     image: Any = field(default=None, compare=False, repr=False)
+    # Inpainting: the mask, blurred and fitted as the image, (height, width) uint8, 255 repaints.
+    mask: Any = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
            steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
            sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
-           strength: Any = None, image: Any = None, resize_mode: Any = None, per_image: bool = True,
+           strength: Any = None, image: Any = None, resize_mode: Any = None, mask: Any = None,
+           mask_blur: Any = None, masked_content: Any = None, mask_blurred: bool = False, per_image: bool = True,
            max_chars: int = MAX_PROMPT_CHARS) -> "Request":
         """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
         image); `sizes` and `samplers` are those available (default: all of names.SAMPLERS);
@@ -124,7 +132,10 @@ class Request:
         most `max_chars` characters. From an image (img2img): `image` (image_input.image_input's
         forms: a PIL image, an array, a file's bytes or base64), fitted to the size by `resize_mode`
         (A1111's; default Just resize), and `strength`, its denoising strength from 0 to 1 (default
-        A1111's 0.75); without an image, no strength. The image is checked last (it costs most)."""
+        A1111's 0.75); without an image, no strength. Inpainting: `mask` (the same forms, the image's
+        size; mask.mask_input), `mask_blur` (default 4) and `masked_content` (default original), as
+        A1111's (`mask_blurred`: the mask comes blurred by mask_blur already, as a front end forwards
+        its Request.mask). The images are checked last (they cost most)."""
         def prompt_text(v: Any) -> str:
             text = prompt_input(v, _label("prompt"), max_chars)
             if not text:
@@ -152,15 +163,28 @@ class Request:
             size=size_input(size, sizes) if sizes is not None else parse_size(size),
             sampler=sampler, schedule=schedule,
             rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS))
+        inpainting = dict(mask_blur=mask_blur, masked_content=masked_content)
+        for name, value in (("strength", strength), ("mask", mask), *inpainting.items()):
+            needs = "image" if name in ("strength", "mask") else "mask"
+            if value is not None and {"image": image, "mask": mask}[needs] is None:
+                raise RequestError(f"{_label(name)} applies to a {'starting image' if needs == 'image' else 'mask'}:"
+                                   f" give the {_label(needs).lower()} too.")
         if image is None:
-            if strength is not None:
-                raise RequestError(f"{_label('strength')} applies to a starting image: give the image too.")
             return Request(**checked)
         mode = DEFAULT_RESIZE_MODE if resize_mode is None else choice_input(resize_mode, _label("resize_mode"),
                                                                             RESIZE_MODES)
-        strength = DEFAULT_STRENGTH if strength is None else float(number("strength")(strength))
-        return Request(**checked, strength=strength,
-                       image=image_array(fit_image(image_input(image, _label("image")), checked["size"], mode)))
+        checked["strength"] = DEFAULT_STRENGTH if strength is None else float(number("strength")(strength))
+        if mask is not None:
+            checked["mask_blur"] = DEFAULT_MASK_BLUR if mask_blur is None else int(number("mask_blur", True)(mask_blur))
+            checked["masked_content"] = (DEFAULT_MASKED_CONTENT if masked_content is None else
+                                         choice_input(masked_content, _label("masked_content"), MASKED_CONTENT))
+        picture = image_input(image, _label("image"))
+        fitted = image_array(fit_image(picture, checked["size"], mode))
+        if mask is None:
+            return Request(**checked, image=fitted)
+        mask = fit_mask(mask_input(mask, picture.size, _label("mask")), checked["size"], mode,
+                        0 if mask_blurred else checked["mask_blur"])
+        return Request(**checked, image=fitted, mask=mask)
 
     def images(self, n: int) -> list[ImageInfo]:
         """The request spelled out for `n` images."""
@@ -170,5 +194,6 @@ class Request:
                       per_image(self.negative_prompt, n, _label("negative")),
                       per_image(self.guidance_scale, n, _label("guidance")))
         return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
-                          sampler=self.sampler, schedule=self.schedule, rng=self.rng, strength=self.strength)
+                          sampler=self.sampler, schedule=self.schedule, rng=self.rng, strength=self.strength,
+                          mask_blur=self.mask_blur, masked_content=self.masked_content)
                 for s, p, q, g in columns]

@@ -26,11 +26,12 @@ def _resized(image: Image.Image, width: int, height: int) -> Image.Image:
 
 def fit_image(image: Any, size: tuple[int, int], mode: str = DEFAULT_RESIZE_MODE) -> Image.Image:
     """`image` (PIL, or an (H, W, 3) uint8 array) as an RGB image of `size` (width, height), as
-    A1111's images.resize_image fits it (Lanczos; no upscaler model)."""
+    A1111's images.resize_image fits it (Lanczos; no upscaler model); a greyscale ("L") image, a
+    mask, stays greyscale."""
     if mode not in RESIZE_MODES:
         raise RequestError(f"Resize mode must be one of {', '.join(RESIZE_MODES)}, got {mode!r}.")
     im = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, np.uint8))
-    im = im.convert("RGB")
+    im = im if im.mode == "L" else im.convert("RGB")
     width, height = size
     if mode == "Just resize" or im.size == (width, height):
         return _resized(im, width, height) if im.size != (width, height) else im
@@ -41,7 +42,7 @@ def fit_image(image: Any, size: tuple[int, int], mode: str = DEFAULT_RESIZE_MODE
     src_w = width if wide else im.width * height // im.height
     src_h = height if not wide else im.height * width // im.width
     resized = _resized(im, src_w, src_h)
-    out = Image.new("RGB", (width, height))
+    out = Image.new(im.mode, (width, height))
     out.paste(resized, box=(width // 2 - src_w // 2, height // 2 - src_h // 2))
     if covering:
         return out

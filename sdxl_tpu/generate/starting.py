@@ -1,0 +1,55 @@
+"""The host half of a call that starts from images (img2img, inpainting): what the VAE encodes,
+where the latents are kept and what fills the rest, and the finished images with the input's
+pixels wherever the mask kept them. Plain numpy and PIL (spec/mask.py); the device half is
+programs.py's noise program and update.py's blends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from ..spec.mask import fill, latent_mask, overlay
+from ..spec.request import ImageInfo
+from .programs import LATENT_FILL
+
+
+class Start(NamedTuple):
+    pixels: np.ndarray  # (n, H, W, 3) uint8: what the VAE encodes (the masked area filled, but "original")
+    keep: np.ndarray    # (n, h, w, 1) float32: 1 where the latents are kept (zeros without a mask)
+    fill: np.ndarray    # (n,) int32: LATENT_FILL's code per image
+
+
+def prepare(images: np.ndarray, masks: np.ndarray | None, infos: Sequence[ImageInfo], factor: int) -> Start:
+    """Checked (n, H, W, 3) uint8 starting images and (n, H, W) uint8 masks (255 repaints; None:
+    img2img) at the call's size -> the arrays the device takes."""
+    n, height, width = len(infos), infos[0].size[1], infos[0].size[0]
+    images = np.asarray(images)
+    if images.shape != (n, height, width, 3) or images.dtype != np.uint8:
+        raise ValueError(f"init_images must be uint8 of shape {(n, height, width, 3)}, got {images.dtype} "
+                         f"{images.shape}")
+    keep = np.zeros((n, height // factor, width // factor, 1), np.float32)
+    codes = np.zeros(n, np.int32)
+    if masks is None:
+        return Start(images, keep, codes)
+    masks = np.asarray(masks)
+    if masks.shape != (n, height, width) or masks.dtype != np.uint8:
+        raise ValueError(f"masks must be uint8 of shape {(n, height, width)}, got {masks.dtype} {masks.shape}")
+    pixels = images.copy()
+    for i, (info, mask) in enumerate(zip(infos, masks)):
+        if info.masked_content is None:
+            raise ValueError("an image with a mask needs its masked content (ImageInfo.masked_content)")
+        keep[i, ..., 0] = 1 - latent_mask(mask, factor)
+        codes[i] = LATENT_FILL.get(info.masked_content, 0)
+        if info.masked_content != "original":  # A1111 fills the pixels under the latent choices too
+            pixels[i] = fill(images[i], mask)
+    return Start(pixels, keep, codes)
+
+
+def finish(results: Sequence[Image.Image], images: np.ndarray, masks: np.ndarray | None) -> list[Image.Image]:
+    """The decoded images, with the starting image's pixels over them where the mask kept them."""
+    if masks is None:
+        return list(results)
+    return [overlay(result, image, mask) for result, image, mask in zip(results, images, masks)]
