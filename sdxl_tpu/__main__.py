@@ -74,7 +74,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if args.compile_cache:
             enable_compile_cache(args.compile_cache)
-        pipe = load(options, compile_cache=args.compile_cache)
+        pipe = load(options, warmup=False, compile_cache=args.compile_cache)  # (compiles what the run needs)
         if request.sampler is None:  # the checkpoint's own sampler: its schedule is checked now it is known
             schedule_input(pipe.default_sampler, request.schedule)
         result = pipe.run(request, images=args.images)

@@ -111,7 +111,8 @@ from sdxl_tpu.spec.load import LoadOptions
 from sdxl_tpu.spec.request import Request
 from sdxl_tpu.server.batcher import Batcher
 assert jax.device_count() == 8, jax.devices()
-pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], images_per_call=4, compile_cache=sys.argv[2])
+pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], images_per_call=4, compile_cache=sys.argv[2],
+                     warmup=False)
 batcher = Batcher(pipe, max_wait=0.02)
 a = Request.of("a red fox in the snow", "blurry", seed=100, steps=3, size=(64, 64)).images(4)
 b = Request.of(["a", "b", "c", "d"], "", seed=[5, 6, 7, 8], guidance_scale=[1, 2, 3, 4],

@@ -236,8 +236,8 @@ def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_pipelin
     it is compiled in the background; then it runs without compiling."""
     from sdxl_tpu.spec.errors import RequestError
 
-    monkeypatch.setitem(tiny_pipeline._compiled, (96, 64), None)  # restored afterwards
-    del tiny_pipeline._compiled[(96, 64)]  # as if not compiled yet (it comes back from the compile cache)
+    monkeypatch.setitem(tiny_pipeline._compiled.by_size, (96, 64), None)  # restored afterwards
+    del tiny_pipeline._compiled.by_size[(96, 64)]  # as if not compiled yet (it comes back from the compile cache)
     gate, warmup = threading.Event(), tiny_pipeline.warmup
     monkeypatch.setattr(tiny_pipeline, "warmup", lambda sizes=None: (gate.wait(60), warmup(sizes))[1])
     server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES)), loader=lambda s: tiny_pipeline,

@@ -235,14 +235,20 @@ def test_seed_wraps_around_at_the_top_of_its_range(tiny_pipeline):
 
 
 def test_bfloat16_is_the_default_and_gives_finite_images(tiny_checkpoint, compile_cache):
+    """(Not warmed up, a pipeline compiles what a call runs, once: text to image with guidance needs
+    neither the image encoder, nor the loop from given latents, nor the unguided one.)"""
     import jax.numpy as jnp
 
-    from sdxl_tpu import load_pipeline
+    from sdxl_tpu import CompileCounter, load_pipeline
 
-    pipe = load_pipeline(tiny_checkpoint, sizes=[(64, 64)], compile_cache=compile_cache)
+    pipe = load_pipeline(tiny_checkpoint, sizes=[(64, 64)], compile_cache=compile_cache, warmup=False)
     assert pipe.params["unet"]["conv_in"]["kernel"].get_value().dtype == jnp.bfloat16
     images = _images(pipe.generate("a cat", "blurry", seed=3, steps=2, size=(64, 64)))
-    assert images.std() > 1
+    assert set(pipe.compiled((64, 64), ())) == {"encode", "noise", "denoise", "decode"}
+    assert not pipe.is_compiled((64, 64)) and images.std() > 1
+    with CompileCounter() as counter:
+        pipe.generate("a dog", seed=4, steps=3, size=(64, 64))
+    assert counter.compiles == 0
 
 
 def test_loading_a_pipeline_leaves_the_process_compile_cache_alone(tiny_checkpoint):

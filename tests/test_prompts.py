@@ -191,7 +191,7 @@ def test_emphasis_and_long_prompts_match_a_pytorch_reference(tiny_pipeline, tiny
 def one_chunk_pipeline(tiny_checkpoint, compile_cache):
     """The tiny model with room for one chunk: the programs as they were before long prompts."""
     return load_pipeline(tiny_checkpoint, dtype="float32", sizes=[(64, 64)], max_prompt_chunks=1,
-                         compile_cache=compile_cache)
+                         compile_cache=compile_cache, warmup=False)
 
 
 def pixels(pipe, prompt, negative="", seed=3):

@@ -34,7 +34,7 @@ def test_unet_file_with_trailing_euler_equals_diffusers(tiny_checkpoint, unet_fi
 
     path, ref_unet = unet_file
     ours = load_pipeline(tiny_checkpoint, dtype="float32", sizes=[(64, 64)], unet=path, timestep_spacing="trailing",
-                         compile_cache=compile_cache)
+                         compile_cache=compile_cache, warmup=False)
     assert ours.model_name.endswith("sdxl_lightning_4step_unet")
     assert ours.sampler.timestep_spacing == "trailing"
     reference = StableDiffusionXLPipeline.from_pretrained(tiny_checkpoint)

@@ -33,6 +33,7 @@ from ..weights.checkpoint import Models
 from . import sampling, starting
 from .denoising import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
+from .compiled import CompiledPrograms
 from .programs import BATCH, Layout, NETWORKS, PROGRAMS, program
 from .stored_programs import ProgramStore
 
@@ -96,7 +97,7 @@ class Pipeline:
         if preview_decoder is not None:
             self.graphs["taesd"], state = nnx.split(preview_decoder)
             self.params["taesd"] = jax.device_put(state, self.replicated)
-        self._compiled: dict[Any, Any] = {}
+        self._compiled = CompiledPrograms(self.layout, self.graphs, self.params, program_store)
         self.program_store = program_store
         # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
         self._step_index = [jax.device_put(np.int32(i), self.replicated) for i in range(MAX_ROWS)]
@@ -108,23 +109,15 @@ class Pipeline:
         fn, args = program(name, self.layout, size_input(size, self.sizes), self.graphs, self.params)
         return fn.trace(*args)
 
-    def compiled(self, size: Any) -> dict[str, Any]:
-        """The compiled programs for `size`, compiling them (once) if needed."""
-        size = size_input(size, self.sizes)
-        if size not in self._compiled:
-            # The text encoders do not depend on the size: compiled once, shared by every size.
-            encode = next((p["encode"] for p in self._compiled.values() if "encode" in p), None)
-            programs = {"encode": encode} if encode else {}
-            missing = [name for name in PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
-                       if name not in programs]
-            if self.program_store is not None:  # loaded untraced where stored, else compiled (and stored)
-                programs |= self.program_store.programs(missing, self.layout, size, self.graphs, self.params)
-            else:
-                for name in missing:
-                    fn, args = program(name, self.layout, size, self.graphs, self.params)
-                    programs[name] = fn.lower(*args).compile()
-            self._compiled[size] = programs
-        return self._compiled[size]
+    @property
+    def programs(self) -> tuple[str, ...]:
+        """The programs of a size (programs.PROGRAMS, and TAESD's preview where it has one)."""
+        return PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
+
+    def compiled(self, size: Any, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """The compiled programs for `size` (those of `names`, or all: a warmed-up pipeline has them
+        all), compiling them (once) if needed."""
+        return self._compiled.get(size_input(size, self.sizes), self.programs if names is None else names)
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 (a few per size, for the pipeline's life)
     def _zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> jax.Array:
@@ -137,7 +130,8 @@ class Pipeline:
         return np.concatenate([per_image, np.repeat(per_image[-1:], self.images_per_call - len(per_image), axis=0)])
 
     def is_compiled(self, size: tuple[int, int]) -> bool:
-        return size in self._compiled
+        """Whether every program of `size` is compiled (what warming up a size does)."""
+        return self._compiled.has(size, self.programs)
 
     def warmup(self, sizes: Sequence[tuple[int, int]] | None = None) -> dict[str, float]:
         """Compile every size (or those of `sizes`); returns seconds per size."""
@@ -253,7 +247,11 @@ class Pipeline:
         # What ran, as its parameters will say: Automatic resolved to the sampler's schedule.
         schedule = schedule_input(name, infos[0].schedule)
         infos = [dataclasses.replace(info, schedule=schedule) for info in infos]
-        programs = self.compiled(size)
+        # Only what this call runs (all of them, where the pipeline was warmed up: nothing compiles then).
+        programs = self.compiled(size, ("encode", "noise" if latents is None else "init", "decode",
+                                        "denoise" if guided(infos) else "denoise_unguided",
+                                        *(("encode_image",) if init_images is not None else ()),
+                                        *(("preview",) if self.preview_decoder == "taesd" and self.stepwise else ())))
         slots = infos + [infos[-1]] * (self.images_per_call - n)
         text = sampling.prepare(self.tokenizers, slots, self.force_zeros_for_empty_prompt, self.max_prompt_chunks)
         h, w, c = self.layout.latent_shape(size)

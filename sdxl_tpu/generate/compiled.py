@@ -1,0 +1,39 @@
+"""Each size's compiled programs (programs.py), made once, when first needed: compiled, or loaded
+untraced from a program store (stored_programs.py). A warmed-up pipeline has them all; otherwise
+a call compiles only what it runs (a text-to-image call no image encoder, a guided one no
+unguided loop)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .programs import Layout, program
+from .stored_programs import ProgramStore
+
+
+class CompiledPrograms:
+    def __init__(self, layout: Layout, graphs: Mapping[str, Any], params: Mapping[str, Any],
+                 store: ProgramStore | None = None):
+        self.layout, self.graphs, self.params, self.store = layout, graphs, params, store
+        self.by_size: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def get(self, size: tuple[int, int], names: Sequence[str]) -> dict[str, Any]:
+        """The programs of `size` (at least those of `names`), making the missing ones."""
+        programs = self.by_size.setdefault(size, {})
+        missing = [name for name in names if name not in programs]
+        # The text encoders do not depend on the size: compiled once, shared by every size.
+        encode = next((p["encode"] for p in self.by_size.values() if "encode" in p), None)
+        if "encode" in missing and encode is not None:
+            programs["encode"] = encode
+            missing.remove("encode")
+        if missing and self.store is not None:  # loaded untraced where stored, else compiled (and stored)
+            programs |= self.store.programs(missing, self.layout, size, self.graphs, self.params)
+        else:
+            for name in missing:
+                fn, args = program(name, self.layout, size, self.graphs, self.params)
+                programs[name] = fn.lower(*args).compile()
+        return programs
+
+    def has(self, size: tuple[int, int], names: Sequence[str]) -> bool:
+        return all(name in self.by_size.get(size, ()) for name in names)
