@@ -120,6 +120,19 @@ def build_demo(server: Server) -> gr.Blocks:
                                       label=label("mask_blur"), elem_id="mask_blur")
                             gr.Radio(list(FIELD["masked_content"].choices), value=FIELD["masked_content"].default,
                                      label=label("masked_content"), elem_id="masked_content")
+                # A1111's Hires. fix: the images made at the size, upscaled, and denoised again at a larger
+                # compiled size (the upscale must reach one: the status says which).
+                with gr.Accordion("Hires. fix", open=False, elem_id="hires-panel"):
+                    gr.Checkbox(FIELD["hires"].default, label=label("hires"), elem_id="hires")
+                    with gr.Row():
+                        gr.Slider(*FIELD["hires_scale"].limits, value=FIELD["hires_scale"].default, step=0.05,
+                                  label=label("hires_scale"), min_width=160, elem_id="hires_scale")
+                        gr.Slider(*FIELD["hires_steps"].limits, value=FIELD["hires_steps"].default, step=1,
+                                  label=label("hires_steps"), min_width=160, elem_id="hires_steps")
+                        gr.Slider(*FIELD["hires_strength"].limits, value=FIELD["hires_strength"].default, step=0.01,
+                                  label=label("hires_strength"), min_width=160, elem_id="hires_strength")
+                    gr.Radio(list(FIELD["hires_upscaler"].choices), value=FIELD["hires_upscaler"].default,
+                             label=label("hires_upscaler"), elem_id="hires_upscaler")
                 # A1111's seed: -1 draws new seeds each run; the API's Randomize switch stays off here.
                 gr.Checkbox(FIELD["randomize"].default, label=label("randomize"), visible=False, elem_id="randomize")
                 with gr.Accordion("More options", open=False, elem_id="more-options"):

@@ -64,9 +64,11 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                              rng=args.rng, strength=strength, resize_mode=args.resize_mode,
                              image=None if args.image is None else decode_image(_read(args.image), "--image"),
                              mask=None if args.mask is None else _read(args.mask), mask_blur=args.mask_blur,
-                             masked_content=args.masked_content)
-        options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=[request.size],
-                                                                               step_progress=False)
+                             masked_content=args.masked_content, hires=args.hires or None,
+                             hires_scale=args.hires_scale, hires_upscaler=args.hires_upscaler,
+                             hires_steps=args.hires_steps, hires_strength=args.hires_strength)
+        sizes = [request.size] + ([request.hires.size] if request.hires else [])  # (a hires fix: two passes)
+        options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=sizes, step_progress=False)
     except ValueError as e:
         return _fail(str(e))
     if args.images < 1:

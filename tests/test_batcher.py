@@ -276,5 +276,5 @@ def test_the_pipeline_stops_between_steps(tiny_pipeline):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for other in (dict(steps=3), dict(steps=2, sampler="Euler a"),
                   dict(steps=2, strength=0.5, image=np.zeros((64, 64, 3), np.uint8))):
-        with pytest.raises(ValueError, match="share their size, step count, sampler, schedule and denoising strength"):
+        with pytest.raises(ValueError, match="share their size, step count, sampler, schedule, denoising strength"):
             tiny_pipeline.run_images([full.infos[0], Request.of("x", seed=1, size=(64, 64), **other).images(1)[0]])

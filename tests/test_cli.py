@@ -111,6 +111,21 @@ def test_generate_from_an_image(main, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+def test_hires_fix_compiles_both_sizes_and_says_so(main, tmp_path, capsys):
+    """--hires: the images at --size, then upscaled and denoised again; both sizes compiled for the
+    run, the parameters A1111's; a scale that does not land on whole latents is refused at once."""
+    common = ["generate", "a cat", "--seed", "5", "--steps", "2", "--size", "64x64", "--model", "tiny",
+              "--dtype", "float32", "--hires", "--hires-steps", "3"]
+    assert main([*common, "--hires-scale", "1.5", "--out", str(tmp_path)]) == 0
+    image = Image.open(tmp_path / "5.png")
+    assert image.size == (96, 96) and "Size: 64x64," in image.info["parameters"]
+    assert ("Denoising strength: 0.7, Hires upscale: 1.5, Hires steps: 3, Hires upscaler: Latent, RNG: JAX"
+            in image.info["parameters"])
+    capsys.readouterr()
+    assert main([*common, "--hires-scale", "1.3", "--out", str(tmp_path / "bad")]) == 2
+    assert "Hires upscale 1.3 makes 83x83" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
 def test_presets_fill_what_is_not_given(main, env, tmp_path):
     """--preset: a sampling preset on any model; a model preset's weights replaced by local ones
     (its UNet file from the Hub is not reachable here); options given explicitly win."""

@@ -22,13 +22,14 @@ from served_app import ROOT, SIZES, get
 from sdxl_tpu.server.guard import MAX_BODY_BYTES
 from sdxl_tpu.server.page import PASTED_INTO
 from sdxl_tpu.spec.fields import FEWEST_INPUTS, FIELD, FORM, MAX_PROMPT_CHARS
+from sdxl_tpu.spec.hires import UPSCALERS
 from sdxl_tpu.spec.mask import MASKED_CONTENT
 from sdxl_tpu.spec.names import RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
 # A valid call (1 step), from noise: no image (its strength and resize mode are checked, not used),
 # no mask (its blur and masked content likewise).
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX", None, 0.75,
-            "Just resize", None, 4, "original"]
+            "Just resize", None, 4, "original", False, 2.0, "Latent", 0, 0.7]
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
        "sampler": "Euler", "size": "64x64", "schedule": "Checkpoint", "rng": "JAX"}  # a run as the history keeps it
 # The page's own generation event takes the history the browser keeps as a last input.
@@ -307,6 +308,14 @@ MALFORMED = {
                              st.sampled_from(["just resize", "Fit", "Stretch", "crop"])),
     "mask_blur": st.one_of(bad_number, st.floats(0.01, 63.99).filter(lambda v: v != int(v)), st.integers(65, 10**6),
                            st.integers(-10**6, -1)),
+    "hires": st.one_of(bad_number.filter(lambda v: not isinstance(v, bool)), text, st.lists(st.booleans())),
+    "hires_scale": st.one_of(bad_number, st.floats(4.001, 1e6), st.floats(-1e6, 0.999)),
+    "hires_upscaler": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s not in UPSCALERS),
+                                st.sampled_from(["latent", "ESRGAN_4x", "R-ESRGAN 4x+", "Nearest"])),
+    "hires_steps": st.one_of(bad_number, st.floats(0.01, 49.99).filter(lambda v: v != int(v)), st.integers(51, 10**6),
+                             st.integers(-10**6, -1)),
+    "hires_strength": st.one_of(bad_number.filter(lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 0),
+                                st.floats(1.001, 1e6), st.floats(-1e6, -0.001)),
     "masked_content": st.one_of(not_text.filter(lambda v: v is not None),
                                 text.filter(lambda s: s not in MASKED_CONTENT),
                                 st.sampled_from(["Fill", "latent_noise", "noise", "nothing"])),
@@ -392,7 +401,8 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
 # the default sampler, schedule and noise source.
 STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null"), (9, "null"), (10, "null"),
                (11, "null"), (12, "null"), (13, "null"), (14, "null"), (15, "null"),
-               (16, "null")}  # (no image: no strength and resize mode needed; no mask: no blur or content)
+               (16, "null"), (17, "null"), (17, "false"), (18, "null"), (19, "null"), (20, "null"),
+               (21, "null")}  # (no image: no strength and resize mode needed; no mask: no blur or content; no hires)
 
 
 def _join_raw(http_client, log: AppLog, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:

@@ -9,13 +9,11 @@ steps, size micro-conditioning) is an input of the compiled programs, never a re
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import Any
 
 import jax
@@ -24,15 +22,12 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from ..sampler.tables import MAX_ROWS, Sampler
-from ..spec.errors import GenerationError, RequestError
 from ..spec.infotext import Stamp
 from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
-from ..spec.request import GenerationResult, ImageInfo, Request, guided
-from ..spec.values import format_size, not_a_choice, parse_size, schedule_input, size_input
+from ..spec.request import GenerationResult, ImageInfo, Request
+from ..spec.values import format_size, parse_size, size_input
 from ..weights.checkpoint import Models
-from . import sampling, starting
-from .denoising import HostNoise, denoise_fused, denoise_stepwise
-from .preview import Previews
+from .call import run_call
 from .compiled import CompiledPrograms
 from .programs import BATCH, Layout, NETWORKS, PROGRAMS, program
 from .stored_programs import ProgramStore
@@ -85,7 +80,7 @@ class Pipeline:
             if w <= 0 or h <= 0 or w % self.vae_factor or h % self.vae_factor:
                 raise ValueError(f"size {w}x{h}: width and height must be positive multiples of {self.vae_factor}")
             self.sizes.append((w, h))
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.batch_sharding, self.replicated = self.layout.batch_sharding, self.layout.replicated
         # Each nnx module splits into its (static) graph and its arrays; the arrays are replicated.
         self.graphs, self.params = {}, {}
@@ -100,7 +95,7 @@ class Pipeline:
         self._compiled = CompiledPrograms(self.layout, self.graphs, self.params, program_store)
         self.program_store = program_store
         # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
-        self._step_index = [jax.device_put(np.int32(i), self.replicated) for i in range(MAX_ROWS)]
+        self.step_index = [jax.device_put(np.int32(i), self.replicated) for i in range(MAX_ROWS)]
 
     # -- the sharded programs -------------------------------------------------------------------
 
@@ -120,12 +115,12 @@ class Pipeline:
         return self._compiled.get(size_input(size, self.sizes), self.programs if names is None else names)
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 (a few per size, for the pipeline's life)
-    def _zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> jax.Array:
+    def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> jax.Array:
         """Zeros of `shape` per image of a call, kept on the devices: the host noise of a call where
         no image draws its own; the image latents, kept mask and latent fill of a call from noise."""
         return jax.device_put(np.zeros((self.images_per_call, *shape), dtype), self.batch_sharding)
 
-    def _filled(self, per_image: np.ndarray) -> np.ndarray:
+    def filled(self, per_image: np.ndarray) -> np.ndarray:
         """A call's per-image array, its free slots of the compiled batch filled with the last image's."""
         return np.concatenate([per_image, np.repeat(per_image[-1:], self.images_per_call - len(per_image), axis=0)])
 
@@ -229,100 +224,4 @@ class Pipeline:
             image (see preview.py). A TAESD preview is decoded on the device while the next steps
             run, and handed over once ready.
         """
-        from PIL import Image
-
-        n = len(infos)
-        if not 1 <= n <= self.images_per_call:
-            raise ValueError(f"a call makes 1 to {self.images_per_call} images, not {n}")
-        infos = [dataclasses.replace(info, sampler=info.sampler or self.default_sampler) for info in infos]
-        size, steps, name, strength = infos[0].size, infos[0].steps, infos[0].sampler, infos[0].strength
-        if any((i.size, i.steps, i.sampler, i.schedule, i.strength) != (size, steps, name, infos[0].schedule, strength)
-               for i in infos):
-            raise ValueError("the images of one call must share their size, step count, sampler, schedule and "
-                             "denoising strength")
-        if (init_images is None) != (strength is None):
-            raise ValueError("images that start from an image need their denoising strength, and only they")
-        if name not in self.samplers:
-            raise RequestError(not_a_choice("Sampler", name, self.samplers))
-        # What ran, as its parameters will say: Automatic resolved to the sampler's schedule.
-        schedule = schedule_input(name, infos[0].schedule)
-        infos = [dataclasses.replace(info, schedule=schedule) for info in infos]
-        # Only what this call runs (all of them, where the pipeline was warmed up: nothing compiles then).
-        programs = self.compiled(size, ("encode", "noise" if latents is None else "init", "decode",
-                                        "denoise" if guided(infos) else "denoise_unguided",
-                                        *(("encode_image",) if init_images is not None else ()),
-                                        *(("preview",) if self.preview_decoder == "taesd" and self.stepwise else ())))
-        slots = infos + [infos[-1]] * (self.images_per_call - n)
-        text = sampling.prepare(self.tokenizers, slots, self.force_zeros_for_empty_prompt, self.max_prompt_chunks)
-        h, w, c = self.layout.latent_shape(size)
-        if latents is not None:
-            if (latents := np.asarray(latents, np.float32)).shape != (n, c, h, w):
-                raise RequestError(f"latents must have shape {(n, c, h, w)}, got {latents.shape}.")
-            latents = self._filled(latents)
-        if (masks is not None and init_images is None) or (init_images is not None and latents is not None):
-            raise ValueError("masks come with init_images, and init_images without latents")
-        begin = None if init_images is None else starting.prepare(init_images, masks, infos, self.vae_factor)
-        put = lambda x: jax.device_put(x, self.batch_sharding)
-        sampler = self.samplers[name]
-        host_tables = sampler.padded_tables(steps, schedule, strength)
-        # A row is one model evaluation; a step is one row, or two (DPM++ SDE's midpoint). From an
-        # image, the steps its strength leaves.
-        step_ends = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))
-        rows = step_ends[-1]
-        tables = jax.device_put(host_tables, self.replicated)
-        seeds = put(np.array([i.seed for i in slots], np.uint32))
-        # RNG CPU: each image that draws its own noise, as A1111's ImageRNG draws it (denoising.py).
-        own = np.array([i.rng == "CPU" for i in slots])
-        host = HostNoise([i.seed if cpu else None for i, cpu in zip(slots, own)], (c, h, w), host_tables, rows, put)
-
-        with self._lock:
-            start = time.perf_counter()
-            lengths = put(text.lengths)
-            context, pooled = programs["encode"](self.params["text_encoder"], self.params["text_encoder_2"],
-                                                 *map(put, text[:4]), lengths, put(text.zero_negative))
-            image, image_seconds = self._zeros((h, w, c)), 0.0
-            keep, fill = self._zeros((h, w, 1)), self._zeros((), np.int32)
-            if begin is not None:  # the VAE's sample first, then the noise: diffusers' draw order
-                jax.block_until_ready((context, pooled))  # (timed apart: what an image adds to a call)
-                began = time.perf_counter()
-                image = jax.block_until_ready(programs["encode_image"](
-                    self.params["vae"], put(self._filled(begin.pixels)), seeds,
-                    host.draw() if host else self._zeros((h, w, c)), put(own)))
-                keep, fill = put(self._filled(begin.keep)), put(self._filled(begin.fill))
-                image_seconds = time.perf_counter() - began
-            if latents is None:
-                state = programs["noise"](seeds, tables, host.draw() if host else self._zeros((h, w, c)), put(own),
-                                          image, keep, fill)
-            else:
-                state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
-                state = state._replace(host_noise=put(own))
-            jax.block_until_ready((context, pooled, state))
-            t_text = time.perf_counter()
-            conditioning = (context, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
-            denoise = programs["denoise" if guided(infos) else "denoise_unguided"]
-            if self.stepwise:
-                on_device = partial(programs["preview"], self.params["taesd"]) if "preview" in programs else None
-                previews = Previews(on_device, n, len(step_ends), preview, preview_every)  # (the steps that run)
-                state = denoise_stepwise(lambda s, i: denoise(self.params["unet"], s, *conditioning,
-                                                              self._step_index[i]),
-                                         state, step_ends, host, previews, progress, stop)
-            else:
-                state = denoise_fused(lambda s, first, end: denoise(self.params["unet"], s, *conditioning,
-                                                                    np.array([first, end], np.int32)),
-                                      state, step_ends, host, progress)
-            t_denoise = time.perf_counter()
-            images, finite = programs["decode"](self.params["vae"], state.x)
-            images, finite = np.asarray(images)[:n], np.asarray(finite)[:n]  # (slicing on the device would compile)
-            t_decode = time.perf_counter()
-        if not finite.all():
-            bad = [infos[i].seed for i in np.flatnonzero(~finite)]
-            raise GenerationError(f"the model produced non-finite values (NaN/inf) for seeds {bad}; "
-                                  "try float32 or another seed")
-        timings = {"text_encoding": t_text - start - image_seconds, "denoising": t_denoise - t_text,
-                   "decoding": t_decode - t_denoise, "total": t_decode - start}
-        if begin is not None:
-            timings["image_encoding"] = image_seconds
-        images = [Image.fromarray(img) for img in images]
-        if begin is not None:
-            images = starting.finish(images, np.asarray(init_images), masks)
-        return GenerationResult(images=images, infos=infos, timings=timings)
+        return run_call(self, infos, latents, init_images, masks, progress, stop, preview, preview_every)

@@ -50,6 +50,8 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     `read_file(value, label)` (uploads.Uploads.read; None: no image is taken); without one, the
     strength and resize mode the form always sends are not used."""
     v = {name: values.get(name) for name in FORM}
+    if not isinstance(v["hires"], (bool, type(None))):
+        raise RequestError(f"{FIELD['hires'].label} must be true or false, got {json_type(v['hires'])}.")
     style_entry(v["style"])  # an unknown style is refused before the rest is checked
     randomize, seed = v["randomize"], v["seed"]
     if not isinstance(randomize, bool):
@@ -59,11 +61,13 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     fallback = offer.defaults()
     given = {f.api: fallback.get(f.name) if f.optional and v[f.name] is None else v[f.name]
              for f in FIELDS if f.api}
-    # The page always sends the image's settings, and the mask's: checked all the same, then not used
-    # without the image (or the mask).
-    for name, needs in (("strength", "image"), ("resize_mode", "image"), ("mask_blur", "mask"),
-                        ("masked_content", "mask")):
-        if given[name] is not None and (given["image"] is None or given[needs] is None):
+    # The page always sends the image's settings, the mask's and the hires fix's: checked all the
+    # same, then not used without the image (and the mask), or with the hires fix off.
+    needs = {"strength": ("image",), "resize_mode": ("image",), "mask_blur": ("image", "mask"),
+             "masked_content": ("image", "mask"),
+             **{f"hires_{k}": ("hires",) for k in ("scale", "upscaler", "steps", "strength")}}
+    for name, needed in needs.items():
+        if given[name] is not None and not all(given[other] for other in needed):
             f = FIELD[name]
             if f.limits:
                 number_input(given[name], f.label, *f.limits, whole=f.kind == "whole")

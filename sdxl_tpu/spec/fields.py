@@ -13,6 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .hires import DEFAULT_SCALE as HIRES_SCALE
+from .hires import DEFAULT_STRENGTH as HIRES_STRENGTH
+from .hires import DEFAULT_UPSCALER as HIRES_UPSCALER
+from .hires import SCALE_RANGE as HIRES_SCALE_RANGE
+from .hires import UPSCALERS as HIRES_UPSCALERS
 from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASKED_CONTENT, MASKED_CONTENT, MAX_MASK_BLUR
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 
@@ -99,6 +104,20 @@ FIELDS: tuple[Field, ...] = (
           choices=MASKED_CONTENT,
           about="With a mask: what the masked area starts from, as A1111's: fill (its surroundings' colours), "
                 "original (the image), latent noise, latent nothing."),
+    # hires fix (after inpainting's, for the same reason)
+    Field("hires", "Hires. fix", "switch", False, api="hires", optional=True,
+          about="Text to image only: make the images at the size, upscale them, denoise again at the larger size "
+                "(A1111's Hires. fix)."),
+    Field("hires_scale", "Hires upscale", "number", HIRES_SCALE, api="hires_scale", optional=True,
+          limits=HIRES_SCALE_RANGE, about="With hires: by how much; the upscaled size must be one the server offers."),
+    Field("hires_upscaler", "Hires upscaler", "choice", HIRES_UPSCALER, api="hires_upscaler", optional=True,
+          choices=HIRES_UPSCALERS, about="With hires: Latent (the latents, bilinear) or Lanczos (the image, then "
+                                         "encoded again), as A1111's."),
+    Field("hires_steps", "Hires steps", "whole", 0, api="hires_steps", optional=True, limits=(0, MAX_STEPS),
+          about="With hires: the second pass's steps; 0: as many as the first."),
+    Field("hires_strength", "Hires denoising strength", "number", HIRES_STRENGTH, api="hires_strength",
+          optional=True, limits=STRENGTH_RANGE, about="With hires: how far the second pass goes from the upscaled "
+                                                      "image, 0 to 1 (A1111's Denoising strength; default 0.7)."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them

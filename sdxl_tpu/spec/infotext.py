@@ -87,12 +87,17 @@ def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
     if stamp.model_hash:
         settings.append(f"Model hash: {stamp.model_hash}")
     settings.append(f"Model: {stamp.model}")
-    if info.strength is not None:  # from an image (img2img), where A1111 writes it
-        settings.append(f"Denoising strength: {info.strength:g}")
+    if info.strength is not None or info.hires is not None:  # img2img's, or the hires pass's: where A1111 writes it
+        settings.append(f"Denoising strength: {(info.strength if info.hires is None else info.hires.strength):g}")
     if info.mask_blur:  # inpainting's, as A1111 writes them (nothing for no blur, or "original" content)
         settings.append(f"Mask blur: {info.mask_blur}")
     if info.masked_content not in (None, "original"):
         settings.append(f"Masked content: {info.masked_content}")
+    if info.hires is not None:
+        settings.append(f"Hires upscale: {info.hires.scale:g}")
+        if info.hires.steps:
+            settings.append(f"Hires steps: {info.hires.steps}")
+        settings.append(f"Hires upscaler: {info.hires.upscaler}")
     settings.append(f"RNG: {info.rng}")
     if stamp.loras:
         settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .images import FORMATS
+from . import hires
 from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASKED_CONTENT, MASKED_CONTENT
 from .names import (ARCHITECTURES, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS,
                     SCHEDULES)
@@ -122,6 +123,16 @@ OPTIONS: tuple[Option, ...] = (
            shown_default=f"{DEFAULT_MASK_BLUR} with --mask"),
     option("--masked-content", ["generate"], "what the masked area starts from (AUTOMATIC1111's)",
            choices=list(MASKED_CONTENT), metavar="CONTENT", shown_default=f"{DEFAULT_MASKED_CONTENT} with --mask"),
+    option("--hires", ["generate"], "hires fix (AUTOMATIC1111's): make the images at --size, upscale them by "
+           "--hires-scale, denoise again at the larger size", action="store_true"),
+    option("--hires-scale", ["generate"], "the hires fix's upscale", type=float, metavar="FACTOR",
+           shown_default=f"{hires.DEFAULT_SCALE:g} with --hires"),
+    option("--hires-upscaler", ["generate"], "how the hires fix upscales: the latents or the pixels (AUTOMATIC1111's)",
+           choices=list(hires.UPSCALERS), metavar="UPSCALER", shown_default=f"{hires.DEFAULT_UPSCALER} with --hires"),
+    option("--hires-steps", ["generate"], "the hires pass's steps (0: as many as --steps)", type=int, metavar="N",
+           shown_default="0 with --hires"),
+    option("--hires-strength", ["generate"], "the hires pass's denoising strength, 0-1", type=float, metavar="STRENGTH",
+           shown_default=f"{hires.DEFAULT_STRENGTH:g} with --hires"),
     option("--out", ["generate"], "where the PNGs are written", default="outputs"),
     # --- the model ---
     option("--preset", [*SERVERS, "generate"],

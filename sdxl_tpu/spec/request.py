@@ -11,11 +11,14 @@ from typing import Any
 
 from .errors import RequestError
 from .fields import DEFAULT_STRENGTH, FIELD, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
+from .hires import DEFAULT_SCALE, DEFAULT_UPSCALER, UPSCALERS, Hires, scales_to, upscaled_size
+from .hires import DEFAULT_STRENGTH as DEFAULT_HIRES_STRENGTH
 from .image_input import image_input
 from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASKED_CONTENT, MASKED_CONTENT, fit_mask, mask_input
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 from .resize import fit_image, image_array
-from .values import choice_input, number_input, parse_size, prompt_input, schedule_input, seed_input, size_input
+from .values import (choice_input, json_type, number_input, parse_size, prompt_input, schedule_input, seed_input,
+                     size_input)
 
 
 # -- the request ------------------------------------------------------------------------------
@@ -35,6 +38,7 @@ class ImageInfo:
     strength: float | None = None  # img2img's denoising strength; None: from noise
     mask_blur: int | None = None  # inpainting's (None: no mask)
     masked_content: str | None = None  # inpainting's: one of mask.MASKED_CONTENT (None: no mask)
+    hires: Hires | None = None  # a hires fix after the first pass at `size` (None: none)
 
 
 @dataclass
@@ -80,6 +84,30 @@ def _one_or_each(value: Any, name: str, check: Callable[[Any], Any], per_image: 
     return check(value)
 
 
+def _hires(size: tuple[int, int], sizes: Sequence[tuple[int, int]] | None, hires_scale: Any, hires_upscaler: Any,
+           hires_steps: Any, hires_strength: Any) -> Hires:
+    """A checked hires fix from `size`, its upscaled size one of `sizes` (None: any)."""
+    check = lambda name, v, whole=False: number_input(v, _label(name), *FIELD[name].limits, whole=whole)
+    scale = DEFAULT_SCALE if hires_scale is None else float(check("hires_scale", hires_scale))
+    target = upscaled_size(size, scale)
+    if sizes is None and (target[0] % 8 or target[1] % 8):  # (SDXL's latents: 8 pixels each way)
+        raise RequestError(f"{_label('hires_scale')} {scale:g} makes {target[0]}x{target[1]} from {size[0]}x{size[1]}: "
+                           "the upscaled width and height must be multiples of 8.")
+    if sizes is not None and target not in sizes:
+        reach = scales_to(size, sizes)
+        at = f"{size[0]}x{size[1]}"
+        raise RequestError(f"{_label('hires_scale')} {scale:g} makes {target[0]}x{target[1]} from {at}, which is not a "
+                           "size this server offers; " + (
+                               f"from {at} these upscales reach one: {', '.join(f'{s:g}' for s in reach)}." if reach
+                               else f"no upscale of {at} reaches one."))
+    return Hires(scale=scale, size=target,
+                 upscaler=DEFAULT_UPSCALER if hires_upscaler is None else choice_input(
+                     hires_upscaler, _label("hires_upscaler"), UPSCALERS),
+                 steps=0 if hires_steps is None else int(check("hires_steps", hires_steps, True)),
+                 strength=DEFAULT_HIRES_STRENGTH if hires_strength is None else float(
+                     check("hires_strength", hires_strength)))
+
+
 def random_seed() -> int:
     return secrets.randbelow(MAX_SEED + 1)
 
@@ -114,6 +142,7 @@ class Request:
     strength: float | None = None  # from an image (img2img): its denoising strength
     mask_blur: int | None = None  # inpainting's: with a mask only
     masked_content: str | None = None
+    hires: Hires | None = None
     # From an image: the image fitted to `size`, (height, width, 3) uint8 (None: from noise).
     image: Any = field(default=None, compare=False, repr=False)
     # Inpainting: the mask, blurred and fitted as the image, (height, width) uint8, 255 repaints.
@@ -124,7 +153,9 @@ class Request:
            steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
            sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
            strength: Any = None, image: Any = None, resize_mode: Any = None, mask: Any = None,
-           mask_blur: Any = None, masked_content: Any = None, mask_blurred: bool = False, per_image: bool = True,
+           mask_blur: Any = None, masked_content: Any = None, mask_blurred: bool = False, hires: Any = None,
+           hires_scale: Any = None, hires_upscaler: Any = None, hires_steps: Any = None, hires_strength: Any = None,
+           per_image: bool = True,
            max_chars: int = MAX_PROMPT_CHARS) -> "Request":
         """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
         image); `sizes` and `samplers` are those available (default: all of names.SAMPLERS);
@@ -135,7 +166,10 @@ class Request:
         A1111's 0.75); without an image, no strength. Inpainting: `mask` (the same forms, the image's
         size; mask.mask_input), `mask_blur` (default 4) and `masked_content` (default original), as
         A1111's (`mask_blurred`: the mask comes blurred by mask_blur already, as a front end forwards
-        its Request.mask). The images are checked last (they cost most)."""
+        its Request.mask). With `hires` true, a hires fix (A1111's): `hires_scale` (default 2; the
+        upscaled size must be one of `sizes`), `hires_upscaler` (Latent or Lanczos), `hires_steps` (0,
+        the default: as many as the first pass) and `hires_strength` (default 0.7). The images are
+        checked last (they cost most)."""
         def prompt_text(v: Any) -> str:
             text = prompt_input(v, _label("prompt"), max_chars)
             if not text:
@@ -169,6 +203,16 @@ class Request:
             if value is not None and {"image": image, "mask": mask}[needs] is None:
                 raise RequestError(f"{_label(name)} applies to a {'starting image' if needs == 'image' else 'mask'}:"
                                    f" give the {_label(needs).lower()} too.")
+        if hires is not None and not isinstance(hires, bool):
+            raise RequestError(f"{_label('hires')} must be true or false, got {json_type(hires)}.")
+        given = dict(hires_scale=hires_scale, hires_upscaler=hires_upscaler, hires_steps=hires_steps,
+                     hires_strength=hires_strength)
+        if not hires and (name := next((k for k, v in given.items() if v is not None), None)):
+            raise RequestError(f"{_label(name)} applies to a hires fix: turn {_label('hires')} on too.")
+        if hires:
+            if image is not None:
+                raise RequestError(f"{_label('hires')} applies to text to image, not to a starting image.")
+            checked["hires"] = _hires(checked["size"], sizes, **given)
         if image is None:
             return Request(**checked)
         mode = DEFAULT_RESIZE_MODE if resize_mode is None else choice_input(resize_mode, _label("resize_mode"),
@@ -195,5 +239,5 @@ class Request:
                       per_image(self.guidance_scale, n, _label("guidance")))
         return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
                           sampler=self.sampler, schedule=self.schedule, rng=self.rng, strength=self.strength,
-                          mask_blur=self.mask_blur, masked_content=self.masked_content)
+                          mask_blur=self.mask_blur, masked_content=self.masked_content, hires=self.hires)
                 for s, p, q, g in columns]

@@ -1,0 +1,173 @@
+"""One call of a Pipeline, top to bottom: checked per-image parameters -> host arrays -> the
+compiled programs in order (text, the starting image's latents, noise, the denoising loop,
+decode) -> images; and with a hires fix a second pass at the larger size from the first pass's
+upscaled latents or pixels (spec/hires.py). pipeline.py holds what the programs run on."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+import numpy as np
+from PIL import Image
+
+from ..spec.errors import GenerationError, RequestError
+from ..spec.hires import latent_upscale
+from ..spec.request import GenerationResult, ImageInfo, guided
+from ..spec.resize import fit_image, image_array
+from ..spec.values import not_a_choice, schedule_input
+from . import sampling, starting
+from .denoising import HostNoise, denoise_fused, denoise_stepwise
+from .preview import Previews
+
+Progress = Callable[[int, int], None]
+Pipeline = Any  # (pipeline.Pipeline, which calls these: not imported, so no import cycle, even for type checking)
+
+
+def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | None,
+             init_images: np.ndarray | None, masks: np.ndarray | None, progress: Progress | None,
+             stop: Callable[[], bool] | None, preview: Callable | None, preview_every: int) -> GenerationResult:
+    """Pipeline.run_images, which says what each argument is."""
+    n = len(infos)
+    if not 1 <= n <= pipe.images_per_call:
+        raise ValueError(f"a call makes 1 to {pipe.images_per_call} images, not {n}")
+    infos = [dataclasses.replace(info, sampler=info.sampler or pipe.default_sampler) for info in infos]
+    first = infos[0]
+    shared = lambda i: (i.size, i.steps, i.sampler, i.schedule, i.strength, i.hires)
+    if any(shared(i) != shared(first) for i in infos):
+        raise ValueError("the images of one call must share their size, step count, sampler, schedule, "
+                         "denoising strength and hires fix")
+    if (init_images is None) != (first.strength is None):
+        raise ValueError("images that start from an image need their denoising strength, and only they")
+    if (masks is not None and init_images is None) or (init_images is not None and latents is not None):
+        raise ValueError("masks come with init_images, and init_images without latents")
+    if first.hires is not None and (init_images is not None or latents is not None):
+        raise ValueError("a hires fix starts from noise")
+    if first.sampler not in pipe.samplers:
+        raise RequestError(not_a_choice("Sampler", first.sampler, pipe.samplers))
+    # What ran, as its parameters will say: Automatic resolved to the sampler's schedule.
+    infos = [dataclasses.replace(info, schedule=schedule_input(first.sampler, first.schedule)) for info in infos]
+    hires = first.hires
+    # With a hires fix, progress counts both passes' steps, as A1111's does.
+    total = first.steps + (0 if hires is None else _hires_steps(pipe, infos[0]))
+    told = (lambda step, steps: progress(step, total)) if progress and hires else progress
+    begin = None if init_images is None else starting.prepare(init_images, masks, infos, pipe.vae_factor)
+    out, timings = run_pass(pipe, infos, latents=latents, begin=begin, progress=told, stop=stop, preview=preview,
+                            preview_every=preview_every, decode=hires is None or hires.upscaler != "Latent")
+    if hires is not None:
+        second = [dataclasses.replace(i, size=hires.size, steps=hires.steps or i.steps, strength=hires.strength,
+                                      hires=None) for i in infos]
+        h, w, _ = pipe.layout.latent_shape(hires.size)
+        if hires.upscaler == "Latent":
+            upscaled, begin = latent_upscale(out, h, w), None
+        else:
+            pixels = np.stack([image_array(fit_image(Image.fromarray(im), hires.size)) for im in out])
+            upscaled, begin = None, starting.prepare(pixels, None, second, pipe.vae_factor)
+        after = (lambda step, steps: progress(first.steps + step, total)) if progress else None
+        out, more = run_pass(pipe, second, start_latents=upscaled, begin=begin, progress=after, stop=stop,
+                             preview=preview, preview_every=preview_every)
+        timings = {k: timings.get(k, 0.0) + more.get(k, 0.0) for k in {*timings, *more}}
+    images = [Image.fromarray(img) for img in out]
+    if init_images is not None:
+        images = starting.finish(images, np.asarray(init_images), masks)
+    return GenerationResult(images=images, infos=infos, timings=timings)
+
+
+def _hires_steps(pipe: Pipeline, info: ImageInfo) -> int:
+    """The steps a hires pass runs (those its strength leaves, as for any image)."""
+    steps = info.hires.steps or info.steps
+    return steps - pipe.samplers[info.sampler].first_step(steps, info.hires.strength, info.schedule)
+
+
+def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | None = None,
+             begin: starting.Start | None = None, start_latents: np.ndarray | None = None,
+             progress: Progress | None = None, stop: Callable[[], bool] | None = None, preview: Callable | None = None,
+             preview_every: int = 0, decode: bool = True) -> tuple[np.ndarray, dict[str, float]]:
+    """One pass of the denoising loop for `infos` (all of one size, steps, sampler, schedule and
+    strength): from noise, from given initial `latents` (diffusers' layout), from starting images
+    (`begin`: encoded first) or from their latents (`start_latents`, (n, h, w, C)). Returns the
+    decoded images (n, H, W, 3) uint8 (or with `decode` False the final latents) and its timings."""
+    n, first = len(infos), infos[0]
+    size, steps, strength, schedule = first.size, first.steps, first.strength, first.schedule
+    from_image = begin is not None or start_latents is not None
+    # Only what this pass runs (all of them, where the pipeline was warmed up: nothing compiles then).
+    programs = pipe.compiled(size, ("encode", "noise" if latents is None else "init", "decode",
+                                    "denoise" if guided(infos) else "denoise_unguided",
+                                    *(("encode_image",) if begin is not None else ()),
+                                    *(("preview",) if pipe.preview_decoder == "taesd" and pipe.stepwise else ())))
+    slots = infos + [infos[-1]] * (pipe.images_per_call - n)
+    text = sampling.prepare(pipe.tokenizers, slots, pipe.force_zeros_for_empty_prompt, pipe.max_prompt_chunks)
+    h, w, c = pipe.layout.latent_shape(size)
+    if latents is not None:
+        if (latents := np.asarray(latents, np.float32)).shape != (n, c, h, w):
+            raise RequestError(f"latents must have shape {(n, c, h, w)}, got {latents.shape}.")
+        latents = pipe.filled(latents)
+    put = lambda x: jax.device_put(x, pipe.batch_sharding)
+    sampler = pipe.samplers[first.sampler]
+    host_tables = sampler.padded_tables(steps, schedule, strength if from_image else None)
+    # A row is one model evaluation; a step is one row, or two (DPM++ SDE's midpoint). From an
+    # image, the steps its strength leaves.
+    step_ends = sampler.step_ends(steps - sampler.first_step(steps, strength if from_image else None, schedule))
+    tables = jax.device_put(host_tables, pipe.replicated)
+    seeds = put(np.array([i.seed for i in slots], np.uint32))
+    # RNG CPU: each image that draws its own noise, as A1111's ImageRNG draws it (denoising.py).
+    own = np.array([i.rng == "CPU" for i in slots])
+    host = HostNoise([i.seed if cpu else None for i, cpu in zip(slots, own)], (c, h, w), host_tables, step_ends[-1],
+                     put)
+    zeros = pipe.zeros((h, w, c))
+
+    with pipe.lock:
+        start = time.perf_counter()
+        lengths = put(text.lengths)
+        context, pooled = programs["encode"](pipe.params["text_encoder"], pipe.params["text_encoder_2"],
+                                             *map(put, text[:4]), lengths, put(text.zero_negative))
+        image, image_seconds = zeros if start_latents is None else put(pipe.filled(start_latents)), 0.0
+        keep, fill = pipe.zeros((h, w, 1)), pipe.zeros((), np.int32)
+        if begin is not None:  # the VAE's sample first, then the noise: diffusers' draw order
+            jax.block_until_ready((context, pooled))  # (timed apart: what an image adds to a call)
+            began = time.perf_counter()
+            image = jax.block_until_ready(programs["encode_image"](
+                pipe.params["vae"], put(pipe.filled(begin.pixels)), seeds, host.draw() if host else zeros, put(own)))
+            keep, fill = put(pipe.filled(begin.keep)), put(pipe.filled(begin.fill))
+            image_seconds = time.perf_counter() - began
+        if latents is None:
+            state = programs["noise"](seeds, tables, host.draw() if host else zeros, put(own), image, keep, fill)
+        else:
+            state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
+            state = state._replace(host_noise=put(own))
+        jax.block_until_ready((context, pooled, state))
+        t_text = time.perf_counter()
+        conditioning = (context, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
+        denoise = partial(programs["denoise" if guided(infos) else "denoise_unguided"], pipe.params["unet"])
+        if pipe.stepwise:
+            on_device = partial(programs["preview"], pipe.params["taesd"]) if "preview" in programs else None
+            previews = Previews(on_device, n, len(step_ends), preview, preview_every)  # (the steps that run)
+            state = denoise_stepwise(lambda s, i: denoise(s, *conditioning, pipe.step_index[i]),
+                                     state, step_ends, host, previews, progress, stop)
+        else:
+            state = denoise_fused(lambda s, first, end: denoise(s, *conditioning, np.array([first, end], np.int32)),
+                                  state, step_ends, host, progress)
+        t_denoise = time.perf_counter()
+        if decode:
+            out, finite = programs["decode"](pipe.params["vae"], state.x)
+            out, finite = np.asarray(out)[:n], np.asarray(finite)[:n]  # (slicing on the device would compile)
+        else:
+            out = np.asarray(state.x)[:n]
+            finite = np.isfinite(out).all(axis=(1, 2, 3))
+        t_decode = time.perf_counter()
+    if not finite.all():
+        bad = [infos[i].seed for i in np.flatnonzero(~finite)]
+        raise GenerationError(f"the model produced non-finite values (NaN/inf) for seeds {bad}; "
+                              "try float32 or another seed")
+    timings = {"text_encoding": t_text - start - image_seconds, "denoising": t_denoise - t_text,
+               "decoding": t_decode - t_denoise, "total": t_decode - start}
+    if begin is not None:
+        timings["image_encoding"] = image_seconds
+    return out, timings
+
+
+__all__ = ["run_call", "run_pass"]
