@@ -36,7 +36,7 @@ from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_
 from sdxl_tpu.server.history import HISTORY_HEADERS, HISTORY_PER_PAGE, RESTORE_HISTORY_JS, history_rows, restored_run
 from sdxl_tpu.server.page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESET_FILL_JS, RNG_INFO, SCHEDULE_INFO,
                                   form_defaults, pasted_form, preset_fields, run_panel, seed_note, size_choices,
-                                  size_for_image, style_description)
+                                  size_for_image, style_description, png_info_note)
 from sdxl_tpu.server.page_run import GENERATE, page_run, page_values, refused, stopped
 from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, schedule_menu
 from sdxl_tpu.server.settings import parse_settings
@@ -160,6 +160,9 @@ def build_demo(server: Server) -> gr.Blocks:
                                         lines=3, max_lines=8, placeholder="a cat\nNegative prompt: blurry\n"
                                         "Steps: 20, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 1024x1024",
                                         elem_id="paste")
+                    # A1111's PNG Info: an image's own parameters (ours, A1111's, ComfyUI's, Fooocus', ...).
+                    png_info_image = gr.Image(label="PNG Info: drop an image to read its parameters", type="filepath",
+                                              sources=["upload", "clipboard"], height=140, elem_id="png-info")
                     use_pasted = gr.Button("Fill the form", size="sm", elem_id="use-paste")
                     paste_notes = gr.Markdown("", elem_id="paste-notes")
                 history = gr.BrowserState([], storage_key="sdxl-tpu-history")
@@ -295,6 +298,12 @@ def build_demo(server: Server) -> gr.Blocks:
             return size_for_image(value, server.uploads, server.warmup.ready_sizes) or gr.skip()
 
         image.upload(propose_size, inputs=[image], outputs=[size], **light)
+
+        def read_png_info(value):
+            text, note = png_info_note(value, server.uploads)
+            return (gr.skip() if text is None else text), note
+
+        png_info_image.upload(read_png_info, inputs=[png_info_image], outputs=[pasted, paste_notes], **light)
         examples.click(None, inputs=[examples], outputs=[prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
         history_table.click(None, inputs=[history_table, history, *form], outputs=form, js=RESTORE_HISTORY_JS)
         prompt.change(server.token_count, inputs=[prompt, style], outputs=[tokens], **light)

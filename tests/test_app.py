@@ -900,6 +900,39 @@ def test_browser_schedule_and_rng_reach_the_image_and_the_history_restores_them(
     assert compiles(app_server) == before
 
 
+def test_browser_png_info_fills_the_form_from_an_a1111_and_a_comfyui_image(app_server, browser, tmp_path):
+    """A1111's PNG Info: an image dropped in shows its parameters in the paste box (A1111's JPEG as
+    A1111 saves it; ComfyUI's workflow, written in A1111's terms), and Fill the form uses them."""
+    from test_png_info import A1111, a1111_jpeg, comfyui_png
+
+    (tmp_path / "a1111.jpg").write_bytes(a1111_jpeg(A1111))
+    (tmp_path / "comfyui.png").write_bytes(comfyui_png(size=(96, 64), seed=5))
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        open_more_options(page)
+        page.get_by_text("Paste parameters").click()
+        notes, box = page.locator("#paste-notes"), page.locator("#paste textarea")
+        for name, source, filled in (("a1111.jpg", "AUTOMATIC1111's parameters", "Euler a"),
+                                     ("comfyui.png", "ComfyUI's metadata", "DPM++ 2M")):
+            page.locator("#png-info input[type=file]").set_input_files(str(tmp_path / name))
+            wait_for(lambda source=source: source in notes.inner_text(), 20, f"{name}: its parameters were not read")
+            page.locator("#use-paste").click()
+            wait_for(lambda: "Filled:" in notes.inner_text(), 15, f"{name}: the form was not filled")
+            assert page.locator("#sampler input").input_value() == filled, name
+        assert box.input_value().startswith("a castle on a hill, sunset\nNegative prompt: blurry, watermark\n")
+        assert page.locator("#prompt textarea").input_value() == "a castle on a hill, sunset"
+        assert (page.locator("#seed input").input_value(), page.locator("#schedule input").input_value()) == (
+            "5", "Karras")
+        assert page.locator("#size input").input_value() == SIZE_LABELS["96x64"]
+        page.screenshot(path=str(artifact(tmp_path, "png-info.png")))
+        # Not an image: refused at the upload, which says so; the form kept.
+        (tmp_path / "page.png").write_bytes(b"<html><script>alert(1)</script></html>")
+        page.locator("#png-info input[type=file]").set_input_files(str(tmp_path / "page.png"))
+        wait_for(lambda: any("The upload is not a PNG, JPEG or WebP image." in t
+                             for t in page.locator(".toast-body").all_inner_texts()), 20,
+                 "no message for a file that is no image")
+        assert page.locator("#prompt textarea").input_value() == "a castle on a hill, sunset"
+
+
 def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
     """A1111's parameters text pasted into the page fills prompt, negative prompt, seed, guidance,
     steps, sampler, Schedule type, size and RNG; what it cannot use is listed; the run that follows

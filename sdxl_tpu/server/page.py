@@ -14,6 +14,7 @@ from ..spec.errors import RequestError
 from ..spec.fields import BY_API, FIELD, FIELDS, PASTED, restoring
 from ..spec.image_input import decode_image
 from ..spec.infotext import parse, request_fields
+from ..spec.png_info import png_info
 from ..spec.names import DEFAULT_SCHEDULE
 from ..spec.recipes import RECIPES
 from ..spec.resize import nearest_size
@@ -75,6 +76,24 @@ def size_for_image(value: Any, uploads: Any, sizes: Sequence[tuple[int, int]]) -
     except RequestError:
         return None
     return format_size(nearest_size(image.size, sizes))
+
+
+NOTHING_FOUND = ("No generation parameters found in this image (read: AUTOMATIC1111's, Forge's, ComfyUI's, "
+                 "Fooocus', InvokeAI's, NovelAI's and ours).")
+
+
+def png_info_note(value: Any, uploads: Any) -> tuple[str | None, str]:
+    """PNG Info for an image dropped in (`value`: the upload's file object): the parameters text
+    it carries (None: none) and a note for the person."""
+    if uploads is None:
+        return None, "This server takes no images."
+    try:
+        found = png_info(uploads.read(value, "PNG Info"), "PNG Info")
+    except RequestError as e:
+        return None, f"⚠️ {e}"
+    if found.text is None:
+        return None, NOTHING_FOUND
+    return found.text, f"Read {found.source}: **Fill the form** uses them."
 
 
 def matching_preset(presets: dict[str, Sequence[Any]], steps: Any, sampler: Any, guidance: Any) -> str:
