@@ -36,7 +36,7 @@ from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_
 from sdxl_tpu.server.history import HISTORY_HEADERS, HISTORY_PER_PAGE, RESTORE_HISTORY_JS, history_rows, restored_run
 from sdxl_tpu.server.page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESET_FILL_JS, RNG_INFO, SCHEDULE_INFO,
                                   form_defaults, pasted_form, preset_fields, run_panel, seed_note, size_choices,
-                                  size_for_image, style_description, png_info_note)
+                                  size_for_image, style_description, painted_mask, png_info_note)
 from sdxl_tpu.server.page_run import GENERATE, page_run, page_values, refused, stopped
 from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, schedule_menu
 from sdxl_tpu.server.settings import parse_settings
@@ -111,10 +111,15 @@ def build_demo(server: Server) -> gr.Blocks:
                                   label=label("strength"), min_width=220, elem_id="strength")
                         gr.Radio(list(FIELD["resize_mode"].choices), value=FIELD["resize_mode"].default,
                                  label=label("resize_mode"), min_width=220, elem_id="resize_mode")
-                    # Inpainting: a mask of the image's size (white repaints), as A1111's "Inpaint upload".
+                    # Inpainting, as A1111's inpaint tabs: paint over the image where it is redrawn (the
+                    # painting becomes the mask), or upload a mask of its size (white repaints).
+                    painter = gr.ImageEditor(label="Inpaint: paint where to redraw", type="filepath", sources=[],
+                                             transforms=(), layers=gr.LayerOptions(allow_additional_layers=False),
+                                             brush=gr.Brush(colors=["#ffffff"], color_mode="fixed"), height=300,
+                                             elem_id="mask-painter")
                     with gr.Row():
-                        gr.Image(label=label("mask"), type="filepath", sources=["upload", "clipboard"], height=160,
-                                 image_mode="L", min_width=160, elem_id="mask")
+                        mask = gr.Image(label=label("mask"), type="filepath", sources=["upload", "clipboard"],
+                                        height=160, image_mode="L", min_width=160, elem_id="mask")
                         with gr.Column(min_width=220):
                             gr.Slider(*FIELD["mask_blur"].limits, value=FIELD["mask_blur"].default, step=1,
                                       label=label("mask_blur"), elem_id="mask_blur")
@@ -298,6 +303,20 @@ def build_demo(server: Server) -> gr.Blocks:
             return size_for_image(value, server.uploads, server.warmup.ready_sizes) or gr.skip()
 
         image.upload(propose_size, inputs=[image], outputs=[size], **light)
+
+        # The image (dropped in, or a result's 🖼️) is what the painter paints over; what is painted
+        # becomes the mask (a PNG the server writes and keeps as one of the page's uploads).
+        def paint_over(value):
+            path = value.get("path") if isinstance(value, dict) else None
+            return {"background": path, "layers": [], "composite": None} if server.uploads.holds(path) or (
+                isinstance(path, str) and server.images.holds([path])) else None
+
+        def mask_painted(value):
+            painted = painted_mask(value, server.uploads)
+            return None if painted is None else server.uploads.add(painted, get_upload_folder())
+
+        image.change(paint_over, inputs=[image], outputs=[painter], **light)
+        painter.change(mask_painted, inputs=[painter], outputs=[mask], **light)
 
         def read_png_info(value):
             text, note = png_info_note(value, server.uploads)

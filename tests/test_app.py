@@ -991,6 +991,64 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
         assert seeds_shown(page)[0] != first[0] and "2 steps of Euler " in page.locator("#summary").inner_text()
 
 
+def test_browser_inpaint_by_painting_a_mask(app_server, browser, tmp_path, tiny_pipeline):
+    """A person drops a picture in, paints over part of it in the inpaint editor (the painting
+    becomes the mask, shown under it) and runs: four images that keep the picture outside the
+    blurred mask and redraw it inside, the pixels the pipeline makes in this process from the same
+    image and mask; the parameters say the mask blur."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from sdxl_tpu.spec.images import encode, read_parameters
+    from sdxl_tpu.spec.mask import gaussian_blur
+    from test_img2img import picture
+    from test_pipeline import psnr
+
+    start = tmp_path / "start.png"
+    picture(96, 64).save(start)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        page.get_by_text("Start from an image").click()
+        page.locator("#image input[type=file]").set_input_files(str(start))
+        painter = page.locator("#mask-painter")
+        painter.scroll_into_view_if_needed()
+        wait_for(lambda: painter.locator("canvas").count() > 0, 30, "the inpaint editor did not open the image")
+        page.wait_for_timeout(500)  # (the background drawn)
+        box = painter.locator("canvas").first.bounding_box()
+        x, y = box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5
+        page.mouse.move(x, y)
+        page.mouse.down()
+        for i in range(8):
+            page.mouse.move(x + 4 * i, y + 2 * (i % 2), steps=2)
+        page.mouse.up()
+        mask_src = "() => document.querySelector('#mask img')?.src || ''"
+        wait_for(lambda: "painted-" in page.evaluate(mask_src), 30, "the painting did not become the mask")
+        set_field(page, "seed", 5)
+        set_field(page, "steps", 3)
+        generate_in_page(page, "a red door", "")
+        page.locator("#mask-painter").scroll_into_view_if_needed()
+        page.screenshot(path=str(artifact(tmp_path, "inpaint-1280x800.png")))
+        urls = page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
+        with urllib.request.urlopen(page.evaluate(mask_src), timeout=30) as response:
+            mask = np.asarray(Image.open(io.BytesIO(response.read())).convert("L"))
+    assert mask.shape == (64, 96) and 0 < (mask > 0).mean() < 0.9  # painted, not everything
+    files = []
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            files.append(response.read())
+    texts = [read_parameters(Image.open(io.BytesIO(f))) for f in files]
+    assert len(files) == 4 and all("Denoising strength: 0.75, Mask blur: 4," in t for t in texts), texts
+    ours = tiny_pipeline.generate("a red door", seed=5, steps=3, size=(96, 64), image=Image.open(start),
+                                  mask_image=mask)
+    outside = gaussian_blur(gaussian_blur(mask, 4, axis=1), 4, axis=0) == 0
+    for blob, image, text in zip(files, ours.images, texts, strict=True):
+        served = np.asarray(Image.open(io.BytesIO(blob)).convert("RGB"))
+        assert psnr(served, np.asarray(Image.open(io.BytesIO(encode(image, text, "jpeg"))))) > 40
+        assert (np.asarray(image)[outside] == np.asarray(Image.open(start))[outside]).all()  # kept exactly
+        assert psnr(np.asarray(image)[~outside], np.asarray(Image.open(start))[~outside]) < 30  # redrawn
+
+
 def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, tiny_pipeline):
     """A person opens "Start from an image", drops a picture in (the panel shows it, served back as
     plain PNG pixels; the size menu proposes the size nearest its shape), sets the strength and the

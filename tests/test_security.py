@@ -184,6 +184,16 @@ def test_file_data_inputs_never_read_a_file(app_server, http_client, fn_index):
         assert status == 422 and "file object" in detail
         status, detail = http_client.join(GENERATE + [[{"prompt": _file_data(path)}]], fn_index["generate_in_page"])
         assert status == 422 and detail == f"input {HISTORY + 1} is a file object; only an image input takes one."
+        # The inpaint editor's value: its images are uploads too, in the shape the editor sends.
+        painter = fn_index["mask_painted"]
+        for value, said in (({"background": None, "layers": [_file_data(path)], "composite": None},
+                             "must be null or a file uploaded"),
+                            ({"background": _file_data(path), "layers": [], "composite": None, "script": "x"},
+                             "must be null or an image editor's value"),
+                            ({"background": None, "layers": [_file_data(path)] * 50}, "an image editor's value"),
+                            ({"background": None, "layers": {"path": path}}, "an image editor's value")):
+            status, detail = http_client.join([value], painter)
+            assert status == 422 and said in detail, (value, detail)
         status, detail = http_client.join(GENERATE[:9] + [_file_data(path)] + GENERATE[10:], fn_index["generate"])
         assert status == 422 and detail == "input 10 is a file object; only an image input takes one."
         # The image input takes a file object: only that of an upload (or of the app's own images).
@@ -472,7 +482,8 @@ def _light_handlers_answer_raw_values(http_client, log: AppLog, fn_index) -> Non
         for name, valid in (("token_count", ['"a cat"', '"(No style)"']),
                             ("style_description", ['"a cat"', '"Anime"']), ("seed_note", ["5", '""']),
                             ("fill_from_pasted", ['"a cat\\nSteps: 3"']), ("restore_last_run", ["{}"]),
-                            ("propose_size", ["null"])):
+                            ("propose_size", ["null"]), ("paint_over", ["null"]), ("read_png_info", ["null"]),
+                            ("mask_painted", ['{"background": null, "layers": [], "composite": null}'])):
             for position in range(len(valid)):
                 status, _, session = _join_raw(http_client, log, fn_index[name], valid, position, raw)
                 if status == 200:

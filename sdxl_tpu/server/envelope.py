@@ -50,6 +50,18 @@ class Endpoint:
     select: bool  # a .select() listener: Gradio builds SelectData from event_data["index"/"value"]
     file_inputs: tuple[tuple[int, str], ...] = ()  # (position, label) of inputs that are images: a file object
     min_inputs: int | None = None  # fewer may be sent (an older client's): the rest are null; None: all
+    # (position, label) of image editors (the page's mask painter): {background, layers, composite, id},
+    # its images file objects
+    editor_inputs: tuple[tuple[int, str], ...] = ()
+
+    def files(self, data: list) -> list[tuple[int, str, Any]]:
+        """(position, label, value) of every file object an image or editor input of `data` holds."""
+        found = [(i, label, data[i]) for i, label in self.file_inputs if data[i] is not None]
+        for i, label in self.editor_inputs:
+            if isinstance(data[i], dict):
+                found += [(i, label, v) for v in (data[i].get("background"), data[i].get("composite"),
+                                                  *data[i].get("layers", ())) if v is not None]
+        return found
 
 
 def endpoints_of(config: dict, shortest: Mapping[str, int] | None = None) -> dict[int, Endpoint]:
@@ -60,12 +72,14 @@ def endpoints_of(config: dict, shortest: Mapping[str, int] | None = None) -> dic
     for dep in config["dependencies"]:
         if not dep.get("backend_fn") or not dep.get("queue", True):
             continue  # JS-only events and queue-less ones (the guard closes run/predict) are not callable
-        images = tuple((i, components[block].get("props", {}).get("label") or "image")
-                       for i, block in enumerate(dep["inputs"]) if components.get(block, {}).get("type") == "image")
+        kind = lambda block: components.get(block, {}).get("type")
+        images, editors = (tuple((i, components[block].get("props", {}).get("label") or "image")
+                                 for i, block in enumerate(dep["inputs"]) if kind(block) == wanted)
+                           for wanted in ("image", "imageeditor"))
         out[dep["id"]] = Endpoint(dep["id"], len(dep["inputs"]), dep.get("api_name"),
                                   dep.get("api_visibility") == "public",
                                   any(event == "select" for _, event in dep.get("targets", [])), images,
-                                  (shortest or {}).get(dep.get("api_name")))
+                                  (shortest or {}).get(dep.get("api_name")), editors)
     return out
 
 
@@ -80,16 +94,38 @@ def check_data(data: Any, endpoint: Endpoint, *, files: bool = False) -> list:
         name = f"/{endpoint.api_name}" if endpoint.api_name else f"fn_index {endpoint.fn_index}"
         takes = f"{endpoint.n_inputs}" if fewest == endpoint.n_inputs else f"{fewest} to {endpoint.n_inputs}"
         raise Refused(422, f"{name} takes {takes} input values, got {len(data)}.")
+    editors = dict(endpoint.editor_inputs)
+    for index in editors:
+        if index < len(data) and not _editor_value(data[index]):
+            raise Refused(422, f"input {index + 1} must be null or an image editor's value (background, layers, "
+                               "composite: uploaded files).")
     stack = [(value, 1, i) for i, value in enumerate(data)]
     while stack:  # iterative: Gradio walks inputs recursively, so depth is bounded here
         value, depth, index = stack.pop()
         if depth > MAX_DEPTH:
             raise Refused(422, f"input {index + 1} is nested too deeply.")
-        if not files and is_file_object(value) and not (depth == 1 and index in dict(endpoint.file_inputs)):
+        if not files and is_file_object(value) and not (depth == 1 and index in dict(endpoint.file_inputs)) and not (
+                index in editors and depth in (2, 3)):
             raise Refused(422, f"input {index + 1} is a file object; only an image input takes one.")
         children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
         stack.extend((child, depth + 1, index) for child in children)
     return data + [None] * (endpoint.n_inputs - len(data))
+
+
+EDITOR_KEYS = {"background", "layers", "composite", "id"}
+MAX_LAYERS = 4
+
+
+def _editor_value(value: Any) -> bool:
+    """Whether `value` is null or an image editor's value as Gradio's page sends it."""
+    if value is None:
+        return True
+    if not isinstance(value, dict) or not set(value) <= EDITOR_KEYS:
+        return False
+    layers, ident = value.get("layers", []), value.get("id")
+    return (all(v is None or is_file_object(v) for v in (value.get("background"), value.get("composite")))
+            and isinstance(layers, list) and len(layers) <= MAX_LAYERS and all(is_file_object(v) for v in layers)
+            and (ident is None or isinstance(ident, str) and len(ident) <= 100))
 
 
 def check_envelope(body: Any, endpoints: dict[int, Endpoint], *, fn_index: int | None = None) -> dict:

@@ -250,11 +250,10 @@ class RequestGuard:
     def _check_files(self, checked: dict) -> None:
         """An image input is null or the file object of an upload (or of one of the app's images),
         named as the upload answered: Gradio would otherwise answer a path with its own error."""
-        for index, label in self.endpoints[checked["fn_index"]].file_inputs:
-            value = checked["data"][index]
+        for index, label, value in self.endpoints[checked["fn_index"]].files(checked["data"]):
             path = value.get("path") if isinstance(value, dict) else None
-            if value is not None and not (isinstance(path, str) and (
-                    self.ours(path) or self.uploads is not None and self.uploads.holds(path))):
+            held = isinstance(path, str) and (self.ours(path) or self.uploads is not None and self.uploads.holds(path))
+            if not held:
                 raise Refused(422, f"{label} (input {index + 1}) must be null or a file uploaded to this page "
                                    "(POST /gradio_api/upload), as the upload named it; uploads are deleted after "
                                    "a while.")

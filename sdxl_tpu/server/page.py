@@ -5,10 +5,13 @@ tested without a browser."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..spec.errors import RequestError
 from ..spec.fields import BY_API, FIELD, FIELDS, PASTED, restoring
@@ -80,6 +83,27 @@ def size_for_image(value: Any, uploads: Any, sizes: Sequence[tuple[int, int]]) -
 
 NOTHING_FOUND = ("No generation parameters found in this image (read: AUTOMATIC1111's, Forge's, ComfyUI's, "
                  "Fooocus', InvokeAI's, NovelAI's and ours).")
+
+
+def painted_mask(value: Any, uploads: Any) -> Any:
+    """The mask painted in the page's editor (`value`: its file objects: background and layers),
+    white where any layer has paint, as an "L" image of the background's size; None where nothing
+    is painted or the files are no uploads."""
+    from PIL import Image
+
+    if uploads is None or not isinstance(value, dict) or not isinstance(value.get("layers"), list):
+        return None
+    painted = None
+    try:
+        for layer in value["layers"][:8]:  # (the editor has one; a client may send more)
+            with Image.open(io.BytesIO(uploads.read(layer, "Mask"))) as image:
+                alpha = np.asarray(image.convert("RGBA").getchannel("A")) > 0
+            painted = alpha if painted is None or painted.shape != alpha.shape else painted | alpha
+    except (RequestError, OSError, ValueError):
+        return None
+    if painted is None or not painted.any():
+        return None
+    return Image.fromarray(painted.astype(np.uint8) * 255, "L")
 
 
 def png_info_note(value: Any, uploads: Any) -> tuple[str | None, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, MutableSet
@@ -50,6 +51,16 @@ class Uploads:
         except OSError:
             raise RequestError(GONE.format(what=what, minutes=round(self.keep_seconds / 60))) from None
         return data
+
+    def add(self, image: Any, folder: str) -> str:
+        """Keep a PNG the page made for a person (a mask painted over their image) as one of their
+        uploads, in `folder` (Gradio's upload folder): read, served and swept as an upload is."""
+        os.makedirs(folder, exist_ok=True)
+        handle, path = tempfile.mkstemp(suffix=".png", prefix="painted-", dir=folder)
+        with os.fdopen(handle, "wb") as file:
+            image.save(file, "PNG", compress_level=1)
+        self.uploaded.add(path)
+        return path
 
     def png(self, path: str) -> bytes:
         """An uploaded file as the browser may show it: its pixels, decoded by content and encoded
