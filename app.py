@@ -36,7 +36,7 @@ from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_
 from sdxl_tpu.server.history import HISTORY_HEADERS, HISTORY_PER_PAGE, RESTORE_HISTORY_JS, history_rows, restored_run
 from sdxl_tpu.server.page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESET_FILL_JS, RNG_INFO, SCHEDULE_INFO,
                                   form_defaults, pasted_form, preset_fields, run_panel, seed_note, size_choices,
-                                  size_for_image, style_description, painted_mask, png_info_note)
+                                  size_for_image, style_description, painted_mask, png_info_note, hires_of)
 from sdxl_tpu.server.page_run import GENERATE, page_run, page_values, refused, stopped
 from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, schedule_menu
 from sdxl_tpu.server.settings import parse_settings
@@ -152,8 +152,10 @@ def build_demo(server: Server) -> gr.Blocks:
                 panel = gr.HTML(run_panel("idle"), elem_id="progress")
                 use_seed = gr.Button("♻️ Use this seed", size="sm", elem_id="use-seed")
                 use_image = gr.Button("🖼️ Use as image", size="sm", elem_id="use-image")  # (A1111's Send to img2img)
+                use_hires = gr.Button("✨ Hires fix", size="sm", elem_id="use-hires")  # (A1111's ✨ on a result)
                 gallery = gr.Gallery(label="Images", columns=2, height="auto", object_fit="contain", preview=False,
-                                     buttons=["download", "fullscreen", use_seed, use_image], elem_id="gallery")
+                                     buttons=["download", "fullscreen", use_seed, use_image, use_hires],
+                                     elem_id="gallery")
                 summary = gr.Markdown("Four images per run. Click an image to see it large; ♻️ takes its seed.",
                                       elem_id="summary")
             with gr.Column(min_width=0, elem_id="more"):
@@ -276,6 +278,21 @@ def build_demo(server: Server) -> gr.Blocks:
             return path, gr.Accordion(open=True), size_now or gr.skip()
 
         use_image.click(use_as_image, inputs=[last_images, picked], outputs=[image, image_panel, size], **light)
+
+        # ✨ (A1111's upscale of a result): that image's own settings and seed, hires fix on, run at once.
+        hires_into = [*(inputs[name] for name in PASTED_INTO), inputs["hires"], inputs["hires_scale"]]
+
+        def hires_from_result(paths: list[str], index: Any, scale: Any):
+            path = picked_item(paths, index if isinstance(index, int) else 0)
+            if not isinstance(path, str) or not server.images.holds([path]):
+                return *(gr.skip() for _ in hires_into), gr.skip(), False
+            form, note = hires_of(path, server.warmup.ready_sizes, server.offer.samplers, scale)
+            return *(form.get(c.elem_id, gr.skip()) for c in hires_into), note, bool(form)
+
+        hires_ready = gr.Checkbox(False, visible="hidden")  # (in the browser: the click below reads it)
+        use_hires.click(hires_from_result, inputs=[last_images, picked, inputs["hires_scale"]],
+                        outputs=[*hires_into, form_note, hires_ready], **light).then(
+            None, inputs=[hires_ready], js="(ready) => { if (ready) document.querySelector('#generate').click(); }")
         def pick(evt: gr.SelectData):
             return evt.index
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE_SIZE = 2
-SIZES = "64x64,96x64"  # square and wide
+SIZES = "64x64,96x64,96x96"  # square and wide, and 64x64's hires fix (1.5x)
 
 
 def free_port() -> int:

@@ -3,6 +3,7 @@ driven through gradio_client, plain HTTP and a real headless Chromium."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -155,7 +156,7 @@ def test_a_call_the_guard_refuses_reaches_gradio_client_as_its_message(client):
     (dict(steps=0), r"Steps must be a whole number between 1 and 50\."),
     (dict(steps=51), r"Steps must be a whole number between 1 and 50\."),
     (dict(steps=True), r"Steps must be a whole number between 1 and 50, got true/false\."),
-    (dict(size="1024x1024"), r"Size '1024x1024' is not available; choose one of: 64x64, 96x64\."),
+    (dict(size="1024x1024"), r"Size '1024x1024' is not available; choose one of: 64x64, 96x64, 96x96\."),
     (dict(style="Bogus"), r"Style 'Bogus' is not available"),
 ])
 def test_bad_inputs_are_clear_errors_and_the_server_survives(client, overrides, message):
@@ -397,7 +398,7 @@ def choose(page, elem_id: str, option: str) -> None:
     page.keyboard.press("Escape")
 
 
-SIZE_LABELS = {"64x64": "1:1 square · 64 × 64", "96x64": "3:2 landscape · 96 × 64"}
+SIZE_LABELS = {"64x64": "1:1 square · 64 × 64", "96x64": "3:2 landscape · 96 × 64", "96x96": "1:1 square · 96 × 96"}
 MAIN_CONTROLS = ("prompt", "negative", "generate", "stop", "size", "preset", "sampler", "schedule", "steps", "guidance",
                  "seed", "random-seed", "reuse-seed")
 
@@ -1047,6 +1048,40 @@ def test_browser_inpaint_by_painting_a_mask(app_server, browser, tmp_path, tiny_
         assert psnr(served, np.asarray(Image.open(io.BytesIO(encode(image, text, "jpeg"))))) > 40
         assert (np.asarray(image)[outside] == np.asarray(Image.open(start))[outside]).all()  # kept exactly
         assert psnr(np.asarray(image)[~outside], np.asarray(Image.open(start))[~outside]) < 30  # redrawn
+
+
+def test_browser_hires_fix_of_a_result(app_server, browser, tmp_path):
+    """✨ on a result (A1111's upscale of one image): that image's own settings and seed, the hires
+    fix on (at an upscale that reaches a compiled size: 64x64 -> 96x96 here), run at once; the new
+    first image is that one, larger, its parameters saying so."""
+    import io
+
+    from PIL import Image
+
+    from sdxl_tpu.spec.images import read_parameters
+
+    ready = lambda: json.loads(get(app_server["url"] + "/readyz")[1])
+    wait_for(lambda: ready()["status"] == "ready" and ready()["compiling"] == [], 120, "96x96 was not compiled")
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        choose(page, "size", SIZE_LABELS["64x64"])
+        set_field(page, "steps", 2)
+        generate_in_page(page, "a lighthouse at night", "")
+        picked = seeds_shown(page)[2]
+        page.locator("#gallery .grid-container img").nth(2).click()
+        page.locator("#gallery [data-testid=detailed-image]").wait_for(timeout=10_000)
+        before = page.locator("#summary").inner_text()
+        page.locator("#gallery").get_by_label("✨ Hires fix").click()
+        wait_for(lambda: page.locator("#summary").inner_text() != before and "Generated 4 images of 96x96 (hires fix "
+                 "1.5x, Latent, from 64x64)" in page.locator("#summary").inner_text(), 120, "no hires run followed")
+        assert seeds_shown(page)[0] == picked and f"✨ Hires fix of seed {picked}, 1.5x." in page.locator(
+            "#form-note").inner_text()
+        page.locator("#hires-panel").get_by_text("Hires. fix").first.click()
+        assert page.locator("#hires input[type=checkbox]").is_checked()
+        url = page.evaluate("() => document.querySelector('#gallery .grid-container img').src")
+    with urllib.request.urlopen(url, timeout=30) as response:
+        image = Image.open(io.BytesIO(response.read()))
+    text = read_parameters(image)
+    assert image.size == (96, 96) and f"Seed: {picked}, Size: 64x64," in text and "Hires upscale: 1.5," in text, text
 
 
 def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, tiny_pipeline):

@@ -167,7 +167,7 @@ class Server:
         self.metrics.count_images(len(gallery), saving)
         # (what ran, as the form names it: the sampler that ran, the Schedule type and RNG as asked)
         ran = dict(sampler=made.sampler, schedule=request.schedule, rng=request.rng)
-        yield ("done", gallery, made.seeds, summary(made, request.size, request.steps, saving), ran)
+        yield ("done", gallery, made.seeds, summary(made, request.size, request.steps, saving, request.hires), ran)
 
     # -- stopping ---------------------------------------------------------------------------------
 

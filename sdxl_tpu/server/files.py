@@ -118,10 +118,15 @@ def final_gallery(store: ImageStore, made: Generated) -> tuple[Gallery, float]:
     return [(path, f"seed {seed}") for path, seed in zip(paths, made.seeds)], saving
 
 
-def summary(made: Generated, size: tuple[int, int], steps: int, saving: float) -> str:
-    """The line under the gallery that sums a run up: what ran, how long each stage took, the seeds."""
+def summary(made: Generated, size: tuple[int, int], steps: int, saving: float, hires: Any = None) -> str:
+    """The line under the gallery that sums a run up: what ran, how long each stage took, the seeds
+    (`hires`: the hires fix that followed the run at `size`)."""
     t = made.timings
-    return (f"Generated {len(made.files)} images of {format_size(size)} in {t['total']:.2f} s "
+    made_as = format_size(size) if hires is None else (
+        f"{format_size(hires.size)} (hires fix {hires.scale:g}x, {hires.upscaler}, from {format_size(size)})")
+    if hires is not None:
+        steps = f"{steps} + {hires.steps or steps} (at strength {hires.strength:g})"
+    return (f"Generated {len(made.files)} images of {made_as} in {t['total']:.2f} s "
             f"(text {t['text_encoding']:.2f} s, denoising {t['denoising']:.2f} s for {steps} steps of "
             f"{made.sampler} (Schedule type {made.schedule}, RNG {made.rng}), "
             f"decoding {t['decoding']:.2f} s; {saving:.2f} s to save). "

@@ -16,13 +16,15 @@ import numpy as np
 from ..spec.errors import RequestError
 from ..spec.fields import BY_API, FIELD, FIELDS, PASTED, restoring
 from ..spec.image_input import decode_image
+from ..spec.images import read_parameters
+from ..spec.hires import scales_to
 from ..spec.infotext import parse, request_fields
 from ..spec.png_info import png_info
 from ..spec.names import DEFAULT_SCHEDULE
 from ..spec.recipes import RECIPES
 from ..spec.resize import nearest_size
 from ..spec.styles import style_entry
-from ..spec.values import format_size
+from ..spec.values import format_size, parse_size
 from .errors import log_refusal
 from .offer import Offer
 from .sampler_menu import CHECKPOINT_KARRAS, KARRAS, MENU_PAIR_JS, menu_pair
@@ -189,6 +191,25 @@ def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[
             form["schedule"] = schedule
     filled = ", ".join(name for name in PASTED_INTO if name in form and FIELD[name].restored is None)
     return form, " ".join([f"Filled: {filled}."] + notes)
+
+
+def hires_of(path: str, sizes: Sequence[tuple[int, int]], samplers: Sequence[str],
+             scale: Any) -> tuple[dict[str, Any], str]:
+    """A result's ✨ Hires fix (A1111's): the form filled from the parameters of the image at `path`
+    (one this server wrote), with the hires fix on at `scale` (or, where that reaches no compiled
+    size, the first that does), and a note; or no fields and a note saying why it cannot run here."""
+    from PIL import Image
+
+    with Image.open(path) as made:
+        form, note = pasted_form(read_parameters(made), sizes, samplers)
+    if "size" not in form:
+        return {}, note if note.startswith("⚠️") else "⚠️ That image's size is not offered here."
+    reach = scales_to(parse_size(form["size"]), sizes)
+    if not reach:
+        return {}, (f"⚠️ No larger size than {form['size']} is offered here, so no hires fix of it (a server "
+                    "compiles the sizes it offers: --sizes).")
+    chosen = scale if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale in reach else reach[0]
+    return {**form, "hires": True, "hires_scale": chosen}, f"✨ Hires fix of seed {form.get('seed')}, {chosen:g}x."
 
 
 # -- the run panel: one state at a time, in words, with a bar while it runs ---------------------
