@@ -44,6 +44,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .spec.fields import DEFAULT_STRENGTH
     from .spec.image_input import decode_image
     from .spec.images import save_png
+    from .spec.infotext import usable
     from .spec.load import LoadOptions
     from .spec.options import fill_defaults, load_values
     from .spec.recipes import recipe_named, settle
@@ -52,7 +53,8 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .weights.errors import CheckpointError
 
     try:  # the request is checked before anything is loaded
-        pasted = _pasted(args.parameters)
+        pasted = usable(_pasted(args.parameters), {"image": args.image, "mask": args.mask})
+        args.hires = args.hires or bool(pasted.get("hires"))  # (a switch: fill_defaults leaves it)
         args = fill_defaults(parser, args, "generate", given={f.name: pasted.get(f.api) for f in _PASTED})
         recipe = recipe_named(args.preset) if args.preset else None
         s = settle(recipe, sampler=args.sampler, steps=args.steps, guidance=args.guidance, size=args.size)

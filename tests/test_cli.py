@@ -226,11 +226,11 @@ def test_parameters_text_fills_what_is_not_given(main, tmp_path, capsys):
     """--parameters: an A1111 text (here our own, from an image) gives prompt, negative prompt,
     steps, sampler, CFG scale, seed and size; options given win; the rest is noted."""
     text = ("a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Karras, CFG scale: 3, "
-            "Seed: 40, Size: 64x64, Model: elsewhere, Hires upscale: 2")
+            "Seed: 40, Size: 64x64, Model: elsewhere, Clip skip: 2, Denoising strength: 0.5")
     assert main(["generate", "--parameters", text, "--seed", "41", "--schedule", "Checkpoint", "--model", "tiny",
                  "--dtype", "float32", "--out", str(tmp_path)]) == 0
     notes = capsys.readouterr().err
-    assert "note: Not used here: Model, Hires upscale." in notes
+    assert "note: Not used here: Model, Clip skip." in notes  # (and img2img's strength, without --image: dropped)
     assert "note: Not reproducible here: A1111's default noise source (GPU), so RNG JAX is used" in notes
     assert Image.open(tmp_path / "42.png").info["parameters"] == (
         "a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Checkpoint, CFG scale: 3, "

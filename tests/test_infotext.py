@@ -223,3 +223,33 @@ def test_the_noise_source_is_read_or_said_to_be_out_of_reach(line, rng, note):
     fields, notes = settings_of(line)
     assert fields["rng"] == rng
     assert [n for n in notes if "RNG" in n] == ([note] if note else [])
+
+
+def test_image_settings_paste_back_and_are_dropped_where_the_request_cannot_use_them():
+    """Denoising strength, Mask blur, Masked content and the hires fix's keys, as A1111 writes them
+    and as our images carry them, fill their fields; with a hires fix the strength is its pass's. A
+    request without an image (or mask) drops img2img's (inpainting's) settings, one with an image
+    a pasted hires fix."""
+    from sdxl_tpu.spec.hires import Hires
+    from sdxl_tpu.spec.infotext import usable
+
+    info = ImageInfo(seed=3, prompt="a cat", negative_prompt="", guidance_scale=5.0, steps=20, size=(1024, 1024),
+                     sampler="Euler", strength=0.6, mask_blur=8, masked_content="latent noise")
+    fields, notes = request_fields(parse(parameters_text(info, Stamp("tiny"))), SIZES, list(SAMPLERS))
+    assert (fields["strength"], fields["mask_blur"], fields["masked_content"]) == (0.6, 8, "latent noise")
+    assert "Not used here: Model, Version." in notes, notes  # (nothing of the image's settings)
+    hires = ImageInfo(seed=3, prompt="a cat", negative_prompt="", guidance_scale=5.0, steps=20, size=(1024, 1024),
+                      sampler="Euler", hires=Hires(1.5, "Lanczos", 10, 0.45, (1536, 1536)))
+    fields, _ = request_fields(parse(parameters_text(hires, Stamp("tiny"))), SIZES, list(SAMPLERS))
+    assert {k: fields[k] for k in fields if k.startswith("hires")} == {
+        "hires": True, "hires_scale": 1.5, "hires_upscaler": "Lanczos", "hires_steps": 10, "hires_strength": 0.45}
+    assert "strength" not in fields
+    a1111 = "a dog\nSteps: 20, Sampler: Euler, Seed: 1, Denoising strength: 0.7, Hires upscale: 2, " \
+            "Hires upscaler: R-ESRGAN 4x+"
+    fields, notes = request_fields(parse(a1111), SIZES, list(SAMPLERS))
+    assert fields["hires_scale"] == 2.0 and "hires_upscaler" not in fields
+    assert any(n.startswith("Not used: Hires upscaler: 'R-ESRGAN 4x+'") for n in notes), notes
+    pasted = {"strength": 0.6, "mask_blur": 8, "hires": True, "hires_scale": 2.0, "steps": 3}
+    assert usable(pasted, {}) == {"hires": True, "hires_scale": 2.0, "steps": 3}
+    assert usable(pasted, {"image": "x"}) == {"strength": 0.6, "steps": 3}
+    assert usable(pasted, {"image": "x", "mask": "y"}) == {"strength": 0.6, "mask_blur": 8, "steps": 3}

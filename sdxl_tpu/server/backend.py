@@ -41,7 +41,7 @@ from ..spec.errors import Cancelled, RequestError
 from ..spec.fields import FIELDS as FORM_FIELDS
 from ..spec.image_input import MAX_BASE64_CHARS
 from ..spec.images import encode_preview
-from ..spec.infotext import parse as parse_parameters, request_fields
+from ..spec.infotext import parse as parse_parameters, request_fields, usable
 from ..spec.request import Request
 from ..spec.styles import MAX_STYLED_PROMPT_CHARS
 from ..spec.values import json_type, shown
@@ -118,7 +118,7 @@ def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
     offer, notes = server.offer, []
     if "parameters" in data:
         pasted, notes = request_fields(parse_parameters(data.pop("parameters")), offer.sizes, offer.samplers)
-        data = {**pasted, **data}
+        data = {**usable(pasted, data), **data}
     if "prompt" not in data:
         raise Refused(422, "The field 'prompt' is required.")
     server.warmup.check_size(data.get("size"))

@@ -87,7 +87,7 @@ FIELDS: tuple[Field, ...] = (
                 "object); in POST /v1/generate a PNG, JPEG or WebP file as base64, bare or as a data: URL; "
                 "fitted to the size by resize_mode. Left out: from noise."),
     Field("strength", "Denoising strength", "number", DEFAULT_STRENGTH, api="strength", optional=True,
-          limits=STRENGTH_RANGE,
+          limits=STRENGTH_RANGE, kept=frozenset({PASTED}), infotext="Denoising strength",
           about="With an image: how far from it, 0 (kept) to 1 (all but replaced); left out: 0.75, A1111's."),
     Field("resize_mode", "Resize mode", "choice", DEFAULT_RESIZE_MODE, api="resize_mode", optional=True,
           choices=RESIZE_MODES,
@@ -99,25 +99,29 @@ FIELDS: tuple[Field, ...] = (
                 "black keeps (or, where it has transparency, its opaque part repaints), sent as the image is. "
                 "Outside the blurred mask the results keep the image's pixels. Left out: all of it (img2img)."),
     Field("mask_blur", "Mask blur", "whole", DEFAULT_MASK_BLUR, api="mask_blur", optional=True,
-          limits=(0, MAX_MASK_BLUR), about="With a mask: how far its edge is blurred, in pixels (A1111's Mask blur)."),
+          limits=(0, MAX_MASK_BLUR), kept=frozenset({PASTED}), infotext="Mask blur",
+          about="With a mask: how far its edge is blurred, in pixels (A1111's Mask blur)."),
     Field("masked_content", "Masked content", "choice", DEFAULT_MASKED_CONTENT, api="masked_content", optional=True,
-          choices=MASKED_CONTENT,
+          choices=MASKED_CONTENT, kept=frozenset({PASTED}), infotext="Masked content",
           about="With a mask: what the masked area starts from, as A1111's: fill (its surroundings' colours), "
                 "original (the image), latent noise, latent nothing."),
     # hires fix (after inpainting's, for the same reason)
-    Field("hires", "Hires. fix", "switch", False, api="hires", optional=True,
+    Field("hires", "Hires. fix", "switch", False, api="hires", optional=True, kept=frozenset({PASTED}),
           about="Text to image only: make the images at the size, upscale them, denoise again at the larger size "
                 "(A1111's Hires. fix)."),
     Field("hires_scale", "Hires upscale", "number", HIRES_SCALE, api="hires_scale", optional=True,
-          limits=HIRES_SCALE_RANGE, about="With hires: by how much; the upscaled size must be one the server offers."),
+          limits=HIRES_SCALE_RANGE, kept=frozenset({PASTED}), infotext="Hires upscale",
+          about="With hires: by how much; the upscaled size must be one the server offers."),
     Field("hires_upscaler", "Hires upscaler", "choice", HIRES_UPSCALER, api="hires_upscaler", optional=True,
-          choices=HIRES_UPSCALERS, about="With hires: Latent (the latents, bilinear) or Lanczos (the image, then "
-                                         "encoded again), as A1111's."),
+          choices=HIRES_UPSCALERS, kept=frozenset({PASTED}), infotext="Hires upscaler",
+          about="With hires: Latent (the latents, bilinear) or Lanczos (the image, then encoded again), as A1111's."),
     Field("hires_steps", "Hires steps", "whole", 0, api="hires_steps", optional=True, limits=(0, MAX_STEPS),
+          kept=frozenset({PASTED}), infotext="Hires steps",
           about="With hires: the second pass's steps; 0: as many as the first."),
     Field("hires_strength", "Hires denoising strength", "number", HIRES_STRENGTH, api="hires_strength",
-          optional=True, limits=STRENGTH_RANGE, about="With hires: how far the second pass goes from the upscaled "
-                                                      "image, 0 to 1 (A1111's Denoising strength; default 0.7)."),
+          optional=True, kept=frozenset({PASTED}), limits=STRENGTH_RANGE,
+          about="With hires: how far the second pass goes from the upscaled image, 0 to 1 (A1111's Denoising "
+                "strength; default 0.7)."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them

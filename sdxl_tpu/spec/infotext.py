@@ -23,11 +23,13 @@ from typing import Any
 
 from ..version import VERSION
 from .errors import RequestError
-from .fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_STEPS
+from .fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_STEPS, STRENGTH_RANGE
+from .hires import SCALE_RANGE, UPSCALERS
+from .mask import MASKED_CONTENT, MAX_MASK_BLUR
 from .names import DEFAULT_RNG, RNGS, SCHEDULES, schedule_used
 from .prompts import split_network_tags
 from .request import ImageInfo
-from .values import format_size, number_input, schedule_input, seed_input, shown
+from .values import choice_input, format_size, number_input, schedule_input, seed_input, shown
 
 MAX_PARAMETERS_CHARS = 3 * MAX_PROMPT_CHARS  # prompt, negative prompt and the settings line
 # "Key: value" or 'Key: "a, b"', as A1111 reads them. A key of at most 64 characters (A1111's are
@@ -176,6 +178,7 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
     take("CFG scale", lambda v: {"guidance_scale": float(number_input(_number(v), "CFG scale", *GUIDANCE_RANGE))})
     take("Seed", lambda v: {"seed": seed_input(_number(v))})  # (-1: a random seed, as in A1111)
     take("Size", lambda v: {"size": _size(v, sizes)})
+    _image_settings(s, take)
     if s:
         ours = s.get("Version", "").startswith(OUR_VERSION)
         _sampler_and_schedule(s, samplers, "Checkpoint" if ours else "Automatic", fields, notes)
@@ -184,6 +187,35 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
     if unused:
         notes.append(f"Not used here: {', '.join(shown(k, 30)[1:-1] for k in unused)}.")
     return fields, notes
+
+
+# What a pasted text's image settings need from the request itself (its own image and mask; no
+# starting image for a hires fix): without it they are dropped, not refused.
+PASTED_NEEDS = {"strength": "image", "mask_blur": "mask", "masked_content": "mask"}
+
+
+def usable(pasted: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The pasted fields a request with the fields `given` (by API name, non-null) can use: img2img's
+    and inpainting's settings only with an image (and a mask), a hires fix only without an image."""
+    kept = {k: v for k, v in pasted.items() if PASTED_NEEDS.get(k) is None or given.get(PASTED_NEEDS[k]) is not None}
+    if given.get("image") is not None:
+        kept = {k: v for k, v in kept.items() if not k.startswith("hires")}
+    return kept
+
+
+def _image_settings(s: dict[str, str], take) -> None:
+    """img2img's, inpainting's and the hires fix's settings, as A1111 writes them (with a hires fix
+    "Denoising strength" is the hires pass's)."""
+    hires = "Hires upscale" in s
+    number = lambda key, low, high, whole=False: lambda v: number_input(_number(v), key, low, high, whole=whole)
+    take("Denoising strength", lambda v: {"hires_strength" if hires else "strength":
+                                          float(number("Denoising strength", *STRENGTH_RANGE)(v))})
+    take("Mask blur", lambda v: {"mask_blur": int(number("Mask blur", 0, MAX_MASK_BLUR, True)(v))})
+    take("Masked content", lambda v: {"masked_content": choice_input(v, "Masked content", MASKED_CONTENT)})
+    if hires:
+        take("Hires upscale", lambda v: {"hires": True, "hires_scale": float(number("Hires upscale", *SCALE_RANGE)(v))})
+        take("Hires steps", lambda v: {"hires_steps": int(number("Hires steps", 0, MAX_STEPS, True)(v))})
+        take("Hires upscaler", lambda v: {"hires_upscaler": choice_input(v, "Hires upscaler", UPSCALERS)})
 
 
 def _sampler_and_schedule(s: dict[str, str], samplers: list[str], unnamed: str, fields: dict[str, Any],
