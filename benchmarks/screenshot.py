@@ -5,8 +5,8 @@
 Starts `python app.py --model tiny` (random weights: the images are noise, everything else is
 real) on 127.0.0.1, opens it in Debian's Chromium (Playwright), types a prompt, generates with the
 Anime style and takes a desktop (1280x800) and a phone (390x844) screenshot once the four images
-are in; then a run from an image (the "Start from an image" panel open; 1280x1280, to show the
-panel and the images together). Needs what
+are in; then a run from an image with a painted mask (the "Start from an image" panel open;
+1280x1500, to show the panel, its inpaint editor and the images together). Needs what
 the tests need (requirements-dev.txt and `apt-get install chromium`).
 """
 
@@ -60,13 +60,26 @@ def main() -> int:
                     page.wait_for_timeout(500)
                     page.screenshot(path=str(out / name))
                     print(out / name)
-            with playground_page(server["url"], "Ready (", viewport=(1280, 1280)) as page:
+            with playground_page(server["url"], "Ready (", viewport=(1280, 1500)) as page:
                 start = Path(tmp) / "start.png"
                 picture(384, 256).save(start)
                 page.get_by_text("Start from an image").click()
                 page.locator("#image input[type=file]").set_input_files(str(start))
                 page.locator("#strength input").first.fill("0.6")
                 page.locator("#strength input").first.press("Enter")
+                # Inpainting: a stroke painted over the disc becomes the mask.
+                painter = page.locator("#mask-painter canvas").first
+                painter.wait_for(timeout=30_000)
+                page.wait_for_timeout(500)
+                box = painter.bounding_box()
+                x, y = box["x"] + box["width"] * 0.45, box["y"] + box["height"] * 0.3
+                page.mouse.move(x, y)
+                page.mouse.down()
+                for i in range(10):
+                    page.mouse.move(x + 6 * i, y + 3 * (i % 3), steps=2)
+                page.mouse.up()
+                page.wait_for_function("() => (document.querySelector('#mask img')?.src || '').includes('painted-')",
+                                       timeout=30_000)
                 generate_in_page(page, args.prompt, "blurry, low quality")
                 page.evaluate("window.scrollTo(0, 0)")
                 page.wait_for_timeout(500)
