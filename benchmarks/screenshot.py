@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from served_app import generate_in_page, playground_page, start_app  # noqa: E402
+from served_app import generate_in_page, paint_a_mask, playground_page, start_app  # noqa: E402
 
 
 def picture(width: int, height: int):
@@ -67,19 +67,7 @@ def main() -> int:
                 page.locator("#image input[type=file]").set_input_files(str(start))
                 page.locator("#strength input").first.fill("0.6")
                 page.locator("#strength input").first.press("Enter")
-                # Inpainting: a stroke painted over the disc becomes the mask.
-                painter = page.locator("#mask-painter canvas").first
-                painter.wait_for(timeout=30_000)
-                page.wait_for_timeout(500)
-                box = painter.bounding_box()
-                x, y = box["x"] + box["width"] * 0.45, box["y"] + box["height"] * 0.3
-                page.mouse.move(x, y)
-                page.mouse.down()
-                for i in range(10):
-                    page.mouse.move(x + 6 * i, y + 3 * (i % 3), steps=2)
-                page.mouse.up()
-                page.wait_for_function("() => (document.querySelector('#mask img')?.src || '').includes('painted-')",
-                                       timeout=30_000)
+                paint_a_mask(page, at=(0.45, 0.3))  # (inpainting: a stroke over the disc becomes the mask)
                 generate_in_page(page, args.prompt, "blurry, low quality")
                 page.evaluate("window.scrollTo(0, 0)")
                 page.wait_for_timeout(500)

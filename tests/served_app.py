@@ -135,6 +135,28 @@ def steps_seen(seen: list[dict]) -> list[int]:
     return steps
 
 
+MASK_SRC = "() => document.querySelector('#mask img')?.src || ''"
+
+
+def paint_a_mask(page, at: tuple[float, float] = (0.5, 0.5)) -> str:
+    """Paints a short stroke in the inpaint editor (its image already in), at `at` (fractions of
+    the canvas), as a person drags the brush; waits (bounded) for the painting to become the mask
+    and returns the mask's URL."""
+    painter = page.locator("#mask-painter")
+    painter.scroll_into_view_if_needed()
+    wait_for(lambda: painter.locator("canvas").count() > 0, 30, "the inpaint editor did not open the image")
+    page.wait_for_timeout(500)  # (the background drawn)
+    box = painter.locator("canvas").first.bounding_box()
+    x, y = box["x"] + box["width"] * at[0], box["y"] + box["height"] * at[1]
+    page.mouse.move(x, y)
+    page.mouse.down()
+    for i in range(8):
+        page.mouse.move(x + 5 * i, y + 2 * (i % 2), steps=2)
+    page.mouse.up()
+    wait_for(lambda: "painted-" in page.evaluate(MASK_SRC), 30, "the painting did not become the mask")
+    return page.evaluate(MASK_SRC)
+
+
 def generate_in_page(page, prompt: str | None, negative: str | None = None, seconds: float = 120,
                      keys: str | None = None) -> list[dict]:
     """Types a prompt and a negative prompt (None: leaves the field as it is) in the playground page,

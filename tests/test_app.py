@@ -17,8 +17,8 @@ import pytest
 
 from reference import read_with_third_parties
 from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view, chromium,  # app_server: conftest
-                        assert_progress_and_previews, free_port, generate_in_page, get, playground_page, read_metrics,
-                        requests_total, steps_seen, wait_for)
+                        assert_progress_and_previews, free_port, generate_in_page, get, paint_a_mask, playground_page,
+                        read_metrics, requests_total, steps_seen, wait_for)
 from sdxl_tpu.version import VERSION
 
 
@@ -1012,26 +1012,14 @@ def test_browser_inpaint_by_painting_a_mask(app_server, browser, tmp_path, tiny_
     with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         page.get_by_text("Start from an image").click()
         page.locator("#image input[type=file]").set_input_files(str(start))
-        painter = page.locator("#mask-painter")
-        painter.scroll_into_view_if_needed()
-        wait_for(lambda: painter.locator("canvas").count() > 0, 30, "the inpaint editor did not open the image")
-        page.wait_for_timeout(500)  # (the background drawn)
-        box = painter.locator("canvas").first.bounding_box()
-        x, y = box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5
-        page.mouse.move(x, y)
-        page.mouse.down()
-        for i in range(8):
-            page.mouse.move(x + 4 * i, y + 2 * (i % 2), steps=2)
-        page.mouse.up()
-        mask_src = "() => document.querySelector('#mask img')?.src || ''"
-        wait_for(lambda: "painted-" in page.evaluate(mask_src), 30, "the painting did not become the mask")
+        mask_url = paint_a_mask(page)
         set_field(page, "seed", 5)
         set_field(page, "steps", 3)
         generate_in_page(page, "a red door", "")
         page.locator("#mask-painter").scroll_into_view_if_needed()
         page.screenshot(path=str(artifact(tmp_path, "inpaint-1280x800.png")))
         urls = page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
-        with urllib.request.urlopen(page.evaluate(mask_src), timeout=30) as response:
+        with urllib.request.urlopen(mask_url, timeout=30) as response:
             mask = np.asarray(Image.open(io.BytesIO(response.read())).convert("L"))
     assert mask.shape == (64, 96) and 0 < (mask > 0).mean() < 0.9  # painted, not everything
     files = []

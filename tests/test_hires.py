@@ -18,14 +18,6 @@ from sdxl_tpu.spec.hires import latent_upscale, scales_to
 from sdxl_tpu.spec.infotext import parameters_text
 from sdxl_tpu.spec.resize import fit_image
 
-SIZES = [(64, 64), (96, 96)]
-
-
-@pytest.fixture(scope="module")
-def hires_pipeline(tiny_checkpoint, compile_cache):
-    from sdxl_tpu import load_pipeline
-
-    return load_pipeline(tiny_checkpoint, dtype="float32", sizes=SIZES, compile_cache=compile_cache, warmup=False)
 
 
 def test_latent_upscale_is_torchs_bilinear_interpolate():
@@ -41,8 +33,8 @@ def _images(result) -> np.ndarray:
 
 
 @pytest.mark.parametrize("upscaler", ["Latent", "Lanczos"])
-def test_hires_fix_is_the_first_pass_upscaled_then_denoised_again(hires_pipeline, upscaler):
-    pipe, seen = hires_pipeline, []
+def test_hires_fix_is_the_first_pass_upscaled_then_denoised_again(tiny_pipeline, upscaler):
+    pipe, seen = tiny_pipeline, []
     request = pipe.request("a lighthouse in a storm", "blurry", seed=21, steps=4, size=(64, 64), rng="CPU",
                            hires=True, hires_scale=1.5, hires_upscaler=upscaler, hires_steps=6, hires_strength=0.5)
     result = pipe.run(request, progress=lambda step, steps: seen.append((step, steps)))
@@ -72,8 +64,8 @@ def test_hires_fix_is_the_first_pass_upscaled_then_denoised_again(hires_pipeline
     assert np.abs(_images(result).astype(int) - enlarged).mean() > 2
 
 
-def test_hires_sizes_and_bad_inputs_are_clear(hires_pipeline):
-    assert scales_to((64, 64), SIZES) == [1.5]
+def test_hires_sizes_and_bad_inputs_are_clear(tiny_pipeline):
+    assert scales_to((64, 64), tiny_pipeline.sizes) == [1.5]
     assert scales_to((512, 512), [(768, 768), (1024, 1024), (1024, 768), (2048, 2048)]) == [1.5, 2.0, 4.0]
     for kwargs, message in [
         (dict(hires=True, hires_scale=2), "Hires upscale 2 makes 128x128 from 64x64, which is not a size this "
@@ -88,4 +80,4 @@ def test_hires_sizes_and_bad_inputs_are_clear(hires_pipeline):
          "Hires. fix applies to text to image, not to a starting image."),
     ]:
         with pytest.raises(RequestError, match=message.replace(".", r"\.").replace("(", r"\(").replace(")", r"\)")):
-            hires_pipeline.request("a cat", **{"size": (64, 64), **kwargs})
+            tiny_pipeline.request("a cat", **{"size": (64, 64), **kwargs})

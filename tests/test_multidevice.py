@@ -1,5 +1,6 @@
-"""Four simulated devices (a v5e-4 host): one image per device, no cross-device traffic in the
-denoising loop, and the same image for the same seed as on one device."""
+"""Simulated devices: four (a v5e-4 host) make one image per device, with no cross-device traffic
+in the denoising loop, and the same image for the same seed as on one device; eight serve two
+requests in one call."""
 
 from __future__ import annotations
 
@@ -9,15 +10,16 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 SCRIPT = r"""
 import json, re, sys
 import jax, numpy as np
 from sdxl_tpu import CompileCounter, load_pipeline
-assert jax.device_count() == 4, jax.devices()
-# The fused loop (step_progress=False): all steps in one program.
+assert jax.device_count() == 8, jax.devices()
+# Four of the eight (a v5e-4 host); the fused loop (step_progress=False): all steps in one program.
 pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], images_per_call=3, compile_cache=sys.argv[2],
-                     step_progress=False)
+                     step_progress=False, devices=jax.devices()[:4])
 programs = pipe.compiled((64, 64))
 hlo = {name: programs[name].as_text() for name in ("encode", "encode_image", "noise", "denoise", "denoise_unguided",
                                                    "decode")}
@@ -54,14 +56,24 @@ print(json.dumps({"images_per_call": pipe.images_per_call, "seeds": result.seeds
 """
 
 
-def test_four_devices_match_one_device(tiny_checkpoint, tiny_pipeline, compile_cache, tmp_path):
+@pytest.fixture(scope="module")
+def simulated_host(tiny_checkpoint, compile_cache, tmp_path_factory):
+    """One process with eight simulated devices (one start for both tests below): four of them as
+    a v5e-4 host (SCRIPT), then all eight serving two requests (BATCHING); their reports and the
+    folder of the four devices' images."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip())
-    out = tmp_path / "images.npy"
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_checkpoint), str(compile_cache), str(out)],
-                            env=env, capture_output=True, text=True, timeout=900)
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip())
+    out = tmp_path_factory.mktemp("multidevice")
+    result = subprocess.run([sys.executable, "-c", SCRIPT + BATCHING, str(tiny_checkpoint), str(compile_cache),
+                             str(out / "images.npy")], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    four, eight = (json.loads(line) for line in result.stdout.strip().splitlines() if line.startswith("{"))
+    return four, eight, out
+
+
+def test_four_devices_match_one_device(simulated_host, tiny_pipeline):
+    report, _, tmp_path = simulated_host
+    out = tmp_path / "images.npy"
     print(report)
     assert report["images_per_call"] == 4  # 3 rounded up to the device count: one image per device
     assert report["param_shards"] == 4  # replicated on every device
@@ -142,15 +154,10 @@ print(json.dumps({"images_per_call": pipe.images_per_call, "calls_alone": calls_
 """
 
 
-def test_eight_devices_serve_two_requests_in_one_call(tiny_checkpoint, compile_cache):
+def test_eight_devices_serve_two_requests_in_one_call(simulated_host):
     """A host with more chips than a request has images (8 x H200, v5e-8): two waiting requests
     of 4 images share one call, each getting exactly the images it would have got alone."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip())
-    result = subprocess.run([sys.executable, "-c", BATCHING, str(tiny_checkpoint), str(compile_cache)],
-                            env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    _, report, _ = simulated_host
     print(report)
     assert report["images_per_call"] == 8 and report["requests_per_call"] == 2
     assert report["calls_alone"] == 2 and report["calls_together"] == 1

@@ -151,7 +151,7 @@ def test_nothing_recompiles_after_warmup(tiny_pipeline):
 
 def test_size_not_compiled_is_refused_not_compiled(tiny_pipeline):
     with CompileCounter() as counter, pytest.raises(RequestError, match="Size 128x128 is not available; choose one "
-                                                                        "of: 64x64, 96x64"):
+                                                                        "of: 64x64, 96x64, 96x96"):
         tiny_pipeline.generate("a cat", size=(128, 128), steps=1)
     assert counter.compiles == 0
 
@@ -199,7 +199,7 @@ def test_result_carries_images_seeds_parameters_and_timings(tiny_pipeline):
     (dict(prompt=["a", "b"]), r"Prompt: got 2 values for 4 images\."),
     (dict(prompt=7), r"Prompt must be text, got a number\."),
     (dict(prompt=" "), r"Prompt is empty: please enter a prompt\."),
-    (dict(size="64"), r"Size '64' is not available; choose one of: 64x64, 96x64\."),
+    (dict(size="64"), r"Size '64' is not available; choose one of: 64x64, 96x64, 96x96\."),
     (dict(latents=np.zeros((4, 4, 4, 4))), r"latents must have shape \(4, 4, 8, 8\), got \(4, 4, 4, 4\)\."),
 ])
 def test_bad_requests_are_clear_errors(tiny_pipeline, kwargs, message):
