@@ -355,7 +355,7 @@ def fuzz_client(app_server):
     return Client(app_server["url"] + "/", verbose=False)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=CASES)
 def test_fuzz_gradio_client(fuzz_client, http_client, case):

@@ -19,7 +19,7 @@ import pytest
 
 from served_app import free_port, get, read_metrics, requests_total, start_app
 
-WARMUP_CALLS, SOAK_CALLS, SAMPLE_EVERY = 20, 120, 5
+WARMUP_CALLS, SOAK_CALLS, SAMPLE_EVERY = 20, 90, 5
 
 
 @pytest.fixture(scope="module")
