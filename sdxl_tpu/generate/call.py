@@ -93,7 +93,6 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     decoded images (n, H, W, 3) uint8 (or with `decode` False the final latents) and its timings."""
     n, first = len(infos), infos[0]
     size, steps, strength, schedule = first.size, first.steps, first.strength, first.schedule
-    from_image = begin is not None or start_latents is not None
     # Only what this pass runs (all of them, where the pipeline was warmed up: nothing compiles then).
     programs = pipe.compiled(size, ("encode", "noise" if latents is None else "init", "decode",
                                     "denoise" if guided(infos) else "denoise_unguided",
@@ -108,10 +107,10 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
         latents = pipe.filled(latents)
     put = lambda x: jax.device_put(x, pipe.batch_sharding)
     sampler = pipe.samplers[first.sampler]
-    host_tables = sampler.padded_tables(steps, schedule, strength if from_image else None)
+    host_tables = sampler.padded_tables(steps, schedule, strength)  # (strength: None from noise)
     # A row is one model evaluation; a step is one row, or two (DPM++ SDE's midpoint). From an
     # image, the steps its strength leaves.
-    step_ends = sampler.step_ends(steps - sampler.first_step(steps, strength if from_image else None, schedule))
+    step_ends = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))
     tables = jax.device_put(host_tables, pipe.replicated)
     seeds = put(np.array([i.seed for i in slots], np.uint32))
     # RNG CPU: each image that draws its own noise, as A1111's ImageRNG draws it (denoising.py).

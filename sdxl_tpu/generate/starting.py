@@ -5,6 +5,7 @@ programs.py's noise program and update.py's blends."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -38,13 +39,17 @@ def prepare(images: np.ndarray, masks: np.ndarray | None, infos: Sequence[ImageI
     if masks.shape != (n, height, width) or masks.dtype != np.uint8:
         raise ValueError(f"masks must be uint8 of shape {(n, height, width)}, got {masks.dtype} {masks.shape}")
     pixels = images.copy()
+    filled: dict[bytes, np.ndarray] = {}  # (a request's images share one image and mask: filled once)
     for i, (info, mask) in enumerate(zip(infos, masks)):
         if info.masked_content is None:
             raise ValueError("an image with a mask needs its masked content (ImageInfo.masked_content)")
         keep[i, ..., 0] = 1 - latent_mask(mask, factor)
         codes[i] = LATENT_FILL.get(info.masked_content, 0)
         if info.masked_content != "original":  # A1111 fills the pixels under the latent choices too
-            pixels[i] = fill(images[i], mask)
+            key = hashlib.blake2b(images[i].tobytes() + mask.tobytes(), digest_size=16).digest()
+            if key not in filled:
+                filled[key] = fill(images[i], mask)
+            pixels[i] = filled[key]
     return Start(pixels, keep, codes)
 
 
