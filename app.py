@@ -36,7 +36,8 @@ from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_
 from sdxl_tpu.server.history import HISTORY_HEADERS, HISTORY_PER_PAGE, RESTORE_HISTORY_JS, history_rows, restored_run
 from sdxl_tpu.server.page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESET_FILL_JS, RNG_INFO, SCHEDULE_INFO,
                                   form_defaults, pasted_form, preset_fields, run_panel, seed_note, size_choices,
-                                  size_for_image, style_description, painted_mask, png_info_note, hires_of)
+                                  size_for_image, style_description, painted_mask, png_info_note, hires_of,
+                                  new_area)
 from sdxl_tpu.server.page_run import GENERATE, page_run, page_values, refused, stopped
 from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, schedule_menu
 from sdxl_tpu.server.settings import parse_settings
@@ -125,6 +126,13 @@ def build_demo(server: Server) -> gr.Blocks:
                                       label=label("mask_blur"), elem_id="mask_blur")
                             gr.Radio(list(FIELD["masked_content"].choices), value=FIELD["masked_content"].default,
                                      label=label("masked_content"), elem_id="masked_content")
+                    outpaint = gr.Button("⬚ Mask the new area (outpaint with Resize and fill)", size="sm",
+                                         elem_id="outpaint")
+                    with gr.Row():  # A1111's "Only masked": the mask's region redrawn at the size, pasted back
+                        gr.Radio(list(FIELD["inpaint_area"].choices), value=FIELD["inpaint_area"].default,
+                                 label=label("inpaint_area"), min_width=220, elem_id="inpaint_area")
+                        gr.Slider(*FIELD["mask_padding"].limits, value=FIELD["mask_padding"].default, step=4,
+                                  label=label("mask_padding"), min_width=220, elem_id="mask_padding")
                 # A1111's Hires. fix: the images made at the size, upscaled, and denoised again at a larger
                 # compiled size (the upscale must reach one: the status says which).
                 with gr.Accordion("Hires. fix", open=False, elem_id="hires-panel"):
@@ -334,6 +342,15 @@ def build_demo(server: Server) -> gr.Blocks:
 
         image.change(paint_over, inputs=[image], outputs=[painter], **light)
         painter.change(mask_painted, inputs=[painter], outputs=[mask], **light)
+
+        # Outpainting: the image fitted inside the size (Resize and fill), the bands around it masked.
+        def mask_new_area(value, size_now):
+            made, note = new_area(value, size_now, server.uploads)
+            if made is None:
+                return gr.skip(), gr.skip(), note
+            return server.uploads.add(made, get_upload_folder()), "Resize and fill", note
+
+        outpaint.click(mask_new_area, inputs=[image, size], outputs=[mask, inputs["resize_mode"], form_note], **light)
 
         def read_png_info(value):
             text, note = png_info_note(value, server.uploads)

@@ -66,7 +66,8 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                              rng=args.rng, strength=strength, resize_mode=args.resize_mode,
                              image=None if args.image is None else decode_image(_read(args.image), "--image"),
                              mask=None if args.mask is None else _read(args.mask), mask_blur=args.mask_blur,
-                             masked_content=args.masked_content, hires=args.hires or None,
+                             masked_content=args.masked_content, inpaint_area=args.inpaint_area,
+                             mask_padding=args.mask_padding, hires=args.hires or None,
                              hires_scale=args.hires_scale, hires_upscaler=args.hires_upscaler,
                              hires_steps=args.hires_steps, hires_strength=args.hires_strength)
         sizes = [request.size] + ([request.hires.size] if request.hires else [])  # (a hires fix: two passes)

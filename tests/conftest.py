@@ -39,6 +39,23 @@ def tiny_pipeline(tiny_checkpoint, compile_cache):
 
 
 @pytest.fixture(scope="session")
+def tiny_inpainting_checkpoint(tmp_path_factory):
+    """The tiny checkpoint with an inpainting UNet: 9 input channels (latents, mask, masked image)."""
+    from sdxl_tpu.weights.tiny import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("tiny") / "sdxl-tiny-inpainting",
+                            overrides={"unet": {"in_channels": 9}})
+
+
+@pytest.fixture(scope="session")
+def tiny_inpainting_pipeline(tiny_inpainting_checkpoint, compile_cache):
+    """The inpainting checkpoint compiled in float32 at 64x64, four images per call."""
+    from sdxl_tpu import load_pipeline
+
+    return load_pipeline(tiny_inpainting_checkpoint, dtype="float32", sizes=((64, 64),), compile_cache=compile_cache)
+
+
+@pytest.fixture(scope="session")
 def app_server(tmp_path_factory, compile_cache):
     """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests."""
     from served_app import start_app

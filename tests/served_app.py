@@ -142,6 +142,7 @@ def paint_a_mask(page, at: tuple[float, float] = (0.5, 0.5)) -> str:
     """Paints a short stroke in the inpaint editor (its image already in), at `at` (fractions of
     the canvas), as a person drags the brush; waits (bounded) for the painting to become the mask
     and returns the mask's URL."""
+    before = page.evaluate(MASK_SRC)
     painter = page.locator("#mask-painter")
     painter.scroll_into_view_if_needed()
     wait_for(lambda: painter.locator("canvas").count() > 0, 30, "the inpaint editor did not open the image")
@@ -153,7 +154,7 @@ def paint_a_mask(page, at: tuple[float, float] = (0.5, 0.5)) -> str:
     for i in range(8):
         page.mouse.move(x + 5 * i, y + 2 * (i % 2), steps=2)
     page.mouse.up()
-    wait_for(lambda: "painted-" in page.evaluate(MASK_SRC), 30, "the painting did not become the mask")
+    wait_for(lambda: "painted-" in page.evaluate(MASK_SRC) != before, 30, "the painting did not become the mask")
     return page.evaluate(MASK_SRC)
 
 

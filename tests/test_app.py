@@ -18,7 +18,7 @@ import pytest
 from reference import read_with_third_parties
 from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view, chromium,  # app_server: conftest
                         assert_progress_and_previews, free_port, generate_in_page, get, paint_a_mask, playground_page,
-                        read_metrics, requests_total, steps_seen, wait_for)
+                        read_metrics, requests_total, steps_seen, wait_for, MASK_SRC)
 from sdxl_tpu.version import VERSION
 
 
@@ -1036,6 +1036,73 @@ def test_browser_inpaint_by_painting_a_mask(app_server, browser, tmp_path, tiny_
         assert psnr(served, np.asarray(Image.open(io.BytesIO(encode(image, text, "jpeg"))))) > 40
         assert (np.asarray(image)[outside] == np.asarray(Image.open(start))[outside]).all()  # kept exactly
         assert psnr(np.asarray(image)[~outside], np.asarray(Image.open(start))[~outside]) < 30  # redrawn
+
+
+def test_browser_outpaint_and_only_masked(app_server, browser, tmp_path, tiny_pipeline):
+    """Outpainting as a person does it: a wide picture in, a square size, "Mask the new area" (the
+    resize mode becomes Resize and fill, the mask the bands it adds): four squares that keep the
+    fitted picture between the bands. Then Only masked: a stroke painted, the area switched, run:
+    four images of the picture's own size, the pipeline's own for that image and mask."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from sdxl_tpu.spec.images import encode, read_parameters
+    from sdxl_tpu.spec.resize import fit_image, new_area_mask
+    from test_img2img import picture
+    from test_pipeline import psnr
+
+    start = tmp_path / "wide.png"
+    picture(96, 64).save(start)
+
+    def served(urls: list[str]) -> list[np.ndarray]:
+        out = []
+        for url in urls:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                out.append(np.asarray(Image.open(io.BytesIO(response.read())).convert("RGB")))
+        return out
+
+    gallery = "() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)"
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        page.get_by_text("Start from an image").click()
+        page.locator("#image input[type=file]").set_input_files(str(start))
+        wait_for(lambda: "96 × 64" in page.locator("#size input").input_value(), 30, "no size proposed")
+        choose(page, "size", SIZE_LABELS["64x64"])
+        page.locator("#outpaint").click()
+        wait_for(lambda: "painted-" in page.evaluate(MASK_SRC), 30, "the new area did not become the mask")
+        assert page.locator("#resize_mode input[value='Resize and fill']").is_checked()
+        assert "Resize and fill adds around the image at 64x64" in page.locator("#form-note").inner_text()
+        set_field(page, "seed", 5)
+        set_field(page, "steps", 3)
+        page.locator("#strength input[type=number]").fill("1")
+        page.locator("#strength input[type=number]").press("Enter")
+        generate_in_page(page, "a beach at dusk", "")
+        outpainted = served(page.evaluate(gallery))
+        page.screenshot(path=str(artifact(tmp_path, "outpaint-1280x800.png")))
+        choose(page, "size", SIZE_LABELS["96x64"])
+        page.locator("#inpaint_area").get_by_text("Only masked").click()
+        mask_url = paint_a_mask(page, at=(0.3, 0.5))
+        generate_in_page(page, "a red door", "")
+        only = served(page.evaluate(gallery))
+        texts = [read_parameters(Image.open(io.BytesIO(urllib.request.urlopen(u, timeout=30).read())))
+                 for u in page.evaluate(gallery)]
+        with urllib.request.urlopen(mask_url, timeout=30) as response:
+            mask = np.asarray(Image.open(io.BytesIO(response.read())).convert("L"))
+    # The page's images are the pipeline's own for the same inputs (served as JPEG: within its loss).
+    jpeg = lambda image: np.asarray(Image.open(io.BytesIO(encode(image, "", "jpeg"))).convert("RGB"))
+    fitted = np.asarray(fit_image(Image.open(start), (64, 64), "Resize and fill"))
+    ours = tiny_pipeline.generate("a beach at dusk", seed=5, steps=3, size=(64, 64), image=Image.open(start),
+                                  strength=1.0, resize_mode="Resize and fill",
+                                  mask_image=new_area_mask((96, 64), (64, 64)))
+    for image, made in zip(outpainted, ours.images, strict=True):  # (bands of 11 rows; the blur reaches 10 in)
+        assert image.shape == (64, 64, 3) and psnr(image, jpeg(made)) > 40
+        assert (np.asarray(made)[24:40] == fitted[24:40]).all() and psnr(np.asarray(made)[:6], fitted[:6]) < 30
+    assert len(only) == 4 and all("Inpaint area: Only masked, Masked area padding: 32," in t for t in texts), texts
+    ours = tiny_pipeline.generate("a red door", seed=5, steps=3, size=(96, 64), image=Image.open(start), strength=1.0,
+                                  mask_image=mask, inpaint_area="Only masked")
+    for image, made in zip(only, ours.images, strict=True):
+        assert image.shape == (64, 96, 3) and psnr(image, jpeg(made)) > 40
 
 
 def test_browser_hires_fix_of_a_result(app_server, browser, tmp_path):

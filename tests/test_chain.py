@@ -269,6 +269,23 @@ def test_the_chain_gives_what_the_back_end_makes(chain):
         assert np.array_equal(np.asarray(ours), np.asarray(theirs))
         assert "Mask blur: 6, Masked content: latent noise," in read_parameters(ours)
         assert read_parameters(ours) == read_parameters(theirs)
+    # ... and Only masked (forwarded whole, with its blurred mask: the back end crops and pastes back).
+    only = {**inpaint, "inpaint_area": "Only masked", "mask_padding": 8}
+    request = urllib.request.Request(backend["url"] + "/v1/generate", data=json.dumps(only).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        direct = [Image.open(BytesIO(base64.b64decode(b))) for b in json.loads(response.read())["images"]]
+    gallery, _ = client.predict("a lighthouse in a storm", "blurry", "(No style)", 7, False, 5.0, 4, "64x64", "Euler",
+                                "Checkpoint", "JAX", handle_file(str(chain["root"] / "start.png")), 0.5,
+                                "Crop and resize", handle_file(str(chain["root"] / "mask.png")), 6, "latent noise",
+                                False, 2, "Latent", 0, 0.7, "Only masked", 8, api_name="/generate")
+    for item, theirs in zip(gallery, direct, strict=True):
+        with urllib.request.urlopen(item["image"]["url"], timeout=30) as r:
+            ours = Image.open(BytesIO(r.read()))
+        assert ours.size == theirs.size == (96, 72)  # (the starting image's own size)
+        assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+        assert "Inpaint area: Only masked, Masked area padding: 8," in read_parameters(ours)
+        assert read_parameters(ours) == read_parameters(theirs)
     # A starting image of a few MB (img2img) passes nginx to a back end, which runs it.
     noise = np.random.default_rng(0).integers(0, 256, (900, 1200, 3), np.uint8)
     png = BytesIO()

@@ -33,11 +33,26 @@ def reference_inpaint(tiny_checkpoint):
     return StableDiffusionXLInpaintPipeline.from_pretrained(tiny_checkpoint)
 
 
-@pytest.mark.parametrize("sampler, steps, strength", [("Euler", 6, 0.75), ("Euler a", 5, 0.8),
-                                                      ("DPM++ 2M Karras", 8, 0.6)])
-def test_inpainting_equals_diffusers(tiny_pipeline, reference_inpaint, sampler, steps, strength):
+@pytest.fixture(scope="module")
+def reference_inpainting_unet(tiny_inpainting_checkpoint):
+    from diffusers import StableDiffusionXLInpaintPipeline
+
+    return StableDiffusionXLInpaintPipeline.from_pretrained(tiny_inpainting_checkpoint)
+
+
+@pytest.mark.parametrize("unet, sampler, steps, strength", [
+    ("base", "Euler", 6, 0.75), ("base", "Euler a", 5, 0.8), ("base", "DPM++ 2M Karras", 8, 0.6),
+    ("base", "Euler", 6, 1.0),  # (diffusers' is_strength_max: the noise alone to start)
+    ("inpainting", "Euler", 6, 0.75), ("inpainting", "Euler a", 5, 1.0), ("inpainting", "DPM++ 2M Karras", 8, 0.6)])
+def test_inpainting_equals_diffusers(request, unet, sampler, steps, strength):
+    """A base UNet, and an inpainting UNet (9 input channels: the latents, the mask, the masked
+    image's latents, whose VAE sample diffusers draws third from each generator; no known latents
+    re-imposed, and at full strength the image not encoded at all, as diffusers runs it)."""
     import diffusers
 
+    names = ("tiny_pipeline", "reference_inpaint") if unet == "base" else ("tiny_inpainting_pipeline",
+                                                                          "reference_inpainting_unet")
+    tiny_pipeline, reference_inpaint = map(request.getfixturevalue, names)
     scheduler = getattr(diffusers, SCHEDULERS[sampler]).from_config(reference_inpaint.scheduler.config,
                                                                      use_karras_sigmas=sampler.endswith("Karras"))
     reference = diffusers.StableDiffusionXLInpaintPipeline(**{**reference_inpaint.components, "scheduler": scheduler})
@@ -50,21 +65,39 @@ def test_inpainting_equals_diffusers(tiny_pipeline, reference_inpaint, sampler, 
     assert counter.compiles == 0  # inpainting runs the img2img programs
     assert [(i.mask_blur, i.masked_content) for i in result.infos] == [(0, "original")] * 4
     # One image per generator (with one image diffusers samples its latents from the first generator
-    # only), and masked_image_latents given (else it draws a third sample from each generator).
+    # only), and for a base UNet masked_image_latents given (else it draws a third sample, unused).
+    unused = {"masked_image_latents": torch.zeros(4, 4, 8, 8)} if unet == "base" else {}
     ref = reference(prompt, negative_prompt=negative, image=[image] * 4, mask_image=[mask] * 4, strength=strength,
                     num_inference_steps=steps, guidance_scale=5.0, num_images_per_prompt=4, output_type="pil",
-                    masked_image_latents=torch.zeros(4, 4, 8, 8), height=64, width=64,
+                    height=64, width=64, **unused,
                     generator=[torch.Generator().manual_seed(SEED + i) for i in range(4)]).images
     ref = [reference.image_processor.apply_overlay(mask, image, im) for im in ref]  # A1111's overlay, as ours
     ours = np.stack([np.asarray(im) for im in result.images])
     theirs = np.stack([np.asarray(im) for im in ref])
     inside = np.asarray(mask) > 0
     value = psnr(ours[:, inside], theirs[:, inside])
-    print(f"{sampler}, {steps} steps, strength {strength}: PSNR {value:.1f} dB in the mask")
+    print(f"{unet} UNet, {sampler}, {steps} steps, strength {strength}: PSNR {value:.1f} dB in the mask")
     assert value >= 40
     # Outside the mask, the starting image's pixels exactly; inside, new ones.
     assert (ours[:, ~inside] == np.asarray(image)[~inside]).all()
     assert psnr(ours[:, inside], np.broadcast_to(np.asarray(image)[inside], ours[:, inside].shape)) < 30
+
+
+def test_an_inpainting_unet_makes_images_from_text_as_from_an_all_white_mask(tiny_inpainting_pipeline,
+                                                                            reference_inpainting_unet):
+    """From text alone an inpainting UNet is conditioned on a mask over everything and a blank
+    image (A1111's txt2img conditioning): what diffusers makes of any image under a white mask at
+    full strength."""
+    white = Image.fromarray(np.full((64, 64), 255, np.uint8))
+    result = tiny_inpainting_pipeline.generate("a red door", "blurry", seed=SEED, guidance_scale=5.0, steps=5,
+                                               size=(64, 64), sampler="Euler", rng="CPU")
+    ref = reference_inpainting_unet("a red door", negative_prompt="blurry", image=[picture()] * 4,
+                                    mask_image=[white] * 4, strength=1.0, num_inference_steps=5, guidance_scale=5.0,
+                                    num_images_per_prompt=4, output_type="np", height=64, width=64,
+                                    generator=[torch.Generator().manual_seed(SEED + i) for i in range(4)]).images
+    ours = np.stack([np.asarray(im) for im in result.images])
+    assert "image_encoding" in result.timings  # (the blank image's latents)
+    assert psnr(ours, (ref * 255).astype(np.uint8)) >= 40
 
 
 def test_blurred_mask_keeps_the_image_outside_it_and_masked_content_matters(tiny_pipeline):
@@ -81,6 +114,30 @@ def test_blurred_mask_keeps_the_image_outside_it_and_masked_content_matters(tiny
     first = np.asarray(runs["original"].images[0])
     for content in ("fill", "latent noise", "latent nothing"):  # each starts the masked area otherwise
         assert psnr(np.asarray(runs[content].images[0]), first) < 45, content
+
+
+def test_outpainting_repaints_what_resize_and_fill_adds(tiny_pipeline):
+    """An image fitted inside the size (Resize and fill) with a mask of the size that covers the new
+    bands (the page's "Mask the new area"): the image kept where the blurred mask is black, the
+    bands redrawn; a mask of neither size, or Only masked with such a mask, is refused by size."""
+    from sdxl_tpu.spec.resize import fit_image, new_area_mask
+
+    wide = picture(96, 48)  # 2:1 into a square: bands of 16 rows above and below
+    mask = new_area_mask(wide.size, (64, 64))
+    assert (mask[:16] == 255).all() and (mask[48:] == 255).all() and not mask[16:48].any()
+    result = tiny_pipeline.generate("a beach", seed=5, steps=4, size=(64, 64), image=wide, strength=1.0,
+                                    resize_mode="Resize and fill", mask_image=mask, masked_content="fill")
+    fitted = np.asarray(fit_image(wide, (64, 64), "Resize and fill"))
+    blurred = gaussian_blur(gaussian_blur(mask, 4, axis=1), 4, axis=0)
+    for image in result.images:
+        ours = np.asarray(image)
+        assert ours.shape == (64, 64, 3) and (ours[blurred == 0] == fitted[blurred == 0]).all()
+        assert psnr(ours[:8], fitted[:8]) < 30  # (the stretched edge rows, redrawn)
+    with pytest.raises(RequestError, match=r"Mask is 32x32 pixels but the image is 96x48: .*\(or the size to make, "
+                                           r"64x64"):
+        tiny_pipeline.request("a beach", size=(64, 64), image=wide, mask=np.zeros((32, 32), np.uint8))
+    with pytest.raises(RequestError, match="Only masked takes a mask of the image's own size, 96x48"):
+        tiny_pipeline.request("a beach", size=(64, 64), image=wide, mask=mask, inpaint_area="Only masked")
 
 
 def test_mask_blur_is_opencvs_gaussian_blur():
@@ -113,6 +170,10 @@ def test_masks_are_read_as_a1111_reads_them():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(mask_image=np.zeros((32, 32), np.uint8)), "Mask is 32x32 pixels but the image is 64x64"),
+    (dict(mask_image=np.zeros((64, 64), np.uint8), inpaint_area="Only masked"), "this mask marks nothing"),
+    (dict(mask_image=block_mask(), inpaint_area="Only masked", mask_padding=257), "Only masked padding, pixels must"),
+    (dict(mask_image=block_mask(), inpaint_area="all"), "Inpaint area 'all' is not available"),
+    (dict(inpaint_area="Only masked"), "Inpaint area applies to a mask"),
     (dict(mask_image=b"<svg/>"), "Mask is not a PNG, JPEG or WebP image"),
     (dict(mask_image=block_mask(), mask_blur=65), "Mask blur must be"),
     (dict(mask_image=block_mask(), masked_content="noise"), "Masked content 'noise' is not available"),

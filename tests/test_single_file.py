@@ -161,3 +161,23 @@ def test_the_checkpoint_lacking_its_file_is_named(checkpoint, tmp_path):
     root, _ = checkpoint
     with pytest.raises(CheckpointError, match="no-such-model.safetensors"):
         load_models(tmp_path / "no-such-model.safetensors", config=root)
+
+
+def test_an_inpainting_single_file_is_read_as_one(tiny_inpainting_checkpoint, tiny_checkpoint, tmp_path):
+    """A single file's UNet that takes 9 channels (SDXL inpainting) loads as an inpainting UNet over a
+    base checkpoint's configs, as diffusers infers it from the file; a UNet taking other channels
+    (InstructPix2Pix's 8) is refused by what it takes."""
+    path = write_single_file(tiny_inpainting_checkpoint, tmp_path / "sdxl-inpainting.safetensors")
+    direct = load_models(path, dtype="float32", config=tiny_checkpoint)
+    assert direct.unet.config.in_channels == 9 and direct.condition_channels == 5
+    want = flax_params_as_torch(load_models(tiny_inpainting_checkpoint, dtype="float32").unet)
+    got = flax_params_as_torch(direct.unet)
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    tensors = load_file(str(path))
+    key = PREFIXES["unet"] + "input_blocks.0.0.weight"
+    tensors[key] = tensors[key][:, :8]
+    save_file(tensors, str(tmp_path / "pix2pix.safetensors"))
+    with pytest.raises(CheckpointError, match="the UNet takes 8 input channels: supported are 4 .* and 9"):
+        load_models(tmp_path / "pix2pix.safetensors", dtype="float32", config=tiny_checkpoint)

@@ -73,7 +73,7 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
         timings = {k: timings.get(k, 0.0) + more.get(k, 0.0) for k in {*timings, *more}}
     images = [Image.fromarray(img) for img in out]
     if init_images is not None:
-        images = starting.finish(images, np.asarray(init_images), masks)
+        images = starting.finish(images, np.asarray(init_images), masks, infos)
     return GenerationResult(images=images, infos=infos, timings=timings)
 
 
@@ -96,7 +96,7 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     # Only what this pass runs (all of them, where the pipeline was warmed up: nothing compiles then).
     programs = pipe.compiled(size, ("encode", "noise" if latents is None else "init", "decode",
                                     "denoise" if guided(infos) else "denoise_unguided",
-                                    *(("encode_image",) if begin is not None else ()),
+                                    *(("encode_image",) if begin is not None or pipe.layout.condition_channels else ()),
                                     *(("preview",) if pipe.preview_decoder == "taesd" and pipe.stepwise else ())))
     slots = infos + [infos[-1]] * (pipe.images_per_call - n)
     text = sampling.prepare(pipe.tokenizers, slots, pipe.force_zeros_for_empty_prompt, pipe.max_prompt_chunks)
@@ -108,6 +108,12 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     put = lambda x: jax.device_put(x, pipe.batch_sharding)
     sampler = pipe.samplers[first.sampler]
     host_tables = sampler.padded_tables(steps, schedule, strength)  # (strength: None from noise)
+    # diffusers' inpainting at full strength on the checkpoint's schedule starts from the noise alone
+    # (is_strength_max), and with an inpainting UNet does not encode the image for it.
+    from_noise = strength == 1.0 and schedule == "Checkpoint" and first.masked_content is not None
+    if from_noise:
+        host_tables = host_tables._replace(init_image=np.float32(0.0),
+                                           init_sigma=sampler.padded_tables(steps, schedule).init_sigma)
     # A row is one model evaluation; a step is one row, or two (DPM++ SDE's midpoint). From an
     # image, the steps its strength leaves.
     step_ends = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))
@@ -118,6 +124,8 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     host = HostNoise([i.seed if cpu else None for i, cpu in zip(slots, own)], (c, h, w), host_tables, step_ends[-1],
                      put)
     zeros = pipe.zeros((h, w, c))
+    inpainting_unet = pipe.layout.condition_channels > 0
+    encodes_image = begin is not None and not (from_noise and inpainting_unet)
 
     with pipe.lock:
         start = time.perf_counter()
@@ -126,18 +134,35 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
                                              *map(put, text[:4]), lengths, put(text.zero_negative))
         image, image_seconds = zeros if start_latents is None else put(pipe.filled(start_latents)), 0.0
         keep, fill = pipe.zeros((h, w, 1)), pipe.zeros((), np.int32)
-        if begin is not None:  # the VAE's sample first, then the noise: diffusers' draw order
+        # The host's draws in diffusers' order: the image's VAE sample, the initial noise, the masked image's.
+        draws = [host.draw() if host and needed else zeros
+                 for needed in (encodes_image, latents is None, inpainting_unet)]
+        encode = lambda start, masked, draw, stream: programs["encode_image"](
+            pipe.params["vae"], put(pipe.filled(start.pixels)), masked, seeds, draw, put(own), pipe.stream(stream))
+        mask, masked_image = pipe.zeros((h, w, 1)), zeros
+        if begin is not None or inpainting_unet:
             jax.block_until_ready((context, pooled))  # (timed apart: what an image adds to a call)
             began = time.perf_counter()
-            image = jax.block_until_ready(programs["encode_image"](
-                pipe.params["vae"], put(pipe.filled(begin.pixels)), seeds, host.draw() if host else zeros, put(own)))
-            keep, fill = put(pipe.filled(begin.keep)), put(pipe.filled(begin.fill))
+            if encodes_image:
+                image = encode(begin, pipe.zeros((size[1], size[0]), np.uint8), draws[0], sampling.ENCODE_STREAM)
+            if begin is not None:
+                keep, fill = put(pipe.filled(begin.keep)), put(pipe.filled(begin.fill))
+            if inpainting_unet:
+                conditioned = begin or starting.blank(n, size, pipe.vae_factor)
+                masked_image = encode(conditioned, put(pipe.filled(conditioned.masked)), draws[2],
+                                      sampling.CONDITION_STREAM)
+                mask = put(pipe.filled(starting.condition_mask(conditioned, pipe.vae_factor)))
+            jax.block_until_ready((image, masked_image))
             image_seconds = time.perf_counter() - began
         if latents is None:
-            state = programs["noise"](seeds, tables, host.draw() if host else zeros, put(own), image, keep, fill)
+            state = programs["noise"](seeds, tables, draws[1], put(own), image, keep, fill, mask, masked_image)
         else:
-            state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables)
+            state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables, mask, masked_image)
             state = state._replace(host_noise=put(own))
+        if inpainting_unet and not host_tables.known[:, 4].any():
+            # On the checkpoint's schedule, diffusers re-imposes the known latents on a base UNet only
+            # (A1111's CFGDenoiser on any, where column 4 blends its denoised estimates).
+            state = state._replace(keep=pipe.zeros((h, w, 1)))
         jax.block_until_ready((context, pooled, state))
         t_text = time.perf_counter()
         conditioning = (context, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
@@ -164,7 +189,7 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
                               "try float32 or another seed")
     timings = {"text_encoding": t_text - start - image_seconds, "denoising": t_denoise - t_text,
                "decoding": t_decode - t_denoise, "total": t_decode - start}
-    if begin is not None:
+    if begin is not None or inpainting_unet:
         timings["image_encoding"] = image_seconds
     return out, timings
 

@@ -9,6 +9,7 @@ steps, size micro-conditioning) is an input of the compiled programs, never a re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import threading
@@ -70,7 +71,8 @@ class Pipeline:
         self.max_prompt_chunks = max_prompt_chunks
         self.layout = Layout(
             mesh=self.mesh, batch=self.images_per_call, vae_factor=2 ** (len(models.vae.config.block_out_channels) - 1),
-            latent_channels=models.unet.config.in_channels, chunks=max_prompt_chunks,
+            latent_channels=models.vae.config.latent_channels, condition_channels=models.condition_channels,
+            chunks=max_prompt_chunks,
             context_dim=models.text_encoder.config.hidden_size + models.text_encoder_2.config.hidden_size,
             pooled_dim=models.text_encoder_2.config.projection_dim, stepwise=step_progress)
         self.vae_factor = self.layout.vae_factor
@@ -120,6 +122,11 @@ class Pipeline:
         no image draws its own; the image latents, kept mask and latent fill of a call from noise."""
         return jax.device_put(np.zeros((self.images_per_call, *shape), dtype), self.batch_sharding)
 
+    @functools.lru_cache(maxsize=None)  # noqa: B019 (two, for the pipeline's life)
+    def stream(self, stream: int) -> jax.Array:
+        """A stream of the seeds' keys (sampling.ENCODE_STREAM ...), as the programs take it."""
+        return jax.device_put(np.uint32(stream), self.replicated)
+
     def filled(self, per_image: np.ndarray) -> np.ndarray:
         """A call's per-image array, its free slots of the compiled batch filled with the last image's."""
         return np.concatenate([per_image, np.repeat(per_image[-1:], self.images_per_call - len(per_image), axis=0)])
@@ -150,7 +157,7 @@ class Pipeline:
                 rng: str | None = None, strength: float | None = None, image: Any = None,
                 resize_mode: str | None = None, **inpainting: Any) -> Request:
         """A checked request for this pipeline (RequestError names what is wrong); `inpainting`:
-        mask, mask_blur, masked_content (Request.of)."""
+        mask, mask_blur, masked_content, inpaint_area, mask_padding (Request.of)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
                           sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
                           strength=strength, image=image, resize_mode=resize_mode, **inpainting)
@@ -161,6 +168,7 @@ class Pipeline:
                  schedule: str | None = None, rng: str | None = None, latents: np.ndarray | None = None,
                  image: Any = None, strength: float | None = None, resize_mode: str | None = None,
                  mask_image: Any = None, mask_blur: int | None = None, masked_content: str | None = None,
+                 inpaint_area: str | None = None, mask_padding: int | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Generate `images_per_call` images.
 
@@ -181,14 +189,18 @@ class Pipeline:
         mask_image: inpainting: repaint where this mask of the image's size is white, its edge blurred
             by `mask_blur` pixels (default 4), from `masked_content` (A1111's; default "original");
             the rest keeps the image's pixels (as diffusers' inpainting pipeline on the checkpoint's
-            schedule, as A1111 on its schedule types: spec/mask.py, sampler/tables.py).
+            schedule, as A1111 on its schedule types: spec/mask.py, sampler/tables.py). `inpaint_area`
+            "Only masked": the mask's region and `mask_padding` pixels around it (default 32)
+            denoised at `size`, pasted back into the image at its own size. An inpainting UNet (9
+            input channels) also takes the mask and the masked image's latents, as diffusers and
+            A1111 give them.
         progress: called as progress(step, steps) after each denoising step (in this thread; with
             step_progress=False only once, at the end of the fused loop).
         """
         request = self.request(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps,
                                size=size, sampler=sampler, schedule=schedule, rng=rng, strength=strength,
                                image=image, resize_mode=resize_mode, mask=mask_image, mask_blur=mask_blur,
-                               masked_content=masked_content)
+                               masked_content=masked_content, inpaint_area=inpaint_area, mask_padding=mask_padding)
         return self.run(request, latents=latents, progress=progress)
 
     def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,
@@ -199,8 +211,9 @@ class Pipeline:
         n = self.images_per_call if images is None else images
         inits = None if request.image is None else np.repeat(request.image[None], n, axis=0)
         masks = None if request.mask is None else np.repeat(request.mask[None], n, axis=0)
-        return self.run_images(request.images(n), latents=latents, init_images=inits, masks=masks, progress=progress,
-                               stop=stop, **previews)
+        result = self.run_images(request.images(n), latents=latents, init_images=inits, masks=masks,
+                                 progress=progress, stop=stop, **previews)
+        return dataclasses.replace(result, images=request.finish(result.images))
 
     def run_images(self, infos: Sequence[ImageInfo], *, latents: np.ndarray | None = None,
                    init_images: np.ndarray | None = None, masks: np.ndarray | None = None,

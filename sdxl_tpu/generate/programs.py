@@ -34,7 +34,10 @@ class Layout:
     mesh: Mesh
     batch: int  # images per call, a multiple of the devices
     vae_factor: int  # pixels per latent, each way
-    latent_channels: int
+    latent_channels: int  # the VAE's
+    # An inpainting UNet's input channels beside the latents (the mask and the masked image's
+    # latents: latent_channels + 1), 0 for a base UNet.
+    condition_channels: int
     chunks: int  # room for the longest prompt, in chunks of 77 tokens
     context_dim: int  # both text encoders' hidden states, side by side
     pooled_dim: int
@@ -51,6 +54,9 @@ class Layout:
     def latent_shape(self, size: tuple[int, int]) -> tuple[int, int, int]:
         """(h, w, C) of one image's latents at `size` (width, height)."""
         return size[1] // self.vae_factor, size[0] // self.vae_factor, self.latent_channels
+
+    def condition_shape(self, size: tuple[int, int]) -> tuple[int, int, int]:
+        return (*self.latent_shape(size)[:2], self.condition_channels)
 
 
 def shard(mesh: Mesh, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:
@@ -84,6 +90,9 @@ class _Shapes:
         self.tables = Tables(self.rep((MAX_ROWS,)), self.rep((MAX_ROWS,)), self.rep((MAX_ROWS, 6)), self.rep(()),
                              self.rep(()), self.rep((MAX_ROWS, 5)))
         self.images = self.batch((b, size[1], size[0], 3), jnp.uint8)
+        self.masked = self.batch((b, size[1], size[0]), jnp.uint8)
+        self.stream = self.rep((), jnp.uint32)
+        self.mask = self.batch((b, *layout.latent_shape(size)[:2], 1))
         self.keep = self.batch((b, *layout.latent_shape(size)[:2], 1))
         self.codes = self.batch((b,), jnp.int32)
 
@@ -113,42 +122,55 @@ def _noise(s: _Shapes, graphs, params):
     """JAX's initial noise, or the host's for the images that draw their own (RNG CPU), and the
     images' latents it noises (img2img; zeros from noise alone), kept where `keep` is 1
     (inpainting), where the mask repaints them replaced as LATENT_FILL says (A1111: by the
-    initial noise, or by nothing)."""
+    initial noise, or by nothing); an inpainting UNet's condition carried along."""
     h, w, c = s.layout.latent_shape(s.size)
 
-    def fn(seeds, tables, host, use_host, image, keep, fill):
+    def fn(seeds, tables, host, use_host, image, keep, fill, mask, masked_image):
         noise = _unit_noise(seeds, host, use_host, (h, w, c))
         fill = fill[:, None, None, None]
         image = jnp.where(fill == 1, image * keep + noise * (1 - keep), jnp.where(fill == 2, image * keep, image))
-        return update.init(noise, seeds, tables, image, keep)._replace(host_noise=use_host)
+        condition = _condition(s.layout, mask, masked_image)
+        return update.init(noise, seeds, tables, image, keep, condition)._replace(host_noise=use_host)
 
     bat = P(BATCH)
-    return shard(s.layout.mesh, fn, (bat, P(), bat, bat, bat, bat, bat), bat), (
-        s.seeds, s.tables, s.latents, s.flags, s.latents, s.keep, s.codes)
+    return shard(s.layout.mesh, fn, (bat, P(), bat, bat, bat, bat, bat, bat, bat), bat), (
+        s.seeds, s.tables, s.latents, s.flags, s.latents, s.keep, s.codes, s.mask, s.latents)
+
+
+def _condition(layout: Layout, mask: jax.Array, masked_image: jax.Array) -> jax.Array | None:
+    """An inpainting UNet's input beside the latents: the mask, then the masked image's latents
+    (diffusers' order); None for a base UNet."""
+    return jnp.concatenate([mask, masked_image], axis=-1) if layout.condition_channels else None
 
 
 def _encode_image(s: _Shapes, graphs, params):
-    """Images -> their latents, the VAE's sample drawn by JAX or given by the host (RNG CPU)."""
+    """Images -> their latents, the VAE's sample drawn by JAX (from the seed's key's `stream`) or
+    given by the host (RNG CPU); the pixels where `masked` is 1 encoded as zeros (an inpainting
+    UNet's masked image)."""
     vae, (h, w, c), bat = _network(graphs, "vae"), s.layout.latent_shape(s.size), P(BATCH)
 
-    def fn(p, images, seeds, host, use_host):
-        noise = _unit_noise(seeds, host, use_host, (h, w, c), stream=sampling.ENCODE_STREAM)
-        return sampling.encode_image(vae(p), images, noise)
+    def fn(p, images, masked, seeds, host, use_host, stream):
+        noise = _unit_noise(seeds, host, use_host, (h, w, c), stream=stream)
+        return sampling.encode_image(vae(p), images, noise, masked)
 
-    return shard(s.layout.mesh, fn, (P(), bat, bat, bat, bat), bat), (params["vae"], s.images, s.seeds, s.latents,
-                                                                       s.flags)
+    return shard(s.layout.mesh, fn, (P(), bat, bat, bat, bat, bat, P()), bat), (
+        params["vae"], s.images, s.masked, s.seeds, s.latents, s.flags, s.stream)
 
 
 def _init(s: _Shapes, graphs, params):
-    """The state from initial latents the caller gives."""
+    """The state from initial latents the caller gives (and an inpainting UNet's condition)."""
     bat = P(BATCH)
-    return shard(s.layout.mesh, update.init, (bat, bat, P()), bat), (s.latents, s.seeds, s.tables)
+    fn = lambda latents, seeds, tables, mask, masked_image: update.init(
+        latents, seeds, tables, condition=_condition(s.layout, mask, masked_image))
+    return shard(s.layout.mesh, fn, (bat, bat, P(), bat, bat), bat), (s.latents, s.seeds, s.tables, s.mask, s.latents)
 
 
 def _denoise(s: _Shapes, graphs, params, guided: bool):
     """One step (stepwise: the last argument is the step) or all of them."""
     layout, unet, bat = s.layout, _network(graphs, "unet"), P(BATCH)
-    state = jax.tree.map(lambda x: s.batch(x.shape, x.dtype), jax.eval_shape(update.init, s.latents, s.seeds, s.tables))
+    condition = s.batch((layout.batch, *layout.condition_shape(s.size)))
+    initial = jax.eval_shape(partial(update.init, condition=condition), s.latents, s.seeds, s.tables)
+    state = jax.tree.map(lambda x: s.batch(x.shape, x.dtype), initial)
     loop = partial(sampling.denoise_step if layout.stepwise else sampling.denoise, guided=guided)
     fn = lambda p, *a: loop(unet(p), *a)
     tokens = layout.chunks * sampling.MAX_TOKENS

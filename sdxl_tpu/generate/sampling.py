@@ -103,9 +103,11 @@ def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, weights1: jax.Array,
     return context * (keep[:, :, None] * counts)[..., None], pooled * keep[:, :, None]
 
 
-# The stream of a seed's key that samples the VAE's latent distribution (img2img); the initial
-# noise uses the key itself and step i's noise stream i + 1 (update.step_noise).
+# The streams of a seed's key that sample the VAE's latent distribution: the starting image's
+# (img2img) and the masked image's (an inpainting UNet's condition); the initial noise uses the
+# key itself and step i's noise stream i + 1 (update.step_noise).
 ENCODE_STREAM = 2**32 - 1
+CONDITION_STREAM = 2**32 - 2
 
 
 def get_noise(seeds: jax.Array, height: int, width: int, channels: int, stream: int | None = None) -> jax.Array:
@@ -115,20 +117,22 @@ def get_noise(seeds: jax.Array, height: int, width: int, channels: int, stream: 
     return jax.vmap(sample)(seeds)
 
 
-def encode_image(vae, images: jax.Array, noise: jax.Array) -> jax.Array:
+def encode_image(vae, images: jax.Array, noise: jax.Array, masked: jax.Array | None = None) -> jax.Array:
     """uint8 images (B, H, W, 3) -> latents (B, h, w, C) as the UNet takes them: a sample of the
     VAE's latent distribution, mean + std * `noise` (diffusers' latent_dist.sample), times the
-    scaling factor. One image at a time, as decode."""
+    scaling factor. Where `masked` (B, H, W) is 1 the pixels are zeros, mid-grey (an inpainting
+    UNet's masked image: diffusers' image * (mask < 0.5)). One image at a time, as decode."""
     encode = vae.tiled_encode if max(images.shape[1:3]) > TILED_ABOVE else vae.encode
+    kept = jnp.ones(images.shape[:3], jnp.uint8) if masked is None else 1 - masked
 
-    def one(args: tuple[jax.Array, jax.Array]) -> jax.Array:
-        image, z = args
+    def one(args: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+        image, z, keep = args
         x = image.astype(jnp.float32) / 255.0 * 2.0 - 1.0  # diffusers' VaeImageProcessor: [0, 1], then [-1, 1]
-        mean, logvar = encode(x[None])
+        mean, logvar = encode((x * keep[..., None])[None])
         sample = mean.astype(jnp.float32) + jnp.exp(0.5 * logvar.astype(jnp.float32)) * z[None]
         return (sample * vae.config.scaling_factor)[0]
 
-    return jax.lax.map(one, (images, noise))
+    return jax.lax.map(one, (images, noise, kept))
 
 
 def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array,

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from ..spec.mask import fill, latent_mask, overlay
+from ..spec.mask import ONLY_MASKED, fill, latent_mask, overlay
 from ..spec.request import ImageInfo
 from .programs import LATENT_FILL
 
@@ -21,6 +21,9 @@ class Start(NamedTuple):
     pixels: np.ndarray  # (n, H, W, 3) uint8: what the VAE encodes (the masked area filled, but "original")
     keep: np.ndarray    # (n, h, w, 1) float32: 1 where the latents are kept (zeros without a mask)
     fill: np.ndarray    # (n,) int32: LATENT_FILL's code per image
+    # (n, H, W) uint8: 1 where an inpainting UNet's masked image is blanked (the blurred mask
+    # rounded, as A1111 rounds it; everywhere without a mask, as A1111 conditions img2img).
+    masked: np.ndarray
 
 
 def prepare(images: np.ndarray, masks: np.ndarray | None, infos: Sequence[ImageInfo], factor: int) -> Start:
@@ -34,7 +37,7 @@ def prepare(images: np.ndarray, masks: np.ndarray | None, infos: Sequence[ImageI
     keep = np.zeros((n, height // factor, width // factor, 1), np.float32)
     codes = np.zeros(n, np.int32)
     if masks is None:
-        return Start(images, keep, codes)
+        return Start(images, keep, codes, np.ones((n, height, width), np.uint8))
     masks = np.asarray(masks)
     if masks.shape != (n, height, width) or masks.dtype != np.uint8:
         raise ValueError(f"masks must be uint8 of shape {(n, height, width)}, got {masks.dtype} {masks.shape}")
@@ -50,11 +53,28 @@ def prepare(images: np.ndarray, masks: np.ndarray | None, infos: Sequence[ImageI
             if key not in filled:
                 filled[key] = fill(images[i], mask)
             pixels[i] = filled[key]
-    return Start(pixels, keep, codes)
+    return Start(pixels, keep, codes, (masks >= 128).astype(np.uint8))
 
 
-def finish(results: Sequence[Image.Image], images: np.ndarray, masks: np.ndarray | None) -> list[Image.Image]:
-    """The decoded images, with the starting image's pixels over them where the mask kept them."""
+def blank(n: int, size: tuple[int, int], factor: int) -> Start:
+    """No starting image (from noise): an inpainting UNet's condition is all mask, over a blank
+    image (A1111's txt2img conditioning; diffusers' with a white mask)."""
+    width, height = size
+    return Start(np.zeros((n, height, width, 3), np.uint8), np.zeros((n, height // factor, width // factor, 1),
+                 np.float32), np.zeros(n, np.int32), np.ones((n, height, width), np.uint8))
+
+
+def condition_mask(start: Start, factor: int) -> np.ndarray:
+    """The mask an inpainting UNet takes beside the latents (n, h, w, 1): torch's nearest
+    downscale of the rounded mask, as diffusers and A1111 make it."""
+    return start.masked[:, ::factor, ::factor, None].astype(np.float32)
+
+
+def finish(results: Sequence[Image.Image], images: np.ndarray, masks: np.ndarray | None,
+           infos: Sequence[ImageInfo]) -> list[Image.Image]:
+    """The decoded images, with the starting image's pixels over them where the mask kept them
+    (Only masked: once pasted back into the whole image, Request.finish)."""
     if masks is None:
         return list(results)
-    return [overlay(result, image, mask) for result, image, mask in zip(results, images, masks)]
+    return [result if info.inpaint_area == ONLY_MASKED else overlay(result, image, mask)
+            for result, image, mask, info in zip(results, images, masks, infos)]

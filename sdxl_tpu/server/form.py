@@ -63,10 +63,7 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
              for f in FIELDS if f.api}
     # The page always sends the image's settings, the mask's and the hires fix's: checked all the
     # same, then not used without the image (and the mask), or with the hires fix off.
-    needs = {"strength": ("image",), "resize_mode": ("image",), "mask_blur": ("image", "mask"),
-             "masked_content": ("image", "mask"),
-             **{f"hires_{k}": ("hires",) for k in ("scale", "upscaler", "steps", "strength")}}
-    for name, needed in needs.items():
+    for name, needed in ((f.api, f.needs) for f in FIELDS if f.needs):
         if given[name] is not None and not all(given[other] for other in needed):
             f = FIELD[name]
             if f.limits:

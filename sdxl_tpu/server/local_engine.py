@@ -123,7 +123,8 @@ class LocalEngine:
         ticket = Ticket(report, encode=self._encode)
         self.batcher.enqueue(request.images(self.settings.load.images_per_call), progress=ticket.progress,
                              abandoned=abandoned, preview=ticket.preview if previews else None,
-                             on_done=lambda job: _finish(ticket, job), init_image=request.image, mask=request.mask)
+                             on_done=lambda job: _finish(ticket, job, request), init_image=request.image,
+                             mask=request.mask)
         return ticket
 
     def _encode(self, result: GenerationResult) -> Generated:
@@ -143,7 +144,14 @@ class LocalEngine:
             self.batcher.join(timeout=30)
 
 
-def _finish(ticket: Ticket, job: Job) -> None:
-    """A batcher's job ended: its outcome to the ticket (an image that is not one, for the user)."""
+def _finish(ticket: Ticket, job: Job, request: Request) -> None:
+    """A batcher's job ended: its outcome to the ticket (an image that is not one, for the user;
+    Only masked's images pasted back into the request's image)."""
     error = RequestError(str(job.error)) if isinstance(job.error, GenerationError) else job.error
-    ticket.finish(job.result, error)
+    result = job.result
+    if result is not None and error is None:
+        try:
+            result = dataclasses.replace(result, images=request.finish(result.images))
+        except Exception as e:  # noqa: BLE001 (the ticket must end whatever happens)
+            result, error = None, e
+    ticket.finish(result, error)

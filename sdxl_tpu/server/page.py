@@ -22,7 +22,7 @@ from ..spec.infotext import parse, request_fields
 from ..spec.png_info import png_info
 from ..spec.names import DEFAULT_SCHEDULE
 from ..spec.recipes import RECIPES
-from ..spec.resize import nearest_size
+from ..spec.resize import nearest_size, new_area_mask
 from ..spec.styles import style_entry
 from ..spec.values import format_size, parse_size
 from .errors import log_refusal
@@ -81,6 +81,23 @@ def size_for_image(value: Any, uploads: Any, sizes: Sequence[tuple[int, int]]) -
     except RequestError:
         return None
     return format_size(nearest_size(image.size, sizes))
+
+
+def new_area(value: Any, size: Any, uploads: Any) -> tuple[Any, str]:
+    """Outpainting on the page: the mask of what Resize and fill adds around the dropped image at
+    `size` (an "L" image of that size, white on the new area; None where there is none) and a note."""
+    from PIL import Image
+
+    try:
+        image_size, target = decode_image(uploads.read(value)).size, parse_size(size)
+    except (RequestError, ValueError, AttributeError):
+        return None, "Outpainting starts from an image: drop one in first."
+    mask = new_area_mask(image_size, target)
+    if not mask.any():
+        return None, (f"The image already has {format_size(target)}'s shape: Resize and fill adds nothing around "
+                      "it. Choose a size of another shape to outpaint.")
+    return Image.fromarray(mask, "L"), (f"The mask covers what Resize and fill adds around the image at "
+                                        f"{format_size(target)}: Generate paints it.")
 
 
 NOTHING_FOUND = ("No generation parameters found in this image (read: AUTOMATIC1111's, Forge's, ComfyUI's, "

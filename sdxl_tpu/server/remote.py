@@ -73,6 +73,10 @@ def request_json(request: Request) -> dict[str, Any]:
     if request.mask is not None:  # (blurred and fitted already: sent as it is, its blur named for the parameters)
         body.update(mask=base64.b64encode(png_bytes(request.mask)).decode("ascii"), mask_blur=request.mask_blur,
                     masked_content=request.masked_content, mask_blurred=True)
+    if request.crop is not None:  # Only masked: the whole image and its blurred mask, cropped and pasted there
+        body.update(image=base64.b64encode(png_bytes(request.crop.image)).decode("ascii"),
+                    mask=base64.b64encode(png_bytes(request.crop.mask)).decode("ascii"),
+                    inpaint_area=request.inpaint_area, mask_padding=request.mask_padding)
     if request.hires is not None:
         h = request.hires
         body.update(hires=True, hires_scale=h.scale, hires_upscaler=h.upscaler, hires_steps=h.steps,

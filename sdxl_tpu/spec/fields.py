@@ -18,7 +18,8 @@ from .hires import DEFAULT_STRENGTH as HIRES_STRENGTH
 from .hires import DEFAULT_UPSCALER as HIRES_UPSCALER
 from .hires import SCALE_RANGE as HIRES_SCALE_RANGE
 from .hires import UPSCALERS as HIRES_UPSCALERS
-from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASKED_CONTENT, MASKED_CONTENT, MAX_MASK_BLUR
+from .mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT, INPAINT_AREAS,
+                   MASKED_CONTENT, MAX_MASK_BLUR, MAX_MASK_PADDING)
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 
 MAX_SEED = 2**32 - 1
@@ -50,6 +51,7 @@ class Field:
     choices: tuple[str, ...] | None = None  # a choice's names where they are the same everywhere
     infotext: str | None = None  # its key in an A1111 parameters text
     restored: Any = None  # the value it takes when a run is restored with its seed (not None: it is set)
+    needs: tuple[str, ...] = ()  # the fields it applies with (the page sends it always: unused without them)
     about: str = ""  # what it means, for a client's author (the API page)
     example: Any = None  # a realistic value for the API page's example call (None: its default)
 
@@ -88,21 +90,26 @@ FIELDS: tuple[Field, ...] = (
                 "fitted to the size by resize_mode. Left out: from noise."),
     Field("strength", "Denoising strength", "number", DEFAULT_STRENGTH, api="strength", optional=True,
           limits=STRENGTH_RANGE, kept=frozenset({PASTED}), infotext="Denoising strength",
+          needs=("image",),
           about="With an image: how far from it, 0 (kept) to 1 (all but replaced); left out: 0.75, A1111's."),
     Field("resize_mode", "Resize mode", "choice", DEFAULT_RESIZE_MODE, api="resize_mode", optional=True,
           choices=RESIZE_MODES,
+          needs=("image",),
           about="With an image: how it is fitted to the size, as A1111's: Just resize (stretched), Crop and "
                 "resize (covering, centred), Resize and fill (inside, the bands filled from its edges)."),
     # inpainting (after img2img's, for the same reason)
     Field("mask", "Mask", "image", api="mask", optional=True,
-          about="With an image: where to repaint it (inpainting), an image of the same size: white repaints, "
+          about="With an image: where to repaint it (inpainting), an image of the same size (or of the size to "
+                "make: a mask of the fitted image, as for outpainting with Resize and fill): white repaints, "
                 "black keeps (or, where it has transparency, its opaque part repaints), sent as the image is. "
                 "Outside the blurred mask the results keep the image's pixels. Left out: all of it (img2img)."),
     Field("mask_blur", "Mask blur", "whole", DEFAULT_MASK_BLUR, api="mask_blur", optional=True,
           limits=(0, MAX_MASK_BLUR), kept=frozenset({PASTED}), infotext="Mask blur",
+          needs=("image", "mask"),
           about="With a mask: how far its edge is blurred, in pixels (A1111's Mask blur)."),
     Field("masked_content", "Masked content", "choice", DEFAULT_MASKED_CONTENT, api="masked_content", optional=True,
           choices=MASKED_CONTENT, kept=frozenset({PASTED}), infotext="Masked content",
+          needs=("image", "mask"),
           about="With a mask: what the masked area starts from, as A1111's: fill (its surroundings' colours), "
                 "original (the image), latent noise, latent nothing."),
     # hires fix (after inpainting's, for the same reason)
@@ -111,17 +118,31 @@ FIELDS: tuple[Field, ...] = (
                 "(A1111's Hires. fix)."),
     Field("hires_scale", "Hires upscale", "number", HIRES_SCALE, api="hires_scale", optional=True,
           limits=HIRES_SCALE_RANGE, kept=frozenset({PASTED}), infotext="Hires upscale",
+          needs=("hires",),
           about="With hires: by how much; the upscaled size must be one the server offers."),
     Field("hires_upscaler", "Hires upscaler", "choice", HIRES_UPSCALER, api="hires_upscaler", optional=True,
           choices=HIRES_UPSCALERS, kept=frozenset({PASTED}), infotext="Hires upscaler",
+          needs=("hires",),
           about="With hires: Latent (the latents, bilinear) or Lanczos (the image, then encoded again), as A1111's."),
     Field("hires_steps", "Hires steps", "whole", 0, api="hires_steps", optional=True, limits=(0, MAX_STEPS),
           kept=frozenset({PASTED}), infotext="Hires steps",
+          needs=("hires",),
           about="With hires: the second pass's steps; 0: as many as the first."),
     Field("hires_strength", "Hires denoising strength", "number", HIRES_STRENGTH, api="hires_strength",
           optional=True, kept=frozenset({PASTED}), limits=STRENGTH_RANGE,
+          needs=("hires",),
           about="With hires: how far the second pass goes from the upscaled image, 0 to 1 (A1111's Denoising "
                 "strength; default 0.7)."),
+    # Only masked (after the hires fix's, for the same reason)
+    Field("inpaint_area", "Inpaint area", "choice", DEFAULT_INPAINT_AREA, api="inpaint_area", optional=True,
+          choices=INPAINT_AREAS, kept=frozenset({PASTED}), infotext="Inpaint area", needs=("image", "mask"),
+          about="With a mask: Whole picture (the image fitted to the size), or Only masked (the mask's region "
+                "and some padding cropped, denoised at the size, pasted back: the results are the image's own "
+                "size, the rest of it kept), as A1111's."),
+    Field("mask_padding", "Only masked padding, pixels", "whole", DEFAULT_MASK_PADDING, api="mask_padding",
+          optional=True, limits=(0, MAX_MASK_PADDING), kept=frozenset({PASTED}), infotext="Masked area padding",
+          needs=("image", "mask"),
+          about="With Only masked: how far around the mask the cropped region reaches."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them

@@ -23,9 +23,9 @@ from typing import Any
 
 from ..version import VERSION
 from .errors import RequestError
-from .fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_STEPS, STRENGTH_RANGE
+from .fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_STEPS, PASTED, STRENGTH_RANGE
 from .hires import SCALE_RANGE, UPSCALERS
-from .mask import MASKED_CONTENT, MAX_MASK_BLUR
+from .mask import INPAINT_AREAS, MASKED_CONTENT, MAX_MASK_BLUR, MAX_MASK_PADDING
 from .names import DEFAULT_RNG, RNGS, SCHEDULES, schedule_used
 from .prompts import split_network_tags
 from .request import ImageInfo
@@ -95,6 +95,8 @@ def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
         settings.append(f"Mask blur: {info.mask_blur}")
     if info.masked_content not in (None, "original"):
         settings.append(f"Masked content: {info.masked_content}")
+    if info.mask_padding is not None:  # (A1111 names the area only where it is Only masked)
+        settings.append(f"Inpaint area: {info.inpaint_area}, Masked area padding: {info.mask_padding}")
     if info.hires is not None:
         settings.append(f"Hires upscale: {info.hires.scale:g}")
         if info.hires.steps:
@@ -191,7 +193,7 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
 
 # What a pasted text's image settings need from the request itself (its own image and mask; no
 # starting image for a hires fix): without it they are dropped, not refused.
-PASTED_NEEDS = {"strength": "image", "mask_blur": "mask", "masked_content": "mask"}
+PASTED_NEEDS = {f.api: f.needs[-1] for f in FIELDS if PASTED in f.kept and f.needs and "hires" not in f.needs}
 
 
 def usable(pasted: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
@@ -212,6 +214,9 @@ def _image_settings(s: dict[str, str], take) -> None:
                                           float(number("Denoising strength", *STRENGTH_RANGE)(v))})
     take("Mask blur", lambda v: {"mask_blur": int(number("Mask blur", 0, MAX_MASK_BLUR, True)(v))})
     take("Masked content", lambda v: {"masked_content": choice_input(v, "Masked content", MASKED_CONTENT)})
+    take("Inpaint area", lambda v: {"inpaint_area": choice_input(v, "Inpaint area", INPAINT_AREAS)})
+    take("Masked area padding", lambda v: {"mask_padding": int(number("Masked area padding", 0, MAX_MASK_PADDING,
+                                                                      True)(v))})
     if hires:
         take("Hires upscale", lambda v: {"hires": True, "hires_scale": float(number("Hires upscale", *SCALE_RANGE)(v))})
         take("Hires steps", lambda v: {"hires_steps": int(number("Hires steps", 0, MAX_STEPS, True)(v))})

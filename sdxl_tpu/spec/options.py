@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .images import FORMATS
 from . import hires
-from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASKED_CONTENT, MASKED_CONTENT
+from .images import FORMATS
+from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT, INPAINT_AREAS, MASKED_CONTENT
 from .names import (ARCHITECTURES, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS,
                     SCHEDULES)
 from .prompts import DEFAULT_MAX_CHUNKS
@@ -33,17 +33,14 @@ RUN = ("generate", "bench")  # the commands that make one call themselves
 
 # JAX's persistent compilation cache (a restart reuses compiled programs).
 DEFAULT_COMPILE_CACHE = str(Path.home() / ".cache" / "sdxl_tpu" / "jax")
-DTYPES = ("bfloat16", "float32")
-SPACINGS = ("leading", "trailing", "linspace")
+DTYPES, SPACINGS = ("bfloat16", "float32"), ("leading", "trailing", "linspace")
 
 
 def preview_every(text: str) -> int | None:
     """--preview-every: 'auto' (None) or a whole number of steps, 0 for none."""
-    if text.strip().lower() == "auto":
-        return None
-    if not text.strip().isdigit():
+    if text.strip().lower() != "auto" and not text.strip().isdigit():
         raise argparse.ArgumentTypeError(f"must be 'auto' or a whole number of steps (0: no previews), got {text!r}")
-    return int(text)
+    return None if text.strip().lower() == "auto" else int(text)
 
 
 @dataclass(frozen=True)
@@ -123,6 +120,10 @@ OPTIONS: tuple[Option, ...] = (
            shown_default=f"{DEFAULT_MASK_BLUR} with --mask"),
     option("--masked-content", ["generate"], "what the masked area starts from (AUTOMATIC1111's)",
            choices=list(MASKED_CONTENT), metavar="CONTENT", shown_default=f"{DEFAULT_MASKED_CONTENT} with --mask"),
+    option("--inpaint-area", ["generate"], "Only masked: the mask's region redrawn at --size, pasted back into --image",
+           choices=list(INPAINT_AREAS), metavar="AREA", shown_default=INPAINT_AREAS[0]),
+    option("--mask-padding", ["generate"], "Only masked: pixels around the mask's region", type=int, metavar="PIXELS",
+           shown_default=f"{DEFAULT_MASK_PADDING} with Only masked"),
     option("--hires", ["generate"], "hires fix (AUTOMATIC1111's): make the images at --size, upscale them by "
            "--hires-scale, denoise again at the larger size", action="store_true"),
     option("--hires-scale", ["generate"], "the hires fix's upscale", type=float, metavar="FACTOR",

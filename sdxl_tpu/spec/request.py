@@ -9,12 +9,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from PIL import Image
+
 from .errors import RequestError
 from .fields import DEFAULT_STRENGTH, FIELD, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
 from .hires import DEFAULT_SCALE, DEFAULT_UPSCALER, UPSCALERS, Hires, scales_to, upscaled_size
 from .hires import DEFAULT_STRENGTH as DEFAULT_HIRES_STRENGTH
 from .image_input import image_input
-from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASKED_CONTENT, MASKED_CONTENT, fit_mask, mask_input
+from .mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT, INPAINT_AREAS,
+                   MASKED_CONTENT, ONLY_MASKED, Crop, blur_mask, crop_region, fit_mask, mask_input)
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 from .resize import fit_image, image_array
 from .values import (choice_input, json_type, number_input, parse_size, prompt_input, schedule_input, seed_input,
@@ -39,6 +43,8 @@ class ImageInfo:
     mask_blur: int | None = None  # inpainting's (None: no mask)
     masked_content: str | None = None  # inpainting's: one of mask.MASKED_CONTENT (None: no mask)
     hires: Hires | None = None  # a hires fix after the first pass at `size` (None: none)
+    inpaint_area: str | None = None  # inpainting's: one of mask.INPAINT_AREAS (None: no mask)
+    mask_padding: int | None = None  # Only masked's padding, in pixels (None: not Only masked)
 
 
 @dataclass
@@ -143,17 +149,22 @@ class Request:
     mask_blur: int | None = None  # inpainting's: with a mask only
     masked_content: str | None = None
     hires: Hires | None = None
+    inpaint_area: str | None = None
+    mask_padding: int | None = None
     # From an image: the image fitted to `size`, (height, width, 3) uint8 (None: from noise).
     image: Any = field(default=None, compare=False, repr=False)
     # Inpainting: the mask, blurred and fitted as the image, (height, width) uint8, 255 repaints.
     mask: Any = field(default=None, compare=False, repr=False)
+    # Only masked: the whole image and mask the fitted ones were cropped from, to paste results back.
+    crop: Crop | None = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
            steps: Any = 20, size: Any = (1024, 1024), sizes: Sequence[tuple[int, int]] | None = None,
            sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
            strength: Any = None, image: Any = None, resize_mode: Any = None, mask: Any = None,
-           mask_blur: Any = None, masked_content: Any = None, mask_blurred: bool = False, hires: Any = None,
+           mask_blur: Any = None, masked_content: Any = None, mask_blurred: bool = False, inpaint_area: Any = None,
+           mask_padding: Any = None, hires: Any = None,
            hires_scale: Any = None, hires_upscaler: Any = None, hires_steps: Any = None, hires_strength: Any = None,
            per_image: bool = True,
            max_chars: int = MAX_PROMPT_CHARS) -> "Request":
@@ -164,9 +175,11 @@ class Request:
         forms: a PIL image, an array, a file's bytes or base64), fitted to the size by `resize_mode`
         (A1111's; default Just resize), and `strength`, its denoising strength from 0 to 1 (default
         A1111's 0.75); without an image, no strength. Inpainting: `mask` (the same forms, the image's
-        size; mask.mask_input), `mask_blur` (default 4) and `masked_content` (default original), as
-        A1111's (`mask_blurred`: the mask comes blurred by mask_blur already, as a front end forwards
-        its Request.mask). With `hires` true, a hires fix (A1111's): `hires_scale` (default 2; the
+        size; mask.mask_input), `mask_blur` (default 4), `masked_content` (default original),
+        `inpaint_area` (Whole picture, or Only masked: the mask's region and `mask_padding` pixels
+        around it, default 32, cropped and fitted to the size, the results pasted back into the
+        image at its own size), as A1111's (`mask_blurred`: the mask comes blurred by mask_blur
+        already, as a front end forwards it). With `hires` true, a hires fix (A1111's): `hires_scale` (default 2; the
         upscaled size must be one of `sizes`), `hires_upscaler` (Latent or Lanczos), `hires_steps` (0,
         the default: as many as the first pass) and `hires_strength` (default 0.7). The images are
         checked last (they cost most)."""
@@ -197,7 +210,8 @@ class Request:
             size=size_input(size, sizes) if sizes is not None else parse_size(size),
             sampler=sampler, schedule=schedule,
             rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS))
-        inpainting = dict(mask_blur=mask_blur, masked_content=masked_content)
+        inpainting = dict(mask_blur=mask_blur, masked_content=masked_content, inpaint_area=inpaint_area,
+                          mask_padding=mask_padding)
         for name, value in (("strength", strength), ("mask", mask), *inpainting.items()):
             needs = "image" if name in ("strength", "mask") else "mask"
             if value is not None and {"image": image, "mask": mask}[needs] is None:
@@ -222,13 +236,37 @@ class Request:
             checked["mask_blur"] = DEFAULT_MASK_BLUR if mask_blur is None else int(number("mask_blur", True)(mask_blur))
             checked["masked_content"] = (DEFAULT_MASKED_CONTENT if masked_content is None else
                                          choice_input(masked_content, _label("masked_content"), MASKED_CONTENT))
+            checked["inpaint_area"] = (DEFAULT_INPAINT_AREA if inpaint_area is None else
+                                       choice_input(inpaint_area, _label("inpaint_area"), INPAINT_AREAS))
+            if checked["inpaint_area"] == ONLY_MASKED:  # (its padding means nothing to the whole picture)
+                checked["mask_padding"] = (DEFAULT_MASK_PADDING if mask_padding is None else
+                                           int(number("mask_padding", True)(mask_padding)))
         picture = image_input(image, _label("image"))
-        fitted = image_array(fit_image(picture, checked["size"], mode))
         if mask is None:
-            return Request(**checked, image=fitted)
-        mask = fit_mask(mask_input(mask, picture.size, _label("mask")), checked["size"], mode,
-                        0 if mask_blurred else checked["mask_blur"])
-        return Request(**checked, image=fitted, mask=mask)
+            return Request(**checked, image=image_array(fit_image(picture, checked["size"], mode)))
+        binary = mask_input(mask, picture.size, _label("mask"), checked["size"])
+        blurred = blur_mask(binary, 0 if mask_blurred else checked["mask_blur"])
+        if binary.size != picture.size:  # a mask of the fitted image (outpainting: Resize and fill's new area)
+            if checked["inpaint_area"] == ONLY_MASKED:
+                raise RequestError(f"{_label('inpaint_area')} {ONLY_MASKED} takes a mask of the image's own size, "
+                                   f"{picture.width}x{picture.height}.")
+            return Request(**checked, image=image_array(fit_image(picture, checked["size"], mode)), mask=blurred)
+        if checked["inpaint_area"] != ONLY_MASKED:
+            return Request(**checked, image=image_array(fit_image(picture, checked["size"], mode)),
+                           mask=fit_mask(blurred, checked["size"], mode))
+        region = crop_region(blurred, checked["mask_padding"], checked["size"])
+        if region is None:
+            raise RequestError(f"{_label('inpaint_area')} {ONLY_MASKED} repaints what the mask marks, and this mask "
+                               "marks nothing: paint the area to repaint in white.")
+        # (A1111 crops the image at its own size whatever the resize mode, and fits the crop so)
+        fill = "Resize and fill"
+        return Request(**checked, image=image_array(fit_image(picture.crop(region), checked["size"], fill)),
+                       mask=fit_mask(np.asarray(Image.fromarray(blurred, "L").crop(region)), checked["size"], fill),
+                       crop=Crop(image_array(picture), blurred, region))
+
+    def finish(self, images: list) -> list:
+        """A call's images as the request asked for them: Only masked's pasted back into the image."""
+        return images if self.crop is None else [self.crop.paste(image) for image in images]
 
     def images(self, n: int) -> list[ImageInfo]:
         """The request spelled out for `n` images."""
@@ -239,5 +277,6 @@ class Request:
                       per_image(self.guidance_scale, n, _label("guidance")))
         return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
                           sampler=self.sampler, schedule=self.schedule, rng=self.rng, strength=self.strength,
-                          mask_blur=self.mask_blur, masked_content=self.masked_content, hires=self.hires)
+                          mask_blur=self.mask_blur, masked_content=self.masked_content, hires=self.hires,
+                          inpaint_area=self.inpaint_area, mask_padding=self.mask_padding)
                 for s, p, q, g in columns]

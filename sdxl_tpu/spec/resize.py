@@ -37,13 +37,10 @@ def fit_image(image: Any, size: tuple[int, int], mode: str = DEFAULT_RESIZE_MODE
         return _resized(im, width, height) if im.size != (width, height) else im
     ratio, src_ratio = width / height, im.width / im.height
     covering = mode == "Crop and resize"
-    # The scaled image's size: covering the target (crop) or inside it (fill), aspect ratio kept.
-    wide = ratio > src_ratio if covering else ratio < src_ratio
-    src_w = width if wide else im.width * height // im.height
-    src_h = height if not wide else im.height * width // im.width
+    src_w, src_h, x, y = placed(im.size, size, covering)
     resized = _resized(im, src_w, src_h)
     out = Image.new(im.mode, (width, height))
-    out.paste(resized, box=(width // 2 - src_w // 2, height // 2 - src_h // 2))
+    out.paste(resized, box=(x, y))
     if covering:
         return out
     if ratio < src_ratio:  # bands above and below: the first and last rows, stretched
@@ -59,6 +56,24 @@ def fit_image(image: Any, size: tuple[int, int], mode: str = DEFAULT_RESIZE_MODE
             out.paste(resized.resize((fill, height), box=(resized.width, 0, resized.width, height)),
                       box=(fill + src_w, 0))
     return out
+
+
+def placed(image_size: tuple[int, int], size: tuple[int, int], covering: bool) -> tuple[int, int, int, int]:
+    """Where a fitted image lies in `size`: (width, height, left, top) of the image scaled to cover
+    the size (Crop and resize) or to fit inside it (Resize and fill), aspect ratio kept, centred."""
+    (width, height), (w, h) = size, image_size
+    wide = width / height > w / h if covering else width / height < w / h
+    src_w, src_h = (width, h * width // w) if wide else (w * height // h, height)
+    return src_w, src_h, width // 2 - src_w // 2, height // 2 - src_h // 2
+
+
+def new_area_mask(image_size: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
+    """Outpainting: the mask (height, width) uint8 of what Resize and fill adds around an image of
+    `image_size` fitted to `size`, white (repainted) on the bands, black on the image."""
+    src_w, src_h, x, y = placed(image_size, size, covering=False)
+    mask = np.full((size[1], size[0]), 255, np.uint8)
+    mask[max(y, 0):y + src_h, max(x, 0):x + src_w] = 0
+    return mask
 
 
 def image_array(image: Image.Image) -> np.ndarray:

@@ -17,7 +17,7 @@ from ..models.vae import AutoencoderKL, VAEConfig
 from ..spec.names import SDXL_BASE
 from .hub import COMPONENTS, resolve, resolve_file
 from .lora import LoRA, combined_deltas, read_loras
-from .single_file import SingleFileView, check_single_file, in_single_file_layout
+from .single_file import PREFIXES, SingleFileView, check_single_file, in_single_file_layout
 from .tensors import (CheckpointError, TensorSource, load_into, normalize_clip_name, normalize_vae_name, read_json,
                       torch_shapes, weight_files)
 
@@ -42,6 +42,17 @@ class Models:
     text_encoder_2: CLIPTextModel
     unet: UNet2DConditionModel
     vae: AutoencoderKL
+
+    @property
+    def condition_channels(self) -> int:
+        """The UNet's input channels beside the latents: 0 for a base UNet; the mask and the masked
+        image's latents for an inpainting UNet (diffusers/stable-diffusion-xl-1.0-inpainting-0.1)."""
+        unet, latent = self.unet.config.in_channels, self.vae.config.latent_channels
+        if unet in (latent, 2 * latent + 1):
+            return unet - latent
+        raise CheckpointError(f"the UNet takes {unet} input channels: supported are {latent} (a base UNet) and "
+                              f"{2 * latent + 1} (an inpainting UNet: latents, mask and masked image), not other "
+                              "conditioning (e.g. InstructPix2Pix's 8)")
 
 
 def _fill(model: M, path: Path, raw_config: dict[str, Any], *, weights: TensorSource | None = None,
@@ -77,6 +88,12 @@ def load_unet(path: Path, precision: Precision, weights: TensorSource | None = N
     architecture: in diffusers names (as SDXL-Lightning's UNets are published) or the single-file
     layout (a whole single-file checkpoint's UNet included)."""
     raw = _config(path)
+    if weights is not None:  # a single file has no config: its first convolution says what it takes
+        key = "conv_in.weight"
+        if in_single_file_layout(weights, "unet"):
+            key = PREFIXES["unet"] + "input_blocks.0.0.weight"
+        if key in weights.keys() and (channels := weights.shape(key)[1]) != raw.get("in_channels", 4):
+            raw["in_channels"] = channels  # (an inpainting UNet's 9, as diffusers' from_single_file infers it)
     model = nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(raw), precision))
     return _fill(model, path, raw, weights=weights, loras=loras)
 
@@ -110,10 +127,12 @@ def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtyp
         file = TensorSource([path])
         check_single_file(file, path, COMPONENTS)
     adapters = read_loras(loras)  # read (and refused) before any network is loaded
-    return Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False, weights=file,
+    models = Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False, weights=file,
                                                  loras=adapters),
                   text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True, weights=file,
                                                    loras=adapters),
                   unet=load_unet(root / "unet", p, TensorSource([resolve_file(unet)]) if unet is not None else file,
                                  loras=adapters),
                   vae=load_vae(root / "vae", p, weights=file, loras=adapters))
+    models.condition_channels  # noqa: B018 (refuses a UNet whose inputs are not supported, by name)
+    return models
