@@ -196,7 +196,7 @@ def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
      "Mask blur applies to a mask: give the mask too."),
     ({"prompt": "a cat", "image": base64.b64encode(encoded(picture(), "PNG")).decode(),
       "mask": base64.b64encode(encoded(picture(32, 32), "PNG")).decode()}, 422,
-     "Mask is 32x32 pixels but the image is 64x64: they must be the same size."),
+     "Mask is 32x32 pixels but the image is 64x64: they must be the same size (or the size to make, 64x64"),
     ({"prompt": "a cat", "image": base64.b64encode(encoded(picture(), "PNG")).decode(),
       "mask": base64.b64encode(encoded(picture(), "PNG")).decode(), "masked_content": "noise"}, 422,
      "Masked content 'noise' is not available; choose one of: fill, original, latent noise, latent nothing."),
@@ -275,6 +275,44 @@ def test_fuzz_the_image_field(backend):
                 status, _, body = post(backend, {"prompt": "a cat", "steps": 1, "image": value})
                 assert status == 200, (name, body[:300])
     assert refused > 200 and taken == 2
+    assert requests_total(metrics(backend), "user_error") - requests_total(before, "user_error") == refused
+    assert get(backend["url"] + "/healthz")[0] == 200
+
+
+def test_fuzz_the_mask_field(backend):
+    """Hostile and broken masks (test_inpaint's, over 300, those JSON can carry) with a good image:
+    each one the request check refuses is a 422 naming the mask or its setting, never a 5xx; two it
+    takes run; the server stays healthy."""
+    from PIL import Image
+
+    from sdxl_tpu.spec.errors import RequestError
+    from sdxl_tpu.spec.request import Request
+    from test_inpaint import hostile_masks
+
+    def as_json(value):
+        if isinstance(value, Image.Image):
+            value = encoded(value, "PNG")
+        return base64.b64encode(value).decode() if isinstance(value, bytes) else value
+
+    image = base64.b64encode(encoded(picture(), "PNG")).decode()
+    before, refused, taken = metrics(backend), 0, 0
+    for name, mask, fields in hostile_masks():
+        if isinstance(mask, np.ndarray):  # (no arrays in JSON)
+            continue
+        body = {"prompt": "a cat", "steps": 1, "size": "64x64", "image": image, "mask": as_json(mask), **fields}
+        try:
+            Request.of("a cat", size=(64, 64), image=picture(), mask=mask, **fields)
+        except RequestError:
+            refused += 1
+            status, _, answer = post(backend, body)
+            assert status == 422 and json.loads(answer)["error"].startswith(
+                ("Mask", "Inpaint area", "Only masked padding", "Masked content")), (name, status, answer[:300])
+        else:
+            if taken < 2:
+                taken += 1
+                status, _, answer = post(backend, body)
+                assert status == 200, (name, answer[:300])
+    assert refused > 250 and taken == 2
     assert requests_total(metrics(backend), "user_error") - requests_total(before, "user_error") == refused
     assert get(backend["url"] + "/healthz")[0] == 200
 
