@@ -94,6 +94,12 @@ def test_generate_from_an_image(main, tmp_path, capsys):
     fitted = np.asarray(Image.open(start).convert("RGB").resize((64, 64), Image.Resampling.LANCZOS))
     np.testing.assert_array_equal(np.asarray(inpainted.convert("RGB"))[:, :24], fitted[:, :24])
     assert not np.array_equal(np.asarray(inpainted.convert("RGB"))[:, 40:], fitted[:, 40:])
+    # --inpaint-area "Only masked": the mask's region redrawn, pasted back into the image at its own size.
+    assert main([*common, "--image", str(start), "--mask", str(tmp_path / "mask.png"), "--inpaint-area", "Only masked",
+                 "--mask-padding", "8", "--out", str(tmp_path / "only")]) == 0
+    only = Image.open(tmp_path / "only" / "3.png")
+    assert only.size == (96, 48) and "Inpaint area: Only masked, Masked area padding: 8," in only.info["parameters"]
+    np.testing.assert_array_equal(np.asarray(only.convert("RGB"))[:, :36], np.asarray(Image.open(start))[:, :36])
     (tmp_path / "page.png").write_bytes(b"<html><script>alert(1)</script></html>")
     for args, message in [
         (["--image", str(tmp_path / "page.png")], "error: --image is not a PNG, JPEG or WebP image."),
@@ -103,7 +109,12 @@ def test_generate_from_an_image(main, tmp_path, capsys):
         (["--strength", "0.5"], "error: --strength applies to a starting image: give --image too."),
         (["--mask", str(start)], "error: Mask applies to a starting image: give the image too."),
         (["--image", str(start), "--mask", str(tmp_path / "small.png")],
-         "error: Mask is 32x32 pixels but the image is 96x48: they must be the same size."),
+         "error: Mask is 32x32 pixels but the image is 96x48: they must be the same size (or the size to make, "
+         "64x64: a mask of the image fitted to it, as for outpainting)."),
+        (["--image", str(start), "--mask", str(start), "--inpaint-area", "Only masked", "--mask-padding", "300"],
+         "error: Only masked padding, pixels must be a whole number between 0 and 256."),
+        (["--image", str(start), "--mask-padding", "8"], "error: Only masked padding, pixels applies to a mask: give "
+                                                         "the mask too."),
     ]:
         capsys.readouterr()
         assert main([*common, *args, "--out", str(tmp_path / "bad")]) == 2, args
