@@ -95,14 +95,14 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, t
     assert info["description"].startswith("Four images from one prompt") and "Seed -1 draws" in info["description"]
     assert [p["example_input"] for p in parameters[:2]] == ["a lighthouse on a cliff at dusk, oil painting",
                                                             "blurry, low quality"]
-    assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-14:-11]] == [
+    assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-16:-13]] == [
         ("sampler", True, "Euler"), ("schedule", True, "Checkpoint"), ("rng", True, "JAX")]
     # ... then img2img's three, added since: an image (none), its strength and resize mode;
-    # inpainting's: a mask (none), its blur and masked content; and the hires fix's (off).
-    assert [(p["parameter_name"], p["parameter_has_default"]) for p in parameters[-11:]] == [
+    # inpainting's: a mask (none), its blur and masked content; the hires fix's (off); Only masked's.
+    assert [(p["parameter_name"], p["parameter_has_default"]) for p in parameters[-13:]] == [
         ("image", True), ("strength", True), ("resize_mode", True), ("mask", True), ("mask_blur", True),
         ("masked_content", True), ("hires", True), ("hires_scale", True), ("hires_upscaler", True),
-        ("hires_steps", True), ("hires_strength", True)]
+        ("hires_steps", True), ("hires_strength", True), ("inpaint_area", True), ("mask_padding", True)]
     for call in [(), ("Euler a",), ("Euler a", "Checkpoint"), ("Euler a", "Checkpoint", "CPU")]:
         gallery, info = _generate(client, "a cat", "", "(No style)", 3, False, 5.0, 2, "64x64", *call)
         rng = "CPU" if len(call) == 3 else "JAX"

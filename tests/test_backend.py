@@ -21,7 +21,7 @@ from served_app import get, read_metrics, requests_total, start_backend, wait_fo
 from test_image_input import encoded, hostile_files
 from test_img2img import picture
 from test_pipeline import psnr
-from sdxl_tpu.server.backend import MAX_BODY_BYTES
+from sdxl_tpu.server.http_io import MAX_BODY_BYTES
 from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.version import VERSION
 
@@ -315,6 +315,77 @@ def test_fuzz_the_mask_field(backend):
     assert refused > 250 and taken == 2
     assert requests_total(metrics(backend), "user_error") - requests_total(before, "user_error") == refused
     assert get(backend["url"] + "/healthz")[0] == 200
+
+
+def test_a1111_api_through_its_client(backend, tiny_pipeline):
+    """AUTOMATIC1111's API as webuiapi calls it (every field with its default): the samplers,
+    schedulers and model it lists; txt2img with a sampler and Schedule type, batch_size x n_iter
+    (six images over two calls, seeds following on), PNGs carrying their parameters and the info
+    A1111 answers with, the pipeline's own images; img2img with a mask; png-info on our own image;
+    what cannot be honoured refused by name, a size not compiled with the sizes that are."""
+    import webuiapi
+    from PIL import Image
+
+    from sdxl_tpu.spec.images import read_parameters
+    from test_inpaint import block_mask
+
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=backend["port"], sampler="Euler", steps=4)
+    assert {"Euler", "Euler a", "DPM++ 2M"} <= {s["name"] for s in api.get_samplers()}
+    assert {"karras", "uniform", "checkpoint"} <= {s["name"] for s in api.get_schedulers()}
+    assert [m["title"] for m in api.get_sd_models()] == ["tiny"] and api.get_options()["sd_model_checkpoint"] == "tiny"
+    made = api.txt2img(prompt="a lighthouse", negative_prompt="blurry", seed=11, cfg_scale=5.0, width=64,
+                       height=64, scheduler="Karras", batch_size=2, n_iter=3)
+    assert len(made.images) == 6 and made.info["all_seeds"] == list(range(11, 17))
+    assert made.parameters["prompt"] == "a lighthouse" and made.info["sampler_name"] == "Euler"
+    assert made.info["infotexts"][0].startswith("a lighthouse\nNegative prompt: blurry\nSteps: 4, Sampler: Euler, "
+                                                "Schedule type: Karras, CFG scale: 5, Seed: 11, Size: 64x64")
+    assert all(read_parameters(im) == text for im, text in zip(made.images, made.info["infotexts"], strict=True))
+    ours = tiny_pipeline.generate("a lighthouse", "blurry", seed=11, guidance_scale=5.0, steps=4, size=(64, 64),
+                                  sampler="Euler", schedule="Karras")
+    for theirs, mine in zip(made.images, ours.images):  # (a PNG each: the pipeline's pixels)
+        np.testing.assert_array_equal(np.asarray(theirs.convert("RGB")), np.asarray(mine))
+    # img2img with a mask (A1111's API defaults: fill, Only masked without padding), one image.
+    edited = api.img2img(images=[picture()], mask_image=block_mask(), inpainting_fill=1, inpaint_full_res=False,
+                         denoising_strength=0.6, prompt="a red door", seed=3, cfg_scale=5.0, width=64, height=64,
+                         scheduler="Checkpoint")
+    mine = tiny_pipeline.generate("a red door", seed=3, guidance_scale=5.0, steps=4, size=(64, 64), sampler="Euler",
+                                  image=picture(), mask_image=block_mask(), strength=0.6).images[0]
+    assert len(edited.images) == 1 and "Denoising strength: 0.6, Mask blur: 4," in edited.info["infotexts"][0]
+    np.testing.assert_array_equal(np.asarray(edited.images[0].convert("RGB")), np.asarray(mine))
+    found = api.png_info(made.images[0])
+    assert found.info == made.info["infotexts"][0] and found.json["parameters"]["Steps"] == "4"
+    for kwargs, said in ((dict(width=512, height=512), "Size '512x512' is not available; choose one of: 64x64"),
+                         (dict(restore_faces=True), "restore_faces true cannot be honoured here"),
+                         (dict(alwayson_scripts={"controlnet": {"args": []}}), "alwayson_scripts"),
+                         (dict(override_settings={"sd_model_checkpoint": "juggernaut"}),
+                          'Checkpoint "juggernaut" is not loaded here; this server runs tiny'),
+                         (dict(override_settings={"randn_source": "NV"}), 'randn_source "NV" cannot be reproduced'),
+                         (dict(sampler_name="Heun"), "Sampler 'Heun' is not available")):
+        with pytest.raises(RuntimeError) as refused:
+            api.txt2img(prompt="a cat", **{"width": 64, "height": 64, **kwargs})
+        assert refused.value.args[0] == 422 and said in json.loads(refused.value.args[1])["error"], refused.value.args
+    del Image
+
+
+def test_a1111_progress_and_interrupt(backend):
+    """/sdapi/v1/progress while a run goes (its step advancing, a preview), /interrupt stopping it:
+    the run answers with the images finished before, at once, and the server takes the next."""
+    import webuiapi
+
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=backend["port"], sampler="Euler", steps=50)
+    answer: dict = {}
+    assert api.get_progress()["state"]["job_count"] == 0  # (idle)
+    runner = threading.Thread(target=lambda: answer.update(made=api.txt2img(prompt="a cat", seed=1, width=64,
+                                                                            height=64, n_iter=16)))
+    runner.start()
+    wait_for(lambda: api.get_progress()["state"]["sampling_step"] >= 2, 60, "no step reported")
+    seen = api.get_progress()
+    assert 0 < seen["progress"] < 1 and seen["state"]["job_count"] == 4 and seen["state"]["sampling_steps"] == 50
+    wait_for(lambda: api.get_progress()["current_image"], 60, "no preview")
+    api.interrupt()
+    runner.join(60)
+    assert not runner.is_alive() and len(answer["made"].images) < 16
+    assert api.txt2img(prompt="a cat", seed=1, width=64, height=64, steps=2).images
 
 
 def test_routes_and_methods_it_does_not_serve_are_4xx(backend):

@@ -250,7 +250,8 @@ def test_hostile_masks_are_refused_by_name_or_taken_as_masks():
         except RequestError as e:
             outcomes["refused"] += 1
             message = str(e)
-            assert message.startswith(("Mask", "Inpaint area", "Only masked padding", "Masked content")), (name, message)
+            named = ("Mask", "Inpaint area", "Only masked padding", "Masked content")
+            assert message.startswith(named), (name, message)
             assert "\n" not in message and len(message) < 300 and "Traceback" not in message, (name, message)
         else:
             outcomes["taken"] += 1

@@ -29,7 +29,7 @@ from sdxl_tpu.spec.names import RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, resolve
 # A valid call (1 step), from noise: no image (its strength and resize mode are checked, not used),
 # no mask (its blur and masked content likewise).
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX", None, 0.75,
-            "Just resize", None, 4, "original", False, 2.0, "Latent", 0, 0.7]
+            "Just resize", None, 4, "original", False, 2.0, "Latent", 0, 0.7, "Whole picture", 32]
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
        "sampler": "Euler", "size": "64x64", "schedule": "Checkpoint", "rng": "JAX"}  # a run as the history keeps it
 # The page's own generation event takes the history the browser keeps as a last input.
@@ -412,7 +412,8 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
 STILL_VALID = {(1, "null"), (1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), (8, "null"), (9, "null"), (10, "null"),
                (11, "null"), (12, "null"), (13, "null"), (14, "null"), (15, "null"),
                (16, "null"), (17, "null"), (17, "false"), (18, "null"), (19, "null"), (20, "null"),
-               (21, "null")}  # (no image: no strength and resize mode needed; no mask: no blur or content; no hires)
+               (21, "null"), (22, "null"), (23, "null")}  # (no image: no strength and resize mode needed; no mask:
+# no blur, content, area or padding; no hires)
 
 
 def _join_raw(http_client, log: AppLog, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:

@@ -144,12 +144,13 @@ class Server:
                 progress(*update[1:])
         return update[1:4]
 
-    def submit(self, request: Request, report: Report, abandoned: Callable[[], bool], previews: bool) -> Ticket:
+    def submit(self, request: Request, report: Report, abandoned: Callable[[], bool], previews: bool,
+               image_format: str | None = None) -> Ticket:
         """A checked request, handed to the engine (see Engine.submit); refused while the model
         could not be loaded."""
         if self.warmup.error is not None:
             raise RequestError(self.warmup.error)
-        return self.engine.submit(request, report, abandoned, previews)
+        return self.engine.submit(request, report, abandoned, previews, image_format)
 
     def _updates(self, request: Request, gone: Callable[[], bool], previews: bool) -> Iterator[tuple]:
         """`stream`'s updates for a checked request: the work runs on the engine's threads, and what

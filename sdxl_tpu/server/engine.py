@@ -113,9 +113,11 @@ class Engine(Protocol):
     def concurrency(self) -> int:
         """How many requests the web server should hand over at once."""
 
-    def submit(self, request: Any, report: Report, abandoned: Callable[[], bool], previews: bool) -> Ticket:
+    def submit(self, request: Any, report: Report, abandoned: Callable[[], bool], previews: bool,
+               image_format: str | None = None) -> Ticket:
         """Start a checked request's work (raises at once what refuses it at the door: warming up,
-        the queue full, shutting down); `abandoned()` says whether its caller has gone."""
+        the queue full, shutting down; more images than a call makes); `abandoned()` says whether
+        its caller has gone; its images as files in `image_format` (None: the server's)."""
 
     def close(self, stop_running: bool) -> None:
         """Accept nothing more; cancel what runs if `stop_running`."""

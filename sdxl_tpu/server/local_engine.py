@@ -117,26 +117,30 @@ class LocalEngine:
         per_request = self.settings.load.images_per_call
         return max(1, call_batch(per_request, len(jax.devices())) // per_request)
 
-    def submit(self, request: Request, report: Report, abandoned: Callable[[], bool], previews: bool) -> Ticket:
+    def submit(self, request: Request, report: Report, abandoned: Callable[[], bool], previews: bool,
+               image_format: str | None = None) -> Ticket:
         if self.batcher is None:
             raise RequestError("The model is still warming up; please try again in a moment.")
-        ticket = Ticket(report, encode=self._encode)
-        self.batcher.enqueue(request.images(self.settings.load.images_per_call), progress=ticket.progress,
+        per_call = self.settings.load.images_per_call
+        if (request.count or 0) > per_call:
+            raise RequestError(f"This server makes at most {per_call} images a request, not {request.count}.")
+        ticket = Ticket(report, encode=lambda result: self._encode(result, image_format or self.settings.image_format))
+        self.batcher.enqueue(request.images(request.count or per_call), progress=ticket.progress,
                              abandoned=abandoned, preview=ticket.preview if previews else None,
                              on_done=lambda job: _finish(ticket, job, request), init_image=request.image,
                              mask=request.mask)
         return ticket
 
-    def _encode(self, result: GenerationResult) -> Generated:
-        """A call's images as files in the server's format, each with its parameters."""
+    def _encode(self, result: GenerationResult, image_format: str) -> Generated:
+        """A call's images as files in `image_format`, each with its parameters."""
         start = time.perf_counter()
         parameters = [parameters_text(info, self.pipeline.stamp) for info in result.infos]
-        files = encode_all(result.images, parameters, self.settings.image_format)
+        files = encode_all(result.images, parameters, image_format)
         first = result.infos[0]  # (one request's images: one sampler, schedule and noise source)
         return Generated(files, parameters, result.seeds, first.sampler,
                          dict(result.timings, encoding=time.perf_counter() - start),
                          schedule=schedule_used(first.sampler, first.schedule), rng=first.rng,
-                         format=self.settings.image_format)
+                         format=image_format)
 
     def close(self, stop_running: bool) -> None:
         if self.batcher is not None:

@@ -83,13 +83,14 @@ class RemoteEngine:
         """As many as the queue holds: the back ends queue and balance them."""
         return self.settings.queue_size
 
-    def submit(self, request: Request, report: Report, abandoned: Callable[[], bool], previews: bool) -> Ticket:
+    def submit(self, request: Request, report: Report, abandoned: Callable[[], bool], previews: bool,
+               image_format: str | None = None) -> Ticket:
         ticket = Ticket(report)
 
         def ask_the_back_end() -> None:
             try:
                 made = self.backend.generate(request, progress=ticket.progress, abandoned=abandoned,
-                                             image_format=self.offer.image_format,
+                                             image_format=image_format or self.offer.image_format,
                                              preview=ticket.preview if previews else None)
             except BaseException as e:  # handed to the caller, raised there
                 ticket.finish(error=e)

@@ -114,6 +114,9 @@ def _hires(size: tuple[int, int], sizes: Sequence[tuple[int, int]] | None, hires
                      check("hires_strength", hires_strength)))
 
 
+MAX_COUNT = 1024  # (a server makes at most its images per call in one request: engines check that)
+
+
 def random_seed() -> int:
     return secrets.randbelow(MAX_SEED + 1)
 
@@ -151,6 +154,7 @@ class Request:
     hires: Hires | None = None
     inpaint_area: str | None = None
     mask_padding: int | None = None
+    count: int | None = None  # images to make (None: as many as the server makes a call, 4 by default)
     # From an image: the image fitted to `size`, (height, width, 3) uint8 (None: from noise).
     image: Any = field(default=None, compare=False, repr=False)
     # Inpainting: the mask, blurred and fitted as the image, (height, width) uint8, 255 repaints.
@@ -164,7 +168,7 @@ class Request:
            sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
            strength: Any = None, image: Any = None, resize_mode: Any = None, mask: Any = None,
            mask_blur: Any = None, masked_content: Any = None, mask_blurred: bool = False, inpaint_area: Any = None,
-           mask_padding: Any = None, hires: Any = None,
+           mask_padding: Any = None, hires: Any = None, count: Any = None,
            hires_scale: Any = None, hires_upscaler: Any = None, hires_steps: Any = None, hires_strength: Any = None,
            per_image: bool = True,
            max_chars: int = MAX_PROMPT_CHARS) -> "Request":
@@ -209,7 +213,8 @@ class Request:
             steps=int(number("steps", whole=True)(steps)),
             size=size_input(size, sizes) if sizes is not None else parse_size(size),
             sampler=sampler, schedule=schedule,
-            rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS))
+            rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS),
+            count=None if count is None else int(number_input(count, "Image count", 1, MAX_COUNT, whole=True)))
         inpainting = dict(mask_blur=mask_blur, masked_content=masked_content, inpaint_area=inpaint_area,
                           mask_padding=mask_padding)
         for name, value in (("strength", strength), ("mask", mask), *inpainting.items()):
