@@ -56,7 +56,8 @@ class Layout:
         return size[1] // self.vae_factor, size[0] // self.vae_factor, self.latent_channels
 
     def condition_shape(self, size: tuple[int, int]) -> tuple[int, int, int]:
-        return (*self.latent_shape(size)[:2], self.condition_channels)
+        """An image's condition (update.State.condition): one unused channel for a base UNet."""
+        return (*self.latent_shape(size)[:2], max(self.condition_channels, 1))
 
 
 def shard(mesh: Mesh, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:

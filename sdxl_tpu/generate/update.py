@@ -27,7 +27,8 @@ class State(NamedTuple):
     keep: jax.Array        # (B, h, w, 1) float32: 1 where the image is kept, 0 where it is repainted
     first_noise: jax.Array  # (B, h, w, C): the initial unit noise, which noises `known` (diffusers)
     # An inpainting UNet's extra input channels, beside the latents: the mask and the masked image's
-    # latents (B, h, w, 1 + C); a base UNet's take none (B, h, w, 0).
+    # latents (B, h, w, 1 + C); for a base UNet one channel of zeros, unused (a zero-size array
+    # would lose its batch sharding).
     condition: jax.Array
 
 
@@ -42,16 +43,14 @@ def init(noise: jax.Array, seeds: jax.Array, tables: Tables, image: jax.Array | 
     if image is not None:
         x = x + tables.init_image * image
     keep = jnp.zeros((*noise.shape[:-1], 1), jnp.float32) if keep is None else keep
-    condition = jnp.zeros((*noise.shape[:-1], 0), jnp.float32) if condition is None else condition
+    condition = jnp.zeros((*noise.shape[:-1], 1), jnp.float32) if condition is None else condition
     return State(x, zeros, seeds, zeros, jnp.zeros(seeds.shape, jnp.bool_), zeros if image is None else image, keep,
                  noise, condition)
 
 
 def model_input(state: State, i: jax.Array, tables: Tables) -> tuple[jax.Array, jax.Array]:
-    """What the model sees at step i: the scaled latents (an inpainting UNet's condition beside
-    them, as diffusers concatenates it after scale_model_input) and the timestep."""
-    x = jnp.concatenate([state.x * jnp.asarray(tables.input_scale)[i], state.condition], axis=-1)
-    return x, jnp.asarray(tables.timesteps)[i]
+    """What the model sees at step i: the scaled latents and the timestep."""
+    return state.x * jnp.asarray(tables.input_scale)[i], jnp.asarray(tables.timesteps)[i]
 
 
 def step_noise(seeds: jax.Array, i: jax.Array, shape: tuple[int, ...]) -> jax.Array:
