@@ -80,6 +80,21 @@ def test_client_gets_four_images_with_seeds(client, tmp_path):
     assert all(0 <= int(item["caption"].split()[1]) < 2**32 for item in gallery)
 
 
+def test_gradios_javascript_client_may_send_the_prompt_alone(app_server):
+    """@gradio/client, as a web page's author calls /generate by name: the prompt alone, or with a
+    negative prompt (the client sends null for the rest: each takes its default), runs; a bad value
+    is refused by name."""
+    calls = [{"prompt": "a cat"}, {"prompt": "a cat", "negative": "blurry", "steps": 2, "seed": 5},
+             {"prompt": "a cat", "steps": 0}]
+    done = subprocess.run(["node", str(ROOT / "tests" / "js_client.mjs"), app_server["url"] + "/",
+                           *map(json.dumps, calls)], capture_output=True, text=True, timeout=300, cwd=ROOT / "tests")
+    assert done.returncode == 0, done.stderr[-2000:]
+    alone, named, bad = json.loads(done.stdout.strip().splitlines()[-1])
+    assert alone["ok"] and alone["images"] == 4 and " 20 steps" in alone["summary"], alone
+    assert named["ok"] and named["images"] == 4 and "Seeds: 5, 6, 7, 8." in named["summary"], named
+    assert not bad["ok"] and "Steps must be a whole number between 1 and 50" in bad["message"], bad
+
+
 def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, tmp_path):
     """The API's last six inputs may be left out (a client of before, which sends none of them:
     the model's sampler, Schedule type Checkpoint, JAX noise, no image); given, they reach each

@@ -367,6 +367,59 @@ def test_a1111_api_through_its_client(backend, tiny_pipeline):
     del Image
 
 
+def test_openai_images_api_through_its_client(backend, tiny_pipeline):
+    """OpenAI's Images API as the official client calls it: the model listed; four images as
+    base64 and two by URL, the pipeline's own pixel for pixel (this server's own fields, seed, steps
+    and sampler, through extra_body); an edit whose mask's transparent part is repainted;
+    errors in OpenAI's shape naming the parameter."""
+    import urllib.request
+
+    import openai
+    from PIL import Image
+
+    from sdxl_tpu.spec.images import read_parameters
+    from test_inpaint import block_mask
+
+    client = openai.OpenAI(base_url=backend["url"] + "/v1", api_key="not-needed", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    own = {"seed": 11, "steps": 4, "sampler": "Euler", "guidance_scale": 5.0}
+    made = client.images.generate(prompt="a lighthouse", n=4, size="64x64", response_format="b64_json",
+                                  extra_body=own)
+    images = [Image.open(io.BytesIO(base64.b64decode(d.b64_json))) for d in made.data]
+    ours = tiny_pipeline.generate("a lighthouse", seed=11, steps=4, sampler="Euler", guidance_scale=5.0, size=(64, 64))
+    assert len(images) == 4 and "Seed: 11," in read_parameters(images[0]) and images[0].format == "PNG"
+    for theirs, mine in zip(images, ours.images, strict=True):
+        np.testing.assert_array_equal(np.asarray(theirs.convert("RGB")), np.asarray(mine))
+    by_url = client.images.generate(prompt="a lighthouse", n=2, size="64x64", response_format="url", extra_body=own)
+    for item, mine in zip(by_url.data, ours.images[:2], strict=True):
+        with urllib.request.urlopen(item.url, timeout=30) as response:
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+            body = response.read()
+        np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(body)).convert("RGB")), np.asarray(mine))
+    # An edit: OpenAI's mask, transparent where the image is repainted.
+    start, repaint = io.BytesIO(), io.BytesIO()
+    picture().save(start, "PNG")
+    alpha = np.where(np.asarray(block_mask()) > 0, 0, 255).astype(np.uint8)
+    Image.fromarray(np.dstack([np.zeros((64, 64, 3), np.uint8), alpha]), "RGBA").save(repaint, "PNG")
+    edited = client.images.edit(image=("start.png", start.getvalue(), "image/png"),
+                                mask=("mask.png", repaint.getvalue(), "image/png"), prompt="a red door", n=1,
+                                size="64x64", extra_body={**own, "seed": 3, "strength": 0.6,
+                                                          "masked_content": "original"})
+    mine = tiny_pipeline.generate("a red door", seed=3, steps=4, sampler="Euler", guidance_scale=5.0, size=(64, 64),
+                                  image=picture(), mask_image=block_mask(), strength=0.6).images[0]
+    edit = Image.open(io.BytesIO(base64.b64decode(edited.data[0].b64_json)))
+    np.testing.assert_array_equal(np.asarray(edit.convert("RGB")), np.asarray(mine))
+    for kwargs, error, said, param in (
+            (dict(size="512x512"), openai.BadRequestError, "Size '512x512' is not available", None),
+            (dict(model="dall-e-3"), openai.NotFoundError, "The model 'dall-e-3' does not exist here", "model"),
+            (dict(quality="hd"), openai.BadRequestError, "quality 'hd' cannot be honoured here", "quality"),
+            (dict(n=11), openai.BadRequestError, "n must be a whole number from 1 to 10", "n")):
+        with pytest.raises(error) as refused:
+            client.images.generate(prompt="a cat", **{"size": "64x64", **kwargs})
+        body = refused.value.body
+        assert said in body["message"] and body["param"] == param and body["type"] == "invalid_request_error", body
+
+
 def test_a1111_progress_and_interrupt(backend):
     """/sdapi/v1/progress while a run goes (its step advancing, a preview), /interrupt stopping it:
     the run answers with the images finished before, at once, and the server takes the next."""

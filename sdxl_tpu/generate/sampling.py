@@ -147,8 +147,8 @@ def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, poo
     """
     b = state.x.shape[0]
     x_in, t = update.model_input(state, i, tables)
-    if unet.config.in_channels > x_in.shape[-1]:  # an inpainting UNet: its condition beside the latents,
-        x_in = jnp.concatenate([x_in, state.condition], axis=-1)  # as diffusers adds it after scale_model_input
+    if state.condition.shape[-1] > 1:  # an inpainting UNet's condition (a base UNet's: one unused channel)
+        x_in = jnp.concatenate([x_in, state.condition], axis=-1)  # beside the latents, as diffusers adds it
     if not guided:  # what diffusers does for guidance_scale <= 1: the conditional prediction alone
         eps = unet(x_in, t, context[:, 1], pooled[:, 1], time_ids, lengths[:, 1]).astype(jnp.float32)
         return update.step(state, eps, i, tables)

@@ -44,6 +44,7 @@ from .core import Server
 from .engine import Generated
 from .errors import log_refusal
 from .http_io import RETRY_AFTER, error_response, parse_request, read_body, status_of
+from .openai_api import openai_routes
 from .sdapi import sdapi_routes
 from .internals import DrainingServer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
@@ -176,7 +177,7 @@ def build_backend(server: Server) -> tuple[Starlette, Callable[[], bool]]:
 
     routes = [Route("/v1/generate", generate, methods=["POST"]), Route("/v1/info", info, methods=["GET"]),
               Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"]),
-              *sdapi_routes(server)]  # (AUTOMATIC1111's API)
+              *sdapi_routes(server), *openai_routes(server)]  # (AUTOMATIC1111's API, OpenAI's Images API)
     if server.settings.metrics == "public":
         async def metrics(http: HTTPRequest) -> Response:
             return Response(server.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)

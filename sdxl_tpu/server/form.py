@@ -49,7 +49,10 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     which API clients may still send). The image is a file object of the page's upload, read by
     `read_file(value, label)` (uploads.Uploads.read; None: no image is taken); without one, the
     strength and resize mode the form always sends are not used."""
-    v = {name: values.get(name) for name in FORM}
+    fallback = offer.defaults()
+    # Left out or null (every field but the prompt may be): the offer's default, else the field's.
+    v = {f.name: fallback.get(f.name, f.default) if f.optional and values.get(f.name) is None else values.get(f.name)
+         for f in FIELDS}
     if not isinstance(v["hires"], (bool, type(None))):
         raise RequestError(f"{FIELD['hires'].label} must be true or false, got {json_type(v['hires'])}.")
     style_entry(v["style"])  # an unknown style is refused before the rest is checked
@@ -58,9 +61,7 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
         raise RequestError(f"{FIELD['randomize'].label} must be true or false, got {json_type(randomize)}.")
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
         seed_input(seed, FIELD["seed"].label)
-    fallback = offer.defaults()
-    given = {f.api: fallback.get(f.name) if f.optional and v[f.name] is None else v[f.name]
-             for f in FIELDS if f.api}
+    given = {f.api: v[f.name] for f in FIELDS if f.api}
     # The page always sends the image's settings, the mask's and the hires fix's: checked all the
     # same, then not used without the image (and the mask), or with the hires fix off.
     for name, needed in ((f.api, f.needs) for f in FIELDS if f.needs):

@@ -21,7 +21,6 @@ from starlette.routing import Route
 
 from ..spec.a1111_api import SCHEDULER_NAMES, SETTINGS_TAKEN, generation_fields, info_json
 from ..spec.errors import Cancelled, RequestError
-from ..spec.fields import MAX_SEED
 from ..spec.image_input import from_base64
 from ..spec.images import encode_preview
 from ..spec.infotext import parse as parse_parameters
@@ -29,6 +28,7 @@ from ..spec.png_info import png_info
 from ..spec.styles import STYLES, apply_style
 from ..version import VERSION
 from .batcher import ShuttingDown
+from .calls import one_call, split
 from .core import Server
 from .errors import log_refusal
 from .http_io import RETRY_AFTER, checked_request, error_response, json_body, read_body, status_of
@@ -217,21 +217,19 @@ async def _generate(server: Server, jobs: Jobs, http: HTTPRequest, data: dict[st
     if style is not None:
         fields["prompt"], fields["negative_prompt"] = apply_style(style, fields["prompt"], fields["negative_prompt"])
     request, _ = await asyncio.to_thread(checked_request, fields, server)
-    per_call = server.offer.images_per_call
-    calls = [(start, min(per_call, count - start)) for start in range(0, count, per_call)]
+    calls = split(request, count, server.offer.images_per_call)
     images, texts, infos = [], [], []
     jobs.begin(len(calls))
     try:
-        for done, (start, n) in enumerate(calls):
+        for done, one in enumerate(calls):
             jobs.next_call(done)
             if jobs.interrupted:
                 break
             if server.warmup.draining:
                 raise ShuttingDown()
-            one = dataclasses.replace(request, seed=(request.seed + start) % (MAX_SEED + 1), count=n) if isinstance(
-                request.seed, int) else dataclasses.replace(request, count=n)
             try:
-                made = await _one_call(server, jobs, http, one, image_format)
+                made = await one_call(server, http, one, image_format, jobs.report,
+                                      lambda: jobs.interrupted or jobs.skipped)
             except Cancelled:
                 if jobs.interrupted or jobs.skipped:  # (A1111 answers with what it made)
                     continue
@@ -239,7 +237,7 @@ async def _generate(server: Server, jobs: Jobs, http: HTTPRequest, data: dict[st
             images += [base64.b64encode(f).decode("ascii") for f in made.files]
             texts += made.parameters
             infos += [dataclasses.replace(i, sampler=made.sampler, schedule=made.schedule)
-                      for i in one.images(n)]
+                      for i in one.images(one.count)]
             server.metrics.count_images(len(made.files), made.timings.get("encoding", 0.0))
     finally:
         jobs.end()
@@ -247,29 +245,6 @@ async def _generate(server: Server, jobs: Jobs, http: HTTPRequest, data: dict[st
     send = data.get("send_images", True) is not False
     info = info_json(infos, texts, server.offer.model, None, [style] if style else [], VERSION) if infos else "{}"
     return {"images": images if send else [], "parameters": echoed, "info": info}
-
-
-async def _one_call(server: Server, jobs: Jobs, http: HTTPRequest, request: Any, image_format: str) -> Any:
-    """One request's images through the engine; its caller leaving, /interrupt or /skip stops it."""
-    loop = asyncio.get_running_loop()
-    done = asyncio.Event()
-    gone = threading.Event()
-
-    def report(event: tuple) -> None:  # (the engine's threads)
-        if event[0] == "done":
-            loop.call_soon_threadsafe(done.set)
-        else:
-            jobs.report(event)
-
-    stopped = lambda: gone.is_set() or jobs.interrupted or jobs.skipped
-    ticket = server.submit(request, report, stopped, previews=True, image_format=image_format)
-    while not done.is_set():
-        try:
-            await asyncio.wait_for(done.wait(), 0.25)
-        except TimeoutError:
-            if await http.is_disconnected():
-                gone.set()
-    return await asyncio.to_thread(ticket.result)
 
 
 __all__ = ["PREFIX", "Jobs", "sdapi_routes"]

@@ -5,7 +5,8 @@ field by its label; the history keeps the fields marked HISTORY; the back end's 
 PASTED, read from its `infotext` key.
 
 To add a field: one entry here (at the end, optional: older /generate callers leave it out), its
-input in app.py's layout, and what it means to a Request.
+input in app.py's layout, and what it means to a Request. Every field but the prompt is optional:
+a client may send the prompt alone (the JavaScript client sends null for what it leaves out).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Field:
     default: Any = None  # the page's starting value (None: the server's, e.g. its first size)
     api: str | None = None  # its name in POST /v1/generate and Pipeline.generate (None: the page's alone)
     kept: frozenset[str] = frozenset()  # HISTORY, PASTED
-    optional: bool = False  # /generate's caller may leave it out: then the server's default
+    optional: bool = False  # /generate's caller may leave it out (or send null): then the server's default
     limits: tuple[float, float] | None = None  # a number's range
     choices: tuple[str, ...] | None = None  # a choice's names where they are the same everywhere
     infotext: str | None = None  # its key in an A1111 parameters text
@@ -62,19 +63,20 @@ FIELDS: tuple[Field, ...] = (
     Field("prompt", "Prompt", "text", "", api="prompt", kept=_ALL,
           example="a lighthouse on a cliff at dusk, oil painting",
           about="What to draw, with A1111's (word:1.2) weights; cut past the token budget (225 for SDXL)."),
-    Field("negative", "Negative prompt", "text", "", api="negative_prompt", kept=_ALL, example="blurry, low quality",
-          about="What to leave out (may be empty)."),
-    Field("style", "Style", "choice", DEFAULT_STYLE, kept=frozenset({HISTORY}),
+    Field("negative", "Negative prompt", "text", "", api="negative_prompt", kept=_ALL, optional=True,
+          example="blurry, low quality", about="What to leave out (may be empty)."),
+    Field("style", "Style", "choice", DEFAULT_STYLE, kept=frozenset({HISTORY}), optional=True,
           about="A style's template around the prompt, by name (see the page's menu)."),
-    Field("seed", "Seed", "whole", RANDOM_SEED, api="seed", kept=_ALL, limits=(RANDOM_SEED, MAX_SEED),
+    Field("seed", "Seed", "whole", RANDOM_SEED, api="seed", kept=_ALL, optional=True, limits=(RANDOM_SEED, MAX_SEED),
           infotext="Seed", example=1234, about="The first image's seed, the others' follow it; -1 draws one."),
-    Field("randomize", "Randomize seed", "switch", False, restored=False,  # a restored run comes with its seed
+    Field("randomize", "Randomize seed", "switch", False, optional=True,
+          restored=False,  # (a restored run comes with its seed)
           about="True draws a seed whatever `seed` says (the page's -1 does the same)."),
-    Field("guidance", "Guidance scale", "number", 5.0, api="guidance_scale", kept=_ALL, limits=GUIDANCE_RANGE,
-          infotext="CFG scale", about="How closely to follow the prompt (A1111's CFG scale)."),
-    Field("steps", "Steps", "whole", 20, api="steps", kept=_ALL, limits=(1, MAX_STEPS), infotext="Steps",
+    Field("guidance", "Guidance scale", "number", 5.0, api="guidance_scale", kept=_ALL, optional=True,
+          limits=GUIDANCE_RANGE, infotext="CFG scale", about="How closely to follow the prompt (A1111's CFG scale)."),
+    Field("steps", "Steps", "whole", 20, api="steps", kept=_ALL, optional=True, limits=(1, MAX_STEPS), infotext="Steps",
           about="Denoising steps."),
-    Field("size", "Size", "choice", api="size", kept=_ALL, infotext="Size",
+    Field("size", "Size", "choice", api="size", kept=_ALL, optional=True, infotext="Size",
           about="'WIDTHxHEIGHT', one of the sizes the server compiled."),
     Field("sampler", "Sampler", "choice", api="sampler", kept=_ALL, optional=True, infotext="Sampler",
           choices=SAMPLERS, about="A1111's sampler name; left out: the model's own."),

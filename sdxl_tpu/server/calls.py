@@ -1,0 +1,54 @@
+"""A request for any number of images, as the APIs of other tools ask (A1111's batch_size x n_iter,
+OpenAI's n): split into the server's calls, a call's worth each, seeds following on, each run
+through the engine while its HTTP caller waits (a caller who leaves stops it)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Callable
+
+from starlette.requests import Request as HTTPRequest
+
+from ..spec.fields import MAX_SEED
+from ..spec.request import Request
+from .core import Server
+from .engine import Generated, Report
+
+
+def split(request: Request, count: int, per_call: int) -> list[Request]:
+    """The requests of `count` images, at most `per_call` each, image i of them seeded seed + i."""
+    parts = []
+    for start in range(0, count, per_call):
+        n = min(per_call, count - start)
+        seed = (request.seed + start) % (MAX_SEED + 1) if isinstance(request.seed, int) else request.seed
+        parts.append(dataclasses.replace(request, seed=seed, count=n))
+    return parts
+
+
+async def one_call(server: Server, http: HTTPRequest, request: Request, image_format: str,
+                   report: Report = lambda event: None, stopped: Callable[[], bool] = lambda: False) -> Generated:
+    """One request's images through the engine (progress and previews to `report`); the caller
+    leaving or `stopped()` turning true stops it (Cancelled)."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    gone = threading.Event()
+
+    def told(event: tuple) -> None:  # (the engine's threads)
+        if event[0] == "done":
+            loop.call_soon_threadsafe(done.set)
+        else:
+            report(event)
+
+    ticket = server.submit(request, told, lambda: gone.is_set() or stopped(), previews=True, image_format=image_format)
+    while not done.is_set():
+        try:
+            await asyncio.wait_for(done.wait(), 0.25)
+        except TimeoutError:
+            if await http.is_disconnected():
+                gone.set()
+    return await asyncio.to_thread(ticket.result)
+
+
+__all__ = ["one_call", "split"]
