@@ -237,55 +237,40 @@ def test_the_chain_gives_what_the_back_end_makes(chain):
     body = json.dumps({"prompt": "a lighthouse in a storm", "negative_prompt": "blurry", "seed": 7, "steps": 4,
                        "size": "64x64", "sampler": "Euler", "image": base64.b64encode(start.getvalue()).decode(),
                        "strength": 0.5, "resize_mode": "Crop and resize"}).encode()
-    request = urllib.request.Request(backend["url"] + "/v1/generate", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        direct = [Image.open(BytesIO(base64.b64decode(b))) for b in json.loads(response.read())["images"]]
-    gallery, _ = client.predict("a lighthouse in a storm", "blurry", "(No style)", 7, False, 5.0, 4, "64x64", "Euler",
-                                "Checkpoint", "JAX", handle_file(str(chain["root"] / "start.png")), 0.5,
-                                "Crop and resize", api_name="/generate")
-    for item, theirs in zip(gallery, direct, strict=True):
-        with urllib.request.urlopen(item["image"]["url"], timeout=30) as r:
-            ours = Image.open(BytesIO(r.read()))
-        assert np.array_equal(np.asarray(ours), np.asarray(theirs))
-        assert "Denoising strength: 0.5," in read_parameters(ours) and read_parameters(ours) == read_parameters(theirs)
+    def same_from_both(fields: dict, *form) -> list:
+        """The back end's images for `fields` and the front end's for the page's `form` values after
+        the image's: equal pixel for pixel, under the same parameters text."""
+        request = urllib.request.Request(backend["url"] + "/v1/generate", data=json.dumps(fields).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            direct = [Image.open(BytesIO(base64.b64decode(b))) for b in json.loads(response.read())["images"]]
+        gallery, _ = client.predict("a lighthouse in a storm", "blurry", "(No style)", 7, False, 5.0, 4, "64x64",
+                                    "Euler", "Checkpoint", "JAX", handle_file(str(chain["root"] / "start.png")), 0.5,
+                                    "Crop and resize", *form, api_name="/generate")
+        served = []
+        for item, theirs in zip(gallery, direct, strict=True):
+            with urllib.request.urlopen(item["image"]["url"], timeout=30) as r:
+                ours = Image.open(BytesIO(r.read()))
+            assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+            assert read_parameters(ours) == read_parameters(theirs)
+            served.append(ours)
+        return served
+
+    assert all("Denoising strength: 0.5," in read_parameters(im) for im in same_from_both(json.loads(body)))
     # ... and with a mask (inpainting; forwarded blurred and fitted, its blur named): the same again.
     mask = BytesIO()
     Image.fromarray(np.kron(np.eye(3, 4, dtype=np.uint8) * 255, np.ones((24, 24), np.uint8))).save(mask, "PNG")
     (chain["root"] / "mask.png").write_bytes(mask.getvalue())
     inpaint = {**json.loads(body), "mask": base64.b64encode(mask.getvalue()).decode(), "mask_blur": 6,
                "masked_content": "latent noise"}
-    request = urllib.request.Request(backend["url"] + "/v1/generate", data=json.dumps(inpaint).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        direct = [Image.open(BytesIO(base64.b64decode(b))) for b in json.loads(response.read())["images"]]
-    gallery, _ = client.predict("a lighthouse in a storm", "blurry", "(No style)", 7, False, 5.0, 4, "64x64", "Euler",
-                                "Checkpoint", "JAX", handle_file(str(chain["root"] / "start.png")), 0.5,
-                                "Crop and resize", handle_file(str(chain["root"] / "mask.png")), 6, "latent noise",
-                                api_name="/generate")
-    for item, theirs in zip(gallery, direct, strict=True):
-        with urllib.request.urlopen(item["image"]["url"], timeout=30) as r:
-            ours = Image.open(BytesIO(r.read()))
-        assert np.array_equal(np.asarray(ours), np.asarray(theirs))
-        assert "Mask blur: 6, Masked content: latent noise," in read_parameters(ours)
-        assert read_parameters(ours) == read_parameters(theirs)
+    masked = (handle_file(str(chain["root"] / "mask.png")), 6, "latent noise")
+    assert all("Mask blur: 6, Masked content: latent noise," in read_parameters(im)
+               for im in same_from_both(inpaint, *masked))
     # ... and Only masked (forwarded whole, with its blurred mask: the back end crops and pastes back).
-    only = {**inpaint, "inpaint_area": "Only masked", "mask_padding": 8}
-    request = urllib.request.Request(backend["url"] + "/v1/generate", data=json.dumps(only).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        direct = [Image.open(BytesIO(base64.b64decode(b))) for b in json.loads(response.read())["images"]]
-    gallery, _ = client.predict("a lighthouse in a storm", "blurry", "(No style)", 7, False, 5.0, 4, "64x64", "Euler",
-                                "Checkpoint", "JAX", handle_file(str(chain["root"] / "start.png")), 0.5,
-                                "Crop and resize", handle_file(str(chain["root"] / "mask.png")), 6, "latent noise",
-                                False, 2, "Latent", 0, 0.7, "Only masked", 8, api_name="/generate")
-    for item, theirs in zip(gallery, direct, strict=True):
-        with urllib.request.urlopen(item["image"]["url"], timeout=30) as r:
-            ours = Image.open(BytesIO(r.read()))
-        assert ours.size == theirs.size == (96, 72)  # (the starting image's own size)
-        assert np.array_equal(np.asarray(ours), np.asarray(theirs))
-        assert "Inpaint area: Only masked, Masked area padding: 8," in read_parameters(ours)
-        assert read_parameters(ours) == read_parameters(theirs)
+    only = same_from_both({**inpaint, "inpaint_area": "Only masked", "mask_padding": 8}, *masked,
+                          False, 2, "Latent", 0, 0.7, "Only masked", 8)
+    assert all(im.size == (96, 72) for im in only)  # (the starting image's own size)
+    assert all("Inpaint area: Only masked, Masked area padding: 8," in read_parameters(im) for im in only)
     # A starting image of a few MB (img2img) passes nginx to a back end, which runs it.
     noise = np.random.default_rng(0).integers(0, 256, (900, 1200, 3), np.uint8)
     png = BytesIO()
