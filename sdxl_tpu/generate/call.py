@@ -137,8 +137,8 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
         # The host's draws in diffusers' order: the image's VAE sample, the initial noise, the masked image's.
         draws = [host.draw() if host and needed else zeros
                  for needed in (encodes_image, latents is None, inpainting_unet)]
-        encode = lambda start, masked, draw, stream: programs["encode_image"](
-            pipe.params["vae"], put(pipe.filled(start.pixels)), masked, seeds, draw, put(own), pipe.stream(stream))
+        encode = lambda source, masked, draw, stream: programs["encode_image"](
+            pipe.params["vae"], put(pipe.filled(source.pixels)), masked, seeds, draw, put(own), pipe.stream(stream))
         mask, masked_image = pipe.zeros((h, w, 1)), zeros
         if begin is not None or inpainting_unet:
             jax.block_until_ready((context, pooled))  # (timed apart: what an image adds to a call)
@@ -159,9 +159,9 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
         else:
             state = programs["init"](put(latents.transpose(0, 2, 3, 1)), seeds, tables, mask, masked_image)
             state = state._replace(host_noise=put(own))
-        if inpainting_unet and not host_tables.known[:, 4].any():
-            # On the checkpoint's schedule, diffusers re-imposes the known latents on a base UNet only
-            # (A1111's CFGDenoiser on any, where column 4 blends its denoised estimates).
+        if inpainting_unet and schedule == "Checkpoint":
+            # On the checkpoint's schedule diffusers re-imposes the known latents on a base UNet only
+            # (A1111's CFGDenoiser, on its schedule types, on any UNet).
             state = state._replace(keep=pipe.zeros((h, w, 1)))
         jax.block_until_ready((context, pooled, state))
         t_text = time.perf_counter()

@@ -36,7 +36,7 @@ from .batcher import QueueFull
 from .calls import one_call, split
 from .core import Server
 from .errors import log_refusal
-from .http_io import MAX_BODY_BYTES, Refused, checked_request, json_body, read_body, status_of
+from .http_io import MAX_BODY_BYTES, checked_request, json_body, read_body, status_of
 
 log = logging.getLogger("sdxl_tpu.server.openai_api")
 
@@ -59,8 +59,7 @@ class OpenAIError(RequestError):
 
 
 def error_answer(status: int, message: str, param: str | None = None, retry_after: int | None = None) -> Response:
-    kind = "invalid_request_error" if status < 500 and status != 429 else "rate_limit_error" if status == 429 else (
-        "server_error")
+    kind = "rate_limit_error" if status == 429 else "server_error" if status >= 500 else "invalid_request_error"
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
                         status_code=status, headers=headers)
@@ -124,10 +123,7 @@ def openai_routes(server: Server) -> list[Route]:
         return fields, n, answer, image_format
 
     async def answer(http: HTTPRequest, fields: dict[str, Any], n: int, answer: str, image_format: str) -> dict:
-        try:
-            request, _ = await asyncio.to_thread(checked_request, fields, server)
-        except Refused as e:
-            raise OpenAIError(str(e)) from None
+        request, _ = await asyncio.to_thread(checked_request, fields, server)
         data = []
         for one in split(request, n, server.offer.images_per_call):
             made = await one_call(server, http, one, image_format)

@@ -96,9 +96,6 @@ def sdapi_routes(server: Server) -> list[Route]:
     """The /sdapi/v1 routes of `server`."""
     jobs = Jobs()
 
-    def model_title() -> str:
-        return server.offer.model
-
     async def generation(http: HTTPRequest, img2img: bool) -> Response:
         if server.warmup.status in ("loading", "error"):
             return error_response(503, server.warmup.message, RETRY_AFTER["loading"])
@@ -143,12 +140,12 @@ def sdapi_routes(server: Server) -> list[Route]:
                              for name, label in SCHEDULER_NAMES.items() if label in server.offer.schedules])
 
     async def sd_models(http: HTTPRequest) -> Response:
-        model = model_title()
+        model = server.offer.model
         return JSONResponse([{"title": model, "model_name": model.rstrip("/").rsplit("/", 1)[-1], "hash": None,
                               "sha256": None, "filename": model, "config": None}])
 
     async def options(http: HTTPRequest) -> Response:
-        current = {"sd_model_checkpoint": model_title(), "samples_format": "png", "sd_vae": "Automatic",
+        current = {"sd_model_checkpoint": server.offer.model, "samples_format": "png", "sd_vae": "Automatic",
                    "CLIP_stop_at_last_layers": 1, "eta_noise_seed_delta": 0,
                    "randn_source": "CPU" if server.offer.default_rng == "CPU" else server.offer.default_rng}
         if http.method == "GET":

@@ -14,13 +14,15 @@ from typing import Any
 
 from .errors import RequestError
 from .fields import MAX_SEED
+from .infotext import SCHEDULE_NAMES
 from .mask import INPAINT_AREAS, MASKED_CONTENT
 from .names import RESIZE_MODES, SCHEDULES
 from .request import ImageInfo
 from .styles import STYLES
 from .values import json_type, shown
 
-# A1111's scheduler names (its /schedulers "name"); "checkpoint" is ours: the model's own schedule.
+# A1111's scheduler names as /schedulers lists them ("checkpoint" is ours: the model's own schedule);
+# they are read as infotext.SCHEDULE_NAMES reads a Schedule type.
 SCHEDULER_NAMES = {name.lower().replace(" ", "_"): name for name in SCHEDULES}
 # Its integer codes: img2img's resize_mode (3, "Just resize (latent upscale)", is not offered) and
 # inpainting_fill, in A1111's order.
@@ -104,11 +106,11 @@ def generation_fields(data: Any, img2img: bool, model: str) -> tuple[dict[str, A
     if sampler:
         fields["sampler"] = sampler
     scheduler = data.get("scheduler")
-    if scheduler:
-        if not isinstance(scheduler, str) or scheduler.strip().lower().replace(" ", "_") not in SCHEDULER_NAMES:
+    if scheduler:  # (read as a parameters text's Schedule type is)
+        if not isinstance(scheduler, str) or scheduler.strip().lower() not in SCHEDULE_NAMES:
             raise RequestError(f"scheduler {_json(scheduler)} is not offered; schedulers: "
                                f"{', '.join(SCHEDULER_NAMES)}.")
-        fields["schedule"] = SCHEDULER_NAMES[scheduler.strip().lower().replace(" ", "_")]
+        fields["schedule"] = SCHEDULE_NAMES[scheduler.strip().lower()]
     styles = data.get("styles") or []
     if not isinstance(styles, list) or len(styles) > 1 or any(s not in STYLES for s in styles):
         raise RequestError(f"styles {_json(styles)}: at most one of this server's styles ({', '.join(STYLES)}).")
