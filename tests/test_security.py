@@ -23,7 +23,7 @@ from sdxl_tpu.server.guard import MAX_BODY_BYTES
 from sdxl_tpu.server.page import PASTED_INTO
 from sdxl_tpu.spec.fields import FEWEST_INPUTS, FIELD, FORM, MAX_PROMPT_CHARS
 from sdxl_tpu.spec.hires import UPSCALERS
-from sdxl_tpu.spec.mask import MASKED_CONTENT
+from sdxl_tpu.spec.mask import INPAINT_AREAS, MASKED_CONTENT
 from sdxl_tpu.spec.names import RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
 # A valid call (1 step), from noise: no image (its strength and resize mode are checked, not used),
@@ -331,6 +331,10 @@ MALFORMED = {
     "masked_content": st.one_of(not_text.filter(lambda v: v is not None),
                                 text.filter(lambda s: s not in MASKED_CONTENT),
                                 st.sampled_from(["Fill", "latent_noise", "noise", "nothing"])),
+    "inpaint_area": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s not in INPAINT_AREAS),
+                              st.sampled_from(["only masked", "Whole", "inpaint_full_res"])),
+    "mask_padding": st.one_of(bad_number, st.floats(0.01, 255.99).filter(lambda v: v != int(v)),
+                              st.integers(257, 10**6)),
 }
 
 
