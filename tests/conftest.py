@@ -63,8 +63,20 @@ def app_server(tmp_path_factory, compile_cache):
     yield from start_app(tmp_path_factory.mktemp("app"), compile_cache)
 
 
+# The longest test files (2026-12-05, seconds in one process), started first: two workers take
+# files in this order (pyproject.toml), so the short ones fill in at the end and both finish together.
+LONGEST_FIRST = ("test_app", "test_compare_reference", "test_full_size", "test_a1111", "test_security", "test_cli",
+                 "test_bench", "test_parity", "test_chain", "test_multidevice", "test_serving", "test_single_file")
+
+
 def pytest_collection_modifyitems(items):
     """The full-size checks first, while the session's process and machine hold the least: on a
     24 GiB machine the SDXL UNet's check (10 GB of float32 weights, briefly in two libraries) took
-    46 s alone and 89-111 s late in the suite. (A stable sort: the rest keep their order.)"""
-    items.sort(key=lambda item: item.get_closest_marker("full_size") is None)
+    46 s alone and 89-111 s late in the suite; then the longest files. (A stable sort: the rest
+    keep their order.)"""
+    def rank(item) -> tuple[bool, int]:
+        module = item.path.stem
+        return (item.get_closest_marker("full_size") is None,
+                LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST))
+
+    items.sort(key=rank)
