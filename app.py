@@ -11,7 +11,6 @@ sdxl_tpu/server/ (core.py: the server; page.py: what the page shows of its state
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,12 +25,13 @@ from gradio.utils import get_upload_folder
 from sdxl_tpu.server.batcher import SHUTTING_DOWN
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.envelope import endpoints_of
-from sdxl_tpu.server.errors import log_refusal
+from sdxl_tpu.server.errors import configure_logging, log_refusal
 from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.form import EXAMPLES, picked_item
 from sdxl_tpu.server.guard import RequestGuard
 from sdxl_tpu.server.handlers import form_handler, gradio_handler
-from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched
+from sdxl_tpu.server.internals import (DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched,
+                                      serve_gallery_as_images)
 from sdxl_tpu.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
 from sdxl_tpu.server.history import HISTORY_HEADERS, HISTORY_PER_PAGE, RESTORE_HISTORY_JS, history_rows, restored_run
 from sdxl_tpu.server.page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESET_FILL_JS, RNG_INFO, SCHEDULE_INFO,
@@ -41,6 +41,7 @@ from sdxl_tpu.server.page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESE
 from sdxl_tpu.server.page_run import GENERATE, page_run, page_values, refused, stopped
 from sdxl_tpu.server.sampler_menu import fitted_schedule, menu_samplers, schedule_menu
 from sdxl_tpu.server.settings import parse_settings
+from sdxl_tpu.server.tool_apis import PREFIXES as TOOL_API_PREFIXES, KeyRequired, tool_api_routes
 from sdxl_tpu.server.uploads import Uploads
 from sdxl_tpu.spec.fields import FEWEST_INPUTS, FIELD, FIELDS, FORM
 from sdxl_tpu.spec.image_input import MAX_BYTES
@@ -203,14 +204,14 @@ def build_demo(server: Server) -> gr.Blocks:
         last_seeds, picked, run_state, run_at = gr.State([]), gr.State(None), gr.State("idle"), gr.State({})
         last_images = gr.State([])
 
-        def run_updates(values, progress, previews: bool):
+        def run_updates(values, progress, previews: bool, route: str):
             # The request stops (waiting or between denoising steps) once Gradio no longer runs
             # its event: Stop, the page closed, the client cancelled or went away.
             queue, event_id = QueueView(demo), QueueView.current_event_id()
             event = queue.running_event(event_id)
             for update in server.stream(values, queued_at=event.enqueue_time if event is not None else None,
                                         abandoned=(lambda: queue.running_event(event_id) is None) if event_id else None,
-                                        previews=previews):
+                                        previews=previews, route=route):
                 if update[0] == "progress" and progress is not None:
                     progress(update[1:], desc="Denoising", unit="steps")
                 yield update
@@ -228,7 +229,7 @@ def build_demo(server: Server) -> gr.Blocks:
 
         def generate_in_page(values, history, progress):
             values = page_values(values)
-            for changed in page_run(run_updates(values, None, previews=True), values, history):
+            for changed in page_run(run_updates(values, None, previews=True, route="page"), values, history):
                 yield show(changed)
 
         def generate(values, progress):
@@ -236,7 +237,8 @@ def build_demo(server: Server) -> gr.Blocks:
             step count advances in the job's status as they denoise. Seed -1 draws a random seed (the
             four images take it and the next three); sampler, schedule and rng may be left out (the
             server's own). A value the server cannot use is refused with a message naming the field."""
-            *_, (_, images, _, text, _) = run_updates(values, progress, previews=False)  # (run to its end: counted)
+            # (run to its end: counted)
+            *_, (_, images, _, text, _) = run_updates(values, progress, previews=False, route="/generate")
             return images, text
 
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
@@ -440,11 +442,13 @@ def preset_info(server: Server) -> str:
     return "; ".join(f"{r.name}: {r.summary}" for r in server.presets)
 
 
-def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], None]]:
-    """The ASGI app: Gradio's page and queue plus /healthz, /readyz and (unless --metrics says
-    otherwise) /metrics, behind the request guard; with Gradio's queue and what ends its
-    heartbeat streams (for the drain)."""
+def build_app(server: Server) -> tuple[KeyRequired, QueueView, Callable[[], None]]:
+    """The ASGI app: Gradio's page and queue (and, with --mcp on, its MCP server) plus /healthz,
+    /readyz, (unless --metrics says otherwise) /metrics and the APIs of A1111 and OpenAI, behind the
+    request guard and the API key; with Gradio's queue and what ends its heartbeat streams (for
+    the drain)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.router.routes.extend(tool_api_routes(server))  # (before Gradio's, mounted at the root)
     routes = ["/healthz", "/readyz"]
 
     @app.get("/healthz")
@@ -467,36 +471,39 @@ def build_app(server: Server) -> tuple[RequestGuard, QueueView, Callable[[], Non
     ours = lambda path: server.images.holds([path])
     server.uploads = Uploads(demo.upload_file_set, ours, keep_seconds=server.settings.keep_images_seconds,
                              max_bytes=server.settings.max_image_bytes)
-    gr.mount_gradio_app(app, demo, path="/", enable_monitoring=False, ssr_mode=False, mcp_server=False,
+    gr.mount_gradio_app(app, demo, path="/", enable_monitoring=False, ssr_mode=False, mcp_server=server.settings.mcp,
                         max_file_size=MAX_BYTES,
                         footer_links=["api"], css=(WEB / "playground.css").read_text(),
                         js=(WEB / "playground.js").read_text())
     mark_launched(demo)
+    if server.settings.mcp:
+        serve_gallery_as_images(demo, lambda path: Path(path).read_bytes() if ours(path) else None)
     queue, endpoints = QueueView(demo), endpoints_of(demo.config, shortest={"generate": FEWEST_INPUTS})
     server.count_waiting(queue.waiting)
-    generations = {e.fn_index for e in endpoints.values() if e.api_name in ("generate", "generate_in_page")}
+    generations = {e.fn_index: "page" if e.api_name == "generate_in_page" else "/generate" for e in endpoints.values()
+                   if e.api_name in ("generate", "generate_in_page")}
 
     def count_turned_away(fn_index: int, status: int) -> None:
         if fn_index in generations and status == 503:
-            server.metrics.count("draining" if server.warmup.draining else "queue_full")
+            server.metrics.count("draining" if server.warmup.draining else "queue_full", generations[fn_index])
 
     guard = RequestGuard(app, endpoints, queue, cache_dir=get_upload_folder(), app_routes=routes,
                          closed=lambda: SHUTTING_DOWN if server.warmup.draining else None, on_join=count_turned_away,
-                         ours=ours, uploads=server.uploads)
-    return guard, queue, heartbeat_stopper(app)
+                         ours=ours, uploads=server.uploads, api_prefixes=TOOL_API_PREFIXES, mcp=server.settings.mcp)
+    return KeyRequired(guard, server.settings.api_key), queue, heartbeat_stopper(app)
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
+    configure_logging()
     if settings.backend is None:  # (a front end runs no model: no JAX is imported)
         from sdxl_tpu.server.local_engine import prepare_process
 
         prepare_process(settings)
     # Images are written into Gradio's cache folder, where the gallery serves them from.
     images = ImageStore.under(get_upload_folder(), settings.keep_images_seconds, settings.max_image_bytes)
-    server = Server(settings, images=images)
+    # (The page's calls wait in Gradio's queue; the other tools' APIs in the engine's, as bounded.)
+    server = Server(settings, images=images, max_waiting=settings.queue_size)
     app, queue, end_streams = build_app(server)
     serve_metrics_apart(settings.metrics, server.metrics.registry)
     # SIGTERM drains: /readyz says 503 at once, new calls are refused, accepted ones finish (at most

@@ -57,10 +57,12 @@ def tiny_inpainting_pipeline(tiny_inpainting_checkpoint, compile_cache):
 
 @pytest.fixture(scope="session")
 def app_server(tmp_path_factory, compile_cache):
-    """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests."""
-    from served_app import start_app
+    """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests: with
+    its MCP server on and an API key (served_app.API_KEY) for the other tools' APIs."""
+    from served_app import API_KEY, start_app
 
-    yield from start_app(tmp_path_factory.mktemp("app"), compile_cache)
+    yield from start_app(tmp_path_factory.mktemp("app"), compile_cache, ("--mcp", "on"),
+                         env_extra={"SDXL_API_KEY": API_KEY})
 
 
 # The longest test files (2026-12-05, seconds in one process), started first: two workers take

@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE_SIZE = 2
 SIZES = "64x64,96x64,96x96"  # square and wide, and 64x64's hires fix (1.5x)
+API_KEY = "sdxl-test-key-7f3a9"  # the shared app's: the other tools' APIs and MCP need it
 
 
 def free_port() -> int:
@@ -46,8 +47,10 @@ def read_metrics(url: str) -> dict[str, float]:
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
-def requests_total(values: dict[str, float], outcome: str) -> float:
-    return values[f'sdxl_requests_total{{outcome="{outcome}"}}']
+def requests_total(values: dict[str, float], outcome: str, route: str | None = None) -> float:
+    """Requests of an outcome, on one route or (None) on all."""
+    return sum(value for name, value in values.items() if name.startswith("sdxl_requests_total{")
+               and f'outcome="{outcome}"' in name and (route is None or f'route="{route}"' in name))
 
 
 CHROMIUM = "/usr/bin/chromium"

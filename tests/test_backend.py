@@ -26,6 +26,7 @@ from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.version import VERSION
 
 QUEUE_SIZE = 1
+A1111, OPENAI = "/sdapi/v1/txt2img", "/v1/images/generations"
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +38,12 @@ def backend(tmp_path_factory, compile_cache):
 
 
 def post(backend, body: bytes | str | dict, headers: dict[str, str] | None = None,
-         timeout: float = 120) -> tuple[int, dict[str, str], bytes]:
-    """POST /v1/generate: (status, headers, body)."""
+         timeout: float = 120, path: str = "/v1/generate") -> tuple[int, dict[str, str], bytes]:
+    """POST /v1/generate (or `path`): (status, headers, body)."""
     data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
     connection = http.client.HTTPConnection("127.0.0.1", backend["port"], timeout=timeout)
     try:
-        connection.request("POST", "/v1/generate", body=data,
+        connection.request("POST", path, body=data,
                            headers={"Content-Type": "application/json", **(headers or {})})
         response = connection.getresponse()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
@@ -483,10 +484,37 @@ def test_full_queue_answers_503_with_retry_after_at_once(backend):
         assert status == 503 and int(headers["retry-after"]) >= 1
         assert "busy" in json.loads(body)["error"]
         assert refused_in < 1.0, f"refusing took {refused_in:.2f} s"
+        # The other tools' APIs share the queue: A1111's says 503, OpenAI's 429 ("slow down"), both when to retry.
+        for path, body, code in ((A1111, {"prompt": "a dog", "steps": 1, "width": 64, "height": 64}, 503),
+                                 (OPENAI, {"prompt": "a dog", "size": "64x64", "steps": 1}, 429)):
+            status, headers, said = post(backend, body, path=path)
+            assert status == code and int(headers["retry-after"]) >= 1 and "busy" in said.decode(), (path, said)
         assert running.result(120)[0] == 200 and waiting.result(120)[0] == 200  # accepted work is served
     after = metrics(backend)
-    assert requests_total(after, "queue_full") - requests_total(before, "queue_full") == 1
+    assert requests_total(after, "queue_full") - requests_total(before, "queue_full") == 3
+    for route in ("/v1/generate", A1111, OPENAI):  # (counted by route)
+        assert requests_total(after, "queue_full", route) - requests_total(before, "queue_full", route) == 1
     assert requests_total(after, "ok") - requests_total(before, "ok") == 2
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/sdapi/v1/txt2img", {"prompt": "a cat", "steps": 40, "width": 64, "height": 64, "n_iter": 40}),
+    ("/v1/images/generations", {"prompt": "a cat", "size": "64x64", "steps": 40, "n": 10})])
+def test_a_caller_who_leaves_stops_its_work(backend, path, body):
+    """An A1111 or OpenAI caller that goes away mid-run (its connection closed) stops the work:
+    counted cancelled on its route, the queue free for the next request at once."""
+    before = metrics(backend)
+    data = json.dumps(body).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", backend["port"], timeout=60)
+    connection.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+    wait_for(lambda: metrics(backend)["sdxl_pipeline_calls_total"] > before["sdxl_pipeline_calls_total"], 60,
+             "the first call did not finish")
+    connection.close()  # (gone, with calls left to make)
+    wait_for(lambda: requests_total(metrics(backend), "cancelled", path) > requests_total(before, "cancelled", path),
+             30, "the work did not stop")
+    after = metrics(backend)
+    assert after["sdxl_pipeline_calls_total"] - before["sdxl_pipeline_calls_total"] < 3, "the calls went on"
+    assert post(backend, {"prompt": "a dog", "steps": 1})[0] == 200
 
 
 def test_sigterm_drains_accepted_work_then_exits_zero(backend):
@@ -505,8 +533,12 @@ def test_sigterm_drains_accepted_work_then_exits_zero(backend):
     assert json.loads(get(backend["url"] + "/readyz")[1])["status"] == "draining"
     status, headers, body = post(backend, {"prompt": "a dog", "steps": 1})  # new work: refused at once
     assert status == 503 and headers["retry-after"] and "shutting down" in json.loads(body)["error"]
+    for path, body in ((A1111, {"prompt": "a dog", "steps": 1, "width": 64, "height": 64}),
+                       (OPENAI, {"prompt": "a dog", "size": "64x64", "steps": 1})):  # (on every route)
+        status, headers, said = post(backend, body, path=path)
+        assert status == 503 and headers["retry-after"] and "shutting down" in said.decode(), (path, said)
     draining = metrics(backend)
-    assert draining["sdxl_ready"] == 0 and requests_total(draining, "draining") == 1
+    assert draining["sdxl_ready"] == 0 and requests_total(draining, "draining") == 3
     for thread in threads:
         thread.join(120)
     finished = time.monotonic() - sent

@@ -283,6 +283,23 @@ def test_the_chain_gives_what_the_back_end_makes(chain):
     with urllib.request.urlopen(request, timeout=60) as response:
         answer = json.loads(response.read())
     assert len(answer["images"]) == 4 and "Denoising strength: 0.5" in answer["parameters"][0]
+    # The other tools' APIs on the front end: A1111's client there gets what it gets from a back end
+    # itself (batch_size x n_iter split into calls, each forwarded), OpenAI's the same images.
+    import openai
+    import webuiapi
+
+    a1111 = dict(prompt="a lighthouse in a storm", negative_prompt="blurry", seed=7, steps=2, cfg_scale=5.0,
+                 width=64, height=64, batch_size=2, n_iter=3, scheduler="Checkpoint")
+    through = webuiapi.WebUIApi(host="127.0.0.1", port=chain["front"]["port"], sampler="Euler").txt2img(**a1111)
+    direct = webuiapi.WebUIApi(host="127.0.0.1", port=backend["port"], sampler="Euler").txt2img(**a1111)
+    assert len(through.images) == 6 and through.info["all_seeds"] == direct.info["all_seeds"] == list(range(7, 13))
+    for ours, theirs in zip(through.images, direct.images, strict=True):
+        assert np.array_equal(np.asarray(ours), np.asarray(theirs)) and read_parameters(ours) == read_parameters(theirs)
+    made = openai.OpenAI(base_url=chain["front"]["url"] + "/v1", api_key="-", max_retries=0).images.generate(
+        prompt="a lighthouse in a storm", n=4, size="64x64", extra_body={"negative_prompt": "blurry", "seed": 7,
+                                                                         "steps": 2, "sampler": "Euler"})
+    for item, theirs in zip(made.data, direct.images[:4], strict=True):
+        assert np.array_equal(np.asarray(Image.open(BytesIO(base64.b64decode(item.b64_json)))), np.asarray(theirs))
 
 
 def test_browser_against_the_chain(chain, tmp_path):

@@ -13,7 +13,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from sdxl_tpu.server.internals import DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched
+from sdxl_tpu.server.internals import (DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched,
+                                      serve_gallery_as_images)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +105,28 @@ def test_the_heartbeat_streams_end_on_the_mounted_apps_stop_event():
     assert not gradio_app.stop_event.is_set()
     stop()
     assert gradio_app.stop_event.is_set()
+
+
+def test_an_mcp_tool_calls_gallery_is_answered_with_its_images(tmp_path):
+    """Gradio's MCP server converts outputs in postprocess_output_data (a gallery: into one text);
+    the replacement answers each gallery item with its file as written and its caption, in both
+    shapes a call's outputs come in (a tuple without progress reports, a list with), reads no file
+    the app did not write, and leaves the other outputs to Gradio."""
+    with gr.Blocks() as blocks:
+        gallery, text = gr.Gallery(), gr.Markdown()
+        gr.Button().click(lambda: None, outputs=[gallery, text], api_name="generate")
+    gr.mount_gradio_app(FastAPI(), blocks, path="/", mcp_server=True)
+    ours = tmp_path / "a.jpeg"
+    ours.write_bytes(b"\xff\xd8 the app's image")
+    serve_gallery_as_images(blocks, lambda path: ours.read_bytes() if path == str(ours) else None)
+    items = [{"image": {"path": str(ours), "url": None}, "caption": "seed 1"},
+             {"image": {"path": "/etc/passwd", "url": None}, "caption": None}]
+    for outputs in ([(items, "summary")], [items, "summary"]):
+        content = blocks.mcp_server_obj.postprocess_output_data(outputs, "http://127.0.0.1")
+        assert [c.type for c in content] == ["image", "text", "text", "text"], content
+        assert content[0].mimeType == "image/jpeg" and content[0].data == "/9ggdGhlIGFwcCdzIGltYWdl"
+        assert content[1].text == "seed 1" and content[-1].text == "summary"
+        assert "root:" not in content[2].text  # (a path it did not write: Gradio's text of it, never read)
 
 
 def test_uvicorn_exit_handling_drains_on_the_first_sigterm():

@@ -189,7 +189,7 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
     assert [u[0] for u in quiet].count("preview") == 0
     for (a, _), (b, _) in zip(gallery, quiet[-1][1]):
         np.testing.assert_array_equal(np.asarray(Image.open(a)), np.asarray(Image.open(b)))
-    assert server.metrics.registry.get_sample_value("sdxl_requests_total", {"outcome": "ok"}) == 2
+    assert server.metrics.registry.get_sample_value("sdxl_requests_total", {"route": "page", "outcome": "ok"}) == 2
 
 
 def test_the_schedule_and_the_noise_source_reach_the_images_and_the_line_that_reports_them(server):
@@ -207,7 +207,8 @@ def test_the_schedule_and_the_noise_source_reach_the_images_and_the_line_that_re
 
     with pytest.raises(RequestError, match=r"^DPM\+\+ 2M Karras names its schedule \(Karras\)"):
         list(server.stream(fields(sampler="DPM++ 2M Karras", schedule="Exponential")))
-    assert server.metrics.registry.get_sample_value("sdxl_requests_total", {"outcome": "user_error"}) == 1
+    page = {"route": "page"}
+    assert server.metrics.registry.get_sample_value("sdxl_requests_total", {**page, "outcome": "user_error"}) == 1
 
 
 def test_a_closed_stream_stops_its_request_and_counts_it_cancelled(server):
@@ -227,7 +228,8 @@ def test_a_closed_stream_stops_its_request_and_counts_it_cancelled(server):
             break
         deadline.wait(0.05)
     assert steps_run == [1], "the next request did not start"
-    cancelled = server.metrics.registry.get_sample_value("sdxl_requests_total", {"outcome": "cancelled"})
+    cancelled = server.metrics.registry.get_sample_value("sdxl_requests_total",
+                                                         {"route": "page", "outcome": "cancelled"})
     assert cancelled == 1
 
 

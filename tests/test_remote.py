@@ -95,7 +95,8 @@ def test_busy_then_broken_then_served(request_):
     assert made.timings["total"] == 0.6 and (2, 2) in steps
     assert len(fake.bodies) == 3 and all(b == fake.bodies[0] for b in fake.bodies)  # the same request each time
     assert fake.bodies[0] == {"prompt": "a cat", "negative_prompt": "blurry", "seed": 5, "guidance_scale": 5.0,
-                              "steps": 2, "size": "64x64", "sampler": "Euler", "schedule": "Karras", "rng": "CPU"}
+                              "steps": 2, "size": "64x64", "sampler": "Euler", "schedule": "Karras", "rng": "CPU",
+                              "format": "jpeg"}  # (the format asked for: the back end answers in it)
 
 
 def test_a_refusal_reaches_the_user_as_its_message(request_):
@@ -191,6 +192,6 @@ def test_a_starting_image_travels_to_the_back_end_as_it_will_run():
         class warmup:
             check_size = staticmethod(lambda size: None)
 
-    again, _ = parse_request(json.dumps(body).encode(), Server)
+    again, _, _ = parse_request(json.dumps(body).encode(), Server)
     assert again == request
     np.testing.assert_array_equal(again.image, request.image)

@@ -2,7 +2,7 @@
 balancer to spread requests over many hosts (`python -m sdxl_tpu serve`).
 
     POST /v1/generate   JSON {prompt, negative_prompt, seed, guidance_scale, steps, size, sampler, schedule, rng,
-                              parameters}
+                              parameters, count, format, ...}
                         -> {images: [base64 files], parameters: [text], seeds, sampler, schedule, rng, timings,
                             format}
                         (Accept: text/event-stream: progress events, then the result as an event)
@@ -42,13 +42,12 @@ from ..spec.values import shown
 from .batcher import ShuttingDown
 from .core import Server
 from .engine import Generated
-from .errors import log_refusal
+from .errors import configure_logging, log_refusal
 from .http_io import RETRY_AFTER, error_response, parse_request, read_body, status_of
-from .openai_api import openai_routes
-from .sdapi import sdapi_routes
 from .internals import DrainingServer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
 from .settings import Settings
+from .tool_apis import KeyRequired, tool_api_routes
 
 log = logging.getLogger("sdxl_tpu.server.backend")
 KEEPALIVE_SECONDS = 1.0  # a streaming caller hears from us this often (and can tell we are alive)
@@ -84,12 +83,13 @@ class Generation:
 
         server = self.server
         try:
-            with server.metrics.counted(time.monotonic()):
+            with server.metrics.counted(time.monotonic(), "/v1/generate"):
                 # (in a thread: a starting image takes a while to decode and fit, and the loop serves others)
-                request, notes = await asyncio.to_thread(parse_request, await read_body(self.http), server)
+                request, notes, image_format = await asyncio.to_thread(parse_request, await read_body(self.http),
+                                                                       server)
                 if server.warmup.draining:
                     raise ShuttingDown()
-                ticket = server.submit(request, report, self.gone.is_set, self.previews)
+                ticket = server.submit(request, report, self.gone.is_set, self.previews, image_format)
                 put("accepted")
                 await done.wait()
                 made = await asyncio.to_thread(ticket.result)
@@ -137,7 +137,7 @@ class Generation:
             self.gone.set()
 
 
-def build_backend(server: Server) -> tuple[Starlette, Callable[[], bool]]:
+def build_backend(server: Server) -> tuple[KeyRequired, Callable[[], bool]]:
     """The ASGI app, and whether a generation is still in progress (for the drain)."""
     tasks: set[asyncio.Task] = set()  # running generations (the event loop keeps only weak references)
 
@@ -177,7 +177,7 @@ def build_backend(server: Server) -> tuple[Starlette, Callable[[], bool]]:
 
     routes = [Route("/v1/generate", generate, methods=["POST"]), Route("/v1/info", info, methods=["GET"]),
               Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"]),
-              *sdapi_routes(server), *openai_routes(server)]  # (AUTOMATIC1111's API, OpenAI's Images API)
+              *tool_api_routes(server)]  # (AUTOMATIC1111's API, OpenAI's Images API)
     if server.settings.metrics == "public":
         async def metrics(http: HTTPRequest) -> Response:
             return Response(server.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
@@ -195,14 +195,13 @@ def build_backend(server: Server) -> tuple[Starlette, Callable[[], bool]]:
         return error_response(500, "Something went wrong on the server; it has been logged.")
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: wrong_method, 500: server_error})
-    return app, lambda: bool(tasks)
+    return KeyRequired(app, server.settings.api_key), lambda: bool(tasks)
 
 
 def main(settings: Settings) -> int:
     """`python -m sdxl_tpu serve`: load and compile in the background (readiness says when), serve
     until SIGTERM, drain, exit 0 (1 when the model could not be loaded)."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
+    configure_logging()
     from .local_engine import prepare_process
 
     prepare_process(settings)

@@ -13,6 +13,7 @@ from starlette.requests import Request as HTTPRequest
 
 from ..spec.fields import MAX_SEED
 from ..spec.request import Request
+from .batcher import ShuttingDown
 from .core import Server
 from .engine import Generated, Report
 
@@ -31,6 +32,8 @@ async def one_call(server: Server, http: HTTPRequest, request: Request, image_fo
                    report: Report = lambda event: None, stopped: Callable[[], bool] = lambda: False) -> Generated:
     """One request's images through the engine (progress and previews to `report`); the caller
     leaving or `stopped()` turning true stops it (Cancelled)."""
+    if server.warmup.draining:  # (between the calls of a request too)
+        raise ShuttingDown()
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
     gone = threading.Event()

@@ -115,18 +115,18 @@ class Server:
         return validate(values, self.offer, self.uploads.read if self.uploads is not None else None)
 
     def stream(self, values: Mapping[str, Any], abandoned: Callable[[], bool] | None = None,
-               queued_at: float | None = None, previews: bool = True) -> Iterator[tuple]:
+               queued_at: float | None = None, previews: bool = True, route: str = "page") -> Iterator[tuple]:
         """One /generate call, from the form's fields as the client sent them (see `validate_form`),
         as what the page shows while it runs, in order:
             ("started", seeds, steps)            once checked: the seeds it will make, its steps
             ("progress", step, steps)            after each denoising step
             ("preview", [(path, caption)])       live previews of the four images (if `previews`)
             ("done", [(path, caption)], seeds, summary markdown, what ran: {sampler, schedule, rng})
-        Counted in `metrics` by outcome. `queued_at` (time.monotonic()) is when the request joined
+        Counted in `metrics` by `route` and outcome. `queued_at` (time.monotonic()) is when the request joined
         the queue; `abandoned()` says whether its caller has gone (so does closing the stream)."""
         closed = threading.Event()
         gone = lambda: closed.is_set() or (abandoned is not None and bool(abandoned()))
-        with self.metrics.counted(time.monotonic() if queued_at is None else queued_at):
+        with self.metrics.counted(time.monotonic() if queued_at is None else queued_at, route):
             try:
                 request = self.validate_form(values)
                 yield ("started", [i.seed for i in request.images(self.offer.images_per_call)], request.steps)

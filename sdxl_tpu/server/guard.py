@@ -14,7 +14,10 @@ What a request may be:
     fn_index, session_hash, data's arity, event_data, no file objects) and forwarded as checked;
   - file=<path> for the images the app wrote, and for uploads as fresh PNG pixels (uploads.py);
   - uploads (POST upload: one file of at most 16 MB, multipart) where the page takes an image;
-  - extra routes of the app itself (/healthz, /readyz).
+  - extra routes of the app itself (/healthz, /readyz), and the APIs other tools speak (A1111's,
+    OpenAI's: routes that read and check their bodies themselves);
+  - with MCP on, Gradio's MCP server (streamable HTTP, SSE, its schema), bodies bounded; its tool
+    calls come back through the queue as any other call of /generate.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from urllib.parse import parse_qs
 from ..spec.errors import RequestError
 from ..spec.image_input import MAX_BYTES, decode_image
 from ..spec.values import shown
+from .asgi_io import (FILE_HEADERS, client_address, innermost_frame, read_body, replay, send_bytes, send_json,
+                      with_body_length)
 from .envelope import (Endpoint, ID, Refused, check_cached_file, check_envelope, check_fn_index, check_id, parse_json,
                        parse_json_object)
 from .internals import QueueView
@@ -46,9 +51,11 @@ API = "/gradio_api"
 STATIC_PAGES = frozenset(["/", "/config", "/config/", "/theme.css", "/favicon.ico", "/manifest.json", "/robots.txt",
                           f"{API}/info", f"{API}/info/", f"{API}/theme.css"])
 STATIC_PREFIXES = ("/assets/", "/static/", "/svelte/")
-# What the page's "Use via API" panel asks for although this app serves neither (monitoring and MCP
-# are off): refused like anything else, but not logged, so opening the panel leaves the log quiet.
+# What the page's "Use via API" panel asks for although this app may serve neither (monitoring, MCP
+# when off): refused like anything else, but not logged, so opening the panel leaves the log quiet.
 UNLOGGED = frozenset(["/monitoring/summary", f"{API}/mcp/schema"])
+MCP_ROUTES = {f"{API}/mcp/": ("GET", "POST", "DELETE"), f"{API}/mcp/sse": ("GET",), f"{API}/mcp/messages/": ("POST",),
+              f"{API}/mcp/schema": ("GET",)}  # (Gradio's: streamable HTTP, SSE and its posts, the tools' schema)
 
 
 class Answered(Exception):
@@ -68,15 +75,18 @@ class RequestGuard:
 
     `endpoints` are the Blocks' callable events (`endpoints_of(blocks.config)`), `queue` tells
     which sessions and events Gradio's queue holds, `cache_dir` is Gradio's cache folder,
-    `app_routes` the app's own routes besides Gradio's (GET/HEAD); `ours(path)` whether the app
-    wrote a file (its images: served), `uploads` what people uploaded (None: no uploads taken).
+    `app_routes` the app's own routes besides Gradio's (GET/HEAD), `api_prefixes` where the routes of
+    other tools' APIs are (any method); `ours(path)` whether the app wrote a file (its images:
+    served), `uploads` what people uploaded (None: no uploads taken); `mcp` whether Gradio's MCP
+    server is on.
     """
 
     def __init__(self, app: Handler, endpoints: dict[int, Endpoint], queue: QueueView, cache_dir: str | Path,
                  app_routes: Iterable[str] = (), max_body: int = MAX_BODY_BYTES,
                  closed: Callable[[], str | None] = lambda: None,
                  on_join: Callable[[int, int], None] | None = None,
-                 ours: Callable[[str], bool] = lambda path: False, uploads: Uploads | None = None):
+                 ours: Callable[[str], bool] = lambda path: False, uploads: Uploads | None = None,
+                 api_prefixes: tuple[str, ...] = (), mcp: bool = False):
         """`closed()` returns a message while new work must be refused (503 to new queue calls,
         e.g. while draining); `on_join(fn_index, status)` is told the answer to each new call."""
         self.app, self.endpoints, self.queue, self.max_body = app, endpoints, queue, max_body
@@ -84,6 +94,7 @@ class RequestGuard:
         self.cache_dir = Path(os.path.realpath(cache_dir))
         self.pages = STATIC_PAGES | set(app_routes)
         self.closed, self.on_join = closed, on_join
+        self.api_prefixes, self.mcp = api_prefixes, mcp
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -109,32 +120,32 @@ class RequestGuard:
                 # Forward what was checked, re-encoded: Gradio parses exactly the values looked at here.
                 body = checked if isinstance(checked, bytes) else json.dumps(checked, ensure_ascii=True).encode()
                 fn_index = checked.get("fn_index") if joining else None
-                receive = _replay(body, receive)
-                scope = _with_body_length(scope, len(body))
+                receive = replay(body, receive)
+                scope = with_body_length(scope, len(body))
             if fn_index is not None and (why := self.closed()):
                 self._joined(fn_index, 503)
                 log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), why)
-                await _send_json(send, 503, {"detail": why}, headers=[(b"retry-after", b"5")])
+                await send_json(send, 503, {"detail": why}, headers=[(b"retry-after", b"5")])
                 return
             await self.app(scope, receive, send_tracked)
         except Answered as e:
             if isinstance(e.body, bytes):
-                await _send(send, e.status, e.body, e.media_type, FILE_HEADERS)
+                await send_bytes(send, e.status, e.body, e.media_type, FILE_HEADERS)
             else:
-                await _send_json(send, e.status, e.body)
+                await send_json(send, e.status, e.body)
         except Refused as e:  # raised by check(), before the app could start a response
             if path not in UNLOGGED:
                 log.info("refused %s %s from %s: %s", method, shown(path, 80), client_address(scope), e.message)
             # (a refused call, as Gradio's clients read one: a failed validation, its message shown)
             detail = [{"__type__": "validate", "is_valid": False, "parameter_name": "request",
                        "message": e.message}] if joining and e.status == 422 else e.message
-            await _send_json(send, e.status, {"detail": detail})
+            await send_json(send, e.status, {"detail": detail})
         except Exception as e:  # a bug, not a client's fault: one line, no traceback to the client
-            where = _innermost_frame(e)
+            where = innermost_frame(e)
             log.error("error %s %s from %s: %s: %s (%s)", method, shown(path, 80), client_address(scope),
                       type(e).__name__, shown(str(e), 200), where)
             if not started:
-                await _send_json(send, 500, {"detail": "Internal error; it has been logged."})
+                await send_json(send, 500, {"detail": "Internal error; it has been logged."})
             else:  # end the response the app began (uvicorn would log an incomplete one again)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -146,8 +157,12 @@ class RequestGuard:
         if any(unicodedata.category(ch) == "Cc" for ch in path + query):
             raise Refused(400, "The URL contains control characters.")
         reading = method in ("GET", "HEAD")
-        if reading and (path in self.pages or path.startswith(STATIC_PREFIXES)):
+        if reading and (path in self.pages or path.startswith(STATIC_PREFIXES)) or path.startswith(self.api_prefixes):
             return None
+        if self.mcp and path in MCP_ROUTES:
+            if method not in MCP_ROUTES[path]:
+                raise Refused(405, f"{method} is not allowed here.")
+            return await self._mcp_message(scope, receive) if method == "POST" else None
         if reading and path.startswith(f"{API}/file="):
             file = path[len(f"{API}/file="):]
             check_cached_file(file, self.cache_dir)
@@ -176,7 +191,7 @@ class RequestGuard:
         if method == "POST" and path == f"{API}/reset":
             # gradio_client posts here when a job is cancelled; Gradio's route does nothing (the
             # client's closed stream is what tells the server), so the guard answers for it.
-            data = parse_json_object(await _read_body(scope, receive, self.max_body))
+            data = parse_json_object(await read_body(scope, receive, self.max_body))
             check_id(data.get("event_id"), "event_id")
             raise Answered(200, {"success": True})
         if method == "POST" and path in (f"{API}/queue/join", f"{API}/cancel") or (
@@ -192,7 +207,8 @@ class RequestGuard:
             raise Refused(403, "This app takes no other file uploads." if self.uploads else
                           "This app takes no file uploads.")
         raise Refused(404, "Not found. This server answers the page, the /generate endpoint through "
-                           "Gradio's queue, /healthz and /readyz.")
+                           "Gradio's queue, /healthz and /readyz" + (", the APIs of A1111 (/sdapi/v1) and OpenAI "
+                           "(/v1/images)" if self.api_prefixes else "") + (", MCP" if self.mcp else "") + ".")
 
     async def _checked_upload(self, scope: dict, receive) -> bytes:
         """One file of an image's size, as multipart form data (Gradio's parser reads it and writes
@@ -202,7 +218,7 @@ class RequestGuard:
         boundary = kind.partition("boundary=")[2].strip('"')
         if not kind.startswith("multipart/form-data") or not boundary:
             raise Refused(400, "An upload is multipart form data with one image file.")
-        body = await _read_body(scope, receive, MAX_UPLOAD_BYTES, "An upload is one image file of at most "
+        body = await read_body(scope, receive, MAX_UPLOAD_BYTES, "An upload is one image file of at most "
                                 f"{MAX_BYTES // 2**20} MB.")
         parts = [part for part in body.split(b"--" + boundary.encode("latin-1"))[1:] if not part.startswith(b"--")]
         head, blank, content = parts[0].partition(b"\r\n\r\n") if len(parts) == 1 else (b"", b"", b"")
@@ -213,6 +229,22 @@ class RequestGuard:
         except RequestError as e:
             raise Refused(415, str(e)) from None
         self.uploads.sweep()
+        return body
+
+    async def _mcp_message(self, scope: dict, receive) -> bytes:
+        """A JSON-RPC 2.0 message as JSON in UTF-8 (the MCP library answers other bytes with a 500,
+        and a message whose id is not text or a number with silence)."""
+        body = await read_body(scope, receive, self.max_body)
+        try:
+            message = parse_json(body.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise Refused(400, "An MCP message is JSON in UTF-8.") from None
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            raise Refused(400, "An MCP message is one JSON-RPC 2.0 object ({\"jsonrpc\": \"2.0\", ...}).")
+        if "id" in message and (isinstance(message["id"], bool) or not isinstance(message["id"], (str, int))):
+            raise Refused(400, "A JSON-RPC id is text or a whole number.")
+        if "method" in message and not isinstance(message["method"], str):
+            raise Refused(400, "A JSON-RPC method is text.")
         return body
 
     def _joined(self, fn_index: int | None, status: int) -> None:
@@ -229,7 +261,7 @@ class RequestGuard:
         raise Refused(404, f"No endpoint named {shown(api_name)}; this app's API has /generate.")
 
     async def _checked_post(self, path: str, scope: dict, receive) -> dict:
-        body = await _read_body(scope, receive, self.max_body)
+        body = await read_body(scope, receive, self.max_body)
         if path == f"{API}/cancel":
             data = parse_json_object(body)
             checked = {"session_hash": check_id(data.get("session_hash")),
@@ -257,72 +289,3 @@ class RequestGuard:
                 raise Refused(422, f"{label} (input {index + 1}) must be null or a file uploaded to this page "
                                    "(POST /gradio_api/upload), as the upload named it; uploads are deleted after "
                                    "a while.")
-
-
-async def _read_body(scope: dict, receive, limit: int, too_large: str | None = None) -> bytes:
-    too_large = too_large or f"The request body is larger than {limit // 1024} KiB."
-    for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            if not value.isdigit():
-                raise Refused(400, "Content-Length is not a number.")
-            if int(value) > limit:
-                raise Refused(413, too_large)
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise Refused(400, "The client went away before sending the whole body.")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise Refused(413, too_large)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive):
-    sent = False
-
-    async def replay() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # later: the client's disconnect, as the app would have seen it
-
-    return replay
-
-
-def _with_body_length(scope: dict, length: int) -> dict:
-    headers = [(k, v) for k, v in scope.get("headers", []) if k not in (b"content-length", b"transfer-encoding")]
-    return {**scope, "headers": headers + [(b"content-length", str(length).encode())]}
-
-
-# What the guard serves itself of a file (an upload's pixels): never sniffed into another type, never
-# run as a document (a sandbox with nothing allowed), not kept by shared caches.
-FILE_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"content-security-policy", b"default-src 'none'; sandbox"),
-                (b"cache-control", b"private, max-age=3600"))
-
-
-async def _send_json(send, status: int, body: dict, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await _send(send, status, json.dumps(body, ensure_ascii=True).encode(), "application/json", headers)
-
-
-async def _send(send, status: int, payload: bytes, media_type: str, headers: Iterable[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", media_type.encode()), (b"content-length", str(len(payload)).encode()),
-                            *headers]})
-    await send({"type": "http.response.body", "body": payload})
-
-
-def client_address(scope: dict) -> str:
-    client = scope.get("client")
-    return f"{client[0]}:{client[1]}" if client else "?"
-
-
-def _innermost_frame(e: BaseException) -> str:
-    tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb else "?"

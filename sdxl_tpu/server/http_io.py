@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 from ..spec.errors import Cancelled, RequestError
 from ..spec.fields import FIELDS as FORM_FIELDS
 from ..spec.image_input import MAX_BASE64_CHARS
+from ..spec.images import FORMATS
 from ..spec.infotext import parse as parse_parameters, request_fields, usable
 from ..spec.request import Request
 from ..spec.styles import MAX_STYLED_PROMPT_CHARS
@@ -21,9 +22,10 @@ from .batcher import QueueFull, ShuttingDown, StillCompiling
 from .core import Server
 
 # The form's fields by their API names (spec/fields.py), an A1111 parameters text, whether a mask
-# comes blurred already (a front end forwards its requests' masks so: remote.request_json), and how
-# many images to make (left out: as many as a call makes).
-FIELDS = (*(f.api for f in FORM_FIELDS if f.api), "mask_blurred", "parameters", "count")
+# comes blurred already (a front end forwards its requests' masks so: remote.request_json), how
+# many images to make (left out: as many as a call makes) and their file format (left out: the
+# server's --image-format).
+FIELDS = (*(f.api for f in FORM_FIELDS if f.api), "mask_blurred", "parameters", "count", "format")
 # The longest fields as json.dumps escapes them (12 bytes for an emoji): two styled prompts of some
 # 20,300 characters (a front end's request), about 490 kB, or a parameters text of 60,000 (720 kB);
 # and a starting image and its mask of at most 16 MB each, as base64.
@@ -76,14 +78,18 @@ def json_body(body: bytes) -> dict[str, Any]:
     return data
 
 
-def parse_request(body: bytes, server: Server) -> tuple[Request, list[str]]:
-    """The body as one checked Request (fields named as Pipeline.generate's arguments) and notes on
-    what an A1111 `parameters` text said that is not used (see `checked_request`)."""
+def parse_request(body: bytes, server: Server) -> tuple[Request, list[str], str | None]:
+    """The body as one checked Request (fields named as Pipeline.generate's arguments), notes on
+    what an A1111 `parameters` text said that is not used (see `checked_request`), and the file
+    format asked for (None: the server's)."""
     data = json_body(body)
     unknown = [key for key in data if key not in FIELDS]
     if unknown:
         raise Refused(422, f"Unknown field {shown(unknown[0])}; the fields are: {', '.join(FIELDS)}.")
-    return checked_request(data, server)
+    image_format = data.pop("format", None)
+    if image_format is not None and (not isinstance(image_format, str) or image_format not in FORMATS):
+        raise Refused(422, f"The field 'format' must be one of {', '.join(FORMATS)}, got {shown(image_format)}.")
+    return *checked_request(data, server), image_format
 
 
 def checked_request(data: dict[str, Any], server: Server) -> tuple[Request, list[str]]:

@@ -5,11 +5,12 @@ below its next major version).
 
 Gradio: the queue's bookkeeping (which sessions and events exist, which run, whether work is
 left), the running event's id, the "launched" flags of mounted Blocks, a gallery's record of the
-files it may serve, and the event that ends the queue's heartbeat streams. uvicorn: its exit
-handling, for a SIGTERM that drains instead of stopping."""
+files it may serve, the event that ends the queue's heartbeat streams, and how its MCP server
+answers a gallery. uvicorn: its exit handling, for a SIGTERM that drains instead of stopping."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import signal
 import threading
@@ -84,6 +85,39 @@ def forget_served(gallery: Any, paths: list[str]) -> None:
     """Files a gallery may no longer serve (deleted from the image store): Gradio's record of
     the files a component handed out, which it serves only while they are listed."""
     gallery.temp_files.difference_update(paths)
+
+
+def serve_gallery_as_images(blocks: Any, read: Callable[[str], bytes | None]) -> None:
+    """Answer an MCP tool call's gallery with its images (Blocks mounted with mcp_server=True).
+
+    Gradio's MCP server (GradioMCPServer.postprocess_output_data) turns an output that is a file
+    into an image of the protocol, re-encoded, but a gallery's value, a list of {"image": file,
+    "caption"}, into one text. Here each gallery item becomes its file as written (its parameters
+    inside), `read(path)` giving the bytes of a file the app wrote (None: not one), then its
+    caption; the other outputs go through Gradio's own conversion."""
+    mcp = blocks.mcp_server_obj
+    postprocess, types = mcp.postprocess_output_data, mcp.types
+
+    def items(data: Any) -> list:  # (a call with progress reports gets the outputs, one without a tuple of them)
+        return [x for d in data for x in items(d)] if isinstance(data, (list, tuple)) else [data]
+
+    def answer(data: list, root_url: str) -> list:
+        images, others = [], []
+        for output in items(data):
+            image = output.get("image") if isinstance(output, dict) else None
+            path = image.get("path") if isinstance(image, dict) else image
+            blob = read(path) if isinstance(path, str) else None
+            if blob is None:
+                others.append(output)
+                continue
+            suffix = path.rsplit(".", 1)[-1].lower()
+            images.append(types.ImageContent(type="image", data=base64.b64encode(blob).decode(),
+                                             mimeType=f"image/{'jpeg' if suffix == 'jpg' else suffix}"))
+            if output.get("caption"):
+                images.append(types.TextContent(type="text", text=str(output["caption"])))
+        return images + postprocess(others, root_url)
+
+    mcp.postprocess_output_data = answer
 
 
 def heartbeat_stopper(app: Any) -> Callable[[], None]:

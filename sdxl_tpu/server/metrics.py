@@ -24,6 +24,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # at the door; draining: turned away while shutting down; cancelled: the caller left (or the drain
 # deadline passed) before the images were ready; failed: a server-side error.
 OUTCOMES = ("ok", "user_error", "queue_full", "draining", "cancelled", "failed")
+# Where requests come in: the page, Gradio's /generate (its API clients and MCP tool calls), the
+# back end's own route, and the APIs of A1111 and OpenAI.
+ROUTES = ("page", "/generate", "/v1/generate", "/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/v1/images/generations",
+          "/v1/images/edits")
 STAGES = ("text_encoding", "denoising", "decoding", "saving")
 # From 50 ms (a tiny model on a TPU) to 10 minutes (SDXL at 50 steps on a CPU).
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -53,9 +57,11 @@ class Metrics:
     def __init__(self, queue_depth: Callable[[], float] = lambda: 0, compiles: Callable[[], int] = lambda: 0,
                  programs_loaded: Callable[[], int] = lambda: 0) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("sdxl_requests", "Generation requests by outcome", ["outcome"], registry=r)
-        for outcome in OUTCOMES:  # every outcome is exported from the start, at 0
-            self.requests.labels(outcome)
+        self.requests = Counter("sdxl_requests", "Generation requests by route and outcome", ["route", "outcome"],
+                                registry=r)
+        for route in ROUTES:  # every route's every outcome is exported from the start, at 0
+            for outcome in OUTCOMES:
+                self.requests.labels(route, outcome)
         self.images = Counter("sdxl_images", "Images generated and returned", registry=r)
         self.calls = Counter("sdxl_pipeline_calls", "Pipeline calls (one call may serve several requests)",
                              registry=r)
@@ -71,9 +77,9 @@ class Metrics:
         r.register(_Programs(compiles, programs_loaded))
 
     @contextlib.contextmanager
-    def counted(self, queued_at: float) -> Iterator[None]:
-        """Counts the request run inside by outcome (and, when it succeeds, the seconds since
-        `queued_at`, time.monotonic() when it arrived)."""
+    def counted(self, queued_at: float, route: str) -> Iterator[None]:
+        """Counts the request run inside by `route` (ROUTES) and outcome (and, when it succeeds,
+        the seconds since `queued_at`, time.monotonic() when it arrived)."""
         outcome = "failed"
         try:
             yield
@@ -94,10 +100,10 @@ class Metrics:
             outcome = "cancelled"
             raise
         finally:
-            self.count(outcome)
+            self.count(outcome, route)
 
-    def count(self, outcome: str) -> None:
-        self.requests.labels(outcome).inc()
+    def count(self, outcome: str, route: str) -> None:
+        self.requests.labels(route, outcome).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

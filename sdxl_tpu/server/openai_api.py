@@ -91,8 +91,8 @@ def openai_routes(server: Server) -> list[Route]:
     """The OpenAI Images API routes of `server`."""
     kept = URLImages()
 
-    def fields_of(data: dict[str, Any]) -> tuple[dict[str, Any], int, str, str]:
-        unknown = sorted(set(data) - TAKEN - {"image", "mask"})
+    def fields_of(data: dict[str, Any], edit: bool = False) -> tuple[dict[str, Any], int, str, str]:
+        unknown = sorted(set(data) - TAKEN - ({"image", "mask"} if edit else set()))
         if unknown:
             raise OpenAIError(f"Unknown parameter: '{unknown[0]}'.", unknown[0])
         model = data.get("model")
@@ -101,22 +101,23 @@ def openai_routes(server: Server) -> list[Route]:
                               "model", 404)
         if not isinstance(data.get("prompt"), str) or not data["prompt"].strip():
             raise OpenAIError("prompt is required: a text of what to draw.", "prompt")
-        n = data.get("n", 1)
-        if isinstance(n, str) and n.isdigit():  # (multipart sends text)
-            n = int(n)
+        n = data.get("n", 1)  # (an edit's, sent as text, read_edit made a number)
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
             raise OpenAIError(f"n must be a whole number from 1 to {MAX_N}, got {json_type(n)}.", "n")
-        answer = data.get("response_format") or "b64_json"
+        answer = "b64_json" if data.get("response_format") is None else data["response_format"]
         if answer not in ("b64_json", "url"):
             raise OpenAIError("response_format must be 'b64_json' or 'url'.", "response_format")
-        image_format = data.get("output_format") or "png"
-        if image_format not in FORMATS:
+        image_format = "png" if data.get("output_format") is None else data["output_format"]
+        if not isinstance(image_format, str) or image_format not in FORMATS:
             raise OpenAIError(f"output_format must be one of {', '.join(FORMATS)}.", "output_format")
         for name, taken in (("quality", ("auto", "standard")), ("background", ("auto", "opaque")),
                             ("style", ("natural",))):
             if data.get(name) not in (None, *taken):
                 raise OpenAIError(f"{name} '{data[name]}' cannot be honoured here; {', '.join(taken)} can.", name)
         fields = {"prompt": data["prompt"], **{k: data[k] for k in OWN_FIELDS if k in data}}
+        for name in ("seed", "steps", "guidance_scale", "strength"):  # (one number each: no lists here)
+            if isinstance(fields.get(name), (list, dict)):
+                raise OpenAIError(f"{name} must be a number, got {json_type(fields[name])}.", name)
         size = data.get("size")
         if size not in (None, "auto"):
             fields["size"] = size
@@ -138,7 +139,7 @@ def openai_routes(server: Server) -> list[Route]:
         if server.warmup.status in ("loading", "error"):
             return error_answer(503, server.warmup.message, retry_after=5)
         try:
-            with server.metrics.counted(time.monotonic()):
+            with server.metrics.counted(time.monotonic(), http.url.path):
                 result = await answer(http, *await read(http))
         except OpenAIError as e:
             log_refusal(http.url.path, e)
@@ -182,7 +183,7 @@ def openai_routes(server: Server) -> list[Route]:
                     raise OpenAIError(f"{key} must be a number.", key) from None
         if not isinstance(data.get("image"), bytes):
             raise OpenAIError("image is required: the image file to edit.", "image")
-        fields, n, answer_as, image_format = fields_of(data)
+        fields, n, answer_as, image_format = fields_of(data, edit=True)
         image = await asyncio.to_thread(decode_image, data["image"], "image")
         fields.update(image=data["image"], strength=fields.get("strength", 1.0 if data.get("mask") else 0.75))
         if "size" not in fields:

@@ -141,7 +141,7 @@ class Backend:
         true, Unavailable when no back end served it in `attempts` tries or `retry_seconds`.
         `preview(step, steps, files)` is given the back end's live previews (JPEG files)."""
         abandoned = abandoned or never
-        body = json.dumps(request_json(request)).encode()
+        body = json.dumps({**request_json(request), "format": image_format}).encode()
         start = time.monotonic()
         reason = ""
         for attempt in range(self.attempts):

@@ -27,7 +27,6 @@ from ..spec.infotext import parse as parse_parameters
 from ..spec.png_info import png_info
 from ..spec.styles import STYLES, apply_style
 from ..version import VERSION
-from .batcher import ShuttingDown
 from .calls import one_call, split
 from .core import Server
 from .errors import log_refusal
@@ -101,7 +100,7 @@ def sdapi_routes(server: Server) -> list[Route]:
             return error_response(503, server.warmup.message, RETRY_AFTER["loading"])
         try:
             data = json_body(await read_body(http))
-            with server.metrics.counted(time.monotonic()):
+            with server.metrics.counted(time.monotonic(), http.url.path):
                 answer = await _generate(server, jobs, http, data, img2img)
         except Exception as e:  # noqa: BLE001 (every failure is an answer)
             status, message, retry = status_of(e)
@@ -222,8 +221,6 @@ async def _generate(server: Server, jobs: Jobs, http: HTTPRequest, data: dict[st
             jobs.next_call(done)
             if jobs.interrupted:
                 break
-            if server.warmup.draining:
-                raise ShuttingDown()
             try:
                 made = await one_call(server, http, one, image_format, jobs.report,
                                       lambda: jobs.interrupted or jobs.skipped)

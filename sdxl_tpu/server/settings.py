@@ -39,6 +39,8 @@ class Settings:
     backend: str | None = None  # a front end's back-end URL: generations are sent there, no model is loaded
     schedule: str = DEFAULT_SCHEDULE  # the Schedule type of a request that names none (the page's default)
     rng: str = DEFAULT_RNG  # the noise source of a request that names none (the page's default)
+    api_key: str | None = None  # required on the other tools' APIs when set (api_key.py)
+    mcp: bool = False  # /generate also an MCP tool (the app)
 
 
 # SDXL's trained sizes (about a megapixel each): the first is compiled before the app is ready, the
@@ -88,7 +90,7 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
     return Settings(load=load, host=args.host, port=args.port, compile_cache=args.compile_cache or None,
                     queue_size=args.queue_size, image_format=args.image_format, drain_seconds=args.drain_seconds,
                     metrics=args.metrics, recipe=recipe, preview_every=args.preview_every, schedule=args.schedule,
-                    rng=args.rng)
+                    rng=args.rng, api_key=args.api_key or None)
 
 
 def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
@@ -105,7 +107,7 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
         except ValueError as e:
             parser.error(str(e))
     return dataclasses.replace(settings_from_arguments(parser, args, "app"), keep_images_seconds=args.keep_images,
-                               max_image_bytes=args.image_cache_mb << 20, backend=args.backend)
+                               max_image_bytes=args.image_cache_mb << 20, backend=args.backend, mcp=args.mcp == "on")
 
 
 def check_backend_url(url: str) -> str:

@@ -95,6 +95,8 @@ def generation_fields(data: Any, img2img: bool, model: str) -> tuple[dict[str, A
     fields: dict[str, Any] = {"prompt": data.get("prompt", ""), "negative_prompt": data.get("negative_prompt", "")}
     for ours, theirs in (("seed", "seed"), ("steps", "steps"), ("guidance_scale", "cfg_scale")):
         if data.get(theirs) is not None:
+            if isinstance(data[theirs], (list, dict)):  # (one number: the lists our own API takes are not A1111's)
+                raise RequestError(f"{theirs} must be a number, got {json_type(data[theirs])}.")
             fields[ours] = data[theirs]
     if isinstance(fields.get("seed"), (int, float)) and not isinstance(fields["seed"], bool) and fields["seed"] < -1:
         raise RequestError(f"seed must be -1 (random) or from 0 to {MAX_SEED}, got {_json(fields['seed'])}.")
@@ -102,25 +104,31 @@ def generation_fields(data: Any, img2img: bool, model: str) -> tuple[dict[str, A
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (width, height)):
         raise RequestError(f"width and height must be whole numbers, got {_json(width)} and {_json(height)}.")
     fields["size"] = f"{width}x{height}"
-    sampler = data.get("sampler_name") or data.get("sampler_index")
-    if sampler:
+    # Left out, null or empty: the default (as A1111's clients send it); anything else is checked.
+    given = lambda name: data.get(name) not in (None, "")
+    sampler = next((data[name] for name in ("sampler_name", "sampler_index") if given(name)), None)
+    if sampler is not None:
         fields["sampler"] = sampler
     scheduler = data.get("scheduler")
-    if scheduler:  # (read as a parameters text's Schedule type is)
+    if given("scheduler"):  # (read as a parameters text's Schedule type is)
         if not isinstance(scheduler, str) or scheduler.strip().lower() not in SCHEDULE_NAMES:
             raise RequestError(f"scheduler {_json(scheduler)} is not offered; schedulers: "
                                f"{', '.join(SCHEDULER_NAMES)}.")
         fields["schedule"] = SCHEDULE_NAMES[scheduler.strip().lower()]
-    styles = data.get("styles") or []
-    if not isinstance(styles, list) or len(styles) > 1 or any(s not in STYLES for s in styles):
+    styles = data["styles"] if given("styles") else []
+    if not isinstance(styles, list) or len(styles) > 1 or any(not isinstance(s, str) or s not in STYLES
+                                                               for s in styles):
         raise RequestError(f"styles {_json(styles)}: at most one of this server's styles ({', '.join(STYLES)}).")
     fields["style"] = styles[0] if styles else None
     fields.update(_settings(data.get("override_settings"), model))
     image_format = FORMATS.get(str(fields.pop("samples_format", "png")).lower())
     if image_format is None:
         raise RequestError("override_settings samples_format must be png, jpg or webp.")
-    if data.get("infotext"):  # (A1111 1.9's: a parameters text that fills what the body leaves out)
+    if given("infotext"):  # (A1111 1.9's: a parameters text that fills what the body leaves out)
         fields["parameters"] = data["infotext"]
+    for name in ("enable_hr", "send_images"):
+        if data.get(name) is not None and not isinstance(data[name], bool):
+            raise RequestError(f"{name} must be true or false, got {_json(data[name])}.")
     count = _count(data)
     if img2img:
         fields.update(_img2img(data))
@@ -174,16 +182,18 @@ def _img2img(data: Mapping[str, Any]) -> dict[str, Any]:
         raise RequestError("init_images must be a list of one image (base64 PNG, JPEG or WebP).")
     fields = {"image": images[0], "strength": data.get("denoising_strength", 0.75)}
     mode = data.get("resize_mode", 0)
-    if mode not in RESIZE_CODES:
+    if type(mode) is not int or mode not in RESIZE_CODES:  # (an integer code: not true, not a list)
         raise RequestError(f"resize_mode must be 0, 1 or 2 ({', '.join(RESIZE_MODES)}), got {_json(mode)}.")
     fields["resize_mode"] = RESIZE_CODES[mode]
     if data.get("mask"):  # (A1111's API defaults: fill, Only masked with no padding)
-        fill = data.get("inpainting_fill", 0)
-        if fill not in FILL_CODES:
+        fill, full_res = data.get("inpainting_fill", 0), data.get("inpaint_full_res", True)
+        if type(fill) is not int or fill not in FILL_CODES:
             raise RequestError(f"inpainting_fill must be 0 to 3 ({', '.join(MASKED_CONTENT)}), got {_json(fill)}.")
+        if type(full_res) not in (bool, int) or full_res not in (0, 1):
+            raise RequestError(f"inpaint_full_res must be true or false, got {_json(full_res)}.")
         blur = data.get("mask_blur", data.get("mask_blur_x", 4))
         fields.update(mask=data["mask"], mask_blur=blur, masked_content=FILL_CODES[fill],
-                      inpaint_area=INPAINT_AREAS[bool(data.get("inpaint_full_res", True))],
+                      inpaint_area=INPAINT_AREAS[bool(full_res)],
                       mask_padding=data.get("inpaint_full_res_padding", 0))
     return fields
 

@@ -1,6 +1,7 @@
 """Every command-line option of the app, `serve`, `generate`, `bench` and `make-tiny`, in one
 table: flag, environment variable, default, choices, help. Parsers are built from it and
-docs/options.md's option table is written from it (`python -m sdxl_tpu.spec.options`), so they cannot drift.
+docs/options.md's option table is written from it (`python -m sdxl_tpu.spec.options_table`), so they cannot
+drift.
 
 An option given on the command line wins; then (where a command takes them from elsewhere, as
 `generate` takes --parameters) the other source; then its environment variable; then its default.
@@ -36,8 +37,7 @@ DEFAULT_COMPILE_CACHE = str(Path.home() / ".cache" / "sdxl_tpu" / "jax")
 DTYPES, SPACINGS = ("bfloat16", "float32"), ("leading", "trailing", "linspace")
 
 
-def preview_every(text: str) -> int | None:
-    """--preview-every: 'auto' (None) or a whole number of steps, 0 for none."""
+def preview_every(text: str) -> int | None:  # (--preview-every: 'auto', None, or steps, 0 for none)
     if text.strip().lower() != "auto" and not text.strip().isdigit():
         raise argparse.ArgumentTypeError(f"must be 'auto' or a whole number of steps (0: no previews), got {text!r}")
     return None if text.strip().lower() == "auto" else int(text)
@@ -202,6 +202,11 @@ OPTIONS: tuple[Option, ...] = (
            "process exits", env="SDXL_DRAIN_SECONDS", type=float, default=60.0),
     option("--metrics", SERVERS, "where GET /metrics (Prometheus) is served: 'public' (on --port), 'off', or "
            "HOST:PORT for a listener of its own, e.g. 127.0.0.1:9100", env="SDXL_METRICS", default="public"),
+    option("--api-key", SERVERS, "when set, the APIs of other tools (/sdapi/v1, /v1/images, /v1/models; MCP) take "
+           "requests carrying it: a Bearer token (OpenAI's clients) or HTTP basic's password (A1111's --api-auth)",
+           env="SDXL_API_KEY", metavar="KEY"),
+    option("--mcp", ["app"], "'on': /generate is also a tool of an MCP server at /gradio_api/mcp/ for LLM agents",
+           env="SDXL_MCP", default="off", choices=["on", "off"]),
     option("--host", ["app"], "address to listen on (0.0.0.0 on Spaces)", env="GRADIO_SERVER_NAME",
            default="127.0.0.1"),
     option("--port", ["app"], "port", env="GRADIO_SERVER_PORT", type=int, default=7860),
@@ -313,18 +318,3 @@ def from_environment(parser: argparse.ArgumentParser, o: Option, text: str) -> A
             parser.error(f"{o.env} (for {o.flag}) must be one of {', '.join(o.choices)}, got {part!r}")
         values.append(value)
     return values if o.action == "append" else values[0]
-
-
-def markdown_table() -> str:
-    """docs/options.md's table of options."""
-    lines = ["| Option | Environment | Default | Commands | What it does |", "|---|---|---|---|---|"]
-    for o in OPTIONS:
-        choices = f" One of: {', '.join(o.choices)}." if o.choices else ""
-        cell = lambda text: text.replace("|", "\\|")
-        lines.append(f"| `{o.flag}` | {f'`{o.env}`' if o.env else ''} | {cell(o.default_text())} | "
-                     f"{', '.join(o.commands)} | {cell(o.help)}.{cell(choices)} |")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(markdown_table())

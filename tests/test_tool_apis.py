@@ -1,0 +1,402 @@
+"""The APIs other tools speak, on the app a Space runs (`python app.py`, the shared app_server:
+MCP on, an API key set), through the clients people use: webuiapi (A1111's), the official openai
+client and the official mcp client. What they get is what /generate makes from the same
+settings and seeds: the same parameters text, the pipeline's pixels."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import io
+import json
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from served_app import API_KEY, read_metrics, requests_total
+from sdxl_tpu.spec.images import read_parameters
+
+PROMPT, NEGATIVE, SEED, STEPS = "a lighthouse", "blurry", 41, 3
+
+
+@pytest.fixture(scope="module")
+def from_generate(app_server):
+    """/generate's four images (through gradio_client) and the tiny pipeline's pixels for them."""
+    from gradio_client import Client
+
+    client = Client(app_server["url"] + "/", verbose=False)
+    gallery, _ = client.predict(PROMPT, NEGATIVE, "(No style)", SEED, False, 5.0, STEPS, "64x64", "Euler",
+                                api_name="/generate")
+    return [read_parameters(Image.open(item["image"])) for item in gallery]
+
+
+def pixels(image: Image.Image) -> np.ndarray:
+    return np.asarray(image.convert("RGB"))
+
+
+def test_a1111_api_on_the_app_behind_its_key(app_server, from_generate, tiny_pipeline):
+    """webuiapi against the app: refused without the key (401, said), then with it as HTTP basic's
+    password (A1111's --api-auth) four images whose parameters are /generate's and whose pixels are
+    the pipeline's, counted under their route."""
+    import webuiapi
+
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=app_server["port"], sampler="Euler", steps=STEPS)
+    for user, password in ((None, None), ("me", "wrong")):
+        if user:
+            api.set_auth(user, password)
+        with pytest.raises(RuntimeError) as refused:
+            api.txt2img(prompt=PROMPT, width=64, height=64)
+        assert refused.value.args[0] == 401 and "API key" in refused.value.args[1]
+    before = read_metrics(app_server["url"] + "/metrics")
+    api.set_auth("me", API_KEY)
+    made = api.txt2img(prompt=PROMPT, negative_prompt=NEGATIVE, seed=SEED, cfg_scale=5.0, width=64, height=64,
+                       batch_size=4, scheduler="Checkpoint")
+    assert [read_parameters(image) for image in made.images] == from_generate
+    ours = tiny_pipeline.generate(PROMPT, NEGATIVE, seed=SEED, guidance_scale=5.0, steps=STEPS, size=(64, 64),
+                                  sampler="Euler")
+    for theirs, mine in zip(made.images, ours.images, strict=True):
+        np.testing.assert_array_equal(pixels(theirs), np.asarray(mine))
+    after = read_metrics(app_server["url"] + "/metrics")
+    assert requests_total(after, "ok", "/sdapi/v1/txt2img") - requests_total(before, "ok", "/sdapi/v1/txt2img") == 1
+
+
+def test_openai_api_on_the_app_behind_its_key(app_server, from_generate):
+    """The official openai client against the app: a wrong key is its AuthenticationError; with the
+    key (Bearer) four images as base64 whose parameters are /generate's."""
+    import openai
+
+    url = app_server["url"] + "/v1"
+    with pytest.raises(openai.AuthenticationError) as refused:
+        openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).images.generate(prompt=PROMPT, size="64x64")
+    assert refused.value.body["code"] == "invalid_api_key"
+    client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0)
+    made = client.images.generate(prompt=PROMPT, n=4, size="64x64", response_format="b64_json",
+                                  extra_body={"negative_prompt": NEGATIVE, "seed": SEED, "steps": STEPS,
+                                              "sampler": "Euler", "guidance_scale": 5.0})
+    images = [Image.open(io.BytesIO(base64.b64decode(d.b64_json))) for d in made.data]
+    assert [read_parameters(image) for image in images] == from_generate
+
+
+def test_mcp_tool_on_the_app(app_server, from_generate):
+    """The official mcp client over streamable HTTP: the server lists /generate as a tool an agent
+    can read (what it does, each argument); a call gives the four images, as the files /generate
+    writes (their parameters inside), with their captions and progress notifications on the way.
+    Without the key the server refuses the client."""
+    import httpx
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    url = app_server["url"] + "/gradio_api/mcp/"
+
+    async def session_run(headers: dict, work):
+        async with (httpx.AsyncClient(headers=headers, timeout=120) as http,
+                    streamable_http_client(url, http_client=http) as (read, write, _),
+                    ClientSession(read, write) as session):
+            await session.initialize()
+            return await work(session)
+
+    async def call(session):
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        progress: list[str] = []
+
+        async def on_progress(done, total, message):
+            progress.append(message or "")
+
+        result = await session.call_tool("generate", {"prompt": PROMPT, "negative": NEGATIVE, "seed": SEED,
+                                                      "steps": STEPS, "sampler": "Euler"},
+                                         progress_callback=on_progress)
+        return tools, result, progress
+
+    tools, result, progress = asyncio.run(session_run({"Authorization": f"Bearer {API_KEY}"}, call))
+    assert list(tools) == ["generate"], list(tools)
+    tool = tools["generate"]
+    assert "Four images from one prompt" in tool.description
+    schema = tool.inputSchema
+    assert schema["required"] == ["prompt"] and "seed" in schema["properties"]["seed"]["description"], schema
+    assert not result.isError, result.content
+    images = [c for c in result.content if c.type == "image"]
+    texts = [c.text for c in result.content if c.type == "text"]
+    assert len(images) == 4 and all(c.mimeType == "image/jpeg" for c in images)
+    decoded = [Image.open(io.BytesIO(base64.b64decode(c.data))) for c in images]
+    assert [read_parameters(image) for image in decoded] == from_generate
+    assert texts[:4] == [f"seed {SEED + i}" for i in range(4)] and any("Generated 4 images" in t for t in texts)
+    assert any("Step" in message for message in progress), progress
+    with pytest.raises(Exception) as refused:
+        asyncio.run(session_run({}, lambda session: session.list_tools()))
+    assert "401" in repr(refused.value) or "Unauthorized" in repr(refused.value), repr(refused.value)
+
+
+# --- the fuzz: every new route, at least 300 malformed or hostile bodies each ---
+
+NOT_JSON = [b"", b"{", b"[", b"null", b"[]", b'"x"', b"1", b"\xff\xfe\x00", b"{" * 5000 + b"}" * 5000,
+            b"[" * 100_000, b'{"prompt": "x"', b'{"prompt": "x",}', b"{'prompt': 'x'}", b'{"prompt": NaN', b"\x00" * 9]
+# Per kind, values a field of that kind never takes (json.dumps writes NaN and Infinity as Python reads them).
+NOT_TEXT = [5, 1.5, True, {"$ne": ""}, [["x"]], [], {}, -1, 1e308]
+NOT_NUMBER = ["5", "x", "../../etc/passwd", "", True, {"a": 1}, [1], [], float("nan"), float("inf"), -float("inf"),
+              10**30, -10**30]
+NOT_BOOL = ["yes", 2, 1.5, {"a": 1}, [True], "", -1]
+NOT_CHOICE = ["nope", "../../etc/passwd", "\x00", "x" * 10_000, "%00", "<script>alert(1)</script>", *NOT_TEXT]
+# What no field of the form takes (its MCP tool's arguments): objects, nested lists, files it did not write.
+NOT_ANY = [{"$ne": 1}, [[1]], [1, "x"], 1e308, -1e308, {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}},
+           {"path": "http://127.0.0.1:1/x.png"}, {"url": "file:///etc/passwd"}]
+
+
+def hostile_images() -> list:
+    """The image corpus as base64 (what the decoder refuses), and its values that are no bytes."""
+    from test_image_input import hostile_files
+
+    others = [data for _, data in hostile_files() if data is not None and not isinstance(data, bytes)]
+    return others + [base64.b64encode(data).decode() for data in hostile_bytes()]
+
+
+def a1111_bodies(img2img: bool) -> list[bytes]:
+    from sdxl_tpu.spec.a1111_api import ONLY_DEFAULT
+
+    base = {"prompt": "a cat", "steps": 1, "width": 64, "height": 64}
+    fields = {"prompt": NOT_TEXT, "negative_prompt": NOT_TEXT, "sampler_name": NOT_CHOICE, "scheduler": NOT_CHOICE,
+              "seed": NOT_NUMBER + [-2, 2**40], "steps": NOT_NUMBER + [0, -1, 10**6],
+              "width": NOT_NUMBER + [0, 7, 65, 10**6], "height": NOT_NUMBER + [0, 7, 65], "cfg_scale": NOT_NUMBER,
+              "batch_size": NOT_NUMBER + [0, 65], "n_iter": NOT_NUMBER + [0, 1000],
+              "send_images": ["yes", 2, {"a": 1}], "styles": ["x", [5], [{"a": 1}], ["no such style"], [["x"]]],
+              "override_settings": ["x", 5, [1], {"sd_model_checkpoint": "other"}, {"randn_source": "NV"},
+                                    {"sd_model_checkpoint": {"a": 1}}, {"samples_format": 5}]}
+    bodies = [{**base, name: value} for name, values in fields.items() for value in values]
+    bodies += [{**base, name: value} for name in ONLY_DEFAULT for value in ("x", 12345, {"a": [1]})]
+    if not img2img:  # (A1111's img2img has no hires fix: it ignores these)
+        hires = {"hr_upscaler": NOT_CHOICE, "hr_scale": NOT_NUMBER + [1.1, 3, 0.5], "enable_hr": NOT_BOOL,
+                 "hr_second_pass_steps": NOT_NUMBER + [-1, 10**6], "denoising_strength": NOT_NUMBER + [-1, 2]}
+        bodies += [{**base, "enable_hr": True, name: value} for name, values in hires.items() for value in values]
+    if img2img:
+        image = base64.b64encode(_png()).decode()
+        start = {**base, "init_images": [image]}
+        bodies = [{**body, "init_images": [image]} for body in bodies]
+        bodies += [{**base, "init_images": value} for value in ([], "x", [5], [image, image], {"a": 1})]
+        bodies += [{**base, "init_images": [value]} for value in hostile_images()]
+        bodies += [{**start, "mask": value} for value in hostile_images()[::3] if value != ""]  # ("": no mask)
+        bodies += [{**start, "resize_mode": value} for value in NOT_NUMBER + [3, 4, -1]]
+        masked = {**start, "mask": base64.b64encode(_png(mask=True)).decode()}  # (the inpainting settings need one)
+        bodies += [{**masked, name: value} for name, values in (
+            ("mask_blur", NOT_NUMBER + [-1, 10**6]), ("inpainting_fill", NOT_NUMBER + [4, -1]),
+            ("inpaint_full_res", NOT_BOOL), ("inpaint_full_res_padding", NOT_NUMBER + [-1, 10**6]))
+                   for value in values]
+    return NOT_JSON + [json.dumps(body).encode() for body in bodies]
+
+
+def _png(mask: bool = False) -> bytes:
+    from test_image_input import encoded
+    from test_img2img import picture
+    from test_inpaint import block_mask
+
+    return encoded(block_mask() if mask else picture(), "PNG")
+
+
+def openai_bodies() -> list[bytes]:
+    base = {"prompt": "a cat", "size": "64x64", "steps": 1}
+    fields = {"prompt": NOT_TEXT + ["", "   "], "model": NOT_CHOICE + ["dall-e-3"], "n": NOT_NUMBER + [0, 11, -1],
+              "size": NOT_CHOICE + ["1x1", "64x64x64", "0x0", "-64x64", "1024x1024"],
+              "response_format": NOT_CHOICE, "output_format": NOT_CHOICE, "quality": NOT_CHOICE + ["hd", "high"],
+              "background": NOT_CHOICE + ["transparent"], "style": NOT_CHOICE + ["vivid"],
+              "negative_prompt": NOT_TEXT, "seed": NOT_NUMBER + [-2, 2**40], "steps": NOT_NUMBER + [0, 10**6],
+              "guidance_scale": NOT_NUMBER + [-1, 10**6], "sampler": NOT_CHOICE, "schedule": NOT_CHOICE,
+              "rng": NOT_CHOICE, "strength": NOT_NUMBER + [2, -1], "masked_content": NOT_CHOICE,
+              "mask_blur": NOT_NUMBER + [-1]}
+    bodies = [{**base, name: value} for name, values in fields.items() for value in values]
+    unknown = ("image", "mask", "prompt2", "__proto__", "../x", "\x00", "", "A" * 300, "cfg_scale", "sampler_name",
+               "width", "height", "batch_size", "n_iter", "negative", "guidance", "scheduler", "init_images")
+    bodies += [{**base, name: 1} for name in unknown]
+    return NOT_JSON + [json.dumps(body).encode() for body in bodies]
+
+
+def edit_bodies() -> list[tuple[bytes, str]]:
+    """Multipart bodies (body, content type): hostile images and masks, hostile fields, broken multipart."""
+    boundary = "fuzzboundary"
+
+    def multipart(parts: list[tuple[str, bytes | str]]) -> bytes:
+        out = b""
+        for name, value in parts:
+            file = isinstance(value, bytes)
+            out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\""
+                    + ('; filename="x.png"\r\nContent-Type: image/png' if file else "") + "\r\n\r\n").encode()
+            out += (value if file else value.encode()) + b"\r\n"
+        return out + f"--{boundary}--\r\n".encode()
+
+    kind = f"multipart/form-data; boundary={boundary}"
+    image = _png()
+    cases = [(multipart([("prompt", "a cat"), ("image", data)]), kind) for data in hostile_bytes()]
+    cases += [(multipart([("prompt", "a cat"), ("image", image), ("mask", data)]), kind)
+              for data in hostile_bytes()[::2]]
+    for name, values in (("n", ["x", "0", "11", "1.5"]), ("size", ["x", "1x1", "64x64x1"]), ("steps", ["x", "0"]),
+                         ("strength", ["x", "2", "nan"]), ("response_format", ["x"]), ("model", ["dall-e-2"]),
+                         ("seed", ["x", "-2"]), ("image", ["not a file"]), ("unknown", ["1"])):
+        cases += [(multipart([("prompt", "a cat"), ("image", image), (name, v)]), kind) for v in values]
+    cases += [(multipart([("prompt", "a cat")]), kind), (multipart([("image", image)]), kind),
+              (multipart([("prompt", "a cat"), ("image", image), ("image", image)]), kind),
+              (b"--fuzzboundary\r\ngarbage", kind), (b"", kind), (b'{"prompt": "a cat"}', "application/json"),
+              (multipart([("prompt", "a cat"), ("image", image)]), "multipart/form-data"),
+              (multipart([("prompt", "a cat"), ("image", image)]), "multipart/form-data; boundary=other")]
+    return cases
+
+
+@functools.cache
+def hostile_bytes() -> list[bytes]:
+    """The image corpus's files (test_image_input) that the decoder refuses."""
+    from sdxl_tpu.spec.errors import RequestError
+    from sdxl_tpu.spec.image_input import decode_image
+    from test_image_input import hostile_files
+
+    refused = []
+    for _, data in hostile_files():
+        if isinstance(data, bytes):
+            try:
+                decode_image(data)
+            except RequestError:
+                refused.append(data)
+    return refused
+
+
+def mcp_messages() -> list[dict | bytes]:
+    """JSON-RPC messages to an MCP session: broken envelopes, unknown methods, hostile tool calls."""
+    call = lambda arguments, name="generate": {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                                               "params": {"name": name, "arguments": arguments}}
+    messages: list[dict | bytes] = list(NOT_JSON)
+    messages += [{"jsonrpc": v, "id": 1, "method": "tools/list"} for v in ("1.0", 2, None)]
+    messages += [{"jsonrpc": "2.0", "id": i, "method": m} for i, m in ((1, "nope"), ([1], "tools/list"),
+                                                                       ({"a": 1}, "tools/list"), (1, 5))]
+    messages += [{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": p}
+                 for p in (None, 5, "x", [], {"name": 5}, {"name": "generate", "arguments": 5})]
+    messages += [call({}, name) for name in ("nope", "../generate", "generate_in_page", "reuse_seed", "", "\x00")]
+    for value in NOT_ANY + NOT_TEXT:  # (as the message's id, a tool's name, the arguments)
+        messages += [call({}, value), {**call({}), "params": {"name": "generate", "arguments": value}}]
+        if isinstance(value, (bool, float, list, dict)):  # (an id is text or a whole number)
+            messages.append({"jsonrpc": "2.0", "id": value, "method": "tools/list"})
+    messages += [{"jsonrpc": "2.0", "id": 3, "method": "resources/read", "params": {"uri": uri}}
+                 for uri in ("file:///etc/passwd", "../../etc/passwd", "/proc/self/environ", "http://127.0.0.1:1/",
+                             "gradio://x", "", "x" * 5000, 5, None, {"a": 1})]
+    messages += [{"jsonrpc": "2.0", "id": 4, "method": "prompts/get", "params": {"name": name}}
+                 for name in ("nope", "../x", "", 5, None, {"a": 1})]
+    messages += [{"jsonrpc": "2.0", "id": 5, "method": "logging/setLevel", "params": {"level": level}}
+                 for level in ("nope", 5, None)]
+    messages += [{"jsonrpc": "2.0", "id": 6, "method": method, "params": 5}
+                 for method in ("initialize", "ping", "tools/list", "resources/list", "prompts/list",
+                                "completion/complete")]
+    from sdxl_tpu.spec.fields import FIELDS
+
+    fields = {"steps": [0, 10**6, "x"], "size": ["512x512", "x"], "sampler": ["nope"], "schedule": ["nope"],
+              "rng": ["nope"], "style": ["nope"], "image": ["/etc/passwd", "http://127.0.0.1:1/x.png"],
+              **{f.name: NOT_ANY for f in FIELDS}}
+    messages += [call({"prompt": "a cat", "steps": 1, name: value}) for name, values in fields.items()
+                 for value in values]
+    return messages
+
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def said(data: bytes) -> str:
+    """The message of a refusal in either shape ({"error": message} or OpenAI's error object)."""
+    error = json.loads(data)["error"]
+    return error["message"] if isinstance(error, dict) else error
+
+
+@pytest.mark.parametrize("route", ["/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/sdapi/v1/options",
+                                   "/sdapi/v1/png-info", "/v1/images/generations", "/v1/images/edits"])
+def test_fuzz_the_tool_apis(app_server, route):
+    """At least 300 malformed or hostile bodies on each route of the other tools' APIs (a few
+    without the key): each a 4xx whose message says what is wrong, never a 5xx, no file of the
+    server's served, at most two log lines each, the server up."""
+    from test_security import AppLog, Http
+
+    if route.startswith("/sdapi/v1/txt2img"):
+        bodies = a1111_bodies(img2img=False)
+    elif route == "/sdapi/v1/img2img":
+        bodies = a1111_bodies(img2img=True)
+    elif route == "/sdapi/v1/options":
+        bodies = NOT_JSON + [json.dumps({key: 1}).encode() for key in ("sd_model_checkpoint", "randn_source")]
+        bodies += [json.dumps({f"option_{i}" if i % 3 else "../" * i: "x", "sd_vae": "Automatic"}).encode()
+                   for i in range(300)]
+    elif route == "/sdapi/v1/png-info":
+        images = hostile_images()
+        bodies = NOT_JSON + [json.dumps({"image": value}).encode() for value in images + NOT_TEXT]
+        bodies += [json.dumps({"image": "data:image/png;base64," + value}).encode()  # (as A1111's clients send them)
+                   for value in images if isinstance(value, str)]
+    elif route == "/v1/images/generations":
+        bodies = openai_bodies()
+    else:
+        bodies = edit_bodies()
+    http, log = Http(app_server), AppLog(app_server)
+    assert len(bodies) >= 300, len(bodies)
+    cases = [(body, {**AUTH}) for body in bodies] + [(bodies[-1], {}), (bodies[-1], {"Authorization": "Basic !!"}),
+                                                     (bodies[-1], {"Authorization": "Bearer " + "k" * 5000})]
+    for body, headers in cases:
+        if isinstance(body, tuple):
+            body, headers = body[0], {**headers, "Content-Type": body[1]}
+        log.inputs += 1
+        status, data = http.request("POST", route, body, headers)
+        assert 400 <= status < 500 and said(data), (route, re.sub(rb'"init_images": \["[^"]*"', b"...", body)[:300],
+                                                     status, data[:300])
+    log.assert_quiet()
+    assert http.statuses.keys() <= {400, 401, 404, 413, 415, 422}, http.statuses
+
+
+def test_fuzz_the_mcp_server(app_server):
+    """At least 300 malformed or hostile JSON-RPC messages to an MCP session on the app (broken
+    envelopes, unknown methods and tools, tool calls whose every argument is wrong): each answered
+    with an error that names the problem (a JSON-RPC error, or a tool result marked as an error),
+    never a 5xx, no file read for an image argument, at most two log lines each."""
+    from test_security import AppLog, Http
+
+    http, log = Http(app_server), AppLog(app_server)
+    headers = {**AUTH, "Accept": "application/json, text/event-stream"}
+    hello = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                        "clientInfo": {"name": "fuzz", "version": "1"}}}
+    session = mcp_session(app_server, headers, hello)
+    headers = {**headers, "mcp-protocol-version": "2025-06-18", **({"mcp-session-id": session} if session else {})}
+    messages = mcp_messages()
+    assert len(messages) >= 300, len(messages)
+    for message in messages:
+        body = message if isinstance(message, bytes) else json.dumps(message).encode()
+        log.inputs += 1
+        status, data = http.request("POST", "/gradio_api/mcp/", body, headers)
+        assert status < 500, (body[:200], status, data[:300])
+        answer = rpc_answer(data)
+        if 200 <= status < 300 and isinstance(message, dict) and "id" in message:
+            problem = (answer.get("error") or {}).get("message") or (
+                answer.get("result", {}).get("isError") and answer["result"]["content"][0]["text"])
+            assert problem, (body[:200], answer)
+    for path in ("/gradio_api/mcp/", "/gradio_api/mcp/sse"):  # (and without the key: refused)
+        log.inputs += 1
+        status, data = http.request("POST" if path.endswith("/") else "GET", path, json.dumps(hello).encode())
+        assert status == 401, (path, status, data[:200])
+    log.assert_quiet()
+
+
+def mcp_session(app_server, headers: dict, hello: dict) -> str:
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", app_server["port"], timeout=30)
+    try:
+        connection.request("POST", "/gradio_api/mcp/", json.dumps(hello).encode(),
+                           {**headers, "Content-Type": "application/json"})
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 200, response.status
+        return response.getheader("mcp-session-id")
+    finally:
+        connection.close()
+
+
+def rpc_answer(data: bytes) -> dict:
+    """A JSON-RPC answer, sent as JSON or as a server-sent event ({} if none)."""
+    text = data.decode("utf-8", "replace")
+    for line in text.splitlines():
+        if line.startswith("data:"):
+            return json.loads(line[5:])
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
