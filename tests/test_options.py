@@ -132,3 +132,15 @@ def test_the_documented_table_is_the_tables():
     begin, end = "<!-- options table: begin -->\n", "\n<!-- options table: end -->"
     assert doc[doc.index(begin) + len(begin):doc.index(end)] == markdown_table(), (
         "docs/options.md's option table is stale: rewrite it with `python -m sdxl_tpu.spec.options_table`")
+
+
+def test_mcp_is_on_by_itself_on_a_space_only_and_the_api_key_reads_its_variable():
+    """--mcp auto (the default) serves the MCP tool where Hugging Face runs the app (SPACE_ID set),
+    not elsewhere; on and off say so anywhere. --api-key reads SDXL_API_KEY; empty is no key."""
+    space = {"SPACE_ID": "someone/sdxl"}
+    assert [parse_settings(["--model", "tiny", *mcp], env=env).mcp
+            for mcp in ([], ["--mcp", "on"], ["--mcp", "off"]) for env in ({}, space)] == [
+        False, True, True, True, False, False]
+    assert parse_settings(["--model", "tiny"], env={"SDXL_API_KEY": "k1"}).api_key == "k1"
+    assert parse_settings(["--model", "tiny"], env={"SDXL_API_KEY": " "}).api_key is None
+    assert parse_settings(["--model", "tiny", "--api-key", "k2"], env={"SDXL_API_KEY": "k1"}).api_key == "k2"

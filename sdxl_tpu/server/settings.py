@@ -98,7 +98,8 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
     images are kept, and `--backend` (a front end that sends generations to back ends)."""
     parser = argparse.ArgumentParser(description="SDXL playground (Gradio), served from JAX.")
     add_options(parser, "app")
-    args = fill_defaults(parser, parser.parse_args(argv), "app", os.environ if env is None else env)
+    env = os.environ if env is None else env
+    args = fill_defaults(parser, parser.parse_args(argv), "app", env)
     if args.keep_images <= 0 or args.image_cache_mb < 1:
         parser.error("--keep-images and --image-cache-mb must be positive")
     if args.backend is not None:
@@ -107,7 +108,8 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
         except ValueError as e:
             parser.error(str(e))
     return dataclasses.replace(settings_from_arguments(parser, args, "app"), keep_images_seconds=args.keep_images,
-                               max_image_bytes=args.image_cache_mb << 20, backend=args.backend, mcp=args.mcp == "on")
+                               max_image_bytes=args.image_cache_mb << 20, backend=args.backend,
+                               mcp=args.mcp == "on" or args.mcp == "auto" and bool(env.get("SPACE_ID")))
 
 
 def check_backend_url(url: str) -> str:

@@ -205,8 +205,9 @@ OPTIONS: tuple[Option, ...] = (
     option("--api-key", SERVERS, "when set, the APIs of other tools (/sdapi/v1, /v1/images, /v1/models; MCP) take "
            "requests carrying it: a Bearer token (OpenAI's clients) or HTTP basic's password (A1111's --api-auth)",
            env="SDXL_API_KEY", metavar="KEY"),
-    option("--mcp", ["app"], "'on': /generate is also a tool of an MCP server at /gradio_api/mcp/ for LLM agents",
-           env="SDXL_MCP", default="off", choices=["on", "off"]),
+    option("--mcp", ["app"], "'on': /generate is also a tool of an MCP server at /gradio_api/mcp/ for LLM agents; "
+           "'auto': on on a Hugging Face Space (SPACE_ID set)", env="SDXL_MCP", default="auto",
+           choices=["auto", "on", "off"]),
     option("--host", ["app"], "address to listen on (0.0.0.0 on Spaces)", env="GRADIO_SERVER_NAME",
            default="127.0.0.1"),
     option("--port", ["app"], "port", env="GRADIO_SERVER_PORT", type=int, default=7860),
