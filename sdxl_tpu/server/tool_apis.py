@@ -30,6 +30,7 @@ log = logging.getLogger("sdxl_tpu.http")
 PREFIXES = (f"{SDAPI}/", "/v1/images/", "/v1/models")
 MCP = "/gradio_api/mcp"
 KEYED = (f"{SDAPI}/", "/v1/images/generations", "/v1/images/edits", "/v1/models", MCP)
+OPEN = frozenset([f"{MCP}/schema"])  # (what the tool is, as /gradio_api/info says: the page's API panel reads it)
 CHALLENGES = [(b"www-authenticate", b'Bearer realm="sdxl-tpu"'), (b"www-authenticate", b'Basic realm="sdxl-tpu"')]
 
 
@@ -60,7 +61,7 @@ class KeyRequired:
         self.app, self.key = app, key
 
     async def __call__(self, scope: dict, receive, send) -> None:
-        if self.key and scope["type"] == "http" and scope["path"].startswith(KEYED):
+        if self.key and scope["type"] == "http" and scope["path"].startswith(KEYED) and scope["path"] not in OPEN:
             authorization = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
             if not carries_key(authorization, self.key):
                 said = "no API key" if not authorization else "a wrong API key"
