@@ -221,3 +221,26 @@ def test_prompts_make_the_images_a1111_users_expect(tiny_pipeline, one_chunk_pip
         assert np.array_equal(pixels(tiny_pipeline, "a cat on a mat", "<lora:x:1>"),
                               pixels(tiny_pipeline, "a cat on a mat"))  # a negative prompt of tags alone: none
     assert counter.compiles == 0
+
+
+def test_text_encoding_runs_only_the_chunks_the_prompts_fill(tiny_pipeline):
+    """The encode program switches on the chunks the call's longest prompt fills, one branch per
+    count: branch n runs the text encoders over n chunks, n times the first one's work (a call of
+    short prompts encodes one chunk, not three); a long prompt takes a longer branch, and what its
+    second chunk says changes the images."""
+    from sdxl_tpu.bench.flops import _sub_jaxprs, jaxpr_flops
+
+    def switches(jaxpr) -> list:  # (the outermost ones: attention's choice of platform is a switch too)
+        eqns = getattr(jaxpr, "jaxpr", jaxpr).eqns
+        return [e for e in eqns if e.primitive.name == "cond"] + [
+            s for e in eqns if e.primitive.name != "cond" for sub in _sub_jaxprs(e) for s in switches(sub)]
+
+    assert tiny_pipeline.max_prompt_chunks == 3
+    (switch,) = switches(tiny_pipeline.trace("encode", (64, 64)).jaxpr)
+    work = [jaxpr_flops(branch) for branch in switch.params["branches"]]
+    assert work[0] > 0 and work == [work[0], 2 * work[0], 3 * work[0]], work
+    kwargs = dict(seed=3, steps=2, size=(64, 64), guidance_scale=5.0)
+    long = "a red chair, " * 30  # (some 120 tokens: two chunks)
+    varied = tiny_pipeline.generate(long + "in a garden", "blurry", **kwargs)
+    other = tiny_pipeline.generate(long + "on the moon", "blurry", **kwargs)
+    assert not np.array_equal(np.stack(varied.images), np.stack(other.images))
