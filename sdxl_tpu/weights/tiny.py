@@ -26,8 +26,8 @@ from .tensors import torch_shapes
 from .tiny_tokenizers import write_tokenizers
 
 
-def random_weights(model: nnx.Module, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Random float32 tensors for every parameter, under PyTorch names and shapes.
+def random_weights(model: nnx.Module, rng: np.random.Generator, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+    """Random tensors (float32, or `dtype`) for every parameter, under PyTorch names and shapes.
 
     Scaled so activations stay of order one through the network: weights ~ N(0, 1/fan_in),
     norm scales near one, small biases.
@@ -36,12 +36,12 @@ def random_weights(model: nnx.Module, rng: np.random.Generator) -> dict[str, np.
     for name, shape in torch_shapes(model).items():
         if len(shape) == 1:
             base = 1.0 if name.endswith("weight") else 0.0
-            out[name] = (base + 0.05 * rng.standard_normal(shape)).astype(np.float32)
+            out[name] = (base + 0.05 * rng.standard_normal(shape)).astype(dtype)
         elif name.endswith("embedding.weight"):
-            out[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+            out[name] = (0.5 * rng.standard_normal(shape)).astype(dtype)
         else:
             fan_in = int(np.prod(shape[1:]))
-            out[name] = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+            out[name] = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(dtype)
     return out
 
 
@@ -52,9 +52,10 @@ def _write_component(directory: Path, config: dict[str, Any], tensors: dict[str,
 
 
 def write_checkpoint(directory: str | os.PathLike, architecture: str = "tiny", *, seed: int = 0,
-                     overrides: dict[str, dict[str, Any]] | None = None) -> Path:
+                     overrides: dict[str, dict[str, Any]] | None = None, dtype: Any = np.float32) -> Path:
     """Write a random checkpoint of `architecture` in diffusers format to `directory`; its path.
-    `overrides`: config entries to change per component, e.g. {"text_encoder_2": {"hidden_size": 48}}."""
+    `overrides`: config entries to change per component, e.g. {"text_encoder_2": {"hidden_size": 48}};
+    `dtype`: its tensors' (float16: as the published fp16 files)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -70,7 +71,7 @@ def write_checkpoint(directory: str | os.PathLike, architecture: str = "tiny", *
     for name, build in builders.items():
         model = nnx.eval_shape(lambda: build(configs[name]))  # noqa: B023 (called within the iteration)
         filename = "model.safetensors" if name.startswith("text") else "diffusion_pytorch_model.safetensors"
-        _write_component(root / name, configs[name], random_weights(model, rng), filename)
+        _write_component(root / name, configs[name], random_weights(model, rng, dtype), filename)
     (root / "scheduler").mkdir(exist_ok=True)
     scheduler_config = {**SCHEDULER_CONFIG, "_diffusers_version": DIFFUSERS_VERSION}
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler_config, indent=2))

@@ -1,0 +1,68 @@
+"""Weights at the disk's speed? Loading SDXL base 1.0's four networks (random weights in the real
+diffusers file layout, float16 safetensors, as the published checkpoint's fp16 files) against
+reading the same bytes (`cat > /dev/null`), side by side: the two alternate, each load in a fresh
+process (it builds the networks and puts every parameter on the device, bfloat16).
+
+    python benchmarks/weights_load.py --dir /tmp/sdxl-fp16 --runs 3 --json
+
+The checkpoint (about 7 GB) is written once to --dir and kept. Both sides read through the page
+cache as it stands (the first read after writing is warm); the figure to compare is the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LOAD = """
+import sys, time
+began = time.perf_counter()
+import jax
+from sdxl_tpu import load_models
+models = load_models(sys.argv[1], dtype="bfloat16")
+jax.block_until_ready(jax.tree.leaves([models.text_encoder, models.text_encoder_2, models.unet, models.vae]))
+print(time.perf_counter() - began)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/sdxl-fp16"))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not (args.dir / "model_index.json").exists():
+        began = time.perf_counter()
+        import numpy as np
+
+        from sdxl_tpu.weights.tiny import write_checkpoint
+
+        write_checkpoint(args.dir, "sdxl", dtype=np.float16)
+        print(f"wrote {args.dir} in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    files = sorted(str(p) for p in args.dir.rglob("*.safetensors"))
+    size = sum(Path(f).stat().st_size for f in files)
+    cat, load = [], []
+    for _ in range(args.runs):
+        began = time.perf_counter()
+        subprocess.run(f"cat {' '.join(files)} > /dev/null", shell=True, check=True)
+        cat.append(time.perf_counter() - began)
+        done = subprocess.run([sys.executable, "-c", LOAD, str(args.dir)], capture_output=True, text=True, check=True,
+                              cwd=ROOT)
+        load.append(float(done.stdout.strip().splitlines()[-1]))
+    report = {"bytes": size, "cat_s": [round(t, 2) for t in cat], "load_s": [round(t, 2) for t in load],
+              "cat_gb_s": round(size / statistics.median(cat) / 1e9, 2),
+              "load_gb_s": round(size / statistics.median(load) / 1e9, 2),
+              "load_over_cat": round(statistics.median(load) / statistics.median(cat), 1)}
+    print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+
+
+if __name__ == "__main__":
+    main()
