@@ -2,8 +2,8 @@
 diffusers file layout, float16 safetensors, as the published checkpoint's fp16 files) against
 reading the same bytes (`cat > /dev/null`, and into a fresh process's memory), side by side: they
 alternate, each load in a fresh process (it builds the networks and puts every parameter on the
-device, bfloat16). Where memory a process has not touched before is slow to fault in (these VMs:
-about 160 MB/s), the read into memory is the fair floor, not cat.
+device, bfloat16). A load must put the bytes somewhere new: the read into memory is its floor, cat
+(which reuses one buffer) a bound below that.
 
     python benchmarks/weights_load.py --dir /tmp/sdxl-fp16 --runs 3 --json
 
