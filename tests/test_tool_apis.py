@@ -144,6 +144,7 @@ NOT_ANY = [{"$ne": 1}, [[1]], [1, "x"], 1e308, -1e308, {"path": "/etc/passwd", "
            {"path": "http://127.0.0.1:1/x.png"}, {"url": "file:///etc/passwd"}]
 
 
+@functools.cache
 def hostile_images() -> list:
     """The image corpus as base64 (what the decoder refuses), and its values that are no bytes."""
     from test_image_input import hostile_files

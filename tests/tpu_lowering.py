@@ -21,22 +21,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sdxl_tpu.generate.programs import BATCH, PROGRAMS, Layout, program
-from sdxl_tpu.models.clip import CLIPTextConfig, CLIPTextModel
 from sdxl_tpu.models.layers import Precision
-from sdxl_tpu.models.unet import UNet2DConditionModel, UNetConfig
-from sdxl_tpu.models.vae import AutoencoderKL, VAEConfig
 from sdxl_tpu.weights.architectures import architecture_configs
+from sdxl_tpu.weights.tiny import abstract_networks
 
 SIZE = (1024, 1024)
-
-
-def abstract_networks(configs: dict, precision: Precision) -> dict[str, nnx.Module]:
-    text = lambda name, projection: CLIPTextModel(CLIPTextConfig.from_dict(configs[name], with_projection=projection),
-                                                  precision)
-    return {"text_encoder": nnx.eval_shape(lambda: text("text_encoder", False)),
-            "text_encoder_2": nnx.eval_shape(lambda: text("text_encoder_2", True)),
-            "unet": nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(configs["unet"]), precision)),
-            "vae": nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(configs["vae"]), precision))}
 
 
 def splash_calls(text: str) -> dict[int, int]:

@@ -13,13 +13,11 @@ import numpy as np
 from flax import nnx
 
 from ..generate.pipeline import Pipeline
-from ..models.clip import CLIPTextConfig, CLIPTextModel
 from ..models.layers import Precision
-from ..models.unet import UNet2DConditionModel, UNetConfig
-from ..models.vae import AutoencoderKL, VAEConfig
 from ..sampler.from_config import SCHEDULER_CONFIG, samplers_for
 from ..weights.architectures import architecture_configs
 from ..weights.checkpoint import Models
+from ..weights.tiny import abstract_networks
 
 
 # Normal draws reused cyclically from one pool, scaled once per fan-in: drawing SDXL's 2.6 billion
@@ -69,15 +67,8 @@ def random_pipeline(architecture: str, precision: Precision, **pipeline: Any) ->
 
 def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:
     """An architecture's networks with random weights, made on the device (nothing read or written)."""
-    seeds = iter(range(seed, seed + 4))
-    fill = lambda model: random_fill(model, next(seeds))
-
-    te = lambda name, proj: fill(nnx.eval_shape(lambda: CLIPTextModel(
-        CLIPTextConfig.from_dict(configs[name], with_projection=proj), precision)))
-    return Models(text_encoder=te("text_encoder", False), text_encoder_2=te("text_encoder_2", True),
-                  unet=fill(nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(configs["unet"]),
-                                                                        precision))),
-                  vae=fill(nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(configs["vae"]), precision))))
+    networks = abstract_networks(configs, precision)  # (text_encoder, text_encoder_2, unet, vae: seeds in order)
+    return Models(**{name: random_fill(model, seed + i) for i, (name, model) in enumerate(networks.items())})
 
 
 def random_tokenizers():

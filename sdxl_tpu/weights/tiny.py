@@ -18,6 +18,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from ..models.clip import CLIPTextConfig, CLIPTextModel
+from ..models.layers import Precision
 from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..models.vae import AutoencoderKL, VAEConfig
 from ..sampler.from_config import SCHEDULER_CONFIG
@@ -51,6 +52,18 @@ def _write_component(directory: Path, config: dict[str, Any], tensors: dict[str,
     save_file(tensors, str(directory / filename), metadata={"format": "pt"})
 
 
+def abstract_networks(configs: dict[str, Any], precision: Precision = Precision()) -> dict[str, nnx.Module]:
+    """The four networks of an architecture's configs (architecture_configs), built abstractly
+    (nnx.eval_shape: shapes and dtypes, no weights), by the component names of a checkpoint."""
+    builders = {
+        "text_encoder": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c, with_projection=False), precision),
+        "text_encoder_2": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c, with_projection=True), precision),
+        "unet": lambda c: UNet2DConditionModel(UNetConfig.from_dict(c), precision),
+        "vae": lambda c: AutoencoderKL(VAEConfig.from_dict(c), precision),
+    }
+    return {name: nnx.eval_shape(lambda: build(configs[name])) for name, build in builders.items()}  # noqa: B023
+
+
 def write_checkpoint(directory: str | os.PathLike, architecture: str = "tiny", *, seed: int = 0,
                      overrides: dict[str, dict[str, Any]] | None = None, dtype: Any = np.float32) -> Path:
     """Write a random checkpoint of `architecture` in diffusers format to `directory`; its path.
@@ -62,14 +75,7 @@ def write_checkpoint(directory: str | os.PathLike, architecture: str = "tiny", *
     configs = architecture_configs(architecture, vocab_size=write_tokenizers(root))
     for component, changes in (overrides or {}).items():
         configs[component] = {**configs[component], **changes}
-    builders = {
-        "text_encoder": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c, with_projection=False)),
-        "text_encoder_2": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c, with_projection=True)),
-        "unet": lambda c: UNet2DConditionModel(UNetConfig.from_dict(c)),
-        "vae": lambda c: AutoencoderKL(VAEConfig.from_dict(c)),
-    }
-    for name, build in builders.items():
-        model = nnx.eval_shape(lambda: build(configs[name]))  # noqa: B023 (called within the iteration)
+    for name, model in abstract_networks(configs).items():
         filename = "model.safetensors" if name.startswith("text") else "diffusion_pytorch_model.safetensors"
         _write_component(root / name, configs[name], random_weights(model, rng, dtype), filename)
     (root / "scheduler").mkdir(exist_ok=True)
