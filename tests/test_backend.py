@@ -202,6 +202,8 @@ def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
       "mask": base64.b64encode(encoded(picture(), "PNG")).decode(), "masked_content": "noise"}, 422,
      "Masked content 'noise' is not available; choose one of: fill, original, latent noise, latent nothing."),
     ({"prompt": "a cat", "mask_blurred": "yes"}, 422, "The field 'mask_blurred' must be true or false, got text."),
+    ({"prompt": "a cat", "format": "gif"}, 422, "The field 'format' must be one of jpeg, png, webp, got 'gif'."),
+    ({"prompt": "a cat", "format": ["png"]}, 422, "The field 'format' must be one of jpeg, png, webp"),
     ({"parameters": ["a cat"]}, 422, "Parameters must be text, got a list."),
     ({"parameters": "Steps: 2, Seed: 1, Size: 64x64"}, 422, "Prompt is empty: please enter a prompt."),
     ({"parameters": "a cat\nSteps: 2, Seed: 1, Size: 64x64", "steps": 0}, 422, "Steps must be a whole number"),
