@@ -2,8 +2,10 @@
 diffusers file layout, float16 safetensors, as the published checkpoint's fp16 files) against
 reading the same bytes (`cat > /dev/null`, and into a fresh process's memory), side by side: they
 alternate, each load in a fresh process (it builds the networks and puts every parameter on the
-device, bfloat16). A load must put the bytes somewhere new: the read into memory is its floor, cat
-(which reuses one buffer) a bound below that.
+device, bfloat16), with no compilation cache (a first start) and with JAX's persistent cache
+holding the programs that lay the tensors out (a restart, or a replica given the cache's volume).
+A load must put the bytes somewhere new: the read into memory is its floor, cat (which reuses one
+buffer) a bound below that.
 
     python benchmarks/weights_load.py --dir /tmp/sdxl-fp16 --runs 3 --json
 
@@ -15,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +34,8 @@ import sys, time
 began = time.perf_counter()
 import jax
 from sdxl_tpu import load_models
+from sdxl_tpu.generate.compilation import enable_compile_cache
+enable_compile_cache(sys.argv[2] if len(sys.argv) > 2 else None)
 models = load_models(sys.argv[1], dtype="bfloat16")
 jax.block_until_ready(jax.tree.leaves([models.text_encoder, models.text_encoder_2, models.unet, models.vae]))
 print(time.perf_counter() - began)
@@ -52,7 +58,9 @@ def main() -> None:
         print(f"wrote {args.dir} in {time.perf_counter() - began:.0f} s", file=sys.stderr)
     files = sorted(str(p) for p in args.dir.rglob("*.safetensors"))
     size = sum(Path(f).stat().st_size for f in files)
-    cat, read, load = [], [], []
+    cache = tempfile.mkdtemp(prefix="weights-load-cache-")
+    subprocess.run([sys.executable, "-c", LOAD, str(args.dir), cache], capture_output=True, check=True, cwd=ROOT)
+    cat, read, load, cached = [], [], [], []
     for _ in range(args.runs):
         began = time.perf_counter()
         subprocess.run(f"cat {' '.join(files)} > /dev/null", shell=True, check=True)
@@ -63,8 +71,14 @@ def main() -> None:
         done = subprocess.run([sys.executable, "-c", LOAD, str(args.dir)], capture_output=True, text=True, check=True,
                               cwd=ROOT)
         load.append(float(done.stdout.strip().splitlines()[-1]))
+        done = subprocess.run([sys.executable, "-c", LOAD, str(args.dir), cache], capture_output=True, text=True,
+                              check=True, cwd=ROOT)
+        cached.append(float(done.stdout.strip().splitlines()[-1]))
+    shutil.rmtree(cache)
     report = {"bytes": size, "cat_s": [round(t, 2) for t in cat], "read_s": [round(t, 2) for t in read],
-              "load_s": [round(t, 2) for t in load], "read_gb_s": round(size / statistics.median(read) / 1e9, 2),
+              "load_s": [round(t, 2) for t in load], "load_cached_s": [round(t, 2) for t in cached],
+              "cached_over_read": round(statistics.median(cached) / statistics.median(read), 2),
+              "read_gb_s": round(size / statistics.median(read) / 1e9, 2),
               "load_over_read": round(statistics.median(load) / statistics.median(read), 2),
               "cat_gb_s": round(size / statistics.median(cat) / 1e9, 2),
               "load_gb_s": round(size / statistics.median(load) / 1e9, 2),

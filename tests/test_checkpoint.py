@@ -112,6 +112,28 @@ def test_fp16_variant_preferred_and_bf16_tensors_read(tmp_path):
         source.get("ids")
 
 
+def test_half_precision_weights_cast_on_the_device_equal_the_host_cast(tmp_path):
+    """A float16 checkpoint loaded as bfloat16: the tensors go to the device as stored and are laid
+    out and cast there; every parameter equals ml_dtypes' cast of the file's tensor (round to
+    nearest even), in every network and every kind of tensor (kernels 2-D and 4-D, embeddings, norms)."""
+    from sdxl_tpu.weights.tensors import flax_params_as_torch
+    from sdxl_tpu.weights.tiny import write_checkpoint
+
+    root = write_checkpoint(tmp_path / "fp16", dtype=np.float16)
+    models = load_models(root, dtype="float32", param_dtype="bfloat16")
+    for name, network in (("text_encoder", models.text_encoder), ("text_encoder_2", models.text_encoder_2),
+                          ("unet", models.unet), ("vae", models.vae)):
+        files = TensorSource(weight_files(root / name))
+        loaded = flax_params_as_torch(network)
+        assert {str(a.dtype) for a in loaded.values()} == {"bfloat16"}
+        assert {len(a.shape) for a in loaded.values()} >= ({1, 2, 4} if name in ("unet", "vae") else {1, 2})
+        for key, value in loaded.items():
+            stored = files.get(key if key in files.keys() else "text_model." + key)
+            assert stored.dtype == np.float16
+            np.testing.assert_array_equal(value.view(np.uint16), stored.astype(ml_dtypes.bfloat16).view(np.uint16),
+                                          err_msg=f"{name}: {key}")
+
+
 def test_no_weights_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="no .safetensors weights"):
         weight_files(tmp_path)

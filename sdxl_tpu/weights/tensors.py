@@ -7,10 +7,12 @@ Linear kernels are transposed, conv kernels go from (out, in, kh, kw) to (kh, kw
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -113,7 +115,7 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
 
     Fails, naming the tensors, if any is missing, unexpected or of the wrong shape. `deltas`
     (by PyTorch name, in PyTorch layout: fused LoRA updates) are added in float32. Weights are
-    cast to each parameter's dtype on the host, then placed on the default device.
+    placed on the default device as stored, then cast to each parameter's dtype there.
     """
     by_name = {torch_name(path): (path, var) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     ckpt = {}
@@ -133,14 +135,70 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
             problems.append(f"{label}: {shown}")
     if problems:
         raise CheckpointError(f"{component} checkpoint does not match the model: " + "; ".join(problems))
-    for name, (path, var) in by_name.items():
-        array = source.get(ckpt[name])
-        if deltas and name in deltas:
-            array = np.asarray(array, np.float32) + deltas[name]()
-        if path[-1] == "kernel":
-            array = array.T if array.ndim == 2 else array.transpose(2, 3, 1, 0)
-        var.set_value(jax.device_put(np.asarray(array, dtype=var.get_value().dtype)))
+    with _Layouts() as layouts:
+        group: list[tuple[nnx.Variable, np.ndarray, Callable[[jax.Array], jax.Array] | None]] = []
+        for name, (path, var) in by_name.items():
+            array = source.get(ckpt[name])
+            if deltas and name in deltas:
+                array = np.asarray(array, np.float32) + deltas[name]()
+            dtype = np.dtype(var.get_value().dtype)
+            if array.ndim == 1:  # (norms and biases: a few MB in all; a program each would cost more)
+                group.append((var, np.asarray(array, dtype), None))
+            else:
+                group.append((var, array, layouts.program(array, dtype, kernel=path[-1] == "kernel")))
+            if sum(a.nbytes for _, a, _ in group) >= _GROUP_BYTES:
+                _place(group)
+                group = []
+        _place(group)
     return model
+
+
+# Tensors travel to the device as the file holds them, in groups of about this many bytes (few
+# large transfers; a group at a time, so the device never holds a whole network twice), and are
+# cast and laid out there: on the host, a cast through a transposed view of the mapped file was
+# 6x the time of reading its bytes (benchmarks/RESULTS.md, 2026-12-05).
+_GROUP_BYTES = 256 << 20
+
+
+def _place(group: list[tuple[nnx.Variable, np.ndarray, Callable[[jax.Array], jax.Array] | None]]) -> None:
+    stored = jax.device_put([array for _, array, _ in group])
+    for (var, _, program), raw in zip(group, stored):
+        var.set_value(raw if program is None else program(raw))
+
+
+class _Layouts:
+    """The programs that lay out and cast each shape of tensor on the device, compiled in threads
+    while the tensors are read (a program per shape: XLA's compiles, not the bytes, were most of a
+    load's time)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(os.cpu_count() or 1)
+        self._compiling: dict[tuple, Future] = {}
+
+    def program(self, array: np.ndarray, dtype: np.dtype, kernel: bool) -> Callable[[jax.Array], jax.Array]:
+        key = (array.shape, array.dtype, dtype, kernel)
+        if key not in self._compiling:
+            shape = jax.ShapeDtypeStruct(array.shape, array.dtype)
+            self._compiling[key] = self._pool.submit(lambda: _flax_layout.lower(shape, dtype=dtype, kernel=kernel).compile())
+        return functools.partial(_run, self._compiling[key])
+
+    def __enter__(self) -> _Layouts:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+
+def _run(compiling: Future, raw: jax.Array) -> jax.Array:
+    return compiling.result()(raw)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "kernel"))
+def _flax_layout(x: jax.Array, dtype: np.dtype, kernel: bool) -> jax.Array:
+    """A tensor in PyTorch's layout -> the Flax parameter: kernels transposed, cast to `dtype`."""
+    if kernel:
+        x = x.T if x.ndim == 2 else x.transpose(2, 3, 1, 0)
+    return x.astype(dtype)
 
 
 def normalize_clip_name(key: str) -> str:
