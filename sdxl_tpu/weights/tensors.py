@@ -179,7 +179,8 @@ class _Layouts:
         key = (array.shape, array.dtype, dtype, kernel)
         if key not in self._compiling:
             shape = jax.ShapeDtypeStruct(array.shape, array.dtype)
-            self._compiling[key] = self._pool.submit(lambda: _flax_layout.lower(shape, dtype=dtype, kernel=kernel).compile())
+            lowered = _flax_layout.lower(shape, dtype=dtype, kernel=kernel)
+            self._compiling[key] = self._pool.submit(lowered.compile)
         return functools.partial(_run, self._compiling[key])
 
     def __enter__(self) -> _Layouts:
