@@ -38,7 +38,8 @@ with CompileCounter() as programs:
 result = pipe.generate(**json.loads(sys.argv[4]))
 np.save(sys.argv[5], np.stack([np.asarray(im) for im in result.images]))
 print(json.dumps({part: {"compiles": c.compiles, "traces": c.traces, "cache_hits": c.cache_hits,
-                         "cache_misses": c.cache_misses} for part, c in (("weights", weights), ("programs", programs))}))
+                         "cache_misses": c.cache_misses}
+                  for part, c in (("weights", weights), ("programs", programs))}))
 """
 
 
