@@ -45,8 +45,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--stepwise", action="store_true", help="one program per step (the playground's loop)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--sampler", action="append", help="only the cases of this sampler (repeatable); "
+                        "Euler on the checkpoint's schedule, the reference, always runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    cases = [c for c in CASES if not args.sampler or c[0] in args.sampler or c == ("Euler", "Checkpoint", "JAX")]
 
     size = architecture_configs(args.architecture)["size"]
     precision = Precision.of(compute_dtype_for(args.dtype), args.dtype)
@@ -54,11 +57,11 @@ def main() -> None:
     pipe.warmup()
     call = lambda sampler, schedule, rng: pipe.generate("a lighthouse in a storm", "blurry", seed=1, steps=args.steps,
                                                         size=size, sampler=sampler, schedule=schedule, rng=rng).timings
-    for case in CASES:  # a first call of each: allocations, caches
+    for case in cases:  # a first call of each: allocations, caches
         call(*case)
-    measured = {case: {"denoising": [], "total": []} for case in CASES}
+    measured = {case: {"denoising": [], "total": []} for case in cases}
     for _ in range(args.runs):
-        for case in CASES:
+        for case in cases:
             timings = call(*case)
             for key, values in measured[case].items():
                 values.append(timings[key])

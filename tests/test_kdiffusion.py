@@ -15,6 +15,7 @@ import pytest
 
 import kdiffusion_reference
 from sdxl_tpu.generate import sampling, update
+from sdxl_tpu.generate.denoising import denoise_fused
 from sdxl_tpu.sampler.from_config import sampler_named
 from sdxl_tpu.sampler.sigmas import alphas_cumprod, schedule_sigmas, train_sigmas
 from sdxl_tpu.spec.names import SCHEDULES, resolve_schedule
@@ -40,17 +41,32 @@ def our_loop():
         jnp.ones((b,)), tables, bounds, guided=False))
 
 
+class GivenNoise:
+    """denoising.HostNoise as the fused loop uses it, handing over the test's own draws in order."""
+
+    def __init__(self, draws, tables, rows: int):
+        self.draws = iter(draws)
+        self.noisy = [i for i in range(rows) if tables.update[i, 3] != 0]
+
+    def refill(self, state, count: int):
+        room = state.noise.shape[1]
+        rows = [next(self.draws) for _ in range(count)] + [np.zeros(SHAPE, np.float32)] * (room - count)
+        return state._replace(noise=np.stack(rows, axis=1), noise_slot=np.zeros(SHAPE[0], np.int32))
+
+
+# The state's room for the host's step noise: small, so that a call's noisy rows come in several
+# transfers, each a dispatch of the loop taking them one slot after another.
+NOISE_ROWS = 3
+
+
 def run_ours(name, schedule, steps, noise, step_noises, image=None, strength=None, keep=None):
     sampler = sampler_named(name)
     tables = sampler.padded_tables(steps, schedule, strength)
-    state = update.init(noise, np.array([1, 2], np.uint32), tables, image, keep)
+    state = update.init(noise, np.array([1, 2], np.uint32), tables, image, keep, noise_rows=NOISE_ROWS)
     state = state._replace(host_noise=np.ones(SHAPE[0], np.bool_))
-    draws = iter(step_noises)
-    rows = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))[-1]
-    for i in range(rows):  # one row at a time, the host's noise set before each noisy one
-        if tables.update[i, 3] != 0:
-            state = state._replace(noise=next(draws))
-        state = our_loop()(state, tables, np.array([i, i + 1], np.int32))
+    step_ends = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))
+    state = denoise_fused(lambda s, first, end: our_loop()(s, tables, np.array([first, end], np.int32)), state,
+                          step_ends, GivenNoise(step_noises, tables, step_ends[-1]), None)
     return np.asarray(state.x), tables
 
 

@@ -92,7 +92,8 @@ def test_four_devices_match_one_device(simulated_host, tiny_pipeline):
     diff = np.abs(four.astype(int) - one.astype(int))
     print(f"1 vs 4 devices: max |diff| {diff.max()}, mean {diff.mean():.4f}")
     assert diff.max() <= 2
-    # RNG CPU: the fused loop on four devices (host noise per step, split across them) as the stepwise one on one.
+    # RNG CPU: the fused loop on four devices (all steps' host noise in one transfer, split across them) as the
+    # stepwise one on one.
     four = np.load(tmp_path / "images-cpu.npy")
     one = np.stack([np.asarray(im) for im in tiny_pipeline.generate(
         "a photo of a cat", "blurry", seed=11, steps=4, size=(64, 64), sampler="Euler a", schedule="Automatic",

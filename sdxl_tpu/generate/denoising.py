@@ -35,8 +35,10 @@ class HostNoise:
                  put: Callable[[np.ndarray], Any]):
         self.generators = [TorchCPUGenerator(s) if s is not None else None for s in seeds]
         self.shape, self.put = latent_shape, put
-        # The rows that add noise: the host sets it before each (none to set when no image draws its own).
-        self.noisy = {i for i in range(rows) if tables.update[i, 3] != 0} if self else set()
+        # The rows that add noise, in order: the host hands their noise over before them (none when
+        # no image draws its own).
+        self.noisy = [i for i in range(rows) if tables.update[i, 3] != 0] if self else []
+        self._first_slot = None
 
     def __bool__(self) -> bool:
         return any(g is not None for g in self.generators)
@@ -45,6 +47,17 @@ class HostNoise:
         """The next unit noise of every image (zeros for those JAX draws for), on the devices."""
         zeros = np.zeros(self.shape, np.float32)
         return self.put(np.stack([g.randn(self.shape) if g else zeros for g in self.generators]).transpose(0, 2, 3, 1))
+
+    def refill(self, state: State, count: int) -> State:
+        """`state` holding the next `count` noisy rows' noise of every image (its room, K rows:
+        State.noise; the rest zeros), in one transfer, the first of them next."""
+        room = state.noise.shape[1]
+        zeros = np.zeros((room, *self.shape), np.float32)
+        rows = np.stack([np.concatenate([np.stack([g.randn(self.shape) for _ in range(count)]), zeros[count:]])
+                         if g else zeros for g in self.generators])
+        if self._first_slot is None:
+            self._first_slot = self.put(np.zeros(len(self.generators), np.int32))
+        return state._replace(noise=self.put(rows.transpose(0, 1, 3, 4, 2)), noise_slot=self._first_slot)
 
 
 def denoise_stepwise(run_row: Callable[[State, int], State], state: State, step_ends: Sequence[int],
@@ -67,9 +80,10 @@ def denoise_stepwise(run_row: Callable[[State, int], State], state: State, step_
         if done < steps and stop is not None and stop():
             raise Cancelled(f"stopped after step {done} of {steps}")
 
+    noisy = set(host.noisy)
     for i in range(step_ends[-1]):
-        if i in host.noisy:
-            state = state._replace(noise=host.draw())
+        if i in noisy:
+            state = host.refill(state, 1)
         state = run_row(state, i)
         in_flight.append((i, state))
         if len(in_flight) > LOOKAHEAD:
@@ -81,14 +95,15 @@ def denoise_stepwise(run_row: Callable[[State, int], State], state: State, step_
 
 def denoise_fused(run_rows: Callable[[State, int, int], State], state: State, step_ends: Sequence[int],
                   host: HostNoise, progress: Callable[[int, int], None] | None) -> State:
-    """Every row in one dispatch, unless the host gives the noise: then one per noisy row."""
-    rows, noisy = step_ends[-1], host.noisy
-    bounds = [0, *sorted(noisy | {i + 1 for i in noisy}), rows]
-    for first, end in zip(bounds, bounds[1:]):
-        if first < end:
-            if first in noisy:
-                state = state._replace(noise=host.draw())
-            state = run_rows(state, first, end)
+    """Every row in one dispatch; where the host gives the noise, one per K noisy rows (the room
+    the state has: State.noise), their noise handed over before it."""
+    rows, noisy, room = step_ends[-1], host.noisy, state.noise.shape[1]
+    # Each dispatch ends where the noisy row that would not fit begins.
+    bounds = [0, *noisy[room::room], rows]
+    for k, (first, end) in enumerate(zip(bounds, bounds[1:])):
+        if noisy:
+            state = host.refill(state, len(noisy[k * room:(k + 1) * room]))
+        state = run_rows(state, first, end)
     state = jax.block_until_ready(state)
     if progress is not None:
         progress(len(step_ends), len(step_ends))

@@ -20,7 +20,10 @@ class State(NamedTuple):
     x: jax.Array           # (B, h, w, C) float32 latents
     prediction: jax.Array  # the previous step's data prediction m (zeros before the first step)
     seeds: jax.Array       # (B,) uint32: each image's seed, for the noise an ancestral step adds
-    noise: jax.Array       # (B, h, w, C): the next step's unit noise, where the host draws it (RNG CPU)
+    # Where the host draws the step noise (RNG CPU): the unit noise of the next K noisy rows, handed
+    # over at once (K: init's noise_rows), and which of them the next noisy row takes.
+    noise: jax.Array       # (B, K, h, w, C)
+    noise_slot: jax.Array  # (B,) int32
     host_noise: jax.Array  # (B,) bool: the image takes its step noise from `noise`, not from JAX
     # Inpainting (tables.known says when): the latents kept, where `keep` is 1 (zeros: nothing kept).
     known: jax.Array       # (B, h, w, C): the starting image's latents
@@ -33,19 +36,21 @@ class State(NamedTuple):
 
 
 def init(noise: jax.Array, seeds: jax.Array, tables: Tables, image: jax.Array | None = None,
-         keep: jax.Array | None = None, condition: jax.Array | None = None) -> State:
+         keep: jax.Array | None = None, condition: jax.Array | None = None, noise_rows: int = 1) -> State:
     """The state before step 0, from unit normal noise and the images' seeds (step noise from JAX;
-    the host sets `noise` and `host_noise` to give its own); starting from an image (img2img), its
-    latents noised to the first step's level, and (inpainting) kept where `keep` says; an
-    inpainting UNet's `condition` (none for a base UNet)."""
+    the host sets `noise` (room for `noise_rows` rows' worth), `noise_slot` and `host_noise` to give
+    its own); starting from an image (img2img), its latents noised to the first step's level, and
+    (inpainting) kept where `keep` says; an inpainting UNet's `condition` (none for a base UNet)."""
     zeros = jnp.zeros_like(noise)
+    b = noise.shape[0]
     x = noise * tables.init_sigma
     if image is not None:
         x = x + tables.init_image * image
     keep = jnp.zeros((*noise.shape[:-1], 1), jnp.float32) if keep is None else keep
     condition = jnp.zeros((*noise.shape[:-1], 1), jnp.float32) if condition is None else condition
-    return State(x, zeros, seeds, zeros, jnp.zeros(seeds.shape, jnp.bool_), zeros if image is None else image, keep,
-                 noise, condition)
+    return State(x, zeros, seeds, jnp.zeros((b, noise_rows, *noise.shape[1:]), noise.dtype),
+                 jnp.zeros((b,), jnp.int32), jnp.zeros(seeds.shape, jnp.bool_), zeros if image is None else image,
+                 keep, noise, condition)
 
 
 def model_input(state: State, i: jax.Array, tables: Tables) -> tuple[jax.Array, jax.Array]:
@@ -69,10 +74,11 @@ def step(state: State, eps: jax.Array, i: jax.Array, tables: Tables, noise: jax.
         eps = jnp.where(d_v != 0, eps + state.keep * ((state.known - d_u * state.x) / divisor - eps), eps)
     if noise is None:  # only ancestral and SDE steps draw noise
         host = state.host_noise[:, None, None, None]
-        noise = jax.lax.cond(n != 0, lambda: jnp.where(host, state.noise,
-                                                       step_noise(state.seeds, i, state.x.shape[1:])),
+        given = jax.vmap(lambda rows, slot: rows[slot])(state.noise, state.noise_slot)
+        noise = jax.lax.cond(n != 0, lambda: jnp.where(host, given, step_noise(state.seeds, i, state.x.shape[1:])),
                              lambda: jnp.zeros_like(state.x))
     x = a * state.x + b * eps + c * state.prediction + n * noise
+    state = state._replace(noise_slot=state.noise_slot + (n != 0).astype(jnp.int32))
     if tables.known is not None:  # and diffusers' way: the latents take the known ones, noised to the next level
         target = x_image * state.known + x_noise * state.first_noise
         x = jnp.where(x_blend != 0, x + state.keep * (target - x), x)
