@@ -88,7 +88,8 @@ def main() -> None:
                                       for c, m in median.items()},
         "cpu_noise_s_per_call": {  # the whole call's time, RNG CPU minus JAX (the samplers measured)
             what: total[(sampler, "Uniform", "CPU")] - total[(sampler, "Uniform", "JAX")]
-            for what, sampler in (("Euler (initial noise only)", "Euler"), ("Euler a (initial + every step)", "Euler a"))
+            for what, sampler in (("Euler (initial noise only)", "Euler"),
+                                  ("Euler a (initial + every step)", "Euler a"))
             if (sampler, "Uniform", "CPU") in total},
         "total_s": {name(c): m for c, m in total.items()},
         "host_draw_s_sdxl_4_images": statistics.median(draws),
