@@ -41,8 +41,9 @@ def readyz(url: str) -> tuple[int, dict]:
         return status, {}
 
 
-# The app's line for each size's programs (stored_programs.py): "WxH: ... in 1.2 s".
-PROGRAMS_LINE = re.compile(r"\d+x\d+: \d+ programs loaded from .* in ([\d.]+) s$", re.M)
+# The app's lines for the sizes' programs (compiled.py, stored_programs.py): "WxH[, WxH...]: N
+# programs loaded from ... in 1.2 s".
+PROGRAMS_LINE = re.compile(r"\d+x\d+(?:, \d+x\d+)*: \d+ programs loaded from .* in ([\d.]+) s$", re.M)
 
 
 def start_once(model: str, sizes: str, cache: Path, workdir: Path, tiny: Path, timeout: float) -> dict[str, float]:

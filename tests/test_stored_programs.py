@@ -71,7 +71,7 @@ def test_a_restart_loads_the_stored_programs_untraced_and_makes_the_same_images(
         assert result.returncode == 0, result.stderr[-3000:]
         counts = json.loads(result.stdout.strip().splitlines()[-1])
         assert counts["programs"] == nothing, result.stderr[-3000:]
-        assert f"64x64: 7 programs loaded from {store}, 0 compiled and stored, 0 from JAX's cache" in result.stderr
+        assert f"64x64: 7 programs loaded from {store} side by side, in" in result.stderr
         np.testing.assert_array_equal(np.load(tmp_path / "images.npy"), expected)
         # The weights' layout programs: compiled by the first start into JAX's cache (the session
         # compiled them, not into this cache), read from it by the second: it compiles nothing.
@@ -106,6 +106,32 @@ def test_a_program_from_jax_cache_is_used_but_not_stored(tiny_pipeline, tmp_path
     for other in results[1:]:
         for x, y in zip(jax.tree.leaves(other), jax.tree.leaves(results[0]), strict=True):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_restarts_sizes_load_side_by_side_and_compile_nothing(tiny_pipeline, tmp_path, caplog):
+    """The sizes a restart still lacks are loaded at once, across sizes (CompiledPrograms.load_stored,
+    what a server's first background compile does): nothing compiles, the text encoders' program the
+    first size has serves the others, and each size is complete. The smallest program, at two sizes
+    nothing else compiles (so XLA compiles and stores them here)."""
+    from sdxl_tpu import CompileCounter
+    from sdxl_tpu.generate.compiled import CompiledPrograms
+
+    pipe, sizes, store = tiny_pipeline, [(104, 64), (112, 64)], ProgramStore(tmp_path / "programs")
+    for size in sizes:
+        store.programs(["init"], pipe.layout, size, pipe.graphs, pipe.params)
+    restarted = CompiledPrograms(pipe.layout, pipe.graphs, pipe.params, ProgramStore(store.directory))
+    encode = object()  # (the first size's, compiled at start)
+    restarted.by_size[(64, 64)] = {"encode": encode}
+    with CompileCounter() as counter, caplog.at_level(logging.INFO, logger="sdxl_tpu"):
+        restarted.load_stored(sizes, ["encode", "init"])
+    assert (counter.compiles, counter.cache_hits, restarted.store.loaded) == (0, 0, 2)
+    assert f"104x64, 112x64: 2 programs loaded from {store.directory} side by side, in" in caplog.text
+    for size in sizes:
+        assert restarted.has(size, ["encode", "init"]) and restarted.by_size[size]["encode"] is encode
+    # A size the store lacks is left for its own compile, not compiled here.
+    with CompileCounter() as counter:
+        restarted.load_stored([(120, 64)], ["init"])
+    assert counter.compiles == 0 and not restarted.has((120, 64), ["init"])
 
 
 def test_an_unusable_entry_is_a_logged_miss_and_a_stored_one_runs_as_compiled(tiny_pipeline, tmp_path, caplog):

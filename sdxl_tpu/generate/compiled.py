@@ -5,11 +5,16 @@ unguided loop)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..spec.values import format_size
 from .programs import Layout, program
 from .stored_programs import ProgramStore
+
+log = logging.getLogger("sdxl_tpu")
 
 
 class CompiledPrograms:
@@ -34,6 +39,29 @@ class CompiledPrograms:
                 fn, args = program(name, self.layout, size, self.graphs, self.params)
                 programs[name] = fn.lower(*args).compile()
         return programs
+
+    def load_stored(self, sizes: Sequence[tuple[int, int]], names: Sequence[str]) -> None:
+        """What the store holds of `sizes`' programs `names`, loaded side by side across the sizes
+        (a restart's), each size complete once its last program is in; nothing is compiled."""
+        if self.store is None:
+            return
+        have_encode = any("encode" in p for p in self.by_size.values())
+        jobs = [(name, size) for size in sizes for name in names
+                if name not in self.by_size.get(size, {}) and not (name == "encode" and have_encode)]
+        start = time.perf_counter()
+        found = self.store.load_side_by_side(jobs, self.layout, self.graphs, self.params,
+                                             lambda name, size, compiled: self._add(size, name, compiled))
+        if found:
+            loaded_sizes = ", ".join(format_size(size) for size in sizes if any(s == size for _, s in found))
+            log.info("%s: %d programs loaded from %s side by side, in %.1f s", loaded_sizes, len(found),
+                     self.store.directory, time.perf_counter() - start)
+
+    def _add(self, size: tuple[int, int], name: str, compiled: Any) -> None:
+        programs = self.by_size.setdefault(size, {})
+        programs[name] = compiled
+        shared = next((p["encode"] for p in self.by_size.values() if "encode" in p), None)
+        if shared is not None:  # (the text encoders' program serves every size)
+            programs.setdefault("encode", shared)
 
     def has(self, size: tuple[int, int], names: Sequence[str]) -> bool:
         return all(name in self.by_size.get(size, ()) for name in names)

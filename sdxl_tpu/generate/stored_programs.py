@@ -23,9 +23,10 @@ import os
 import pickle
 import re
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ class ProgramStore:
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         self.loaded = 0
+        self._lock = threading.Lock()  # (sizes may load from several threads)
         self._graphs: dict[int, str] = {}  # graphs_fingerprint by id of the graphs (one pipeline's)
 
     @classmethod
@@ -91,28 +93,48 @@ class ProgramStore:
         return _digest(FORMAT, _process_fingerprint(), graphs, name, size, fields, devices, layout.mesh.axis_names,
                        jax.tree.structure(args), shapes)
 
+    def _made(self, name: str, size: tuple[int, int], layout: Any, graphs: Mapping[str, Any],
+              params: Mapping[str, Any]) -> tuple[Any, tuple, str]:
+        """Program `name` for `size` (programs.program), its abstract arguments and its key."""
+        if id(graphs) not in self._graphs:
+            self._graphs[id(graphs)] = graphs_fingerprint(graphs)
+        fn, args = program(name, layout, size, graphs, params)
+        # The text encoders do not depend on the size: one entry for every size.
+        return fn, args, self.key(name, None if name == "encode" else size, layout, args, self._graphs[id(graphs)])
+
+    def load_side_by_side(self, jobs: Sequence[tuple[str, tuple[int, int]]], layout: Any, graphs: Mapping[str, Any],
+                          params: Mapping[str, Any],
+                          loaded: Callable[[str, tuple[int, int], jax.stages.Compiled], None] = lambda *a: None
+                          ) -> dict[tuple[str, tuple[int, int]], jax.stages.Compiled]:
+        """The stored programs of `jobs` ((name, size) pairs), loaded one a core (XLA reads an
+        executable on one core, in time that grows faster than its size: a tiled VAE decode of
+        10.8 MB 4.3 s, a denoising loop of 3.5 MB 0.5 s); `loaded(name, size, program)` as each is.
+        Nothing is compiled: what the store lacks is left out."""
+        devices = list(layout.mesh.devices.flat)
+        made = {job: self._made(*job, layout, graphs, params) for job in jobs}
+        found = {}
+        with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+            futures = {pool.submit(self.load, made[job][2], made[job][1], devices): job for job in jobs}
+            for future in as_completed(futures):
+                if (compiled := future.result()) is not None:
+                    found[futures[future]] = compiled
+                    loaded(*futures[future], compiled)
+        with self._lock:
+            self.loaded += len(found)
+        return found
+
     def programs(self, names: Sequence[str], layout: Any, size: tuple[int, int], graphs: Mapping[str, Any],
                  params: Mapping[str, Any]) -> dict[str, jax.stages.Compiled]:
         """Programs `names` for `size` (programs.program's arguments): loaded untraced where stored,
         else compiled and stored; one log line says which."""
         start, sources = time.perf_counter(), []
-        if id(graphs) not in self._graphs:
-            self._graphs[id(graphs)] = graphs_fingerprint(graphs)
-        fingerprint = self._graphs[id(graphs)]
-        devices = list(layout.mesh.devices.flat)
-        made = {name: program(name, layout, size, graphs, params) for name in names}
-        # The text encoders do not depend on the size: one entry for every size.
-        keys = {name: self.key(name, None if name == "encode" else size, layout, args, fingerprint)
-                for name, (_, args) in made.items()}
-        # Loaded side by side: XLA reads an executable on one core, in time that grows faster than
-        # its size (a tiled VAE decode of 10.8 MB: 4.3 s, a denoising loop of 3.5 MB: 0.5 s).
-        with ThreadPoolExecutor(min(len(names), os.cpu_count() or 1) or 1) as pool:
-            out = dict(zip(names, pool.map(lambda name: self.load(keys[name], made[name][1], devices), names)))
-        for name, (fn, args) in made.items():
-            key = keys[name]
+        found = self.load_side_by_side([(name, size) for name in names], layout, graphs, params)
+        out = {name: found.get((name, size)) for name in names}
+        for name in names:
             if out[name] is not None:
                 sources.append("stored")
                 continue
+            fn, args, key = self._made(name, size, layout, graphs, params)
             out[name], by_xla = compile_lowered(fn.lower(*args))
             # One that JAX's persistent cache gave is not stored: XLA's CPU client cannot serialize a
             # program it deserialized whole (its kernels would be missing when loaded: "Function ...
@@ -120,7 +142,6 @@ class ProgramStore:
             if by_xla:
                 self.save(key, out[name])
             sources.append("compiled" if by_xla else "jax cache")
-        self.loaded += sources.count("stored")
         log.info("%s: %d programs loaded from %s, %d compiled and stored, %d from JAX's cache (not stored), in %.1f s",
                  format_size(size), sources.count("stored"), self.directory, sources.count("compiled"),
                  sources.count("jax cache"), time.perf_counter() - start)

@@ -59,6 +59,7 @@ class LocalEngine:
         self.pipeline: Any = None
         self.batcher: Batcher | None = None
         self._compiles = CompileCounter().__enter__()  # listens for the life of the process
+        self._stored_loaded = False
 
     def failure_message(self, error: Exception) -> str:
         return model_not_found_message(self.settings.load.model, str(error).rstrip("."))
@@ -94,6 +95,11 @@ class LocalEngine:
         return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size)]
 
     def compile(self, size: tuple[int, int]) -> None:
+        """Compile `size`'s programs; the first call loads every size still missing from the
+        program store first, side by side (on a restart, all of them: nothing then compiles)."""
+        if not self._stored_loaded:
+            self._stored_loaded = True
+            self.pipeline.load_stored(self.compiling)
         self.pipeline.warmup([size])
 
     def compiles(self) -> int:
