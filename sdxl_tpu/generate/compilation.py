@@ -100,7 +100,9 @@ def compile_lowered(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, b
 
 
 class CompileCounter:
-    """Counts traces, backend compilations and persistent-cache hits and misses while active.
+    """Counts traces, XLA compilations and persistent-cache hits and misses while active. JAX
+    reports a program read from its persistent cache as a backend compile too; `compiles` leaves
+    those out (what XLA compiled).
 
         with CompileCounter() as c:
             ...
@@ -108,7 +110,7 @@ class CompileCounter:
     """
 
     def __init__(self) -> None:
-        self.compiles = 0
+        self._backend = 0
         self.traces = 0
         self.cache_hits = 0
         self.cache_misses = 0
@@ -124,9 +126,13 @@ class CompileCounter:
         if not self._active:
             return
         if event == _BACKEND_COMPILE:
-            self.compiles += 1
+            self._backend += 1
         elif event == _TRACE:
             self.traces += 1
+
+    @property
+    def compiles(self) -> int:
+        return self._backend - self.cache_hits
 
     def __enter__(self) -> CompileCounter:
         self._active = True

@@ -43,7 +43,8 @@ class _Programs:
 
     def collect(self):
         for name, text, count in (
-                ("sdxl_compiles", "XLA backend compilations since start (warm-up included)", self.compiles),
+                ("sdxl_compiles", "XLA compilations since start (warm-up included; not JAX's cache's programs)",
+                 self.compiles),
                 ("sdxl_programs_loaded", "Compiled programs loaded from the store since start", self.loaded)):
             family = CounterMetricFamily(name, text)
             family.add_metric([], count())
