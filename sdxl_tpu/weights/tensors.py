@@ -168,8 +168,8 @@ def _place(group: list[tuple[nnx.Variable, np.ndarray, Callable[[jax.Array], jax
 
 class _Layouts:
     """The programs that lay out and cast each shape of tensor on the device, compiled in threads
-    while the tensors are read (a program per shape: XLA's compiles, not the bytes, were most of a
-    load's time)."""
+    while the tensors are read (a program per shape: compiled one after another, they were half
+    of SDXL's load on a CPU)."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(os.cpu_count() or 1)
