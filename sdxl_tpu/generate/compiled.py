@@ -27,8 +27,7 @@ class CompiledPrograms:
         """The programs of `size` (at least those of `names`), making the missing ones."""
         programs = self.by_size.setdefault(size, {})
         missing = [name for name in names if name not in programs]
-        # The text encoders do not depend on the size: compiled once, shared by every size.
-        encode = next((p["encode"] for p in self.by_size.values() if "encode" in p), None)
+        encode = self._shared_encode()
         if "encode" in missing and encode is not None:
             programs["encode"] = encode
             missing.remove("encode")
@@ -45,7 +44,7 @@ class CompiledPrograms:
         (a restart's), each size complete once its last program is in; nothing is compiled."""
         if self.store is None:
             return
-        have_encode = any("encode" in p for p in self.by_size.values())
+        have_encode = self._shared_encode() is not None
         jobs = [(name, size) for size in sizes for name in names
                 if name not in self.by_size.get(size, {}) and not (name == "encode" and have_encode)]
         start = time.perf_counter()
@@ -56,11 +55,14 @@ class CompiledPrograms:
             log.info("%s: %d programs loaded from %s side by side, in %.1f s", loaded_sizes, len(found),
                      self.store.directory, time.perf_counter() - start)
 
+    def _shared_encode(self) -> Any:
+        """The text encoders' program, which does not depend on the size: made once, for every size."""
+        return next((p["encode"] for p in self.by_size.values() if "encode" in p), None)
+
     def _add(self, size: tuple[int, int], name: str, compiled: Any) -> None:
         programs = self.by_size.setdefault(size, {})
         programs[name] = compiled
-        shared = next((p["encode"] for p in self.by_size.values() if "encode" in p), None)
-        if shared is not None:  # (the text encoders' program serves every size)
+        if (shared := self._shared_encode()) is not None:
             programs.setdefault("encode", shared)
 
     def has(self, size: tuple[int, int], names: Sequence[str]) -> bool:

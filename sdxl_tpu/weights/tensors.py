@@ -137,6 +137,7 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
         raise CheckpointError(f"{component} checkpoint does not match the model: " + "; ".join(problems))
     with _Layouts() as layouts:
         group: list[tuple[nnx.Variable, np.ndarray, Callable[[jax.Array], jax.Array] | None]] = []
+        group_bytes = 0
         for name, (path, var) in by_name.items():
             array = source.get(ckpt[name])
             if deltas and name in deltas:
@@ -146,9 +147,10 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
                 group.append((var, np.asarray(array, dtype), None))
             else:
                 group.append((var, array, layouts.program(array, dtype, kernel=path[-1] == "kernel")))
-            if sum(a.nbytes for _, a, _ in group) >= _GROUP_BYTES:
+            group_bytes += group[-1][1].nbytes
+            if group_bytes >= _GROUP_BYTES:
                 _place(group)
-                group = []
+                group, group_bytes = [], 0
         _place(group)
     return model
 
