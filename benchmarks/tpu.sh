@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The prepared run for one TPU v5e chip with JAX preinstalled and no network: installs what the
+# project needs from the machine's own package index, prints the environment, then runs one mode.
+# Nothing is downloaded: SDXL base 1.0's architecture runs with random weights (timing does not
+# depend on the weights). Each mode fits one 10-minute call on a machine that starts cold.
+#
+#   bash benchmarks/tpu.sh quick    # one UNet evaluation profiled by op kind, attention variants, one block
+#                                   # of each level (SPLASH_BLOCKS=q,kv: the transformers again with those) (~6 min)
+#   bash benchmarks/tpu.sh flags    # the UNet evaluation with Google's v5e SDXL libtpu flags (FLAGS=...) (~2 min)
+#   bash benchmarks/tpu.sh xla      # the UNet evaluation with XLA's attention everywhere (~2 min)
+#   bash benchmarks/tpu.sh bench    # the pipeline: 1 image and 4 images a call, 1024x1024, 20 steps (~9 min)
+#   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
+#
+# Results: JSON files and summary.txt under $OUT (default benchmarks/out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-benchmarks/out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+MODE="${1:-quick}"
+export PYTHONUNBUFFERED=1
+
+# The machine's index holds flax, transformers, safetensors and pillow; a --target folder at the end
+# of PYTHONPATH keeps the machine's own JAX first.
+SITE="${SITE:-/tmp/sdxl-tpu-site}"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SITE"
+if ! "$PY" -c "import flax, transformers, safetensors, PIL" 2>/dev/null; then
+  if [ -d /opt/pypi/simple ]; then
+    PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q --only-binary=:all: \
+        --index-url file:///opt/pypi/simple --target "$SITE" flax transformers safetensors pillow \
+        2>&1 | grep -v "^WARNING" || true
+  fi
+fi
+
+"$PY" - <<'PY' | tee "$OUT/environment.txt"
+import importlib, os, jax
+for name in ("jax", "jaxlib", "flax", "transformers", "safetensors", "PIL", "numpy"):
+    try:
+        module = importlib.import_module(name)
+        print(f"{name} {getattr(module, '__version__', '?')}")
+    except ImportError as e:
+        print(f"{name} missing: {e}")
+print("devices:", jax.devices())
+print("LIBTPU_INIT_ARGS:", os.environ.get("LIBTPU_INIT_ARGS", ""))
+PY
+
+quick() {  # $1: name, rest: the command; its JSON (last line) to $OUT/$1.json, its log to $OUT/log.txt
+  local name=$1; shift
+  echo "== $name: $*" >> "$OUT/log.txt"
+  "$@" 2>> "$OUT/log.txt" | tail -n 1 > "$OUT/$name.json" || echo "$name failed (see log.txt)"
+}
+
+case "$MODE" in
+  quick)
+    quick unet "$PY" benchmarks/tpu_quick.py unet --profile /tmp/sdxl-tpu-trace --save "$OUT/unet-before.npy" \
+        --hlo "$OUT/unet-hlo.txt.gz" --json
+    quick attention timeout "${ATTENTION_TIMEOUT:-240}" "$PY" benchmarks/tpu_quick.py attention --json
+    quick block "$PY" benchmarks/tpu_quick.py block --json
+    [ -z "${SPLASH_BLOCKS:-}" ] || quick block-tuned "$PY" benchmarks/tpu_quick.py block --only transformer \
+        --splash-blocks "$SPLASH_BLOCKS" --json
+    ;;
+  xla)  # the same UNet evaluation with XLA's attention everywhere (after quick: against its output)
+    quick unet-xla "$PY" benchmarks/tpu_quick.py unet --attention xla --against "$OUT/unet-before.npy" --json
+    ;;
+  flags)  # after quick (same machine), its evaluation is the "before"
+    [ -f "$OUT/unet-before.npy" ] || quick unet "$PY" benchmarks/tpu_quick.py unet --save "$OUT/unet-before.npy" --json
+    LIBTPU_INIT_ARGS="${FLAGS:---xla_tpu_rwb_fusion=false --xla_tpu_dot_dot_fusion_duplicated=true --xla_tpu_scoped_vmem_limit_kib=65536}" \
+      quick unet-flags "$PY" benchmarks/tpu_quick.py unet --against "$OUT/unet-before.npy" --json
+    ;;
+  bench)
+    common=(--architecture sdxl --random-weights --size "${SIZE:-1024x1024}" --steps 20 --no-warm-compile --json)
+    quick bench-1 "$PY" -m sdxl_tpu bench "${common[@]}" --images 1 --runs 3
+    quick bench-4 "$PY" -m sdxl_tpu bench "${common[@]}" --images 4 --runs 3
+    ;;
+  test)
+    # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
+    JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/test_tpu.py \
+        2>&1 | tee "$OUT/tests.log"
+    ;;
+  *)
+    echo "unknown mode $MODE: quick, flags, xla, bench or test"; exit 2 ;;
+esac
+
+"$PY" benchmarks/tpu_summary.py "$OUT" | tee "$OUT/summary.txt"

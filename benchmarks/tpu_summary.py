@@ -1,0 +1,58 @@
+"""One line per result of benchmarks/tpu.sh: `python benchmarks/tpu_summary.py OUT`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def load(path: Path) -> dict | None:
+    text = path.read_text().strip() if path.exists() else ""
+    try:
+        return json.loads(text.splitlines()[-1]) if text else None
+    except json.JSONDecodeError:
+        return None
+
+
+def unet_line(name: str, r: dict) -> list[str]:
+    lines = [f"{name}: UNet {r['rows']} rows at {r['size']}, {r['attention']} attention"
+             + (f", LIBTPU_INIT_ARGS={r['libtpu_init_args']!r}" if r.get("libtpu_init_args") else "")
+             + f": {r['ms']:.1f} ms an evaluation, {r['tflops']:.0f} TFLOP/s, compile {r['compile_s']:.0f} s"
+             + (f", {r['psnr_db_against_before']:.1f} dB against before" if "psnr_db_against_before" in r else "")]
+    profile = r.get("profile") or {}
+    if profile.get("by_kind_ms_per_eval"):
+        total = profile["per_eval_ms"]
+        lines.append(f"  device time {total:.1f} ms an evaluation: " + ", ".join(
+            f"{kind} {ms:.1f} ({100 * ms / total:.0f} %)" for kind, ms in profile["by_kind_ms_per_eval"].items()))
+    return lines
+
+
+def bench_line(name: str, r: dict) -> list[str]:
+    lat, f = r["latency_s"], r["flops"]
+    return [f"{name}: {r['images']} x {r['size']}, {r['steps']} steps, {r['device_kind']}: latency "
+            f"{lat['median']:.3f} s (min {lat['min']:.3f}), {r['s_per_step'] * 1000:.1f} ms/step, "
+            f"{r['images_per_s']:.2f} img/s, {f['achieved_tflops']:.0f} TFLOP/s"
+            + (f" ({100 * f['utilisation']:.0f} %)" if f.get("utilisation") else "")
+            + f", stages {', '.join(f'{k} {v:.3f}' for k, v in r['stage_s'].items())}, cold compile "
+            f"{r['cold_compile_s']:.0f} s"]
+
+
+def main(out: Path) -> None:
+    for path in sorted(out.glob("*.json")):
+        r = load(path)
+        if r is None:
+            print(f"{path.stem}: no result")
+        elif r.get("what") == "unet":
+            print("\n".join(unet_line(path.stem, r)))
+        elif r.get("what") == "attention":
+            for row in r["rows"]:
+                print(f"{path.stem}: {row['shape']:<38} {row['variant']:<28} " + (
+                    f"{row['ms']:8.3f} ms {row['tflops']:6.1f} TFLOP/s max error {row['max_error']:.3g}"
+                    if "ms" in row else row["error"]))
+        elif "latency_s" in r:
+            print("\n".join(bench_line(path.stem, r)))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/out"))
