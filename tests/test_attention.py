@@ -179,3 +179,19 @@ def test_splash_kernel_traces_into_several_programs():
     assert "tpu_custom_call" in jax.jit(attn.attention).trace(q2, q2, q2).lower(lowering_platforms=("tpu",)).as_text()
     q32 = q.astype(jnp.float32)
     np.testing.assert_allclose(np.asarray(attn.attention(q32, q32, q32)), _reference(q32, q32, q32), atol=2e-5)
+
+
+def test_splash_blocks_divide_the_length_within_the_tuned_tiles():
+    """Tiles measured on a TPU v5e (attention.py): up to 1024 queries and 2048 keys, each dividing
+    the padded length (a length of 31 x 128 falls back to 128)."""
+    for length in range(128, 20000, 128):
+        block_q, block_kv = attn.SPLASH_BLOCKS(length)
+        assert length % block_q == 0 and length % block_kv == 0 and block_q <= 1024 and block_kv <= 2048
+    assert attn.SPLASH_BLOCKS(4096) == (1024, 2048) and attn.SPLASH_BLOCKS(16384) == (1024, 2048)
+    assert attn.SPLASH_BLOCKS(1024) == (1024, 1024) and attn.SPLASH_BLOCKS(3968) == (128, 128)
+
+
+def test_splash_attention_with_unequal_tiles_matches_reference_in_interpret_mode():
+    q, k, v = _qkv(1, 2048, 1, 64)  # tiles of 1024 queries and 2048 keys: two query blocks, one key block
+    out = jax.jit(lambda q, k, v: attn.splash_attention(q, k, v, interpret=True))(q, k, v)
+    np.testing.assert_allclose(np.asarray(out), _reference(q, k, v), atol=2e-5, rtol=1e-4)

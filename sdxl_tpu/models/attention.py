@@ -120,14 +120,18 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool = False) -> jax.Array:
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool = False,
+                     block_q: int | None = None, block_kv: int | None = None) -> jax.Array:
     """Non-causal self-attention with the Pallas splash kernel (TPU; `interpret=True` runs it anywhere).
 
-    Lengths and head dims are zero-padded to multiples of 128; padded keys are masked out with
-    segment ids, and the softmax scale is applied to q up front (the kernel applies none).
+    Lengths and head dims are zero-padded to multiples of 128 (the kernel pads a 64-wide head to
+    128 itself: measured no faster unpadded); padded keys are masked out with segment ids, and the
+    softmax scale is applied to q up front (the kernel applies none). block_q / block_kv: the
+    kernel's tiles (default: SPLASH_BLOCKS of the length).
     """
     batch, length, heads, head_dim = q.shape
-    padded_len, padded_dim = round_up(length, _LANES), round_up(head_dim, _LANES)
+    padded_len = round_up(length, _LANES)
+    padded_dim = round_up(head_dim, _LANES)
     scale = 1.0 / math.sqrt(head_dim)
 
     def to_kernel_layout(t: jax.Array) -> jax.Array:  # (B, L, H, D) -> (B, H, Lp, Dp)
@@ -140,22 +144,38 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: boo
 
         ids = (jnp.arange(padded_len) >= length).astype(jnp.int32)  # 0 = real token, 1 = padding
         segment_ids = SegmentIds(q=ids, kv=ids)
-    kernel = _splash_kernel(heads, padded_len, interpret)
+    kernel = _splash_kernel(heads, padded_len, interpret, block_q, block_kv)
     qs = to_kernel_layout((q.astype(jnp.float32) * scale).astype(q.dtype))
     out = jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=segment_ids))(
         qs, to_kernel_layout(k), to_kernel_layout(v))
     return out[:, :, :length, :head_dim].transpose(0, 2, 1, 3)
 
 
+def _default_splash_blocks(length: int) -> tuple[int, int]:
+    """The splash kernel's (block_q, block_kv) for a padded length: the largest tiles up to 1024
+    queries and 2048 keys that divide it. Measured on one TPU v5e (2026-12-05, benchmarks/tpu_quick.py
+    attention, ms a call against 512 x 512): SDXL's 4096-token level 1.19 against 1.45, its
+    1024-token level 0.203 against 0.218, the VAE's 16384 tokens of one 512-wide head 2.94 against
+    3.17; 2048 queries ran out of the kernel's VMEM with a 512-wide head."""
+    fits = lambda limit: next(b for b in (2048, 1024, 512, 256, _LANES) if b <= limit and length % b == 0)
+    return fits(1024), fits(2048)
+
+
+# Replaceable for tuning (benchmarks/tpu_quick.py --splash-blocks); traced programs keep what they saw.
+SPLASH_BLOCKS = _default_splash_blocks
+
+
 @functools.lru_cache(maxsize=None)
-def _splash_kernel(heads: int, length: int, interpret: bool):
+def _splash_kernel(heads: int, length: int, interpret: bool, block_q: int | None = None,
+                   block_kv: int | None = None):
     # Imported here: Pallas' TPU ops are only needed where this branch is traced.
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
-    block = next(b for b in (512, 256, _LANES) if length % b == 0)
+    tuned_q, tuned_kv = SPLASH_BLOCKS(length)
+    block_q, block_kv = min(block_q or tuned_q, length), min(block_kv or tuned_kv, length)
     mask = masks.MultiHeadMask([masks.FullMask((length, length)) for _ in range(heads)])
-    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
+    sizes = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=min(block_kv, 512))
     # Built while some program is being traced, yet cached for all: its mask tables must be
     # concrete arrays, not tracers of that first program (they leaked into the next one).
     with jax.ensure_compile_time_eval():
