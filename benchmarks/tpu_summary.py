@@ -50,6 +50,10 @@ def main(out: Path) -> None:
                 print(f"{path.stem}: {row['shape']:<38} {row['variant']:<28} " + (
                     f"{row['ms']:8.3f} ms {row['tflops']:6.1f} TFLOP/s max error {row['max_error']:.3g}"
                     if "ms" in row else row["error"]))
+        elif r.get("what") == "block":
+            for row in r["rows"]:
+                tiles = f" (splash tiles {row['splash_blocks']})" if row.get("splash_blocks") else ""
+                print(f"{path.stem}: {row['block']:<70} {row['ms']:7.3f} ms{tiles}")
         elif "latency_s" in r:
             print("\n".join(bench_line(path.stem, r)))
 

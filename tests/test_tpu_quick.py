@@ -1,0 +1,36 @@
+"""benchmarks/tpu_quick.py, the chip's quick measurements, checked on the CPU: what it reports and
+how it sorts a program's operations by kind."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import tpu_quick  # noqa: E402
+
+
+def test_op_kinds_sorts_convolutions_matmuls_reductions_and_copies():
+    def program(x, kernel, w):
+        y = jax.lax.conv_general_dilated(x, kernel, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = y - y.mean(axis=(1, 2), keepdims=True)
+        return (y.reshape(2, -1, 8) @ w).transpose(0, 2, 1)
+
+    hlo = jax.jit(program).lower(jnp.ones((2, 16, 16, 8)), jnp.ones((3, 3, 8, 8)), jnp.ones((8, 8))).compile().as_text()
+    kinds = set(tpu_quick.op_kinds(hlo).values())
+    assert {"convolution 3x3", "matmul", "reduction (norms, softmax)", "copy / transpose"} <= kinds, kinds
+
+
+def test_one_unet_evaluation_reports_its_time_and_compares_outputs(tmp_path):
+    run = lambda *extra: json.loads(subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tpu_quick.py"), "unet", "--architecture", "tiny", "--size", "64x64",
+         "--runs", "2", "--json", *extra], capture_output=True, text=True, check=True, timeout=600).stdout.splitlines()[-1])
+    first = run("--save", str(tmp_path / "out.npy"))
+    assert first["rows"] == 2 and first["ms"] > 0 and first["tflops"] > 0 and first["compile_s"] > 0
+    again = run("--against", str(tmp_path / "out.npy"))
+    assert again["psnr_db_against_before"] == float("inf")  # the same weights and inputs: the same output
