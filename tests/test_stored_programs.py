@@ -203,3 +203,22 @@ def test_the_graphs_fingerprint_sees_static_attributes(change):
               for p in (Precision.of("float32"), other[change])]
     assert graphs_fingerprint(graphs[0]) == graphs_fingerprint(graphs[0])
     assert graphs_fingerprint(graphs[0]) != graphs_fingerprint(graphs[1])
+
+
+def test_a_sizes_programs_compile_side_by_side():
+    """Every program's compile starts before any ends: each (fake) compile waits at a barrier for
+    the other, which a compile one after another never reaches (the barrier then breaks)."""
+    import threading
+
+    from sdxl_tpu.generate.compilation import compile_side_by_side
+
+    barrier = threading.Barrier(2, timeout=120)
+
+    class Lowered:
+        def compile(self):
+            barrier.wait()
+            return threading.get_ident()
+
+    out = compile_side_by_side({"denoise": Lowered(), "decode": Lowered()})
+    assert list(out) == ["denoise", "decode"] and all(by_xla for _, by_xla in out.values())
+    assert out["denoise"][0] != out["decode"][0]  # two threads

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..spec.values import format_size
+from .compilation import compile_side_by_side
 from .programs import Layout, program
 from .stored_programs import ProgramStore
 
@@ -33,10 +34,12 @@ class CompiledPrograms:
             missing.remove("encode")
         if missing and self.store is not None:  # loaded untraced where stored, else compiled (and stored)
             programs |= self.store.programs(missing, self.layout, size, self.graphs, self.params)
-        else:
+        elif missing:  # traced one after another, compiled side by side
+            lowered = {}
             for name in missing:
                 fn, args = program(name, self.layout, size, self.graphs, self.params)
-                programs[name] = fn.lower(*args).compile()
+                lowered[name] = fn.lower(*args)
+            programs |= {name: compiled for name, (compiled, _) in compile_side_by_side(lowered).items()}
         return programs
 
     def load_stored(self, sizes: Sequence[tuple[int, int]], names: Sequence[str]) -> None:

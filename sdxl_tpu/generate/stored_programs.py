@@ -34,7 +34,7 @@ import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
 from ..spec.values import format_size
-from .compilation import compile_lowered
+from .compilation import compile_side_by_side
 from .programs import program
 
 FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
@@ -127,20 +127,22 @@ class ProgramStore:
                  params: Mapping[str, Any]) -> dict[str, jax.stages.Compiled]:
         """Programs `names` for `size` (programs.program's arguments): loaded untraced where stored,
         else compiled and stored; one log line says which."""
-        start, sources = time.perf_counter(), []
+        start = time.perf_counter()
         found = self.load_side_by_side([(name, size) for name in names], layout, graphs, params)
         out = {name: found.get((name, size)) for name in names}
-        for name in names:
-            if out[name] is not None:
-                sources.append("stored")
-                continue
-            fn, args, key = self._made(name, size, layout, graphs, params)
-            out[name], by_xla = compile_lowered(fn.lower(*args))
+        sources = ["stored"] * sum(program is not None for program in out.values())
+        lowered, keys = {}, {}
+        for name in names:  # traced one after another, compiled side by side
+            if out[name] is None:
+                fn, args, keys[name] = self._made(name, size, layout, graphs, params)
+                lowered[name] = fn.lower(*args)
+        for name, (compiled, by_xla) in compile_side_by_side(lowered).items():
+            out[name] = compiled
             # One that JAX's persistent cache gave is not stored: XLA's CPU client cannot serialize a
             # program it deserialized whole (its kernels would be missing when loaded: "Function ...
             # not found"). It is stored once it really compiles (a changed program, a new JAX).
             if by_xla:
-                self.save(key, out[name])
+                self.save(keys[name], compiled)
             sources.append("compiled" if by_xla else "jax cache")
         log.info("%s: %d programs loaded from %s, %d compiled and stored, %d from JAX's cache (not stored), in %.1f s",
                  format_size(size), sources.count("stored"), self.directory, sources.count("compiled"),
