@@ -17,7 +17,8 @@ import tpu_quick  # noqa: E402
 
 def test_op_kinds_sorts_convolutions_matmuls_reductions_and_copies():
     def program(x, kernel, w):
-        y = jax.lax.conv_general_dilated(x, kernel, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = jax.lax.conv_general_dilated(x, kernel, (1, 1), ((1, 1), (1, 1)),
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
         y = y - y.mean(axis=(1, 2), keepdims=True)
         return (y.reshape(2, -1, 8) @ w).transpose(0, 2, 1)
 
@@ -27,9 +28,12 @@ def test_op_kinds_sorts_convolutions_matmuls_reductions_and_copies():
 
 
 def test_one_unet_evaluation_reports_its_time_and_compares_outputs(tmp_path):
-    run = lambda *extra: json.loads(subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "tpu_quick.py"), "unet", "--architecture", "tiny", "--size", "64x64",
-         "--runs", "2", "--json", *extra], capture_output=True, text=True, check=True, timeout=600).stdout.splitlines()[-1])
+    def run(*extra):
+        argv = [sys.executable, str(ROOT / "benchmarks" / "tpu_quick.py"), "unet", "--architecture", "tiny",
+                "--size", "64x64", "--runs", "2", "--json", *extra]
+        result = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600)
+        return json.loads(result.stdout.splitlines()[-1])
+
     first = run("--save", str(tmp_path / "out.npy"))
     assert first["rows"] == 2 and first["ms"] > 0 and first["tflops"] > 0 and first["compile_s"] > 0
     again = run("--against", str(tmp_path / "out.npy"))

@@ -130,8 +130,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: boo
     kernel's tiles (default: SPLASH_BLOCKS of the length).
     """
     batch, length, heads, head_dim = q.shape
-    padded_len = round_up(length, _LANES)
-    padded_dim = round_up(head_dim, _LANES)
+    padded_len, padded_dim = round_up(length, _LANES), round_up(head_dim, _LANES)
     scale = 1.0 / math.sqrt(head_dim)
 
     def to_kernel_layout(t: jax.Array) -> jax.Array:  # (B, L, H, D) -> (B, H, Lp, Dp)
@@ -161,7 +160,8 @@ def _default_splash_blocks(length: int) -> tuple[int, int]:
     return fits(1024), fits(2048)
 
 
-# Replaceable for tuning (benchmarks/tpu_quick.py --splash-blocks); traced programs keep what they saw.
+# Replaceable for tuning (benchmarks/tpu_quick.py --splash-blocks), before the first trace: kernels
+# are made once per shape and keep their tiles.
 SPLASH_BLOCKS = _default_splash_blocks
 
 
