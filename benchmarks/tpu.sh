@@ -68,7 +68,9 @@ case "$MODE" in
       quick unet-flags "$PY" benchmarks/tpu_quick.py unet --against "$OUT/unet-before.npy" --json
     ;;
   bench)
-    common=(--architecture sdxl --random-weights --size "${SIZE:-1024x1024}" --steps 20 --no-warm-compile --json)
+    # ARCH=tiny SIZE=64x64 runs the same in a minute on a CPU, to check it before spending device time.
+    common=(--architecture "${ARCH:-sdxl}" --random-weights --size "${SIZE:-1024x1024}" --steps 20 --no-warm-compile
+            --json)
     quick bench-1 "$PY" -m sdxl_tpu bench "${common[@]}" --images 1 --runs 3
     quick bench-4 "$PY" -m sdxl_tpu bench "${common[@]}" --images 4 --runs 3
     ;;

@@ -219,6 +219,6 @@ def test_a_sizes_programs_compile_side_by_side():
             barrier.wait()
             return threading.get_ident()
 
-    out = compile_side_by_side({"denoise": Lowered(), "decode": Lowered()})
+    out = compile_side_by_side({"denoise": Lowered(), "decode": Lowered()}, workers=2)  # (a CPU's default: 1)
     assert list(out) == ["denoise", "decode"] and all(by_xla for _, by_xla in out.values())
     assert out["denoise"][0] != out["decode"][0]  # two threads
