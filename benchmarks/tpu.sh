@@ -11,7 +11,8 @@
 #   bash benchmarks/tpu.sh bench    # the pipeline: 1 image and 4 images a call, 1024x1024, 20 steps (~9 min)
 #   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
 #
-# Results: JSON files and summary.txt under $OUT (default benchmarks/out).
+# Results: JSON files, log.txt (environment and logs) and summary.txt under $OUT (default benchmarks/out);
+# quick mode writes 8 files, the most a device call brings back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/out}"
@@ -32,7 +33,7 @@ if ! "$PY" -c "import flax, transformers, safetensors, PIL" 2>/dev/null; then
   fi
 fi
 
-"$PY" - <<'PY' | tee "$OUT/environment.txt"
+"$PY" - <<'PY' | tee -a "$OUT/log.txt"
 import importlib, os, jax
 for name in ("jax", "jaxlib", "flax", "transformers", "safetensors", "PIL", "numpy"):
     try:
