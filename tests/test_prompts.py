@@ -224,21 +224,26 @@ def test_prompts_make_the_images_a1111_users_expect(tiny_pipeline, one_chunk_pip
 
 
 def test_text_encoding_runs_only_the_chunks_the_prompts_fill(tiny_pipeline):
-    """The encode program switches on the chunks the call's longest prompt fills, one branch per
-    count: branch n runs the text encoders over n chunks, n times the first one's work (a call of
-    short prompts encodes one chunk, not three); a long prompt takes a longer branch, and what its
-    second chunk says changes the images."""
+    """The encode program loops over the chunks (a scan) and encodes a chunk only where the call's
+    longest prompt fills it (a cond: the encoders, or zeros): one copy of each text encoder in the
+    program, however many chunks it has room for (one branch per chunk count held three copies,
+    and compiled three times as long); a long prompt's second chunk changes the images."""
     from sdxl_tpu.bench.flops import _sub_jaxprs, jaxpr_flops
 
-    def switches(jaxpr) -> list:  # (the outermost ones: attention's choice of platform is a switch too)
+    def find(jaxpr, name: str) -> list:
         eqns = getattr(jaxpr, "jaxpr", jaxpr).eqns
-        return [e for e in eqns if e.primitive.name == "cond"] + [
-            s for e in eqns if e.primitive.name != "cond" for sub in _sub_jaxprs(e) for s in switches(sub)]
+        return [e for e in eqns if e.primitive.name == name] + [
+            s for e in eqns if e.primitive.name != name for sub in _sub_jaxprs(e) for s in find(sub, name)]
 
     assert tiny_pipeline.max_prompt_chunks == 3
-    (switch,) = switches(tiny_pipeline.trace("encode", (64, 64)).jaxpr)
-    work = [jaxpr_flops(branch) for branch in switch.params["branches"]]
-    assert work[0] > 0 and work == [work[0], 2 * work[0], 3 * work[0]], work
+    program = tiny_pipeline.trace("encode", (64, 64)).jaxpr
+    (scan,) = find(program, "scan")
+    assert scan.params["length"] == 3
+    (cond,) = [e for e in scan.params["jaxpr"].jaxpr.eqns if e.primitive.name == "cond"]
+    work = sorted(jaxpr_flops(branch) for branch in cond.params["branches"])
+    assert work[0] == 0 < work[1], work  # zeros, or the encoders
+    # All the program's matrix work is that one branch's (nothing encodes outside the loop).
+    assert sum(jaxpr_flops(e.params["jaxpr"]) for e in find(program, "scan")) == work[1]
     kwargs = dict(seed=3, steps=2, size=(64, 64), guidance_scale=5.0)
     long = "a red chair, " * 30  # (some 120 tokens: two chunks)
     varied = tiny_pipeline.generate(long + "in a garden", "blurry", **kwargs)

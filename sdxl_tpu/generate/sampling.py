@@ -11,7 +11,7 @@ pipeline.py's business; which update a step makes is in the sampler's tables (sc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -90,24 +90,30 @@ def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, weights1: jax.Array,
                 lengths: jax.Array, zero_negative: jax.Array):
     """Token ids and weights (B, 2, K, 77) of both tokenizers -> context (B, 2, K * 77, D1 + D2),
     its chunks side by side and zero past `lengths`, and pooled (B, 2, P) of the first chunk
-    (not emphasized, as A1111 pools). Only the chunks the call's longest prompt fills are
-    encoded, by a switch with one branch per count in the compiled program (as cross-attention
-    takes them: attention.attention's kv_block); the others are zeros, as past `lengths` they are."""
+    (not emphasized, as A1111 pools). The chunks are encoded one after another in a loop, and
+    only those the call's longest prompt fills (the rest are zeros, as past `lengths` they are):
+    the program holds one copy of each encoder (a branch per chunk count held K copies, and their
+    compile took longer than the UNet's on a TPU)."""
     b, _, k, t = ids1.shape
-
-    def first(n: int) -> Callable:
-        def encode(ids1, ids2, weights1, weights2):
-            h1, _ = te1(ids1[:, :, :n].reshape(-1, t))
-            h2, pooled = te2(ids2[:, :, :n].reshape(-1, t))
-            h1 = emphasize(h1.astype(jnp.float32), weights1[:, :, :n].reshape(-1, t))
-            h2 = emphasize(h2.astype(jnp.float32), weights2[:, :, :n].reshape(-1, t))
-            context = jnp.concatenate([h1, h2], axis=-1).reshape(b, 2, n * t, -1)
-            context = jnp.pad(context, ((0, 0), (0, 0), (0, (k - n) * t), (0, 0)))
-            return context, pooled.reshape(b, 2, n, -1)[:, :, 0].astype(jnp.float32)
-        return encode
-
     used = jnp.clip(-(-jnp.max(lengths) // t), 1, k)
-    context, pooled = jax.lax.switch(used - 1, [first(n) for n in range(1, k + 1)], ids1, ids2, weights1, weights2)
+
+    def encode(chunk):  # one chunk of every text: (B, 2, 77) arrays
+        ids1, ids2, weights1, weights2 = (a.reshape(-1, t) for a in chunk)
+        h1, _ = te1(ids1)
+        h2, pooled = te2(ids2)
+        h1, h2 = emphasize(h1.astype(jnp.float32), weights1), emphasize(h2.astype(jnp.float32), weights2)
+        return jnp.concatenate([h1, h2], axis=-1), pooled.astype(jnp.float32)
+
+    def step(_, indexed):
+        i, chunk = indexed
+        shapes = jax.eval_shape(encode, chunk)
+        skip = lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        return None, jax.lax.cond(i < used, encode, skip, chunk)
+
+    chunks = tuple(jnp.moveaxis(a, 2, 0) for a in (ids1, ids2, weights1, weights2))  # (K, B, 2, 77)
+    _, (hidden, pooled) = jax.lax.scan(step, None, (jnp.arange(k), chunks))  # (K, B * 2, 77, D), (K, B * 2, P)
+    context = jnp.moveaxis(hidden.reshape(k, b, 2, t, -1), 0, 2).reshape(b, 2, k * t, -1)
+    pooled = pooled[0].reshape(b, 2, -1)
     keep = jnp.stack([~zero_negative, jnp.ones_like(zero_negative)], axis=1).astype(jnp.float32)
     counts = (jnp.arange(k * t) < lengths[..., None]).astype(jnp.float32)  # (B, 2, K * 77)
     return context * (keep[:, :, None] * counts)[..., None], pooled * keep[:, :, None]
