@@ -8,6 +8,8 @@
 #                                   # of each level (SPLASH_BLOCKS=q,kv: the transformers again with those) (~6 min)
 #   bash benchmarks/tpu.sh flags    # the UNet evaluation with Google's v5e SDXL libtpu flags (FLAGS=...) (~2 min)
 #   bash benchmarks/tpu.sh xla      # the UNet evaluation with XLA's attention everywhere (~2 min)
+#   bash benchmarks/tpu.sh ab       # one UNet evaluation before and after a change, one call (BEFORE=, AFTER=:
+#                                   # tpu_quick.py unet options), the after profiled, its output in dB against before (~6 min)
 #   bash benchmarks/tpu.sh bench    # the pipeline: 1 image and 4 images a call, 1024x1024, 20 steps (~9 min)
 #   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
 #
@@ -60,6 +62,13 @@ case "$MODE" in
     [ -z "${SPLASH_BLOCKS:-}" ] || quick block-tuned "$PY" benchmarks/tpu_quick.py block --only transformer \
         --splash-blocks "$SPLASH_BLOCKS" --json
     ;;
+  ab)  # e.g. BEFORE="--splash-min-length 1024": each program compiles anew (~2 min), so this is two
+    quick unet-before "$PY" benchmarks/tpu_quick.py unet ${BEFORE:-} --save "$OUT/unet-before.npy" --json
+    quick unet-after "$PY" benchmarks/tpu_quick.py unet ${AFTER:-} --against "$OUT/unet-before.npy" \
+        --profile /tmp/sdxl-tpu-trace --json
+    [ -z "${ATTENTION_ONLY:-}" ] || quick attention timeout "${ATTENTION_TIMEOUT:-240}" "$PY" benchmarks/tpu_quick.py \
+        attention --only "$ATTENTION_ONLY" --variants "${ATTENTION_VARIANTS:-auto,einsum,splash}" --json
+    ;;
   xla)  # the same UNet evaluation with XLA's attention everywhere (after quick: against its output)
     quick unet-xla "$PY" benchmarks/tpu_quick.py unet --attention xla --against "$OUT/unet-before.npy" --json
     ;;
@@ -81,7 +90,7 @@ case "$MODE" in
         2>&1 | tee "$OUT/tests.log"
     ;;
   *)
-    echo "unknown mode $MODE: quick, flags, xla, bench or test"; exit 2 ;;
+    echo "unknown mode $MODE: quick, ab, flags, xla, bench or test"; exit 2 ;;
 esac
 
 "$PY" benchmarks/tpu_summary.py "$OUT" | tee "$OUT/summary.txt"

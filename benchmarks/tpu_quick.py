@@ -215,7 +215,7 @@ def unet_eval(args: argparse.Namespace) -> dict:
     seconds = timed(compiled, *inputs, runs=args.runs)
     flops = model_flops(configs["unet"], configs["vae"], (width, height))["unet"] * rows
     report = {"what": "unet", "architecture": args.architecture, "size": args.size, "rows": rows,
-              "attention": args.attention,
+              "attention": args.attention, "splash_min_length": attn.SPLASH_MIN_LENGTH,
               "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", ""),
               "device_kind": jax.devices()[0].device_kind, "compile_s": compile_s, "ms": seconds * 1e3,
               "tflops": flops / seconds / 1e12}
@@ -254,6 +254,7 @@ def psnr(reference: np.ndarray, value: np.ndarray) -> float:
 ATTENTION_SHAPES = [
     ("self 64x64 (4096 tokens)", 2, 4096, 4096, 10, 64),
     ("self 32x32 (1024 tokens)", 2, 1024, 1024, 20, 64),
+    ("self 76x52 (3952 tokens: 1216x832's 64x64 level)", 2, 3952, 3952, 10, 64),
     ("cross 64x64 -> 77", 2, 4096, 77, 10, 64),
     ("cross 32x32 -> 77", 2, 1024, 77, 20, 64),
     ("VAE mid (16384 tokens, one 512 head)", 1, 16384, 16384, 1, 512),
@@ -261,7 +262,7 @@ ATTENTION_SHAPES = [
 
 
 def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, logits_dtype=jnp.float32) -> jax.Array:
-    """Attention as two einsums and a softmax (as diffusers' Flax attention and MLPerf's entry)."""
+    """attention.einsum_attention with the logits and the softmax in `logits_dtype`."""
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=logits_dtype)
     weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
@@ -270,8 +271,10 @@ def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, logits_dtype=j
 
 def attention_variants() -> dict:
     variants = {"xla": attn.xla_attention, "auto (as shipped)": attn.tpu_attention,
-                "einsum, float32 softmax": einsum_attention,
-                "einsum, bfloat16 softmax": partial(einsum_attention, logits_dtype=jnp.bfloat16)}
+                "einsum, float32 logits": einsum_attention,
+                "einsum, bfloat16 logits and softmax": partial(einsum_attention, logits_dtype=jnp.bfloat16),
+                "einsum, bfloat16 logits, float32 softmax (as shipped)": attn.einsum_attention,
+                "splash, length padded to 128": partial(attn.splash_attention, pad_to=128)}
     for block_q, block_kv in ((512, 512), (512, 2048), (1024, 1024), (1024, 2048), (2048, 512), (2048, 1024)):
         variants[f"splash q{block_q} kv{block_kv}"] = partial(attn.splash_attention, block_q=block_q,
                                                               block_kv=block_kv)
@@ -288,6 +291,10 @@ def attention_table(args: argparse.Namespace) -> dict:
         exact = np.asarray(attn.xla_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)))
         flop = 4 * batch * lq * lk * heads * dim
         for variant, fn in attention_variants().items():
+            if args.variants and not any(v in variant for v in args.variants.split(",")):
+                continue
+            if args.only and args.only not in name:
+                continue
             if lq != lk and variant.startswith("splash"):
                 continue
             try:
@@ -345,8 +352,11 @@ def block_table(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("unet", "attention", "block"))
-    parser.add_argument("--only", help="block: only the blocks whose name holds this")
+    parser.add_argument("--only", help="block, attention: only the blocks / shapes whose name holds this")
+    parser.add_argument("--variants", help="attention: only the variants whose name holds one of these (a,b,...)")
     parser.add_argument("--splash-blocks", help="the splash kernel's block_q,block_kv for every length (tuning)")
+    parser.add_argument("--splash-min-length", type=int,
+                        help=f"self-attention this long or longer runs splash (default {attn.SPLASH_MIN_LENGTH})")
     parser.add_argument("--architecture", default="sdxl", help="sdxl (default), small or tiny: a quick check anywhere")
     parser.add_argument("--size", default="1024x1024")
     parser.add_argument("--images", type=int, default=1)
@@ -358,6 +368,8 @@ def main() -> None:
     parser.add_argument("--against", help="an earlier --save: report the output's PSNR against it")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.splash_min_length:
+        attn.SPLASH_MIN_LENGTH = args.splash_min_length
     if args.splash_blocks:
         attn.SPLASH_BLOCKS = lambda length: tuple(int(b) for b in args.splash_blocks.split(","))
     report = {"unet": unet_eval, "attention": attention_table, "block": block_table}[args.what](args)

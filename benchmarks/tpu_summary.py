@@ -17,6 +17,7 @@ def load(path: Path) -> dict | None:
 
 def unet_line(name: str, r: dict) -> list[str]:
     lines = [f"{name}: UNet {r['rows']} rows at {r['size']}, {r['attention']} attention"
+             + (f" (splash from {r['splash_min_length']} tokens)" if r.get("splash_min_length") else "")
              + (f", LIBTPU_INIT_ARGS={r['libtpu_init_args']!r}" if r.get("libtpu_init_args") else "")
              + f": {r['ms']:.1f} ms an evaluation, {r['tflops']:.0f} TFLOP/s, compile {r['compile_s']:.0f} s"
              + (f", {r['psnr_db_against_before']:.1f} dB against before" if "psnr_db_against_before" in r else "")]

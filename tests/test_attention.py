@@ -67,26 +67,46 @@ def _primitives(fn, *args) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("case, expect_splash", [
-    (dict(length=1024), True),                     # long self-attention: splash
-    (dict(length=512), False),                     # short: XLA
-    (dict(length=1024, kv_length=77), False),      # cross-attention to the text: XLA
-    (dict(length=1024, is_causal=True), False),    # causal (text encoders): XLA
+@pytest.mark.parametrize("case, kernel", [
+    (dict(length=2048), "splash"),                 # long self-attention
+    (dict(length=1024), "einsum"),                 # shorter self-attention (SDXL's 32x32 level)
+    (dict(length=2048, kv_length=77), "xla"),      # cross-attention to the text
+    (dict(length=2048, is_causal=True), "xla"),    # causal (text encoders)
 ])
-def test_tpu_branch_uses_splash_only_for_long_self_attention(case, expect_splash):
+def test_tpu_branch_picks_the_kernel_by_length_and_kind(case, kernel):
     q, k, v = _qkv(1, case["length"], 2, 64, kv_length=case.get("kv_length"))
     fn = lambda q, k, v: attn.tpu_attention(q, k, v, is_causal=case.get("is_causal", False), interpret=True)
-    assert ("pallas_call" in _primitives(fn, q, k, v)) == expect_splash
+    assert ("pallas_call" in _primitives(fn, q, k, v)) == (kernel == "splash")
+    if kernel != "splash":
+        expected = attn.einsum_attention(q, k, v) if kernel == "einsum" else attn.xla_attention(
+            q, k, v, is_causal=case.get("is_causal", False))
+        np.testing.assert_array_equal(np.asarray(fn(q, k, v)), np.asarray(expected))
+
+
+def test_einsum_attention_matches_reference_and_in_bfloat16_within_its_logits_rounding():
+    """Logits in the inputs' dtype, the softmax in float32: exact enough in float32. In bfloat16
+    (each op on its own, as the chip writes the logits out) the logits' rounding is the one error
+    beyond the output's own (XLA's attention keeps them in float32): bounded here, and the UNet's
+    output with it is compared on the chip (benchmarks/tpu.sh ab, dB against before)."""
+    q, k, v = _qkv(2, 1024, 2, 64)
+    np.testing.assert_allclose(np.asarray(attn.einsum_attention(q, k, v)), _reference(q, k, v), atol=2e-5, rtol=1e-4)
+    q, k, v = (t.astype(jnp.bfloat16) for t in (q, k, v))
+    exact = _reference(q, k, v)
+    out = attn.einsum_attention(q, k, v)
+    assert out.dtype == jnp.bfloat16
+    error = np.max(np.abs(np.asarray(out, np.float32) - exact))
+    xla_error = np.max(np.abs(np.asarray(attn.xla_attention(q, k, v), np.float32) - exact))
+    assert error <= 6 * xla_error and error < 1e-2, (error, xla_error)
 
 
 def test_compiler_picks_the_kernel_per_platform():
-    q, k, v = _qkv(1, 1024, 2, 64, jnp.bfloat16)
+    q, k, v = _qkv(1, 2048, 2, 64, jnp.bfloat16)
     traced = jax.jit(attn.attention).trace(q, k, v)
     assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
     assert "tpu_custom_call" not in traced.lower(lowering_platforms=("cpu",)).as_text()
     # On this CPU the default branch runs: XLA's attention, exactly.
     np.testing.assert_array_equal(np.asarray(jax.jit(attn.attention)(q, k, v), np.float32),
-                                  np.asarray(attn.xla_attention(q, k, v), np.float32))
+                                  np.asarray(jax.jit(attn.xla_attention)(q, k, v), np.float32))
     # The escape hatch, a model setting: no per-platform branches at all.
     assert "platform_index" in _primitives(lambda q, k, v: attn.attention(q, k, v), q, k, v)
     assert "platform_index" not in _primitives(lambda q, k, v: attn.attention(q, k, v, kernel="xla"), q, k, v)
@@ -131,19 +151,20 @@ def test_unknown_attention_setting_is_named(monkeypatch):
 
 
 def test_pipeline_programs_carry_splash_attention_when_compiled_for_tpu(tiny_checkpoint):
-    """At 256x256 the tiny model's VAE attends over 32x32 = 1024 latent pixels: long enough for
+    """At 512x512 the tiny model's VAE attends over 64x64 = 4096 latent pixels: long enough for
     splash. Tracing it inside the pipeline's shard_map and lowering for a TPU must work here."""
     from sdxl_tpu import load_pipeline
 
-    pipe = load_pipeline(tiny_checkpoint, dtype="bfloat16", sizes=["256x256"], warmup=False)
-    traced = pipe.trace("decode", (256, 256))
+    pipe = load_pipeline(tiny_checkpoint, dtype="bfloat16", sizes=["512x512"], warmup=False)
+    traced = pipe.trace("decode", (512, 512))
     assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
     assert "tpu_custom_call" not in traced.lower(lowering_platforms=("cpu",)).as_text()
 
 
 def test_vae_decode_through_the_tpu_branch_matches_xla(tiny_checkpoint, monkeypatch):
     """The real model's attention (the tiny VAE's mid block over 32x32 = 1024 latent pixels)
-    computed by the TPU branch, splash in interpret mode, against XLA's attention."""
+    computed by the TPU branch, splash in interpret mode (from 1024 tokens here, as the UNet's
+    4096-token level), against XLA's attention."""
     from pathlib import Path
 
     from sdxl_tpu import Precision, load_vae
@@ -159,6 +180,7 @@ def test_vae_decode_through_the_tpu_branch_matches_xla(tiny_checkpoint, monkeypa
         return attn.tpu_attention(q, k, v, kv_lengths, is_causal=is_causal, interpret=True)
 
     monkeypatch.setattr(layers, "attention", tpu_branch)
+    monkeypatch.setattr(attn, "SPLASH_MIN_LENGTH", 1024)
     with_splash = np.asarray(vae.decode(latents))
     assert used == [1024]
     np.testing.assert_allclose(with_splash, with_xla, atol=1e-4)
@@ -171,11 +193,11 @@ def test_splash_kernel_traces_into_several_programs():
     from jax.sharding import Mesh, PartitionSpec as P
 
     mesh = Mesh(np.array(jax.devices()[:1]), ("batch",))
-    q = jax.random.normal(jax.random.PRNGKey(0), (1, 1152, 1, 64), jnp.bfloat16)
+    q = jax.random.normal(jax.random.PRNGKey(0), (1, 3000, 1, 64), jnp.bfloat16)
     sharded = jax.shard_map(lambda q: attn.attention(q, q, q), mesh=mesh, in_specs=P("batch"),
                             out_specs=P("batch"), check_vma=False)
     assert "tpu_custom_call" in jax.jit(sharded).trace(q).lower(lowering_platforms=("tpu",)).as_text()
-    q2 = jax.random.normal(jax.random.PRNGKey(1), (1, 1030, 1, 64), jnp.bfloat16)  # also padded to 1152
+    q2 = jax.random.normal(jax.random.PRNGKey(1), (1, 2100, 1, 64), jnp.bfloat16)  # also padded to 3072
     assert "tpu_custom_call" in jax.jit(attn.attention).trace(q2, q2, q2).lower(lowering_platforms=("tpu",)).as_text()
     q32 = q.astype(jnp.float32)
     np.testing.assert_allclose(np.asarray(attn.attention(q32, q32, q32)), _reference(q32, q32, q32), atol=2e-5)
@@ -189,6 +211,22 @@ def test_splash_blocks_divide_the_length_within_the_tuned_tiles():
         assert length % block_q == 0 and length % block_kv == 0 and block_q <= 1024 and block_kv <= 2048
     assert attn.SPLASH_BLOCKS(4096) == (1024, 2048) and attn.SPLASH_BLOCKS(16384) == (1024, 2048)
     assert attn.SPLASH_BLOCKS(1024) == (1024, 1024) and attn.SPLASH_BLOCKS(3968) == (128, 128)
+
+
+def test_every_sdxl_size_runs_splash_at_4096_tokens_with_the_tuned_tiles():
+    """SDXL's sizes put 3840 to 4096 tokens on the UNet's 64x-level (latents halved once): all run
+    at 4096 with 1024 x 2048 tiles (at 3968 = 31 x 128 the tiles would be 128 x 128); their 32x-level
+    (960 to 1024 tokens) stays below splash, and the VAE's 128x-level runs tiles of 1024 queries."""
+    from sdxl_tpu.server.settings import SDXL_SIZES
+
+    for size in SDXL_SIZES:
+        width, height = (int(n) for n in size.split("x"))
+        level = (height // 16) * (width // 16)
+        assert 3840 <= level <= 4096 and attn.splash_length(level) == 4096, size
+        assert attn.SPLASH_BLOCKS(attn.splash_length(level)) == (1024, 2048)
+        assert level // 4 < attn.SPLASH_MIN_LENGTH <= level
+        assert attn.SPLASH_BLOCKS(attn.splash_length(4 * level))[0] == 1024
+    assert attn.splash_length(300) == 384 and attn.splash_length(1030) == 2048
 
 
 def test_splash_attention_with_unequal_tiles_matches_reference_in_interpret_mode():

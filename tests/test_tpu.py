@@ -33,22 +33,22 @@ def _psnr(reference: np.ndarray, value: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(peak * peak / mse)
 
 
-@pytest.mark.parametrize("batch, length, heads, head_dim", [
-    (2, 4096, 10, 64),   # the UNet's 64x64 level at 1024x1024
-    (2, 1024, 20, 64),   # its 32x32 level
-    (2, 3952, 10, 64),   # 1216x832's 64x-level (76x52 tokens): padded to 3968, masked
-    (1, 16384, 1, 512),  # the VAE's mid block at 1024x1024
+@pytest.mark.parametrize("batch, length, heads, head_dim, kernel", [
+    (2, 4096, 10, 64, "splash"),   # the UNet's 64x64 level at 1024x1024
+    (2, 1024, 20, 64, "einsum"),   # its 32x32 level
+    (2, 3952, 10, 64, "splash"),   # 1216x832's 64x-level (76x52 tokens): padded to 4096, masked
+    (1, 16384, 1, 512, "splash"),  # the VAE's mid block at 1024x1024
 ])
-def test_splash_matches_xla_attention_at_each_sdxl_level(batch, length, heads, head_dim):
+def test_tpu_attention_matches_xla_attention_at_each_sdxl_level(batch, length, heads, head_dim, kernel):
     keys = jax.random.split(jax.random.key(length), 3)
     q, k, v = (jax.random.normal(key, (batch, length, heads, head_dim), jnp.bfloat16) for key in keys)
-    kernel = jax.jit(attn.tpu_attention)
-    assert "tpu_custom_call" in kernel.lower(q, k, v).compile().as_text()  # the splash kernel, not XLA's
+    chosen = jax.jit(attn.tpu_attention)
+    assert ("tpu_custom_call" in chosen.lower(q, k, v).compile().as_text()) == (kernel == "splash")
     exact = attn.xla_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32))
-    error = float(jnp.max(jnp.abs(kernel(q, k, v).astype(jnp.float32) - exact)))
+    error = float(jnp.max(jnp.abs(chosen(q, k, v).astype(jnp.float32) - exact)))
     xla_error = float(jnp.max(jnp.abs(attn.xla_attention(q, k, v).astype(jnp.float32) - exact)))
-    print(f"{length} tokens x {heads} heads of {head_dim}: splash max error {error:.2e}, XLA's in bf16 {xla_error:.2e}")
-    assert error < max(4 * xla_error, 1e-2)
+    print(f"{length} tokens x {heads} heads of {head_dim}: {kernel} max error {error:.2e}, XLA's {xla_error:.2e}")
+    assert error < max(6 * xla_error, 1e-2)
 
 
 def test_small_unet_on_the_chip_equals_the_cpu():

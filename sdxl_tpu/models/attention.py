@@ -2,8 +2,9 @@
 
 The compiler picks the branch (`jax.lax.platform_dependent`), not Python at trace time, so a
 traced program is right wherever it is compiled:
-- TPU: Pallas splash attention for long self-attention (SDXL's 64x64 and 32x32 UNet levels, the
-  VAE's mid block), which never materialises the length x length logits;
+- TPU: Pallas splash attention for long self-attention (SDXL's 64x64 UNet level, the VAE's mid
+  block), which never materialises the length x length logits; shorter self-attention (its 32x32
+  level) as two einsums with the logits and softmax in bfloat16, as diffusers' Flax attention;
 - NVIDIA GPU: cuDNN's fused flash attention where cuDNN supports the shape (bf16/fp16, head
   dim <= 128, so not the VAE's single 512-wide head);
 - everything else: XLA's attention (`jax.nn.dot_product_attention`), also the fallback of both.
@@ -23,9 +24,11 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-# Below this many tokens XLA's fused attention is already cheap; splash pays off on long
-# self-attention (SDXL at 1024x1024: 1024 and 4096 tokens in the UNet, 16384 in the VAE).
-SPLASH_MIN_LENGTH = 1024
+# Splash pays off on long self-attention (SDXL at 1024x1024: 4096 tokens in the UNet, 16384 in the
+# VAE); below this many tokens the einsums are faster. Measured on one TPU v5e (2026-12-05, ms a
+# call, bf16): 1024 tokens x 20 heads: einsum 0.136, splash 0.203, XLA's (float32 logits) 0.492;
+# 4096 x 10: einsum 1.88, splash 1.19. (Between them, untimed: the middle, 2048.)
+SPLASH_MIN_LENGTH = 2048
 _LANES = 128  # TPU vector lane width: splash wants sequence blocks and head dims in multiples of it
 
 
@@ -111,26 +114,47 @@ def gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Arra
 
 def tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Array | None = None, *,
                   is_causal: bool = False, interpret: bool = False) -> jax.Array:
-    if is_causal or kv_lengths is not None or q.shape[1] != k.shape[1] or q.shape[1] < SPLASH_MIN_LENGTH:
+    if is_causal or kv_lengths is not None or q.shape[1] != k.shape[1]:
         return xla_attention(q, k, v, kv_lengths, is_causal=is_causal)
+    if q.shape[1] < SPLASH_MIN_LENGTH:
+        return einsum_attention(q, k, v)
     return splash_attention(q, k, v, interpret=interpret)
+
+
+def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Attention as two einsums and a softmax, the logits and probabilities in the inputs' dtype (as
+    diffusers' Flax attention and MLPerf's SDXL on TPU), the softmax computed in float32 within its
+    fusion. XLA's attention writes float32 logits: 3.6x slower at 1024 tokens in bfloat16."""
+    q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(v.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
 
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def splash_length(length: int) -> int:
+    """The length splash runs a sequence at: a multiple of 128, and past 1024 a multiple of 1024,
+    so that the tuned tiles (SPLASH_BLOCKS) divide it: SDXL's 64x-level at its other sizes (3840 to
+    4032 tokens) runs at 4096 with 1024 x 2048 tiles, not at 3968 = 31 x 128 with 128 x 128 ones,
+    for at most 7 % more tokens."""
+    return round_up(length, 1024 if length > 1024 else _LANES)
+
+
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool = False,
-                     block_q: int | None = None, block_kv: int | None = None) -> jax.Array:
+                     block_q: int | None = None, block_kv: int | None = None, pad_to: int | None = None) -> jax.Array:
     """Non-causal self-attention with the Pallas splash kernel (TPU; `interpret=True` runs it anywhere).
 
-    Lengths and head dims are zero-padded to multiples of 128 (the kernel pads a 64-wide head to
-    128 itself: measured no faster unpadded); padded keys are masked out with segment ids, and the
-    softmax scale is applied to q up front (the kernel applies none). block_q / block_kv: the
-    kernel's tiles (default: SPLASH_BLOCKS of the length).
+    Lengths are zero-padded as splash_length says and head dims to multiples of 128 (the kernel
+    pads a 64-wide head to 128 itself: measured no faster unpadded); padded keys are masked out
+    with segment ids, and the softmax scale is applied to q up front (the kernel applies none).
+    block_q / block_kv: the kernel's tiles (default: SPLASH_BLOCKS of the padded length);
+    pad_to: pad the length to a multiple of this instead (benchmarks).
     """
     batch, length, heads, head_dim = q.shape
-    padded_len, padded_dim = round_up(length, _LANES), round_up(head_dim, _LANES)
+    padded_len, padded_dim = round_up(length, pad_to) if pad_to else splash_length(length), round_up(head_dim, _LANES)
     scale = 1.0 / math.sqrt(head_dim)
 
     def to_kernel_layout(t: jax.Array) -> jax.Array:  # (B, L, H, D) -> (B, H, Lp, Dp)
