@@ -81,8 +81,10 @@ case "$MODE" in
     # ARCH=tiny SIZE=64x64 runs the same in a minute on a CPU, to check it before spending device time.
     common=(--architecture "${ARCH:-sdxl}" --random-weights --size "${SIZE:-1024x1024}" --steps 20 --no-warm-compile
             --json)
-    quick bench-1 "$PY" -m sdxl_tpu bench "${common[@]}" --images 1 --runs 3
-    quick bench-4 "$PY" -m sdxl_tpu bench "${common[@]}" --images 4 --runs 3
+    # IMAGES="1": one of the two. The host's peak memory (compiles side by side) goes to log.txt.
+    for n in ${IMAGES:-1 4}; do
+      quick "bench-$n" "$PY" benchmarks/peak_memory.py "$PY" -m sdxl_tpu bench "${common[@]}" --images "$n" --runs 3
+    done
     ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.

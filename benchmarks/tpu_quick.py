@@ -255,6 +255,9 @@ ATTENTION_SHAPES = [
     ("self 64x64 (4096 tokens)", 2, 4096, 4096, 10, 64),
     ("self 32x32 (1024 tokens)", 2, 1024, 1024, 20, 64),
     ("self 76x52 (3952 tokens: 1216x832's 64x64 level)", 2, 3952, 3952, 10, 64),
+    ("self 36x28 (1008 tokens: 1152x896's 32x32 level)", 2, 1008, 1008, 20, 64),
+    ("self 24x24 (576 tokens: 768x768's 32x32 level)", 2, 576, 576, 20, 64),
+    ("self 16x16 (256 tokens: 512x512's 32x32 level)", 2, 256, 256, 20, 64),
     ("cross 64x64 -> 77", 2, 4096, 77, 10, 64),
     ("cross 32x32 -> 77", 2, 1024, 77, 20, 64),
     ("VAE mid (16384 tokens, one 512 head)", 1, 16384, 16384, 1, 512),
@@ -262,7 +265,8 @@ ATTENTION_SHAPES = [
 
 
 def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, logits_dtype=jnp.float32) -> jax.Array:
-    """attention.einsum_attention with the logits and the softmax in `logits_dtype`."""
+    """Attention as two einsums and a softmax, the logits and softmax in `logits_dtype` (diffusers' Flax
+    attention: bfloat16)."""
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=logits_dtype)
     weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
@@ -273,7 +277,6 @@ def attention_variants() -> dict:
     variants = {"xla": attn.xla_attention, "auto (as shipped)": attn.tpu_attention,
                 "einsum, float32 logits": einsum_attention,
                 "einsum, bfloat16 logits and softmax": partial(einsum_attention, logits_dtype=jnp.bfloat16),
-                "einsum, bfloat16 logits, float32 softmax (as shipped)": attn.einsum_attention,
                 "splash, length padded to 128": partial(attn.splash_attention, pad_to=128)}
     for block_q, block_kv in ((512, 512), (512, 2048), (1024, 1024), (1024, 2048), (2048, 512), (2048, 1024)):
         variants[f"splash q{block_q} kv{block_kv}"] = partial(attn.splash_attention, block_q=block_q,

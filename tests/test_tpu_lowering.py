@@ -68,13 +68,13 @@ def test_every_program_lowers_for_tpu_sharded_over_the_mesh_without_host_callbac
 
 def test_splash_attention_where_it_is_chosen_and_xla_elsewhere(lowered):
     """The UNet's self-attention runs the splash kernel at the levels whose sequences are long
-    enough (at 1024x1024: 64x64 latents, every layer; the 32x32 level's run as einsums), its
-    cross-attention (77 tokens) and the text encoders' causal attention run XLA's; the VAE's
-    mid-block attention (128x128 latents) runs splash in the encoder and the decoder."""
+    enough (at 1024x1024: 64x64 and 32x32 latents, every layer of both), its cross-attention
+    (77 tokens) and the text encoders' causal attention run XLA's; the VAE's mid-block attention
+    (128x128 latents) runs splash in the encoder and the decoder."""
     layers = self_attention_layers()
     assert layers == {4096: 10, 1024: 60}  # (SDXL's: 2x2 + 3x2 layers at 64x64, 2x10 + 10 + 3x10 at 32x32)
     expected = {length: n for length, n in layers.items() if length >= SPLASH_MIN_LENGTH}
-    assert expected == {4096: 10}
+    assert expected == {4096: 10, 1024: 60}
     for name in ("denoise", "denoise_unguided"):
         program = lowered["programs"][name]
         assert {int(k): v for k, v in program["splash_calls"].items()} == expected, (name, program)

@@ -2,9 +2,8 @@
 
 The compiler picks the branch (`jax.lax.platform_dependent`), not Python at trace time, so a
 traced program is right wherever it is compiled:
-- TPU: Pallas splash attention for long self-attention (SDXL's 64x64 UNet level, the VAE's mid
-  block), which never materialises the length x length logits; shorter self-attention (its 32x32
-  level) as two einsums with the logits and softmax in bfloat16, as diffusers' Flax attention;
+- TPU: Pallas splash attention for long self-attention (SDXL's 64x64 and 32x32 UNet levels, the
+  VAE's mid block), which never materialises the length x length logits;
 - NVIDIA GPU: cuDNN's fused flash attention where cuDNN supports the shape (bf16/fp16, head
   dim <= 128, so not the VAE's single 512-wide head);
 - everything else: XLA's attention (`jax.nn.dot_product_attention`), also the fallback of both.
@@ -24,11 +23,12 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-# Splash pays off on long self-attention (SDXL at 1024x1024: 4096 tokens in the UNet, 16384 in the
-# VAE); below this many tokens the einsums are faster. Measured on one TPU v5e (2026-12-05, ms a
-# call, bf16): 1024 tokens x 20 heads: einsum 0.136, splash 0.203, XLA's (float32 logits) 0.492;
-# 4096 x 10: einsum 1.88, splash 1.19. (Between them, untimed: the middle, 2048.)
-SPLASH_MIN_LENGTH = 2048
+# Splash pays off on long self-attention (SDXL at 1024x1024: 1024 and 4096 tokens in the UNet, 16384
+# in the VAE). Measured on one TPU v5e (2026-12-05, ms a call, bf16): 1024 tokens x 20 heads splash
+# 0.203, XLA's attention 0.492; as einsums with bfloat16 logits 0.14, yet the whole UNet evaluation
+# 135.0 ms against splash's 132.9 (so not used). From 960: the other SDXL sizes' 32x-level (960 to
+# 1008 tokens), padded to 1024.
+SPLASH_MIN_LENGTH = 960
 _LANES = 128  # TPU vector lane width: splash wants sequence blocks and head dims in multiples of it
 
 
@@ -114,21 +114,9 @@ def gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Arra
 
 def tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Array | None = None, *,
                   is_causal: bool = False, interpret: bool = False) -> jax.Array:
-    if is_causal or kv_lengths is not None or q.shape[1] != k.shape[1]:
+    if is_causal or kv_lengths is not None or q.shape[1] != k.shape[1] or q.shape[1] < SPLASH_MIN_LENGTH:
         return xla_attention(q, k, v, kv_lengths, is_causal=is_causal)
-    if q.shape[1] < SPLASH_MIN_LENGTH:
-        return einsum_attention(q, k, v)
     return splash_attention(q, k, v, interpret=interpret)
-
-
-def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Attention as two einsums and a softmax, the logits and probabilities in the inputs' dtype (as
-    diffusers' Flax attention and MLPerf's SDXL on TPU), the softmax computed in float32 within its
-    fusion. XLA's attention writes float32 logits: 3.6x slower at 1024 tokens in bfloat16."""
-    q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(v.dtype)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -167,6 +155,11 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: boo
 
         ids = (jnp.arange(padded_len) >= length).astype(jnp.int32)  # 0 = real token, 1 = padding
         segment_ids = SegmentIds(q=ids, kv=ids)
+    if padded_dim * q.dtype.itemsize > 1024 and not (block_q or block_kv):
+        # float32 with a 512-wide head (the VAE's, upcast): the tuned tiles' buffers (25 MB) overflow
+        # the kernel's 16 MiB of VMEM on a v5e; a quarter of them fits.
+        tuned_q, tuned_kv = SPLASH_BLOCKS(padded_len)
+        block_q, block_kv = min(tuned_q, 512), min(tuned_kv, 1024)
     kernel = _splash_kernel(heads, padded_len, interpret, block_q, block_kv)
     qs = to_kernel_layout((q.astype(jnp.float32) * scale).astype(q.dtype))
     out = jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=segment_ids))(
