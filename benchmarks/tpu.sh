@@ -11,6 +11,8 @@
 #   bash benchmarks/tpu.sh ab       # one UNet evaluation before and after a change, one call (BEFORE=, AFTER=:
 #                                   # tpu_quick.py unet options), the after profiled, its output in dB against before (~6 min)
 #   bash benchmarks/tpu.sh bench    # the pipeline: 1 image and 4 images a call, 1024x1024, 20 steps (~9 min)
+#   bash benchmarks/tpu.sh first-image  # a new server's time to its first image, cold and restarted from the
+#                                   # programs it stored (SIZES=1024x1024; in-process: no TCP sockets) (~7 min)
 #   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
 #
 # Results: JSON files, log.txt (environment and logs) and summary.txt under $OUT (default benchmarks/out);
@@ -86,13 +88,19 @@ case "$MODE" in
       quick "bench-$n" "$PY" benchmarks/peak_memory.py "$PY" -m sdxl_tpu bench "${common[@]}" --images "$n" --runs 3
     done
     ;;
+  first-image)
+    # (ARCH=tiny SIZES=64x64 on a CPU first.) The app's engine with random weights: ready, first image,
+    # everything, each program's compile; then a new process from the stored programs.
+    quick first-image "$PY" benchmarks/peak_memory.py "$PY" benchmarks/first_image.py --architecture "${ARCH:-sdxl}" \
+        --sizes "${SIZES:-1024x1024}" --restart --json
+    ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
     JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/test_tpu.py \
         2>&1 | tee "$OUT/tests.log"
     ;;
   *)
-    echo "unknown mode $MODE: quick, ab, flags, xla, bench or test"; exit 2 ;;
+    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image or test"; exit 2 ;;
 esac
 
 "$PY" benchmarks/tpu_summary.py "$OUT" | tee "$OUT/summary.txt"

@@ -57,6 +57,10 @@ def main(out: Path) -> None:
                 print(f"{path.stem}: {row['block']:<70} {row['ms']:7.3f} ms{tiles}")
         elif "latency_s" in r:
             print("\n".join(bench_line(path.stem, r)))
+        elif "cold" in r or "this start" in r:  # first_image.py's
+            from first_image import format_report
+
+            print("\n".join(format_report(f"{path.stem}, {start}", report) for start, report in r.items()))
 
 
 if __name__ == "__main__":

@@ -191,10 +191,11 @@ def test_default_schedule_and_noise_source_settings(capsys):
 def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with_the_sampler_that_runs():
     class FakePipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
+        first_call = ("encode", "noise", "denoise", "decode")
         model_name, samplers, default_sampler = "fake", {"Euler": None, "DDIM": None}, "DDIM"
         max_prompt_chunks = 3
 
-        def is_compiled(self, size):
+        def is_compiled(self, size, names=None):
             return True
 
     server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES), schedule="Automatic", rng="CPU"),
@@ -265,9 +266,10 @@ def test_token_count_says_what_each_lora_tag_does_here(tiny_checkpoint):
 
     class Loaded:
         sizes, images_per_call, tokenizers = SIZES, 4, (load_tokenizers(tiny_checkpoint)[0], None)
+        first_call = ("encode", "noise", "denoise", "decode")
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
-        def is_compiled(self, size):
+        def is_compiled(self, size, names=None):
             return True
 
     fused = ["/models/detail.safetensors:0.8", "/models/style.safetensors"]
@@ -301,10 +303,11 @@ def test_server_warm_up_states_and_errors():
         sizes = SIZES
         images_per_call = 4
         tokenizers = (None, None)
+        first_call = ("encode", "noise", "denoise", "decode")
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
         max_prompt_chunks = 3
 
-        def is_compiled(self, size):
+        def is_compiled(self, size, names=None):
             return True
 
     def slow_loader(settings):
@@ -337,9 +340,10 @@ def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint
 
     class Loaded:  # the model as the server sees it once loaded: its tokenizers (nothing is generated here)
         sizes, images_per_call, tokenizers = SIZES, 4, (tokenizer, None)
+        first_call = ("encode", "noise", "denoise", "decode")
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
-        def is_compiled(self, size):
+        def is_compiled(self, size, names=None):
             return True
 
     server = Server(TINY, loader=lambda s: Loaded())
@@ -403,10 +407,11 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
 
     class SlowPipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
+        first_call = ("encode", "noise", "denoise", "decode")
         model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
         max_prompt_chunks = 3
 
-        def is_compiled(self, size):
+        def is_compiled(self, size, names=None):
             return True
 
         def run_images(self, infos, progress=None, stop=None):

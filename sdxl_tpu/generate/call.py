@@ -94,10 +94,8 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     n, first = len(infos), infos[0]
     size, steps, strength, schedule = first.size, first.steps, first.strength, first.schedule
     # Only what this pass runs (all of them, where the pipeline was warmed up: nothing compiles then).
-    programs = pipe.compiled(size, ("encode", "noise" if latents is None else "init", "decode",
-                                    "denoise" if guided(infos) else "denoise_unguided",
-                                    *(("encode_image",) if begin is not None or pipe.layout.condition_channels else ()),
-                                    *(("preview",) if pipe.preview_decoder == "taesd" and pipe.stepwise else ())))
+    programs = pipe.compiled(size, pipe.call_programs(guided=guided(infos), given_latents=latents is not None,
+                                                      image=begin is not None))
     slots = infos + [infos[-1]] * (pipe.images_per_call - n)
     text = sampling.prepare(pipe.tokenizers, slots, pipe.force_zeros_for_empty_prompt, pipe.max_prompt_chunks)
     h, w, c = pipe.layout.latent_shape(size)

@@ -9,6 +9,7 @@ import importlib.util
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -101,20 +102,34 @@ def compile_lowered(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, b
     return compiled, getattr(_this_thread, "cache_hits", 0) == before
 
 
+def compile_program(name: str, lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, bool]:
+    """Program `name` compiled as compile_lowered does; its time in the log (what a new replica
+    waits for, program by program)."""
+    start = time.perf_counter()
+    compiled, by_xla = compile_lowered(lowered)
+    logging.getLogger("sdxl_tpu").info("%s compiled in %.1f s (%s)", name, time.perf_counter() - start,
+                                       "XLA" if by_xla else "JAX's persistent cache")
+    return compiled, by_xla
+
+
+def compile_workers() -> int:
+    """Programs compiled at once: one a core on an accelerator, one after another on a CPU (see
+    compile_side_by_side)."""
+    return 1 if jax.default_backend() == "cpu" else os.cpu_count() or 1
+
+
 def compile_side_by_side(lowered: Mapping[str, jax.stages.Lowered], workers: int | None = None
                          ) -> dict[str, tuple[jax.stages.Compiled, bool]]:
-    """Each of `lowered` compiled as compile_lowered does, `workers` at a time (default: one a core
-    on an accelerator, one after another on a CPU). An accelerator's compiler releases the GIL and
-    compiles a program on one host core, so a size's programs (text encoders, denoising loops,
-    decoder) take about as long as the slowest of them. XLA's CPU compiler is threaded itself: side
-    by side it gained 1.1x on two cores and held every program's compile memory at once (a test
-    suite on a 24 GiB machine ran out)."""
-    if workers is None:
-        workers = 1 if jax.default_backend() == "cpu" else os.cpu_count() or 1
+    """Each of `lowered` (by name) compiled as compile_program does, `workers` at a time (default:
+    compile_workers()). An accelerator's compiler releases the GIL and compiles a program on one
+    host core, so a size's programs (text encoders, denoising loops, decoder) take about as long as
+    the slowest of them. XLA's CPU compiler is threaded itself: side by side it gained 1.1x on two
+    cores and held every program's compile memory at once (a test suite on a 24 GiB machine ran out)."""
+    workers = compile_workers() if workers is None else workers
     if workers <= 1 or len(lowered) <= 1:
-        return {name: compile_lowered(program) for name, program in lowered.items()}
+        return {name: compile_program(name, program) for name, program in lowered.items()}
     with ThreadPoolExecutor(min(len(lowered), workers)) as pool:
-        futures = {name: pool.submit(compile_lowered, program) for name, program in lowered.items()}
+        futures = {name: pool.submit(compile_program, name, program) for name, program in lowered.items()}
         return {name: future.result() for name, future in futures.items()}
 
 

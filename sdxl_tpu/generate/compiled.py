@@ -1,13 +1,19 @@
 """Each size's compiled programs (programs.py), made once, when first needed: compiled, or loaded
 untraced from a program store (stored_programs.py). A warmed-up pipeline has them all; otherwise
 a call compiles only what it runs (a text-to-image call no image encoder, a guided one no
-unguided loop)."""
+unguided loop).
+
+Several threads may ask at once (a call, and the background compile of what no call needed yet):
+a program is made by the first that asks for it; the others wait for that one, never make it twice.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from ..spec.values import format_size
@@ -17,42 +23,104 @@ from .stored_programs import ProgramStore
 
 log = logging.getLogger("sdxl_tpu")
 
+Size = tuple[int, int]
+
+
+def _key(name: str, size: Size) -> tuple[str, Size | None]:
+    """What a program is made once for: the text encoders do not depend on the size."""
+    return name, None if name == "encode" else size
+
 
 class CompiledPrograms:
     def __init__(self, layout: Layout, graphs: Mapping[str, Any], params: Mapping[str, Any],
                  store: ProgramStore | None = None):
         self.layout, self.graphs, self.params, self.store = layout, graphs, params, store
-        self.by_size: dict[tuple[int, int], dict[str, Any]] = {}
+        self.by_size: dict[Size, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._making: dict[tuple[str, Size | None], Future] = {}  # by _key: made now, by another thread
 
-    def get(self, size: tuple[int, int], names: Sequence[str]) -> dict[str, Any]:
-        """The programs of `size` (at least those of `names`), making the missing ones."""
-        programs = self.by_size.setdefault(size, {})
-        missing = [name for name in names if name not in programs]
-        encode = self._shared_encode()
-        if "encode" in missing and encode is not None:
-            programs["encode"] = encode
-            missing.remove("encode")
-        if missing and self.store is not None:  # loaded untraced where stored, else compiled (and stored)
-            programs |= self.store.programs(missing, self.layout, size, self.graphs, self.params)
-        elif missing:  # traced one after another, compiled side by side
-            lowered = {}
-            for name in missing:
-                fn, args = program(name, self.layout, size, self.graphs, self.params)
-                lowered[name] = fn.lower(*args)
-            programs |= {name: compiled for name, (compiled, _) in compile_side_by_side(lowered).items()}
-        return programs
+    def get(self, size: Size, names: Sequence[str]) -> dict[str, Any]:
+        """The programs of `size` (at least those of `names`), making the missing ones (those
+        another thread is making: waiting for it)."""
+        while True:
+            mine, theirs = self._claim([(name, size) for name in names])
+            if mine:
+                self._make(size, [name for name, _ in mine])
+            for future in theirs:
+                future.result()  # (their failure is this call's too)
+            programs = self.by_size.get(size, {})
+            if all(name in programs for name in names):
+                return programs
+            # (what another thread was to load from the store was not there: made here now)
 
-    def load_stored(self, sizes: Sequence[tuple[int, int]], names: Sequence[str]) -> None:
+    def _claim(self, jobs: Sequence[tuple[str, Size]]) -> tuple[list[tuple[str, Size]], list[Future]]:
+        """Of `jobs` ((name, size)), those missing and made by no one (now this thread's to make),
+        and the futures of those another thread is making."""
+        mine, theirs, keys = [], [], set()
+        with self._lock:
+            shared = self._shared_encode()
+            for name, size in jobs:
+                key = _key(name, size)
+                if name == "encode" and shared is not None:
+                    self.by_size.setdefault(size, {}).setdefault("encode", shared)
+                if key in keys or name in self.by_size.get(size, {}):
+                    continue
+                keys.add(key)
+                if key in self._making:
+                    theirs.append(self._making[key])
+                else:
+                    self._making[key] = Future()
+                    mine.append((name, size))
+        return mine, theirs
+
+    def _settle(self, name: str, size: Size, compiled: Any = None, error: BaseException | None = None) -> None:
+        """A claimed job ended: its program kept (None: not made, as a load the store could not
+        serve), and whoever waits for it told."""
+        with self._lock:
+            if compiled is not None:
+                self._add(size, name, compiled)
+            future = self._making.pop(_key(name, size))
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(compiled)
+
+    def _make(self, size: Size, names: list[str]) -> None:
+        """Claimed programs `names` of `size`: loaded untraced where stored, else compiled."""
+        try:
+            if self.store is not None:  # loaded untraced where stored, else compiled (and stored)
+                made = self.store.programs(names, self.layout, size, self.graphs, self.params)
+            else:  # traced one after another, compiled side by side
+                lowered = {}
+                for name in names:
+                    fn, args = program(name, self.layout, size, self.graphs, self.params)
+                    lowered[name] = fn.lower(*args)
+                made = {name: compiled for name, (compiled, _) in compile_side_by_side(lowered).items()}
+        except BaseException as e:
+            for name in names:
+                self._settle(name, size, error=e)
+            raise
+        for name in names:
+            self._settle(name, size, made[name])
+
+    def load_stored(self, sizes: Sequence[Size], names: Sequence[str]) -> None:
         """What the store holds of `sizes`' programs `names`, loaded side by side across the sizes
         (a restart's), each size complete once its last program is in; nothing is compiled."""
         if self.store is None:
             return
-        have_encode = self._shared_encode() is not None
-        jobs = [(name, size) for size in sizes for name in names
-                if name not in self.by_size.get(size, {}) and not (name == "encode" and have_encode)]
-        start = time.perf_counter()
-        found = self.store.load_side_by_side(jobs, self.layout, self.graphs, self.params,
-                                             lambda name, size, compiled: self._add(size, name, compiled))
+        jobs, _ = self._claim([(name, size) for size in sizes for name in names])
+        start, found = time.perf_counter(), set()
+
+        def loaded(name: str, size: Size, compiled: Any) -> None:
+            found.add((name, size))
+            self._settle(name, size, compiled)
+
+        try:
+            self.store.load_side_by_side(jobs, self.layout, self.graphs, self.params, loaded)
+        finally:
+            for name, size in jobs:
+                if (name, size) not in found:
+                    self._settle(name, size)  # (not stored: whoever needs it compiles it)
         if found:
             loaded_sizes = ", ".join(format_size(size) for size in sizes if any(s == size for _, s in found))
             log.info("%s: %d programs loaded from %s side by side, in %.1f s", loaded_sizes, len(found),
@@ -62,11 +130,14 @@ class CompiledPrograms:
         """The text encoders' program, which does not depend on the size: made once, for every size."""
         return next((p["encode"] for p in self.by_size.values() if "encode" in p), None)
 
-    def _add(self, size: tuple[int, int], name: str, compiled: Any) -> None:
+    def _add(self, size: Size, name: str, compiled: Any) -> None:
         programs = self.by_size.setdefault(size, {})
         programs[name] = compiled
-        if (shared := self._shared_encode()) is not None:
+        if name == "encode":  # (every size made so far shares it)
+            for other in self.by_size.values():
+                other.setdefault("encode", compiled)
+        elif (shared := self._shared_encode()) is not None:
             programs.setdefault("encode", shared)
 
-    def has(self, size: tuple[int, int], names: Sequence[str]) -> bool:
+    def has(self, size: Size, names: Sequence[str]) -> bool:
         return all(name in self.by_size.get(size, ()) for name in names)

@@ -111,6 +111,20 @@ class Pipeline:
         """The programs of a size (programs.PROGRAMS, and TAESD's preview where it has one)."""
         return PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
 
+    def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False
+                      ) -> tuple[str, ...]:
+        """The programs one pass of a call runs: `guided` (a guidance scale above 1), from
+        `given_latents` (diffusers' latents=) or from an `image`; the defaults: text to image."""
+        return ("encode", "init" if given_latents else "noise", "denoise" if guided else "denoise_unguided", "decode",
+                *(("encode_image",) if image or self.layout.condition_channels else ()),
+                *(("preview",) if self.preview_decoder == "taesd" and self.stepwise else ()))
+
+    @property
+    def first_call(self) -> tuple[str, ...]:
+        """What a first call most likely runs (text to image, guided, with previews): what a new
+        server compiles first, the rest behind it while it serves."""
+        return self.call_programs()
+
     def compiled(self, size: Any, names: Sequence[str] | None = None) -> dict[str, Any]:
         """The compiled programs for `size` (those of `names`, or all: a warmed-up pipeline has them
         all), compiling them (once) if needed."""
@@ -131,23 +145,25 @@ class Pipeline:
         """A call's per-image array, its free slots of the compiled batch filled with the last image's."""
         return np.concatenate([per_image, np.repeat(per_image[-1:], self.images_per_call - len(per_image), axis=0)])
 
-    def is_compiled(self, size: tuple[int, int]) -> bool:
-        """Whether every program of `size` is compiled (what warming up a size does)."""
-        return self._compiled.has(size, self.programs)
+    def is_compiled(self, size: tuple[int, int], names: Sequence[str] | None = None) -> bool:
+        """Whether every program of `size` (or those of `names`) is compiled."""
+        return self._compiled.has(size, self.programs if names is None else names)
 
-    def load_stored(self, sizes: Sequence[tuple[int, int]]) -> None:
-        """What the program store holds of `sizes`' programs, loaded side by side across the sizes
-        (a restart's remaining sizes at once); nothing is compiled. No store: nothing to do."""
-        self._compiled.load_stored(sizes, self.programs)
+    def load_stored(self, sizes: Sequence[tuple[int, int]], names: Sequence[str] | None = None) -> None:
+        """What the program store holds of `sizes`' programs (or those of `names`), loaded side by
+        side across the sizes (a restart's remaining sizes at once); nothing is compiled. No store:
+        nothing to do."""
+        self._compiled.load_stored(sizes, self.programs if names is None else names)
 
-    def warmup(self, sizes: Sequence[tuple[int, int]] | None = None) -> dict[str, float]:
-        """Compile every size (or those of `sizes`), what the program store holds loaded first,
-        side by side; returns seconds per size (after that load)."""
+    def warmup(self, sizes: Sequence[tuple[int, int]] | None = None, names: Sequence[str] | None = None
+               ) -> dict[str, float]:
+        """Compile every size (or those of `sizes`), every program (or those of `names`), what the
+        program store holds loaded first, side by side; returns seconds per size (after that load)."""
         seconds, sizes = {}, self.sizes if sizes is None else sizes
-        self.load_stored(sizes)
+        self.load_stored(sizes, names)
         for size in sizes:
             start = time.perf_counter()
-            self.compiled(size)
+            self.compiled(size, names)
             seconds[format_size(size)] = time.perf_counter() - start
         return seconds
 

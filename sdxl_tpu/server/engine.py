@@ -94,7 +94,12 @@ class Engine(Protocol):
     def compiling(self) -> list[Size]:
         """Offered sizes not compiled yet, in the order they will be."""
 
-    def compile(self, size: Size) -> None: ...
+    @property
+    def unfinished(self) -> list[Size]:
+        """Sizes with programs still to compile (offered or not), in the order they will be."""
+
+    def compile(self, size: Size) -> None:
+        """Compile what `size` still lacks (blocking; the background's)."""
 
     def compiles(self) -> int:
         """XLA compilations in this process since it started (0 where nothing compiles)."""

@@ -35,11 +35,16 @@ def prepare_process(settings: Settings) -> None:
         logging.getLogger("sdxl_tpu").warning(unused)
 
 
-def load_and_compile_first(settings: Settings) -> Pipeline:
-    """The pipeline of `settings`, compiled for its first size (the others follow in the background)."""
-    pipe = load(settings.load, warmup=False, compile_cache=settings.compile_cache)
-    pipe.warmup(pipe.sizes[:1])
+def compile_first(pipe: Pipeline) -> Pipeline:
+    """`pipe` compiled for what a first call at its first size runs (Pipeline.first_call), side by
+    side; the rest, and the other sizes, follow in the background while it serves."""
+    pipe.warmup(pipe.sizes[:1], pipe.first_call)
     return pipe
+
+
+def load_and_compile_first(settings: Settings) -> Pipeline:
+    """The pipeline of `settings`, loaded, and compiled as compile_first does."""
+    return compile_first(load(settings.load, warmup=False, compile_cache=settings.compile_cache))
 
 
 class LocalEngine:
@@ -65,7 +70,7 @@ class LocalEngine:
         return model_not_found_message(self.settings.load.model, str(error).rstrip("."))
 
     def ready_message(self, seconds: float, offer: Offer) -> str:
-        what = format_size(offer.sizes[0]) if self.compiling else "every size"
+        what = format_size(offer.sizes[0]) if self.unfinished else "every size"
         unused = gpu_unused()  # (said where people look: the page's status line, and the log at start)
         return f"Ready ({seconds:.0f} s to load and compile {what})." + (f" ⚠️ {unused}" if unused else "")
 
@@ -90,16 +95,25 @@ class LocalEngine:
 
     @property
     def compiling(self) -> list[tuple[int, int]]:
+        """Sizes not offered yet: without what a first call runs (Pipeline.first_call)."""
+        if self.pipeline is None:
+            return []
+        return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size, self.pipeline.first_call)]
+
+    @property
+    def unfinished(self) -> list[tuple[int, int]]:
+        """Sizes with any program still to compile, the first size first."""
         if self.pipeline is None:
             return []
         return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size)]
 
     def compile(self, size: tuple[int, int]) -> None:
-        """Compile `size`'s programs; the first call loads every size still missing from the
-        program store first, side by side (on a restart, all of them: nothing then compiles)."""
+        """Compile `size`'s programs still missing; the first call loads every program still
+        missing from the program store first, side by side (on a restart, all of them: nothing then
+        compiles)."""
         if not self._stored_loaded:
             self._stored_loaded = True
-            self.pipeline.load_stored(self.compiling)
+            self.pipeline.load_stored(self.unfinished)
         self.pipeline.warmup([size])
 
     def compiles(self) -> int:

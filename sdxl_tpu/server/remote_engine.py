@@ -23,6 +23,7 @@ class RemoteEngine:
     no_tokenizer_message = "No token count here (the front end has no tokenizer for this model)."
     watch_seconds = CHECK_SECONDS  # back ends come and go: readiness follows them
     compiling: list[tuple[int, int]] = []  # (they compile; a front end offers what they have)
+    unfinished: list[tuple[int, int]] = []
     busy = False  # (nothing waits here: each request is sent at once)
     waiting = 0
 

@@ -1,6 +1,7 @@
 """A server's warm-up and compilation state. The page answers at once while, in the background, the
-model loads and its first size compiles (a front end: waits for its back ends); then the other
-sizes compile one by one, each offered once ready; readiness follows an engine that can go away.
+model loads and what a first call at its first size runs compiles (a front end: waits for its back
+ends); then the rest compiles size by size, each size offered once ready; readiness follows an
+engine that can go away.
 
     status: "loading" -> "ready", or "error"; "waiting" while the engine is unavailable;
             "draining" once the server is asked to stop
@@ -66,7 +67,7 @@ class Warmup:
             self.offer, self.described = offer, True
             if self.status == "loading":  # (a drain may have begun meanwhile)
                 self._become("ready", self.engine.ready_message(time.perf_counter() - start, offer))
-            if self.compiling:
+            if self.engine.unfinished:
                 self._thread(self._compile_the_rest, "sdxl-compile")
             else:
                 self.compiled_event.set()
@@ -76,8 +77,9 @@ class Warmup:
             self.done_event.set()
 
     def _compile_the_rest(self) -> None:
-        """Compile the sizes still missing, one by one (each is offered once compiled)."""
-        for size in self.compiling:
+        """Compile what the first call did not need, size by size: the first size's other
+        programs (guidance 1, from an image), then the other sizes (each offered once compiled)."""
+        for size in self.engine.unfinished:
             if self.draining:
                 return
             start = time.perf_counter()

@@ -1,0 +1,76 @@
+"""A new server's compile order (issue 51): what a first call runs compiles first, side by side; the
+first image never waits for a program it does not use; the rest follows in the background, each
+program made once however many threads ask for it. XLA's compile is made slow on purpose here, as
+a TPU's is (minutes a program): every program's compile waits for the event that must come first."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from sdxl_tpu import CompileCounter
+from sdxl_tpu.generate import compilation
+from sdxl_tpu.server.core import Server
+from sdxl_tpu.server.files import ImageStore
+from sdxl_tpu.server.settings import Settings
+from sdxl_tpu.spec.load import LoadOptions
+
+SIZES = [(64, 64), (96, 64)]
+FIELDS = dict(prompt="a cat", negative="", style="(No style)", seed=5, randomize=False, guidance=5.0, steps=2,
+              size="64x64", sampler=None, schedule=None, rng=None)
+WAIT = 30  # seconds: only a broken order waits this long (a test that fails, never a slow one)
+
+
+def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_for_nothing_else(
+        tiny_checkpoint, tiny_pipeline, tmp_path, monkeypatch):
+    """(tiny_pipeline: the same programs are in JAX's persistent cache, so each real compile is quick.)"""
+    first_image = threading.Event()
+    started: list[str] = []
+    compile_program = compilation.compile_program
+    server = Server(Settings(load=LoadOptions(model=str(tiny_checkpoint), dtype="float32", sizes=SIZES),
+                             compile_cache=None), images=ImageStore(tmp_path / "images"))
+    first_call = ("encode", "noise", "denoise", "decode")  # (Pipeline.first_call, before the pipeline exists)
+    # The first call's programs all compile at once, or this barrier breaks (each waits for the others).
+    together = threading.Barrier(len(first_call), timeout=WAIT)
+
+    def slow(name: str, lowered):
+        started.append(name)
+        if not first_image.is_set():
+            if name in first_call and len(started) <= len(first_call):
+                together.wait()
+            else:  # anything else waits for the first image: were that image waiting on it, both would hang
+                assert first_image.wait(WAIT), f"{name} waited for the first image in vain"
+        return compile_program(name, lowered)
+
+    monkeypatch.setattr(compilation, "compile_program", slow)
+    monkeypatch.setattr(compilation, "compile_workers", lambda: 8)  # (an accelerator's: a CPU's is 1)
+    try:
+        server.warmup.load()  # (blocking: loaded, and the first call's programs compiled)
+        assert server.warmup.status == "ready", server.warmup.message
+        assert server.engine.pipeline.first_call == first_call
+        assert sorted(started) == sorted(first_call), started
+        assert server.warmup.compiling == [(96, 64)] and "1 more size compiling (96x64)" in server.warmup.status_line
+        assert server.warmup.ready_sizes == [(64, 64)] and not server.warmup.compiled_event.is_set()
+
+        with CompileCounter() as counter:
+            updates = list(server.stream(FIELDS))
+        assert updates[-1][0] == "done", updates[-1]
+        assert counter.compiles == 0  # (what the first image ran was all compiled; the rest still waits)
+        first_image.set()
+
+        # Guidance 1 runs the unguided loop: the background compiles it too; this call waits for
+        # that compile (or makes it first), never a second one.
+        assert list(server.stream({**FIELDS, "guidance": 1.0}))[-1][0] == "done"
+        assert server.warmup.compiled_event.wait(WAIT)
+        assert server.warmup.compiling == [] and server.engine.unfinished == []
+        per_size = set(server.engine.pipeline.programs) - {"encode"}
+        assert collections.Counter(started) == {"encode": 1, **{name: len(SIZES) for name in per_size}}, started
+        rest = per_size - set(first_call)  # (the first size's: before any other size's)
+        assert set(started[len(first_call):len(first_call) + len(rest)]) == rest, started
+        with CompileCounter() as counter:
+            assert list(server.stream({**FIELDS, "size": "96x64"}))[-1][0] == "done"
+        assert counter.compiles == 0
+    finally:
+        first_image.set()
+        if server.engine.batcher is not None:
+            server.engine.batcher.close()
