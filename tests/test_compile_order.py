@@ -8,11 +8,14 @@ from __future__ import annotations
 import collections
 import threading
 
+import pytest
+
 from sdxl_tpu import CompileCounter
 from sdxl_tpu.generate import compilation
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.settings import Settings
+from sdxl_tpu.spec.errors import RequestError
 from sdxl_tpu.spec.load import LoadOptions
 
 SIZES = [(64, 64), (96, 64)]
@@ -72,5 +75,53 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
         assert counter.compiles == 0
     finally:
         first_image.set()
+        if server.engine.batcher is not None:
+            server.engine.batcher.close()
+
+
+def _server(tiny_checkpoint, tmp_path) -> Server:
+    return Server(Settings(load=LoadOptions(model=str(tiny_checkpoint), dtype="float32", sizes=SIZES),
+                           compile_cache=None), images=ImageStore(tmp_path / "images"))
+
+
+def test_a_program_that_does_not_compile_at_start_is_said_as_such_not_as_a_missing_model(
+        tiny_checkpoint, tiny_pipeline, tmp_path, monkeypatch):
+    def fails(name: str, lowered):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space vmem (a fake)\nmore of XLA's report")
+
+    monkeypatch.setattr(compilation, "compile_program", fails)
+    server = _server(tiny_checkpoint, tmp_path)
+    server.warmup.load()
+    message = server.warmup.message
+    assert server.warmup.status == "error" and "\n" not in message, message
+    assert message.startswith("The model loaded, but its programs for 64x64 did not compile (RuntimeError: "
+                              "RESOURCE_EXHAUSTED: Ran out of memory in memory space vmem (a fake))"), message
+    assert "Could not load the model" not in message and "more of XLA's report" not in message
+
+
+def test_a_size_that_does_not_compile_in_the_background_is_refused_by_name_while_the_others_serve(
+        tiny_checkpoint, tiny_pipeline, tmp_path, monkeypatch):
+    compile_program, ready = compilation.compile_program, threading.Event()
+
+    def fails_once_ready(name: str, lowered):
+        if ready.is_set():
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of HBM (a fake)")
+        return compile_program(name, lowered)
+
+    monkeypatch.setattr(compilation, "compile_program", fails_once_ready)
+    server = _server(tiny_checkpoint, tmp_path)
+    try:
+        told = server.warmup.on_ready  # (told "ready" before the background starts)
+        server.warmup.on_ready = lambda now_ready: (told(now_ready), now_ready and ready.set())
+        server.warmup.load()
+        assert server.warmup.compiled_event.wait(WAIT)  # (ended: every size tried)
+        assert server.warmup.failed == SIZES and server.warmup.broken == [(96, 64)]
+        assert server.warmup.compiling == [] and server.warmup.ready_sizes == [(64, 64)]
+        assert server.warmup.status_line.endswith(" 96x64 did not compile on this server (see its log).")
+        with pytest.raises(RequestError, match=r"^Size 96x64 did not compile on this server \(its log says why\); "
+                                               r"the sizes ready: 64x64\.$"):
+            list(server.stream({**FIELDS, "size": "96x64"}))
+        assert list(server.stream(FIELDS))[-1][0] == "done"  # (64x64 serves what its first call compiled)
+    finally:
         if server.engine.batcher is not None:
             server.engine.batcher.close()

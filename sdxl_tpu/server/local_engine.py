@@ -14,7 +14,7 @@ import jax
 from ..generate.compilation import CompileCounter, enable_compile_cache, gpu_unused, quiet_platforms
 from ..generate.loading import load
 from ..generate.pipeline import Pipeline, call_batch
-from ..spec.errors import GenerationError, RequestError
+from ..spec.errors import CompileError, GenerationError, RequestError
 from ..spec.images import encode_all
 from ..spec.infotext import parameters_text
 from ..spec.names import schedule_used
@@ -38,7 +38,14 @@ def prepare_process(settings: Settings) -> None:
 def compile_first(pipe: Pipeline) -> Pipeline:
     """`pipe` compiled for what a first call at its first size runs (Pipeline.first_call), side by
     side; the rest, and the other sizes, follow in the background while it serves."""
-    pipe.warmup(pipe.sizes[:1], pipe.first_call)
+    try:
+        pipe.warmup(pipe.sizes[:1], pipe.first_call)
+    except Exception as e:
+        logging.getLogger("sdxl_tpu").exception("compiling %s failed", format_size(pipe.sizes[0]))
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        raise CompileError(f"The model loaded, but its programs for {format_size(pipe.sizes[0])} did not compile "
+                           f"({type(e).__name__}: {first_line}); the log has the whole error. Try fewer images a "
+                           "call (--images) or a smaller size, or report it with that log.") from e
     return pipe
 
 

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ..spec.errors import RequestError
+from ..spec.errors import CompileError, RequestError
 from ..spec.values import format_size, parse_size
 from ..weights.errors import CheckpointError, PreviewDecoderError
 from .batcher import SHUTTING_DOWN, StillCompiling
@@ -38,7 +38,8 @@ class Warmup:
         self.status, self.message = "loading", engine.loading_message
         self.error: str | None = None
         self.done_event = threading.Event()  # loading ended, ready or not
-        self.compiled_event = threading.Event()  # every size compiled
+        self.compiled_event = threading.Event()  # every size compiled (or failed to: `failed`)
+        self.failed: list[Size] = []  # sizes whose background compile failed (logged)
         self._threads: list[threading.Thread] = []  # those that may be inside XLA: loading, compiling
 
     def start(self) -> threading.Thread:
@@ -60,6 +61,8 @@ class Warmup:
             self._fail(str(e))
         except (CheckpointError, OSError, ValueError) as e:
             self._fail(self.engine.failure_message(e))
+        except CompileError as e:  # (the model is not what failed: its message says what did; the log the rest)
+            self._fail(str(e))
         except Exception as e:  # anything else: still no traceback for the user, but keep it in the log
             traceback.print_exc()
             self._fail(model_not_found_message(self.offer.model, f"{type(e).__name__}: {e}"))
@@ -85,9 +88,10 @@ class Warmup:
             start = time.perf_counter()
             try:
                 self.engine.compile(size)
-            except Exception:  # the sizes compiled so far keep serving
+            except Exception:  # the sizes compiled so far keep serving, the others still compile
                 log.exception("compiling %s failed", format_size(size))
-                return
+                self.failed.append(size)
+                continue
             log.info("compiled %s in %.1f s", format_size(size), time.perf_counter() - start)
         self.compiled_event.set()
 
@@ -130,22 +134,31 @@ class Warmup:
     @property
     def compiling(self) -> list[Size]:
         """Offered sizes not compiled yet (in the order they will be)."""
-        return self.engine.compiling
+        return [size for size in self.engine.compiling if size not in self.failed]
+
+    @property
+    def broken(self) -> list[Size]:
+        """Offered sizes that failed to compile and cannot serve."""
+        return [size for size in self.engine.compiling if size in self.failed]
 
     @property
     def ready_sizes(self) -> list[Size]:
         """The sizes a request may ask for now."""
-        compiling = self.compiling
-        return [size for size in self.offer.sizes if size not in compiling]
+        unready = self.engine.compiling
+        return [size for size in self.offer.sizes if size not in unready]
 
     @property
     def status_line(self) -> str:
-        """What the page says of the server: its message, and how many sizes are still compiling."""
-        compiling = self.compiling if self.ready else []
-        if not compiling:
-            return self.message
-        return (f"{self.message} {len(compiling)} more size{'s' if len(compiling) > 1 else ''} compiling "
-                f"({', '.join(format_size(s) for s in compiling)}); they join the size menu when ready.")
+        """What the page says of the server: its message, how many sizes are still compiling, and
+        which failed to."""
+        compiling, broken = (self.compiling, self.broken) if self.ready else ([], [])
+        line = self.message
+        if compiling:
+            line += (f" {len(compiling)} more size{'s' if len(compiling) > 1 else ''} compiling "
+                     f"({', '.join(format_size(s) for s in compiling)}); they join the size menu when ready.")
+        if broken:
+            line += f" {', '.join(map(format_size, broken))} did not compile on this server (see its log)."
+        return line
 
     def readiness(self) -> tuple[dict[str, Any], int]:
         """GET /readyz: the body and status code (200 once warm, 503 while loading, waiting or
@@ -159,6 +172,9 @@ class Warmup:
             wanted = parse_size(size)
         except RequestError:
             return  # the field's own check names the problem
+        if wanted in self.broken:
+            raise RequestError(f"Size {format_size(wanted)} did not compile on this server (its log says why); the "
+                               "sizes ready: " + ", ".join(map(format_size, self.ready_sizes)) + ".")
         if wanted in self.compiling:
             raise StillCompiling(f"Size {format_size(wanted)} is still being compiled; it will be available in a "
                                  "moment (the sizes ready now: " + ", ".join(map(format_size, self.ready_sizes)) + ").")

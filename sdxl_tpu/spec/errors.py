@@ -1,4 +1,5 @@
-"""The errors a request can meet, as every entry point (API, CLI, playground) raises them."""
+"""The errors a request (or a server's start) can meet, as every entry point (API, CLI, playground)
+raises them."""
 
 from __future__ import annotations
 
@@ -14,3 +15,8 @@ class Cancelled(Exception):
 
 class GenerationError(RuntimeError):
     """The pipeline produced something that is not an image (e.g. NaN)."""
+
+
+class CompileError(RuntimeError):
+    """The model loaded, but the programs it needs to serve did not compile (e.g. more device
+    memory than the chip has); the message names what failed, the log holds XLA's whole report."""
