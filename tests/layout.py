@@ -6,6 +6,7 @@ map that docs/layout.md holds (`python tests/layout.py` writes it; test_layout.p
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -93,8 +94,8 @@ def summary(path: Path) -> str:
     """The first sentence of a module's docstring, on one line."""
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     text = " ".join(doc.split("\n\n")[0].split())
-    end = text.find(". ")
-    return text if end < 0 else text[:end + 1]
+    end = re.search(r"\. (?=[A-Z`(]|\w+\.py)", text)  # (a sentence's end, not an abbreviation's: "Hires. fix")
+    return text if end is None else text[:end.start() + 1]
 
 
 def module_map() -> str:

@@ -5,6 +5,7 @@ generator imported by the local engine alone, and a module map that says what is
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,32 @@ def test_the_module_map_is_current():
         if path.parent != PACKAGE or path.name != "__init__.py":
             assert (f"`{path.name}`" if path.name != "__init__.py" else f"`{path.parent.name}/`") in text, path
     assert Path(PACKAGE.parent / "README.md").read_text().count("docs/layout.md") >= 1
+
+
+# Files the text names that are not this repository's: other projects' (the modules mirrored or
+# cited), what a run writes, and what a tool reads.
+NAMED_ELSEWHERE = {"unet_2d_blocks.py", "transformer_2d.py", "comfy/latent_formats.py", "Processed.js", "Node.js",
+                   "merges.txt", "params.txt", "installed.txt", "environment.txt", "log.txt", "summary.txt",
+                   "unet-hlo.txt", "backends.conf", "listen.conf"}
+NAMED_FILE = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w-]+\.(?:py|md|sh|js|mjs|css|yaml|toml|txt|conf))\b")
+
+
+def test_every_file_the_code_and_docs_name_exists():
+    """A docstring, comment or page that names a file names one that is here (a renamed module
+    leaves no pointer to nothing behind). benchmarks/RESULTS.md is a record of its dates: not read."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=PACKAGE.parent, capture_output=True, text=True,
+                             check=True).stdout.split()
+    here = set(tracked) | {path.rsplit("/", 1)[-1] for path in tracked}
+    texts = [path for path in tracked if path.startswith(("sdxl_tpu/", "docs/", "benchmarks/", "deploy/"))
+             or path in ("app.py", "README.md")]
+    missing = {}
+    for path in texts:
+        if path == "benchmarks/RESULTS.md" or not path.endswith((".py", ".md", ".sh", ".yaml", ".conf")):
+            continue
+        for named in NAMED_FILE.findall((PACKAGE.parent / path).read_text()):
+            name = named.rsplit("/", 1)[-1]
+            if named not in here and name not in here and name not in NAMED_ELSEWHERE and named not in NAMED_ELSEWHERE:
+                missing.setdefault(named, []).append(path)
+    assert missing == {}
+    named = NAMED_FILE.findall("(guard.py, api_key.py) in docs/deploy.md")  # (the check can fail)
+    assert named == ["guard.py", "api_key.py", "docs/deploy.md"]

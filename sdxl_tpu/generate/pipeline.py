@@ -58,7 +58,7 @@ class Pipeline:
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
         self.images_per_call = call_batch(images_per_call, len(devices))
-        # Samplers are tables for one compiled update (scheduler.py): any of them per request.
+        # Samplers are tables for one compiled update (sampler/tables.py): any of them per request.
         self.samplers = {samplers.name: samplers} if isinstance(samplers, Sampler) else dict(samplers)
         self.default_sampler = default_sampler or next(iter(self.samplers))
         self.tokenizers, self.model_name = tokenizers, model_name
@@ -198,8 +198,8 @@ class Pipeline:
         prompt / negative_prompt / guidance_scale: one value for every image, or one per image.
         seed: an int (image i gets seed + i), one per image, or None or -1 (random, as A1111's -1).
         sampler: one of `samplers` by name (AUTOMATIC1111's: "Euler", "Euler a", "DPM++ 2M",
-            "DPM++ 2M Karras", ...: scheduler.SAMPLERS); None: the default.
-        schedule: Schedule type (scheduler.SCHEDULES; default "Checkpoint": the checkpoint's
+            "DPM++ 2M Karras", ...: spec/names.py's SAMPLERS); None: the default.
+        schedule: Schedule type (spec/names.py's SCHEDULES; default "Checkpoint": the checkpoint's
             scheduler config as diffusers runs it); rng: "JAX" (default) or "CPU" (PyTorch's CPU
             generator, per image from its seed, as A1111's CPU source and ComfyUI draw it).
         latents: optional initial noise in diffusers' layout (images, 4, h, w), as diffusers' `latents=`.

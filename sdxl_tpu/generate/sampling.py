@@ -6,7 +6,7 @@
 
 Pure functions on batch-major arrays; along axis 1 of the text arrays, index 0 is the negative
 (unconditional) prompt and index 1 the prompt. How they are compiled, sharded and called is
-pipeline.py's business; which update a step makes is in the sampler's tables (scheduler.py).
+pipeline.py's business; which update a step makes is in the sampler's tables (sampler/tables.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plain ASGI in and out, for the middlewares in front of the apps (guard.py, api_key.py): a
+"""Plain ASGI in and out, for the middlewares in front of the apps (guard.py, tool_apis.py): a
 bounded body, read once and replayed to the app, and answers sent without a framework."""
 
 from __future__ import annotations

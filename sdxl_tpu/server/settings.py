@@ -39,7 +39,7 @@ class Settings:
     backend: str | None = None  # a front end's back-end URL: generations are sent there, no model is loaded
     schedule: str = DEFAULT_SCHEDULE  # the Schedule type of a request that names none (the page's default)
     rng: str = DEFAULT_RNG  # the noise source of a request that names none (the page's default)
-    api_key: str | None = None  # required on the other tools' APIs when set (api_key.py)
+    api_key: str | None = None  # required on the other tools' APIs when set (tool_apis.py)
     mcp: bool = False  # /generate also an MCP tool (the app)
 
 
