@@ -5,9 +5,9 @@ call runs, serves one text-to-image call at the first size, and compiles the res
     python benchmarks/first_image.py --architecture sdxl --sizes 1024x1024 --restart
     python benchmarks/first_image.py --model tiny --sizes 64x64,96x64 --restart --json
 
-Seconds from the process's start: "ready" (loaded, the first call's programs compiled), "first
-image" (that call's images made), "everything" (every program of every size); with the seconds
-each program took to compile or load, and how many XLA compiled. --architecture: random weights
+Seconds from the process's start: "imports", "loaded" (the weights in), "ready" (the first call's
+programs compiled), "first image" (that call's images made), "everything" (every program of every
+size); with the seconds each program took to compile, and how many XLA compiled. --architecture: random weights
 of that architecture (what `bench --random-weights` runs); --model: the app's own loader.
 --restart starts the same measurement again in a new process on the programs the first stored
 (the compilation cache's directory, a temporary one unless --compile-cache names it).
@@ -48,6 +48,7 @@ class Lines(logging.Handler):
 def measure(args: argparse.Namespace) -> dict:
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.files import ImageStore
+    from sdxl_tpu.generate.loading import load
     from sdxl_tpu.server.local_engine import compile_first, prepare_process
     from sdxl_tpu.server.settings import Settings
     from sdxl_tpu.spec.load import LoadOptions
@@ -61,10 +62,18 @@ def measure(args: argparse.Namespace) -> dict:
     lines = Lines()
     logging.getLogger("sdxl_tpu").addHandler(lines)
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
-    loader = None if args.model else lambda s: compile_first(random_pipeline(args.architecture, s))
+    seconds: dict[str, float] = {}
+
+    def loaded(pipe):  # (the weights in, nothing compiled yet)
+        seconds["loaded"] = time.perf_counter() - START
+        return pipe
+
+    loader = lambda s: compile_first(loaded(  # noqa: E731 (the app's load_and_compile_first, timed between)
+        random_pipeline(args.architecture, s) if args.architecture else load(s.load, warmup=False,
+                                                                             compile_cache=s.compile_cache)))
     images = tempfile.mkdtemp(prefix="sdxl-first-image-")
     server = Server(settings, loader=loader, images=ImageStore(Path(images)))
-    seconds = {"imports": time.perf_counter() - START}
+    seconds["imports"] = time.perf_counter() - START
     server.warmup.load()
     if server.warmup.status != "ready":
         raise SystemExit(f"not ready: {server.warmup.message}")
@@ -108,7 +117,8 @@ def _platform() -> str:
 def format_report(name: str, r: dict) -> str:
     s = r["seconds"]
     out = [f"{name}: ready {s['ready']:.1f} s, first image {s['first_image']:.1f} s, everything "
-           f"{s['everything']:.1f} s (imports {s['imports']:.1f} s); {r['compiles']} compiled by XLA, "
+           f"{s['everything']:.1f} s (imports {s['imports']:.1f} s, weights loaded at {s['loaded']:.1f} s); "
+           f"{r['compiles']} compiled by XLA, "
            f"{r['programs_loaded']} loaded from the store; {r['platform']}, {', '.join(r['sizes'])}"]
     out += [f"    {p['name']:<18} {p['seconds']:7.1f} s  {p['by']}" for p in r["programs"]]
     return "\n".join(out)
@@ -118,7 +128,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--model", help="a checkpoint, as the app's --model (tiny: the built-in one)")
-    what.add_argument("--architecture", default="sdxl", help="random weights of this architecture (default sdxl)")
+    what.add_argument("--architecture", help="random weights of this architecture (default: sdxl, without --model)")
     parser.add_argument("--sizes", default="1024x1024", help="as the app's --sizes; the first call is at the first")
     parser.add_argument("--images", type=int, default=4, help="images a call (the app's default 4)")
     parser.add_argument("--dtype", default="bfloat16")
@@ -127,6 +137,7 @@ def main() -> int:
     parser.add_argument("--restart", action="store_true", help="then again, in a new process, from what was stored")
     parser.add_argument("--json", action="store_true", help="one JSON line")
     args = parser.parse_args()
+    args.architecture = args.architecture or (None if args.model else "sdxl")
     args.compile_cache = args.compile_cache or tempfile.mkdtemp(prefix="sdxl-first-image-cache-")
     reports = {"cold" if args.restart else "this start": measure(args)}
     if args.restart:
