@@ -25,6 +25,7 @@ from gradio.utils import get_upload_folder
 from sdxl_tpu.server.batcher import SHUTTING_DOWN
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.envelope import endpoints_of
+from sdxl_tpu.server.events import Progress
 from sdxl_tpu.server.errors import configure_logging, log_refusal
 from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.form import EXAMPLES, picked_item
@@ -212,8 +213,8 @@ def build_demo(server: Server) -> gr.Blocks:
             for update in server.stream(values, queued_at=event.enqueue_time if event is not None else None,
                                         abandoned=(lambda: queue.running_event(event_id) is None) if event_id else None,
                                         previews=previews, route=route):
-                if update[0] == "progress" and progress is not None:
-                    progress(update[1:], desc="Denoising", unit="steps")
+                if isinstance(update, Progress) and progress is not None:
+                    progress((update.step, update.steps), desc="Denoising", unit="steps")
                 yield update
 
         # What the page's run updates, by name (server/page_run.py names what changes; the rest is
@@ -238,8 +239,8 @@ def build_demo(server: Server) -> gr.Blocks:
             four images take it and the next three); sampler, schedule and rng may be left out (the
             server's own). A value the server cannot use is refused with a message naming the field."""
             # (run to its end: counted)
-            *_, (_, images, _, text, _) = run_updates(values, progress, previews=False, route="/generate")
-            return images, text
+            *_, done = run_updates(values, progress, previews=False, route="/generate")
+            return done.gallery, done.summary
 
         # As many requests run at once as one pipeline call can serve (more than one on hosts with
         # more chips than a request has images); the rest wait in Gradio's bounded queue. The page

@@ -13,6 +13,7 @@ import pytest
 from sdxl_tpu import CompileCounter
 from sdxl_tpu.generate import compilation
 from sdxl_tpu.server.core import Server
+from sdxl_tpu.server.events import Done
 from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.settings import Settings
 from sdxl_tpu.spec.errors import RequestError
@@ -57,13 +58,13 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
 
         with CompileCounter() as counter:
             updates = list(server.stream(FIELDS))
-        assert updates[-1][0] == "done", updates[-1]
+        assert isinstance(updates[-1], Done), updates[-1]
         assert counter.compiles == 0  # (what the first image ran was all compiled; the rest still waits)
         first_image.set()
 
         # Guidance 1 runs the unguided loop: the background compiles it too; this call waits for
         # that compile (or makes it first), never a second one.
-        assert list(server.stream({**FIELDS, "guidance": 1.0}))[-1][0] == "done"
+        assert isinstance(list(server.stream({**FIELDS, "guidance": 1.0}))[-1], Done)
         assert server.warmup.compiled_event.wait(WAIT)
         assert server.warmup.compiling == [] and server.engine.unfinished == []
         per_size = set(server.engine.pipeline.programs) - {"encode"}
@@ -71,7 +72,7 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
         rest = per_size - set(first_call)  # (the first size's: before any other size's)
         assert set(started[len(first_call):len(first_call) + len(rest)]) == rest, started
         with CompileCounter() as counter:
-            assert list(server.stream({**FIELDS, "size": "96x64"}))[-1][0] == "done"
+            assert isinstance(list(server.stream({**FIELDS, "size": "96x64"}))[-1], Done)
         assert counter.compiles == 0
     finally:
         first_image.set()
@@ -121,7 +122,7 @@ def test_a_size_that_does_not_compile_in_the_background_is_refused_by_name_while
         with pytest.raises(RequestError, match=r"^Size 96x64 did not compile on this server \(its log says why\); "
                                                r"the sizes ready: 64x64\.$"):
             list(server.stream({**FIELDS, "size": "96x64"}))
-        assert list(server.stream(FIELDS))[-1][0] == "done"  # (64x64 serves what its first call compiled)
+        assert isinstance(list(server.stream(FIELDS))[-1], Done)  # (64x64 serves what its first call compiled)
     finally:
         if server.engine.batcher is not None:
             server.engine.batcher.close()

@@ -116,8 +116,8 @@ NAMED_FILE = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w-]+\.(?:py|md|sh|js|mjs|c
 def test_every_file_the_code_and_docs_name_exists():
     """A docstring, comment or page that names a file names one that is here (a renamed module
     leaves no pointer to nothing behind). benchmarks/RESULTS.md is a record of its dates: not read."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=PACKAGE.parent, capture_output=True, text=True,
-                             check=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=PACKAGE.parent,
+                             capture_output=True, text=True, check=True).stdout.split()  # (new files too)
     here = set(tracked) | {path.rsplit("/", 1)[-1] for path in tracked}
     texts = [path for path in tracked if path.startswith(("sdxl_tpu/", "docs/", "benchmarks/", "deploy/"))
              or path in ("app.py", "README.md")]

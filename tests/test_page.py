@@ -17,6 +17,7 @@ from sdxl_tpu import CompileCounter, Request
 from sdxl_tpu.spec.fields import MAX_PROMPT_CHARS
 from sdxl_tpu.generate.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb
 from sdxl_tpu.server.core import Server
+from sdxl_tpu.server.events import Done, Progress, Shown, Started
 from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.history import HISTORY_LENGTH, history_after, history_entry, history_rows
 from sdxl_tpu.server.page import CUSTOM, aspect_ratio, matching_preset, size_choices, size_label
@@ -168,26 +169,26 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
     with CompileCounter() as counter:
         updates = list(server.stream(fields()))
     assert counter.compiles == 0
-    kinds = [u[0] for u in updates]
-    assert updates[0] == ("started", [5, 6, 7, 8], 6)  # (the page says what runs before the first step)
-    assert kinds[1:] == ["progress", "progress", "preview", "progress", "progress", "preview", "progress", "progress",
-                     "done"]
-    assert [u[1:] for u in updates if u[0] == "progress"] == [(i, 6) for i in range(1, 7)]
-    previews = [u[1] for u in updates if u[0] == "preview"]
+    kinds = [type(u) for u in updates]
+    assert updates[0] == Started([5, 6, 7, 8], 6)  # (the page says what runs before the first step)
+    assert kinds[1:] == [Progress, Progress, Shown, Progress, Progress, Shown, Progress, Progress, Done]
+    assert [u for u in updates if isinstance(u, Progress)] == [Progress(i, 6) for i in range(1, 7)]
+    previews = [u.gallery for u in updates if isinstance(u, Shown)]
     assert [[caption for _, caption in p] for p in previews] == [["preview · step 2 / 6"] * 4,
                                                                  ["preview · step 4 / 6"] * 4]
     for path, _ in previews[0]:
         with Image.open(path) as image:
             assert image.format == "JPEG" and image.size == (96 // 8, 64 // 8)
-    gallery, seeds, summary, ran = updates[-1][1:]
+    done = updates[-1]
+    gallery, seeds, summary, ran = done.gallery, done.seeds, done.summary, done.ran
     assert (seeds == [5, 6, 7, 8] and ran == {"sampler": "Euler", "schedule": "Checkpoint", "rng": "JAX"}
             and "6 steps of Euler (Schedule type Checkpoint, RNG JAX)" in summary)
     assert [caption for _, caption in gallery] == ["seed 5", "seed 6", "seed 7", "seed 8"]
     assert all(Image.open(path).size == (96, 64) for path, _ in gallery)
     # An API caller that asks for no previews gets the same images, without them.
     quiet = list(server.stream(fields(), previews=False))
-    assert [u[0] for u in quiet].count("preview") == 0
-    for (a, _), (b, _) in zip(gallery, quiet[-1][1]):
+    assert not any(isinstance(u, Shown) for u in quiet) and isinstance(quiet[-1], Done)
+    for (a, _), (b, _) in zip(gallery, quiet[-1].gallery):
         np.testing.assert_array_equal(np.asarray(Image.open(a)), np.asarray(Image.open(b)))
     assert server.metrics.registry.get_sample_value("sdxl_requests_total", {"route": "page", "outcome": "ok"}) == 2
 
@@ -197,8 +198,8 @@ def test_the_schedule_and_the_noise_source_reach_the_images_and_the_line_that_re
 
     from sdxl_tpu.spec.images import read_parameters
 
-    *_, (_, gallery, seeds, info, ran) = server.stream(fields(sampler="Euler a", schedule="Checkpoint", rng="CPU",
-                                                                  steps=2), previews=False)
+    *_, done = server.stream(fields(sampler="Euler a", schedule="Checkpoint", rng="CPU", steps=2), previews=False)
+    gallery, info = done.gallery, done.summary
     assert "2 steps of Euler a (Schedule type Checkpoint, RNG CPU)" in info
     texts = [read_parameters(Image.open(path)) for path, _ in gallery]
     assert all("Sampler: Euler a, Schedule type: Checkpoint, " in t and ", RNG: CPU, " in t for t in texts), texts
@@ -217,7 +218,7 @@ def test_a_closed_stream_stops_its_request_and_counts_it_cancelled(server):
     steps_run = []
     stream = server.stream(fields(steps=50, size="64x64"))
     for update in stream:
-        if update[0] == "progress" and update[1] == 3:
+        if update == Progress(3, 50):
             break
     server.engine.batcher.enqueue(Request.of("x", seed=1, steps=1, size=(64, 64)).images(4),
                            progress=lambda i, n: steps_run.append(i))
@@ -257,7 +258,7 @@ def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_pipelin
     assert server.warmup.compiled_event.wait(120)
     assert server.warmup.compiling == [] and server.warmup.status_line == server.warmup.message
     with CompileCounter() as counter:
-        assert list(server.stream(fields(size="96x64", steps=1)))[-1][0] == "done"
+        assert isinstance(list(server.stream(fields(size="96x64", steps=1)))[-1], Done)
     assert counter.compiles == 0
     server.engine.batcher.close()
 

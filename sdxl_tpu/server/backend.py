@@ -42,6 +42,7 @@ from ..spec.values import shown
 from .batcher import ShuttingDown
 from .core import Server
 from .engine import Generated
+from .events import Accepted, BackendEvent, Ended, Failed, Keepalive, Preview, Progress, Result
 from .errors import configure_logging, log_refusal
 from .http_io import RETRY_AFTER, error_response, parse_request, read_body, status_of
 from .internals import DrainingServer
@@ -62,24 +63,24 @@ def result_json(made: Generated, notes: list[str] | None = None) -> dict[str, An
 
 class Generation:
     """One POST /v1/generate, run as a task that reports to the HTTP side through `events`:
-    ("accepted",) once queued, ("progress", step, steps), then ("result", json) or ("error",
-    status, message, retry_after). `gone` set means nobody waits for it any more."""
+    Accepted once queued, Progress (and Preview, with `previews`), then Result or Failed
+    (events.py). `gone` set means nobody waits for it any more."""
 
     def __init__(self, server: Server, http: HTTPRequest, previews: bool = False):
         self.server, self.http, self.previews = server, http, previews
-        self.events: asyncio.Queue[tuple] = asyncio.Queue()
+        self.events: asyncio.Queue[BackendEvent] = asyncio.Queue()
         self.gone = threading.Event()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        put = lambda *event: loop.call_soon_threadsafe(self.events.put_nowait, event)
+        put = lambda event: loop.call_soon_threadsafe(self.events.put_nowait, event)
         done = asyncio.Event()
 
-        def report(event: tuple) -> None:  # (the engine's threads)
-            if event[0] == "done":
+        def report(event: Progress | Preview | Ended) -> None:  # (the engine's threads)
+            if isinstance(event, Ended):
                 loop.call_soon_threadsafe(done.set)
             else:
-                put(*event)
+                put(event)
 
         server = self.server
         try:
@@ -90,20 +91,20 @@ class Generation:
                 if server.warmup.draining:
                     raise ShuttingDown()
                 ticket = server.submit(request, report, self.gone.is_set, self.previews, image_format)
-                put("accepted")
+                put(Accepted())
                 await done.wait()
                 made = await asyncio.to_thread(ticket.result)
                 server.metrics.count_images(len(made.files), made.timings["encoding"])
-                put("result", await asyncio.to_thread(result_json, made, notes))
+                put(Result(await asyncio.to_thread(result_json, made, notes)))
         except Exception as e:
             status, message, retry = status_of(e)
             if status == 500:
                 log.exception("a generation failed")
             elif isinstance(e, RequestError):
                 log_refusal("/v1/generate", e)
-            put("error", status, message, retry)
+            put(Failed(status, message, retry))
 
-    async def next_event(self, watch_disconnect: bool) -> tuple:
+    async def next_event(self, watch_disconnect: bool) -> BackendEvent:
         """The next event; with `watch_disconnect`, the caller leaving sets `gone` meanwhile."""
         while True:
             try:
@@ -112,26 +113,26 @@ class Generation:
                 if watch_disconnect and await self.http.is_disconnected():
                     self.gone.set()
                 if not watch_disconnect:
-                    return ("keepalive",)
+                    return Keepalive()
 
     async def stream(self):
         """Server-sent events: progress, then the result or an error; a comment every second."""
         try:
             while True:
                 event = await self.next_event(watch_disconnect=False)
-                if event[0] == "keepalive":
+                if isinstance(event, Keepalive):
                     yield ": working\n\n"
-                elif event[0] == "progress":
-                    yield f"event: progress\ndata: {json.dumps({'step': event[1], 'steps': event[2]})}\n\n"
-                elif event[0] == "preview":  # small JPEGs, a few times a run
-                    images = [base64.b64encode(encode_preview(image)).decode("ascii") for image in event[3]]
-                    data = json.dumps({'step': event[1], 'steps': event[2], 'images': images})
+                elif isinstance(event, Progress):
+                    yield f"event: progress\ndata: {json.dumps({'step': event.step, 'steps': event.steps})}\n\n"
+                elif isinstance(event, Preview):  # small JPEGs, a few times a run
+                    images = [base64.b64encode(encode_preview(image)).decode("ascii") for image in event.images]
+                    data = json.dumps({'step': event.step, 'steps': event.steps, 'images': images})
                     yield f"event: preview\ndata: {data}\n\n"
-                elif event[0] == "result":
-                    yield f"event: result\ndata: {json.dumps(event[1])}\n\n"
+                elif isinstance(event, Result):
+                    yield f"event: result\ndata: {json.dumps(event.body)}\n\n"
                     return
-                elif event[0] == "error":
-                    yield f"event: error\ndata: {json.dumps({'status': event[1], 'error': event[2]})}\n\n"
+                elif isinstance(event, Failed):
+                    yield f"event: error\ndata: {json.dumps({'status': event.status, 'error': event.message})}\n\n"
                     return
         finally:  # finished, or the caller left (Starlette cancels the stream): stop the work if any
             self.gone.set()
@@ -150,18 +151,19 @@ def build_backend(server: Server) -> tuple[KeyRequired, Callable[[], bool]]:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         event = await generation.next_event(watch_disconnect=False)
-        while event[0] == "keepalive":  # reading and checking the body (a slow sender is bounded by the server)
+        while isinstance(event, Keepalive):  # reading and checking the body (a slow sender is bounded by the server)
             event = await generation.next_event(watch_disconnect=False)
-        if event[0] == "error":
-            return error_response(*event[1:])
+        if isinstance(event, Failed):
+            return error_response(event.status, event.message, event.retry_after)
         if streaming:
             return StreamingResponse(generation.stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        while (event := await generation.next_event(watch_disconnect=True))[0] in ("progress", "preview"):
+        while isinstance(event := await generation.next_event(watch_disconnect=True), Progress | Preview):
             pass
-        if event[0] == "error":
-            return error_response(*event[1:])
-        return JSONResponse(event[1])
+        if isinstance(event, Failed):
+            return error_response(event.status, event.message, event.retry_after)
+        assert isinstance(event, Result)  # (a generation's last)
+        return JSONResponse(event.body)
 
     async def info(http: HTTPRequest) -> Response:
         if not server.warmup.described:

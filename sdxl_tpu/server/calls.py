@@ -16,6 +16,7 @@ from ..spec.request import Request
 from .batcher import ShuttingDown
 from .core import Server
 from .engine import Generated, Report
+from .events import Ended, Preview, Progress
 
 
 def split(request: Request, count: int, per_call: int) -> list[Request]:
@@ -38,8 +39,8 @@ async def one_call(server: Server, http: HTTPRequest, request: Request, image_fo
     done = asyncio.Event()
     gone = threading.Event()
 
-    def told(event: tuple) -> None:  # (the engine's threads)
-        if event[0] == "done":
+    def told(event: Progress | Preview | Ended) -> None:  # (the engine's threads)
+        if isinstance(event, Ended):
             loop.call_soon_threadsafe(done.set)
         else:
             report(event)

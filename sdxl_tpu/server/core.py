@@ -22,6 +22,7 @@ from ..spec.recipes import RECIPES, Recipe
 from ..spec.request import Request
 from .drain import drain, end
 from .engine import Engine, Report, Ticket
+from .events import Done, Ended, Preview, Progress, Shown, Started
 from .files import ImageStore, final_gallery, previews_gallery, summary, temporary_store
 from .form import token_count, validate
 from .metrics import Metrics
@@ -115,13 +116,14 @@ class Server:
         return validate(values, self.offer, self.uploads.read if self.uploads is not None else None)
 
     def stream(self, values: Mapping[str, Any], abandoned: Callable[[], bool] | None = None,
-               queued_at: float | None = None, previews: bool = True, route: str = "page") -> Iterator[tuple]:
+               queued_at: float | None = None, previews: bool = True, route: str = "page"
+               ) -> Iterator[Started | Progress | Shown | Done]:
         """One /generate call, from the form's fields as the client sent them (see `validate_form`),
         as what the page shows while it runs, in order:
-            ("started", seeds, steps)            once checked: the seeds it will make, its steps
-            ("progress", step, steps)            after each denoising step
-            ("preview", [(path, caption)])       live previews of the four images (if `previews`)
-            ("done", [(path, caption)], seeds, summary markdown, what ran: {sampler, schedule, rng})
+            Started   once checked: the seeds it will make, its steps
+            Progress  after each denoising step
+            Shown     live previews of the four images (if `previews`)
+            Done      the images, their seeds, the summary, what ran (events.py)
         Counted in `metrics` by `route` and outcome. `queued_at` (time.monotonic()) is when the request joined
         the queue; `abandoned()` says whether its caller has gone (so does closing the stream)."""
         closed = threading.Event()
@@ -129,7 +131,7 @@ class Server:
         with self.metrics.counted(time.monotonic() if queued_at is None else queued_at, route):
             try:
                 request = self.validate_form(values)
-                yield ("started", [i.seed for i in request.images(self.offer.images_per_call)], request.steps)
+                yield Started([i.seed for i in request.images(self.offer.images_per_call)], request.steps)
                 yield from self._updates(request, gone, previews)
             except GeneratorExit:
                 closed.set()
@@ -140,9 +142,10 @@ class Server:
         """A checked request's images, without previews: ([(path, caption)], seeds, summary).
         Raises RequestError for the user, Cancelled when `abandoned()` turned true first."""
         for update in self._updates(request, abandoned or (lambda: False), previews=False):
-            if update[0] == "progress" and progress is not None:
-                progress(*update[1:])
-        return update[1:4]
+            if isinstance(update, Progress) and progress is not None:
+                progress(update.step, update.steps)
+        assert isinstance(update, Done)  # (the stream's last)
+        return update.gallery, update.seeds, update.summary
 
     def submit(self, request: Request, report: Report, abandoned: Callable[[], bool], previews: bool,
                image_format: str | None = None) -> Ticket:
@@ -152,23 +155,24 @@ class Server:
             raise RequestError(self.warmup.error)
         return self.engine.submit(request, report, abandoned, previews, image_format)
 
-    def _updates(self, request: Request, gone: Callable[[], bool], previews: bool) -> Iterator[tuple]:
+    def _updates(self, request: Request, gone: Callable[[], bool], previews: bool
+                 ) -> Iterator[Progress | Shown | Done]:
         """`stream`'s updates for a checked request: the work runs on the engine's threads, and what
         it reports is handed over here, in the caller's thread (where the web framework's progress
         display has its context), as are the images, encoded and written."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         ticket = self.submit(request, events.put, gone, previews)
-        while (event := events.get())[0] != "done":  # every ticket ends with "done" (images, failure or cancel)
-            if event[0] == "progress":
-                yield event
+        while not isinstance(event := events.get(), Ended):  # every ticket ends so (images, failure or cancel)
+            if isinstance(event, Preview):
+                yield Shown(previews_gallery(self.images, event.step, event.steps, event.images))
             else:
-                yield ("preview", previews_gallery(self.images, *event[1:]))
+                yield event
         made = ticket.result()
         gallery, saving = final_gallery(self.images, made)
         self.metrics.count_images(len(gallery), saving)
         # (what ran, as the form names it: the sampler that ran, the Schedule type and RNG as asked)
         ran = dict(sampler=made.sampler, schedule=request.schedule, rng=request.rng)
-        yield ("done", gallery, made.seeds, summary(made, request.size, request.steps, saving, request.hires), ran)
+        yield Done(gallery, made.seeds, summary(made, request.size, request.steps, saving, request.hires), ran)
 
     # -- stopping ---------------------------------------------------------------------------------
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from .events import Ended, Preview, Progress
 from .offer import Offer
 
 Size = tuple[int, int]
-# What a ticket reports, in order: ("progress", step, steps) after each denoising step, ("preview",
-# step, steps, images) now and then (images: uint8 arrays, or JPEG files from a back end), and once
-# ("done",) when its result (or what stopped it) is ready.
-Report = Callable[[tuple], None]
+# What a ticket reports, in order: Progress after each denoising step, Preview now and then, and
+# once Ended, when its result (or what stopped it) is ready.
+Report = Callable[[Progress | Preview | Ended], None]
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Generated:
 
 class Ticket:
     """One request's work in an engine. The engine's threads report to `report` as the work goes
-    (see Report) and end with ("done",); the caller then takes `result()` in its own thread, where the
+    (see Report) and end with Ended; the caller then takes `result()` in its own thread, where the
     images are encoded (or what stopped them is raised)."""
 
     def __init__(self, report: Report, encode: Callable[[Any], Generated] | None = None):
@@ -45,15 +45,15 @@ class Ticket:
     # -- the engine's side ------------------------------------------------------------------------
 
     def progress(self, step: int, steps: int) -> None:
-        self.report(("progress", step, steps))
+        self.report(Progress(step, steps))
 
     def preview(self, step: int, steps: int, images: Any) -> None:
-        self.report(("preview", step, steps, images))
+        self.report(Preview(step, steps, images))
 
     def finish(self, outcome: Any = None, error: BaseException | None = None) -> None:
         """The work ended: its outcome (what `encode` turns into Generated) or what stopped it."""
         self._outcome, self._error = outcome, error
-        self.report(("done",))
+        self.report(Ended())
 
     # -- the caller's side ------------------------------------------------------------------------
 

@@ -60,7 +60,7 @@ class LocalEngine:
     pipeline call (None: the call failed). `max_waiting` bounds the batcher's queue (a back end's;
     the playground's web server has a bounded queue of its own)."""
 
-    loading_message = "Loading the model and compiling every size; this page will work once that is done."
+    loading_message = "Loading the model and compiling what a first image needs; this page will work once that is done."
     no_tokenizer_message = "Token count available once the model is loaded."
     watch_seconds = None  # the model in this process does not go away
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from .events import Done, Progress, Shown, Started
 from .history import history_after, history_rows, last_run, thumbnail
 from .page import run_panel, running_text, stopped_summary
 from .sampler_menu import request_pair
@@ -28,28 +29,28 @@ def page_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return {**values, "sampler": sampler, "schedule": schedule}
 
 
-def page_run(updates: Iterable[tuple], values: Mapping[str, Any], history: Any) -> Iterator[dict[str, Any]]:
+def page_run(updates: Iterable[Started | Progress | Shown | Done], values: Mapping[str, Any], history: Any
+             ) -> Iterator[dict[str, Any]]:
     """The page's changes, by name, for each update of a run of `values` (the history: the browser's,
     as it sent it; `history_rows` of it is "history_rows")."""
     began = time.monotonic()
     seeds: list[int] = []
     for update in updates:
-        kind = update[0]
-        if kind == "started":
-            seeds, steps = update[1:]
+        if isinstance(update, Started):
+            seeds, steps = update.seeds, update.steps
             # The run replaces the last one at once: nothing of it is shown as current.
             yield dict(gallery=[], last_seeds=seeds, last_images=[], picked=None, run_state="running",
                        run_at={"seeds": seeds, "step": 0, "steps": steps}, run=f"Generating 0/{steps}",
                        summary=f"Generating {len(seeds)} images, {steps} steps. Seeds: {', '.join(map(str, seeds))}.",
                        panel=run_panel("running", "Generating · encoding the prompts", 0, steps))
-        elif kind == "progress":
-            step, steps = update[1:]
+        elif isinstance(update, Progress):
+            step, steps = update.step, update.steps
             yield dict(panel=run_panel("running", running_text(step, steps, time.monotonic() - began), step, steps),
                        run=f"Generating {step}/{steps}", run_at={"seeds": seeds, "step": step, "steps": steps})
-        elif kind == "preview":
-            yield dict(gallery=update[1])
-        else:
-            images, seeds, text, ran = update[1:]
+        elif isinstance(update, Shown):
+            yield dict(gallery=update.gallery)
+        elif isinstance(update, Done):
+            images, seeds, text, ran = update.gallery, update.seeds, update.summary, update.ran
             # The run joins the history, which the browser keeps (in and out with the call; the server
             # stores no prompt): what ran, the server's defaults where none was sent.
             kept = history_after(history, {**values, **ran, "negative": values["negative"] or "", "seed": seeds[0],

@@ -28,6 +28,7 @@ from ..spec.png_info import png_info
 from ..spec.styles import STYLES, apply_style
 from ..version import VERSION
 from .calls import one_call, split
+from .events import Ended, Preview, Progress
 from .core import Server
 from .errors import log_refusal
 from .http_io import RETRY_AFTER, checked_request, error_response, json_body, read_body, status_of
@@ -57,12 +58,12 @@ class Jobs:
             self.job_no, self.job_count, self.step, self.steps = 0, calls, 0, 0
             self.started, self.preview = time.monotonic(), None
 
-    def report(self, event: tuple) -> None:
+    def report(self, event: Progress | Preview | Ended) -> None:
         with self.lock:
-            if event[0] == "progress":
-                self.step, self.steps = event[1], event[2]
-            elif event[0] == "preview" and len(event[3]):
-                self.preview = event[3][0]
+            if isinstance(event, Progress):
+                self.step, self.steps = event.step, event.steps
+            elif isinstance(event, Preview) and len(event.images):
+                self.preview = event.images[0]
 
     def next_call(self, done: int) -> None:
         with self.lock:
