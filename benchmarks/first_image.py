@@ -49,7 +49,7 @@ def measure(args: argparse.Namespace) -> dict:
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.files import ImageStore
     from sdxl_tpu.generate.loading import load
-    from sdxl_tpu.server.local_engine import compile_first, prepare_process
+    from sdxl_tpu.server.local_engine import compile_first, first_guided, prepare_process
     from sdxl_tpu.server.settings import Settings
     from sdxl_tpu.spec.load import LoadOptions
     from sdxl_tpu.spec.values import format_size
@@ -70,7 +70,8 @@ def measure(args: argparse.Namespace) -> dict:
 
     loader = lambda s: compile_first(loaded(  # noqa: E731 (the app's load_and_compile_first, timed between)
         random_pipeline(args.architecture, s) if args.architecture else load(s.load, warmup=False,
-                                                                             compile_cache=s.compile_cache)))
+                                                                             compile_cache=s.compile_cache)),
+        guided=first_guided(s))
     images = tempfile.mkdtemp(prefix="sdxl-first-image-")
     server = Server(settings, loader=loader, images=ImageStore(Path(images)))
     seconds["imports"] = time.perf_counter() - START

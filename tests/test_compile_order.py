@@ -18,11 +18,21 @@ from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.settings import Settings
 from sdxl_tpu.spec.errors import RequestError
 from sdxl_tpu.spec.load import LoadOptions
+from sdxl_tpu.spec.recipes import RECIPES
 
 SIZES = [(64, 64), (96, 64)]
 FIELDS = dict(prompt="a cat", negative="", style="(No style)", seed=5, randomize=False, guidance=5.0, steps=2,
               size="64x64", sampler=None, schedule=None, rng=None)
 WAIT = 30  # seconds: only a broken order waits this long (a test that fails, never a slow one)
+
+
+def end(server: Server) -> None:
+    """The background's compiles ended (a thread inside XLA at the interpreter's exit aborts it),
+    the batcher closed."""
+    if server.warmup.done_event.is_set() and server.warmup.status == "ready":
+        assert server.warmup.compiled_event.wait(WAIT)
+    if server.engine.batcher is not None:
+        server.engine.batcher.close()
 
 
 def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_for_nothing_else(
@@ -33,7 +43,7 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
     compile_program = compilation.compile_program
     server = Server(Settings(load=LoadOptions(model=str(tiny_checkpoint), dtype="float32", sizes=SIZES),
                              compile_cache=None), images=ImageStore(tmp_path / "images"))
-    first_call = ("encode", "noise", "denoise", "decode")  # (Pipeline.first_call, before the pipeline exists)
+    first_call = ("encode", "noise", "denoise", "decode")  # (text to image, guided: before the pipeline exists)
     # The first call's programs all compile at once, or this barrier breaks (each waits for the others).
     together = threading.Barrier(len(first_call), timeout=WAIT)
 
@@ -51,7 +61,7 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
     try:
         server.warmup.load()  # (blocking: loaded, and the first call's programs compiled)
         assert server.warmup.status == "ready", server.warmup.message
-        assert server.engine.pipeline.first_call == first_call
+        assert server.engine.pipeline.call_programs() == first_call
         assert sorted(started) == sorted(first_call), started
         assert server.warmup.compiling == [(96, 64)] and "1 more size compiling (96x64)" in server.warmup.status_line
         assert server.warmup.ready_sizes == [(64, 64)] and not server.warmup.compiled_event.is_set()
@@ -76,8 +86,7 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
         assert counter.compiles == 0
     finally:
         first_image.set()
-        if server.engine.batcher is not None:
-            server.engine.batcher.close()
+        end(server)
 
 
 def _server(tiny_checkpoint, tmp_path) -> Server:
@@ -124,5 +133,29 @@ def test_a_size_that_does_not_compile_in_the_background_is_refused_by_name_while
             list(server.stream({**FIELDS, "size": "96x64"}))
         assert isinstance(list(server.stream(FIELDS))[-1], Done)  # (64x64 serves what its first call compiled)
     finally:
-        if server.engine.batcher is not None:
-            server.engine.batcher.close()
+        end(server)
+
+
+def test_a_preset_without_guidance_compiles_the_unguided_loop_first(tiny_checkpoint, tiny_pipeline, tmp_path,
+                                                                    monkeypatch):
+    """A distilled model's preset (Lightning, Turbo, LCM) runs without guidance: its first call, and
+    so what compiles before the page works, is the unguided loop's."""
+    started, ready = [], threading.Event()
+    compile_program = compilation.compile_program
+
+    def recorded(name: str, lowered):
+        if not ready.is_set():  # (what compiles before the page works)
+            started.append(name)
+        return compile_program(name, lowered)
+
+    monkeypatch.setattr(compilation, "compile_program", recorded)
+    server = Server(Settings(load=LoadOptions(model=str(tiny_checkpoint), dtype="float32", sizes=SIZES),
+                             compile_cache=None, recipe=RECIPES["Lightning 4-step"]),
+                    images=ImageStore(tmp_path / "images"))
+    try:
+        server.warmup.load()
+        ready.set()
+        assert server.offer.defaults()["guidance"] == 0.0 and server.warmup.ready_sizes == [(64, 64)]
+        assert sorted(started) == ["decode", "denoise_unguided", "encode", "noise"], started
+    finally:
+        end(server)

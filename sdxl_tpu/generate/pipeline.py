@@ -119,12 +119,6 @@ class Pipeline:
                 *(("encode_image",) if image or self.layout.condition_channels else ()),
                 *(("preview",) if self.preview_decoder == "taesd" and self.stepwise else ()))
 
-    @property
-    def first_call(self) -> tuple[str, ...]:
-        """What a first call most likely runs (text to image, guided, with previews): what a new
-        server compiles first, the rest behind it while it serves."""
-        return self.call_programs()
-
     def compiled(self, size: Any, names: Sequence[str] | None = None) -> dict[str, Any]:
         """The compiled programs for `size` (those of `names`, or all: a warmed-up pipeline has them
         all), compiling them (once) if needed."""

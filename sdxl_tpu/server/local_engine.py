@@ -35,11 +35,12 @@ def prepare_process(settings: Settings) -> None:
         logging.getLogger("sdxl_tpu").warning(unused)
 
 
-def compile_first(pipe: Pipeline) -> Pipeline:
-    """`pipe` compiled for what a first call at its first size runs (Pipeline.first_call), side by
-    side; the rest, and the other sizes, follow in the background while it serves."""
+def compile_first(pipe: Pipeline, guided: bool = True) -> Pipeline:
+    """`pipe` compiled for what a first call at its first size runs (text to image, `guided` or not:
+    a distilled model's preset runs without guidance), side by side; the rest, and the other sizes,
+    follow in the background while it serves."""
     try:
-        pipe.warmup(pipe.sizes[:1], pipe.first_call)
+        pipe.warmup(pipe.sizes[:1], pipe.call_programs(guided=guided))
     except Exception as e:
         logging.getLogger("sdxl_tpu").exception("compiling %s failed", format_size(pipe.sizes[0]))
         first_line = (str(e).strip().splitlines() or [""])[0][:300]
@@ -50,8 +51,15 @@ def compile_first(pipe: Pipeline) -> Pipeline:
 
 
 def load_and_compile_first(settings: Settings) -> Pipeline:
-    """The pipeline of `settings`, loaded, and compiled as compile_first does."""
-    return compile_first(load(settings.load, warmup=False, compile_cache=settings.compile_cache))
+    """The pipeline of `settings`, loaded, and compiled as compile_first does for the page's
+    default guidance (the launch preset's)."""
+    return compile_first(load(settings.load, warmup=False, compile_cache=settings.compile_cache),
+                         guided=first_guided(settings))
+
+
+def first_guided(settings: Settings) -> bool:
+    """Whether a call with the server's defaults is guided (a guidance scale above 1)."""
+    return provisional(settings).defaults()["guidance"] > 1
 
 
 class LocalEngine:
@@ -102,10 +110,11 @@ class LocalEngine:
 
     @property
     def compiling(self) -> list[tuple[int, int]]:
-        """Sizes not offered yet: without what a first call runs (Pipeline.first_call)."""
+        """Sizes not offered yet: without what a first call runs (compile_first's)."""
         if self.pipeline is None:
             return []
-        return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size, self.pipeline.first_call)]
+        first_call = self.pipeline.call_programs(guided=first_guided(self.settings))
+        return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size, first_call)]
 
     @property
     def unfinished(self) -> list[tuple[int, int]]:
