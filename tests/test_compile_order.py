@@ -64,6 +64,8 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
         assert server.engine.pipeline.call_programs() == first_call
         assert sorted(started) == sorted(first_call), started
         assert server.warmup.compiling == [(96, 64)] and "1 more size compiling (96x64)" in server.warmup.status_line
+        body, status = server.warmup.readiness()  # (what /readyz says: ready, and what still compiles)
+        assert status == 200 and body["compiling"] == ["96x64"] and body["unfinished"] == ["64x64", "96x64"]
         assert server.warmup.ready_sizes == [(64, 64)] and not server.warmup.compiled_event.is_set()
 
         with CompileCounter() as counter:
@@ -77,6 +79,8 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
         assert isinstance(list(server.stream({**FIELDS, "guidance": 1.0}))[-1], Done)
         assert server.warmup.compiled_event.wait(WAIT)
         assert server.warmup.compiling == [] and server.engine.unfinished == []
+        assert server.warmup.readiness() == ({"status": "ready", "message": server.warmup.message, "compiling": [],
+                                             "unfinished": []}, 200)
         per_size = set(server.engine.pipeline.programs) - {"encode"}
         assert collections.Counter(started) == {"encode": 1, **{name: len(SIZES) for name in per_size}}, started
         rest = per_size - set(first_call)  # (the first size's: before any other size's)
@@ -127,6 +131,7 @@ def test_a_size_that_does_not_compile_in_the_background_is_refused_by_name_while
         assert server.warmup.compiled_event.wait(WAIT)  # (ended: every size tried)
         assert server.warmup.failed == SIZES and server.warmup.broken == [(96, 64)]
         assert server.warmup.compiling == [] and server.warmup.ready_sizes == [(64, 64)]
+        assert server.warmup.readiness()[0]["unfinished"] == []  # (nothing compiles any more)
         assert server.warmup.status_line.endswith(" 96x64 did not compile on this server (see its log).")
         with pytest.raises(RequestError, match=r"^Size 96x64 did not compile on this server \(its log says why\); "
                                                r"the sizes ready: 64x64\.$"):

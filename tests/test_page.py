@@ -250,7 +250,7 @@ def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_pipelin
     assert server.warmup.ready_sizes == [(64, 64), (96, 96)]  # (the pipeline's sizes: 96x96 compiled too)
     assert "1 more size compiling (96x64)" in server.warmup.status_line
     assert server.warmup.readiness() == ({"status": "ready", "message": server.warmup.status_line,
-                                         "compiling": ["96x64"]}, 200)
+                                         "compiling": ["96x64"], "unfinished": ["96x64"]}, 200)
     with pytest.raises(RequestError, match=r"Size 96x64 is still being compiled; it will be available in a moment "
                                            r"\(the sizes ready now: 64x64, 96x96\)"):
         list(server.stream(fields(size="96x64", steps=1)))

@@ -162,9 +162,13 @@ class Warmup:
 
     def readiness(self) -> tuple[dict[str, Any], int]:
         """GET /readyz: the body and status code (200 once warm, 503 while loading, waiting or
-        draining), with the sizes still compiling."""
+        draining), with the sizes still compiling ("compiling": not offered yet; "unfinished": any
+        program still compiling in the background, an offered size's guidance-1 loop or image
+        encoder included)."""
+        unfinished = [s for s in self.engine.unfinished if s not in self.failed]
         return ({"status": self.status, "message": self.status_line,
-                 "compiling": [format_size(s) for s in self.compiling]}, 200 if self.ready else 503)
+                 "compiling": [format_size(s) for s in self.compiling],
+                 "unfinished": [format_size(s) for s in unfinished]}, 200 if self.ready else 503)
 
     def check_size(self, size: Any) -> None:
         """Refuses a size that is offered but not compiled yet (StillCompiling), before anything else."""
