@@ -80,6 +80,7 @@ class LocalEngine:
         self.batcher: Batcher | None = None
         self._compiles = CompileCounter().__enter__()  # listens for the life of the process
         self._stored_loaded = False
+        self._first_guided = first_guided(settings)  # (asked by every status poll: derived once)
 
     def failure_message(self, error: Exception) -> str:
         return model_not_found_message(self.settings.load.model, str(error).rstrip("."))
@@ -113,7 +114,7 @@ class LocalEngine:
         """Sizes not offered yet: without what a first call runs (compile_first's)."""
         if self.pipeline is None:
             return []
-        first_call = self.pipeline.call_programs(guided=first_guided(self.settings))
+        first_call = self.pipeline.call_programs(guided=self._first_guided)
         return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size, first_call)]
 
     @property
