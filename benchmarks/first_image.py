@@ -43,10 +43,12 @@ class Lines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        print(record.getMessage(), file=sys.stderr, flush=True)  # (kept in the log if the run fails later)
 
 
 def measure(args: argparse.Namespace) -> dict:
     from sdxl_tpu.server.core import Server
+    from sdxl_tpu.server.events import Done
     from sdxl_tpu.server.files import ImageStore
     from sdxl_tpu.generate.loading import load
     from sdxl_tpu.server.local_engine import compile_first, first_guided, prepare_process
@@ -83,7 +85,7 @@ def measure(args: argparse.Namespace) -> dict:
                 randomize=False, guidance=5.0, steps=args.steps, size=format_size(sizes[0]), sampler=None,
                 schedule=None, rng=None)
     updates = list(server.stream(form, previews=False))
-    if updates[-1][0] != "done":
+    if not isinstance(updates[-1], Done):
         raise SystemExit(f"the first call failed: {updates[-1]}")
     seconds["first_image"] = time.perf_counter() - START
     server.warmup.compiled_event.wait()
@@ -140,15 +142,19 @@ def main() -> int:
     args = parser.parse_args()
     args.architecture = args.architecture or (None if args.model else "sdxl")
     args.compile_cache = args.compile_cache or tempfile.mkdtemp(prefix="sdxl-first-image-cache-")
-    reports = {"cold" if args.restart else "this start": measure(args)}
-    if args.restart:
+    if not args.restart:
+        reports = {"this start": measure(args)}
+    else:  # each start a process of its own: one process at a time can hold a TPU chip
         argv = [a for a in sys.argv[1:] if a != "--restart"]
         if "--compile-cache" not in argv:
             argv += ["--compile-cache", args.compile_cache]
-        again = subprocess.run([sys.executable, __file__, *argv, "--json"], capture_output=True, text=True)
-        if again.returncode:
-            raise SystemExit(f"the restart failed:\n{again.stderr[-3000:]}")
-        reports["restart"] = json.loads(again.stdout.strip().splitlines()[-1])["this start"]
+        reports = {}
+        for name in ("cold", "restart"):
+            run = subprocess.run([sys.executable, __file__, *argv, "--json"], stdout=subprocess.PIPE, text=True)
+            if run.returncode:
+                raise SystemExit(f"the {name} start failed (its log is above)")
+            reports[name] = json.loads(run.stdout.strip().splitlines()[-1])["this start"]
+            print(f"{name}: {json.dumps(reports[name])}", file=sys.stderr, flush=True)
     print(json.dumps(reports) if args.json else "\n".join(format_report(k, r) for k, r in reports.items()))
     return 0
 
