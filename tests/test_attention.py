@@ -73,9 +73,10 @@ def _primitives(fn, *args) -> set[str]:
     (dict(length=512), False),                     # short: XLA
     (dict(length=1024, kv_length=77), False),      # cross-attention to the text: XLA
     (dict(length=1024, is_causal=True), False),    # causal (text encoders): XLA
+    (dict(length=1024, head_dim=512), False),      # a head wider than 128 (the VAE's mid block): XLA
 ])
 def test_tpu_branch_uses_splash_only_for_long_self_attention(case, expect_splash):
-    q, k, v = _qkv(1, case["length"], 2, 64, kv_length=case.get("kv_length"))
+    q, k, v = _qkv(1, case["length"], 2, case.get("head_dim", 64), kv_length=case.get("kv_length"))
     fn = lambda q, k, v: attn.tpu_attention(q, k, v, is_causal=case.get("is_causal", False), interpret=True)
     assert ("pallas_call" in _primitives(fn, q, k, v)) == expect_splash
 

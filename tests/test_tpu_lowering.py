@@ -69,8 +69,8 @@ def test_every_program_lowers_for_tpu_sharded_over_the_mesh_without_host_callbac
 def test_splash_attention_where_it_is_chosen_and_xla_elsewhere(lowered):
     """The UNet's self-attention runs the splash kernel at the levels whose sequences are long
     enough (at 1024x1024: 64x64 and 32x32 latents, every layer of both), its cross-attention
-    (77 tokens) and the text encoders' causal attention run XLA's; the VAE's mid-block attention
-    (128x128 latents) runs splash in the encoder and the decoder."""
+    (77 tokens) and the text encoders' causal attention run XLA's, and so does the VAE's mid-block
+    attention (one head of 512: splash's kernel for it compiled for 75 s to save 1.6 ms an image)."""
     layers = self_attention_layers()
     assert layers == {4096: 10, 1024: 60}  # (SDXL's: 2x2 + 3x2 layers at 64x64, 2x10 + 10 + 3x10 at 32x32)
     expected = {length: n for length, n in layers.items() if length >= SPLASH_MIN_LENGTH}
@@ -79,7 +79,5 @@ def test_splash_attention_where_it_is_chosen_and_xla_elsewhere(lowered):
         program = lowered["programs"][name]
         assert {int(k): v for k, v in program["splash_calls"].items()} == expected, (name, program)
         assert program["kernels"] == len(expected)  # (one kernel per sequence length, called from every layer)
-    for name in ("decode", "encode_image"):
-        assert lowered["programs"][name]["splash_calls"] == {str(128 * 128): 1}, name
-    for name in ("encode", "noise", "init"):
+    for name in ("encode", "noise", "init", "decode", "encode_image"):
         assert lowered["programs"][name]["kernels"] == 0, name

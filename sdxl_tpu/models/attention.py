@@ -2,8 +2,8 @@
 
 The compiler picks the branch (`jax.lax.platform_dependent`), not Python at trace time, so a
 traced program is right wherever it is compiled:
-- TPU: Pallas splash attention for long self-attention (SDXL's 64x64 and 32x32 UNet levels, the
-  VAE's mid block), which never materialises the length x length logits;
+- TPU: Pallas splash attention for long self-attention with heads of up to 128 (SDXL's 64x64 and
+  32x32 UNet levels), which never materialises the length x length logits;
 - NVIDIA GPU: cuDNN's fused flash attention where cuDNN supports the shape (bf16/fp16, head
   dim <= 128, so not the VAE's single 512-wide head);
 - everything else: XLA's attention (`jax.nn.dot_product_attention`), also the fallback of both.
@@ -29,6 +29,11 @@ import jax.numpy as jnp
 # 135.0 ms against splash's 132.9 (so not used). From 960: the other SDXL sizes' 32x-level (960 to
 # 1008 tokens), padded to 1024.
 SPLASH_MIN_LENGTH = 960
+# The VAE's mid block (16384 tokens, one float32 head of 512) goes to XLA's attention: on one v5e
+# (2026-12-05) splash's kernel for it took 75 s of the decoder's cold compile (100.5 s, against 24.9 s
+# with XLA's), which a new replica's first image waits for, to save 1.6 ms a decoded image (4.55 ->
+# 2.94 ms; 0.06 % of an image's 2.6 s); XLA's float32 logits, 1 GiB an image, fit beside the UNet.
+SPLASH_MAX_HEAD_DIM = 128
 _LANES = 128  # TPU vector lane width: splash wants sequence blocks and head dims in multiples of it
 
 
@@ -114,7 +119,8 @@ def gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Arra
 
 def tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Array | None = None, *,
                   is_causal: bool = False, interpret: bool = False) -> jax.Array:
-    if is_causal or kv_lengths is not None or q.shape[1] != k.shape[1] or q.shape[1] < SPLASH_MIN_LENGTH:
+    if (is_causal or kv_lengths is not None or q.shape[1] != k.shape[1] or q.shape[1] < SPLASH_MIN_LENGTH
+            or q.shape[-1] > SPLASH_MAX_HEAD_DIM):
         return xla_attention(q, k, v, kv_lengths, is_causal=is_causal)
     return splash_attention(q, k, v, interpret=interpret)
 
