@@ -222,3 +222,32 @@ def test_a_sizes_programs_compile_side_by_side():
     out = compile_side_by_side({"denoise": Lowered(), "decode": Lowered()}, workers=2)  # (a CPU's default: 1)
     assert list(out) == ["denoise", "decode"] and all(by_xla for _, by_xla in out.values())
     assert out["denoise"][0] != out["decode"][0]  # two threads
+
+
+def test_a_programs_compile_starts_while_the_next_is_traced_and_each_is_handed_on_when_done():
+    """The slowest program's compile need not wait for the others' tracing (tracing holds the GIL,
+    an accelerator's compile does not): the second program is lowered only once the first's compile
+    has begun, which lowering everything first never allows (the wait then times out)."""
+    import threading
+
+    from sdxl_tpu.generate.compilation import compile_side_by_side
+
+    first_compiling, handed_on = threading.Event(), []
+
+    class Lowered:
+        def __init__(self, name):
+            self.name = name
+
+        def compile(self):
+            if self.name == "denoise":
+                first_compiling.set()
+            return self.name
+
+    def lower_decode():
+        assert first_compiling.wait(60), "decode was traced before denoise's compile began"
+        return Lowered("decode")
+
+    out = compile_side_by_side({"denoise": lambda: Lowered("denoise"), "decode": lower_decode}, workers=2,
+                               then=lambda name, compiled, by_xla: handed_on.append((name, compiled)))
+    assert {name: compiled for name, (compiled, _) in out.items()} == {"denoise": "denoise", "decode": "decode"}
+    assert sorted(handed_on) == [("decode", "decode"), ("denoise", "denoise")]

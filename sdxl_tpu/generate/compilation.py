@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -118,18 +118,33 @@ def compile_workers() -> int:
     return 1 if jax.default_backend() == "cpu" else os.cpu_count() or 1
 
 
-def compile_side_by_side(lowered: Mapping[str, jax.stages.Lowered], workers: int | None = None
+def compile_side_by_side(lowered: Mapping[str, jax.stages.Lowered | Callable[[], jax.stages.Lowered]],
+                         workers: int | None = None,
+                         then: Callable[[str, jax.stages.Compiled, bool], None] = lambda *a: None
                          ) -> dict[str, tuple[jax.stages.Compiled, bool]]:
-    """Each of `lowered` (by name) compiled as compile_program does, `workers` at a time (default:
-    compile_workers()). An accelerator's compiler releases the GIL and compiles a program on one
-    host core, so a size's programs (text encoders, denoising loops, decoder) take about as long as
-    the slowest of them. XLA's CPU compiler is threaded itself: side by side it gained 1.1x on two
-    cores and held every program's compile memory at once (a test suite on a 24 GiB machine ran out)."""
+    """Each of `lowered` (by name: a program lowered, or a function that lowers it) compiled as
+    compile_program does, `workers` at a time (default: compile_workers()); `then(name, compiled,
+    by_xla)` in the compiling thread as each is done (storing it, say). An accelerator's compiler
+    releases the GIL and compiles a program on one host core, so a size's programs (text encoders,
+    denoising loops, decoder) take about as long as the slowest of them; tracing holds the GIL, so the
+    programs are lowered here in their order and each compile starts as soon as its program is
+    lowered (the first's compile runs while the rest are traced: put the slowest first). XLA's CPU
+    compiler is threaded itself: side by side it gained 1.1x on two cores and held every program's
+    compile memory at once (a test suite on a 24 GiB machine ran out)."""
     workers = compile_workers() if workers is None else workers
+
+    def lower(program: jax.stages.Lowered | Callable[[], jax.stages.Lowered]) -> jax.stages.Lowered:
+        return program() if callable(program) else program
+
+    def compile_one(name: str, program: jax.stages.Lowered) -> tuple[jax.stages.Compiled, bool]:
+        compiled, by_xla = compile_program(name, program)
+        then(name, compiled, by_xla)
+        return compiled, by_xla
+
     if workers <= 1 or len(lowered) <= 1:
-        return {name: compile_program(name, program) for name, program in lowered.items()}
+        return {name: compile_one(name, lower(program)) for name, program in lowered.items()}
     with ThreadPoolExecutor(min(len(lowered), workers)) as pool:
-        futures = {name: pool.submit(compile_program, name, program) for name, program in lowered.items()}
+        futures = {name: pool.submit(compile_one, name, lower(program)) for name, program in lowered.items()}
         return {name: future.result() for name, future in futures.items()}
 
 

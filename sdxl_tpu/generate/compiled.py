@@ -9,6 +9,7 @@ a program is made by the first that asks for it; the others wait for that one, n
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -16,9 +17,11 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import jax
+
 from ..spec.values import format_size
 from .compilation import compile_side_by_side
-from .programs import Layout, program
+from .programs import Layout, program, slowest_first
 from .stored_programs import ProgramStore
 
 log = logging.getLogger("sdxl_tpu")
@@ -90,18 +93,19 @@ class CompiledPrograms:
         try:
             if self.store is not None:  # loaded untraced where stored, else compiled (and stored)
                 made = self.store.programs(names, self.layout, size, self.graphs, self.params)
-            else:  # traced one after another, compiled side by side
-                lowered = {}
-                for name in names:
-                    fn, args = program(name, self.layout, size, self.graphs, self.params)
-                    lowered[name] = fn.lower(*args)
-                made = {name: compiled for name, (compiled, _) in compile_side_by_side(lowered).items()}
+            else:  # traced one after another, slowest first, each compiled once traced, side by side
+                made = {name: compiled for name, (compiled, _) in compile_side_by_side(
+                    {name: functools.partial(self._lower, name, size) for name in slowest_first(names)}).items()}
         except BaseException as e:
             for name in names:
                 self._settle(name, size, error=e)
             raise
         for name in names:
             self._settle(name, size, made[name])
+
+    def _lower(self, name: str, size: Size) -> jax.stages.Lowered:
+        fn, args = program(name, self.layout, size, self.graphs, self.params)
+        return fn.lower(*args)
 
     def load_stored(self, sizes: Sequence[Size], names: Sequence[str]) -> None:
         """What the store holds of `sizes`' programs `names`, loaded side by side across the sizes

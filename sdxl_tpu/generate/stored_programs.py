@@ -35,7 +35,7 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 
 from ..spec.values import format_size
 from .compilation import compile_side_by_side
-from .programs import program
+from .programs import program, slowest_first
 
 FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
 SUBDIRECTORY = "programs"
@@ -131,18 +131,24 @@ class ProgramStore:
         found = self.load_side_by_side([(name, size) for name in names], layout, graphs, params)
         out = {name: found.get((name, size)) for name in names}
         sources = ["stored"] * sum(program is not None for program in out.values())
-        lowered, keys = {}, {}
-        for name in names:  # traced one after another, compiled side by side
-            if out[name] is None:
-                fn, args, keys[name] = self._made(name, size, layout, graphs, params)
-                lowered[name] = fn.lower(*args)
-        for name, (compiled, by_xla) in compile_side_by_side(lowered).items():
-            out[name] = compiled
+        keys = {}
+
+        def lower(name: str) -> jax.stages.Lowered:
+            fn, args, keys[name] = self._made(name, size, layout, graphs, params)
+            return fn.lower(*args)
+
+        def store(name: str, compiled: jax.stages.Compiled, by_xla: bool) -> None:
             # One that JAX's persistent cache gave is not stored: XLA's CPU client cannot serialize a
             # program it deserialized whole (its kernels would be missing when loaded: "Function ...
             # not found"). It is stored once it really compiles (a changed program, a new JAX).
             if by_xla:
                 self.save(keys[name], compiled)
+
+        missing = [name for name in slowest_first(names) if out[name] is None]
+        # Traced one after another (slowest first), each compiled as soon as traced, side by side.
+        made = compile_side_by_side({name: functools.partial(lower, name) for name in missing}, then=store)
+        for name, (compiled, by_xla) in made.items():
+            out[name] = compiled
             sources.append("compiled" if by_xla else "jax cache")
         log.info("%s: %d programs loaded from %s, %d compiled and stored, %d from JAX's cache (not stored), in %.1f s",
                  format_size(size), sources.count("stored"), self.directory, sources.count("compiled"),
