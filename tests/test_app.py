@@ -375,8 +375,8 @@ def test_taesd_previews_offline_are_refused_first_with_one_line(tmp_path, monkey
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setattr(sdxl_tpu.generate.loading, "load_models",
-                        lambda *a, **k: pytest.fail("the model was loaded first"))
+    monkeypatch.setattr(sdxl_tpu.generate.loading.Checkpoint, "open",
+                        staticmethod(lambda *a, **k: pytest.fail("the model was loaded first")))
     server = Server(Settings(load=LoadOptions(model="tiny", sizes=[(64, 64)], preview="taesd")))
     server.warmup.load()
     error = server.warmup.error

@@ -1,7 +1,8 @@
-"""A new server's compile order (issue 51): what a first call runs compiles first, side by side; the
-first image never waits for a program it does not use; the rest follows in the background, each
-program made once however many threads ask for it. XLA's compile is made slow on purpose here, as
-a TPU's is (minutes a program): every program's compile waits for the event that must come first."""
+"""A new server's compile order (issue 51): what a first call runs compiles first, side by side,
+while the weights are read; the first image never waits for a program it does not use; the rest
+follows in the background, each program made once however many threads ask for it. XLA's compile
+is made slow on purpose here, as a TPU's is (minutes a program): every program's compile waits for
+the event that must come first."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from sdxl_tpu.server.settings import Settings
 from sdxl_tpu.spec.errors import RequestError
 from sdxl_tpu.spec.load import LoadOptions
 from sdxl_tpu.spec.recipes import RECIPES
+from sdxl_tpu.weights.checkpoint import Checkpoint
 
 SIZES = [(64, 64), (96, 64)]
 FIELDS = dict(prompt="a cat", negative="", style="(No style)", seed=5, randomize=False, guidance=5.0, steps=2,
@@ -47,8 +49,16 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
     # The first call's programs all compile at once, or this barrier breaks (each waits for the others).
     together = threading.Barrier(len(first_call), timeout=WAIT)
 
+    compiling = threading.Event()  # the weights are read while the first programs compile
+    fill = Checkpoint.fill
+
+    def fill_while_compiling(checkpoint, models):
+        assert compiling.wait(WAIT), "the weights were read before any program began to compile"
+        return fill(checkpoint, models)
+
     def slow(name: str, lowered):
         started.append(name)
+        compiling.set()
         if not first_image.is_set():
             if name in first_call and len(started) <= len(first_call):
                 together.wait()
@@ -58,6 +68,7 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
 
     monkeypatch.setattr(compilation, "compile_program", slow)
     monkeypatch.setattr(compilation, "compile_workers", lambda: 8)  # (an accelerator's: a CPU's is 1)
+    monkeypatch.setattr(Checkpoint, "fill", fill_while_compiling)
     try:
         server.warmup.load()  # (blocking: loaded, and the first call's programs compiled)
         assert server.warmup.status == "ready", server.warmup.message

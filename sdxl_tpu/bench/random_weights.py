@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 
+from ..generate.loading import with_weights
 from ..generate.pipeline import Pipeline
 from ..models.layers import Precision
 from ..sampler.from_config import SCHEDULER_CONFIG, samplers_for
@@ -58,16 +60,25 @@ def _cyclic(pool: np.ndarray, start: int, size: int) -> np.ndarray:
     return out
 
 
-def random_pipeline(architecture: str, precision: Precision, **pipeline: Any) -> Pipeline:
+def random_pipeline(architecture: str, precision: Precision, first: Callable[[Pipeline], Any] | None = None,
+                    **pipeline: Any) -> Pipeline:
     """A Pipeline of `architecture` with random weights, the tiny checkpoint's tokenizers and SDXL
-    base 1.0's samplers, compiled on first use (`pipeline`: Pipeline's options, e.g. sizes)."""
-    return Pipeline(random_models(architecture_configs(architecture), precision), random_tokenizers(),
-                    samplers_for(SCHEDULER_CONFIG)[0], model_name=architecture, **pipeline)
+    base 1.0's samplers, compiled on first use (`pipeline`: Pipeline's options, e.g. sizes);
+    `first(pipeline)` while the weights are made, as a server's load does (loading.with_weights)."""
+    networks = abstract_networks(architecture_configs(architecture), precision)
+    pipe = Pipeline(Models(**networks), random_tokenizers(), samplers_for(SCHEDULER_CONFIG)[0], model_name=architecture,
+                    **pipeline)
+    return with_weights(pipe, lambda: fill_randomly(networks), first)
 
 
 def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:
     """An architecture's networks with random weights, made on the device (nothing read or written)."""
-    networks = abstract_networks(configs, precision)  # (text_encoder, text_encoder_2, unet, vae: seeds in order)
+    return fill_randomly(abstract_networks(configs, precision), seed)
+
+
+def fill_randomly(networks: dict[str, nnx.Module], seed: int = 0) -> Models:
+    """Abstract networks (text_encoder, text_encoder_2, unet, vae: seeds in that order) filled with
+    random weights, in place."""
     return Models(**{name: random_fill(model, seed + i) for i, (name, model) in enumerate(networks.items())})
 
 

@@ -4,8 +4,12 @@ samplers and the names its images' parameters will carry, then compiled for its 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +18,14 @@ import jax
 from ..sampler.from_config import load_samplers
 from ..spec.infotext import Stamp, file_hash
 from ..spec.load import LoadOptions, lora_name, lora_spec
-from ..weights.checkpoint import config_root, is_single_file, load_models
+from ..weights.checkpoint import Checkpoint, Models, config_root, is_single_file
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
 from .compilation import enable_compile_cache
 from .stored_programs import ProgramStore
 from .pipeline import Pipeline
+
+log = logging.getLogger("sdxl_tpu")
 
 
 def compute_dtype_for(dtype: str, compute_dtype: str | None = None) -> str:
@@ -44,11 +50,12 @@ def load_pipeline(model: str | os.PathLike, *, warmup: bool = True, devices: Seq
 
 
 def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Device] | None = None,
-         compile_cache: str | os.PathLike | None = None) -> Pipeline:
+         compile_cache: str | os.PathLike | None = None, first: Callable[[Pipeline], Any] | None = None) -> Pipeline:
     """The Pipeline `options` describe: its weights (a preview decoder first: one that cannot be
     had is refused before minutes of loading), tokenizers, samplers and the names its images'
     parameters carry; compiled for every size with `warmup`, its programs kept in (and loaded
-    from) `compile_cache`'s directory when given."""
+    from) `compile_cache`'s directory when given. `first(pipeline)` runs while the weights are read
+    (see with_weights): a server compiles what its first call runs then."""
     o = options
     taesd = None
     if o.preview != "approx":
@@ -59,26 +66,55 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Dev
                                                    attention=o.attention))
     root = config_root(o.model, o.config)
     single = is_single_file(o.model)
-    models = load_models(o.model if single else root, dtype=compute_dtype_for(o.dtype, o.compute_dtype),
-                         param_dtype=o.dtype, attention=o.attention, unet=o.unet, config=root, loras=o.loras)
+    checkpoint = Checkpoint.open(o.model if single else root, dtype=compute_dtype_for(o.dtype, o.compute_dtype),
+                                 param_dtype=o.dtype, attention=o.attention, unet=o.unet, config=root, loras=o.loras)
+    models = checkpoint.abstract()
     index = dict(read_json(root / "model_index.json")) if (root / "model_index.json").is_file() else {}
     samplers, default_sampler = load_samplers(root, o.timestep_spacing, o.prediction_type)
     name = Path(o.model).stem if single else o.model
     if o.unet is not None:
         name += f" + {Path(o.unet).stem}"
+    for spec in o.loras:
+        path, scale = lora_spec(spec)
+        name += f" + {lora_name(path)}" + (f":{scale:g}" if scale != 1 else "")
+    pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=o.sizes,
+                    images_per_call=o.images_per_call, devices=devices, model_name=name,
+                    force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
+                    step_progress=o.step_progress, preview_decoder=taesd, max_prompt_chunks=o.max_prompt_chunks,
+                    program_store=ProgramStore.beside(compile_cache))
+    with_weights(pipe, lambda: checkpoint.fill(models), first)
     # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
     # hashing them is quick).
     stamp = Stamp(name, file_hash(resolve_file(o.model), 10) if single else None)
     for spec in o.loras:
         path, scale = lora_spec(spec)
-        name += f" + {lora_name(path)}" + (f":{scale:g}" if scale != 1 else "")
         stamp = dataclasses.replace(stamp, loras=stamp.loras + ((lora_name(path), scale,
                                                                  file_hash(resolve_file(path), 12)),))
-    pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=o.sizes,
-                    images_per_call=o.images_per_call, devices=devices, model_name=name,
-                    force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
-                    step_progress=o.step_progress, preview_decoder=taesd, max_prompt_chunks=o.max_prompt_chunks,
-                    stamp=stamp, program_store=ProgramStore.beside(compile_cache))
+    pipe.stamp = stamp
     if warmup:
         pipe.warmup()
+    return pipe
+
+
+def with_weights(pipe: Pipeline, weights: Callable[[], Models], first: Callable[[Pipeline], Any] | None = None
+                 ) -> Pipeline:
+    """`pipe`, built from abstract networks, given the networks `weights()` reads; `first(pipe)`
+    meanwhile in a thread of its own (compiling needs the networks' shapes alone: on a new TPU
+    replica the weights' seconds hide behind the first programs' minutes). A failure of either is
+    raised: the weights' at once (a compile cannot be stopped: it ends unused), `first`'s after."""
+    compiling: Future = Future()
+
+    def run() -> None:
+        try:
+            compiling.set_result(first(pipe))
+        except BaseException as e:  # noqa: BLE001 (raised below, in the caller's thread)
+            compiling.set_exception(e)
+
+    if first is not None:
+        threading.Thread(target=run, name="compile-while-loading", daemon=True).start()
+    start = time.perf_counter()
+    pipe.take_weights(weights())
+    log.info("weights read in %.1f s", time.perf_counter() - start)
+    if first is not None:
+        compiling.result()
     return pipe

@@ -85,10 +85,13 @@ class Pipeline:
         self.lock = threading.Lock()
         self.batch_sharding, self.replicated = self.layout.batch_sharding, self.layout.replicated
         # Each nnx module splits into its (static) graph and its arrays; the arrays are replicated.
+        # Abstract networks (Checkpoint.abstract()) give abstract parameters: enough to compile the
+        # programs while the weights are read, which take_weights then gives.
         self.graphs, self.params = {}, {}
         for name in NETWORKS:
             self.graphs[name], state = nnx.split(getattr(models, name))
-            self.params[name] = jax.device_put(state, self.replicated)
+            self.params[name] = self._replicate(state)
+        self._abstract = self._abstract_networks()
         # Live previews: TAESD on the device when given, else the linear approximation on the host.
         self.preview_decoder = "taesd" if preview_decoder is not None else "approx"
         if preview_decoder is not None:
@@ -98,6 +101,29 @@ class Pipeline:
         self.program_store = program_store
         # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
         self.step_index = [jax.device_put(np.int32(i), self.replicated) for i in range(MAX_ROWS)]
+
+    def _replicate(self, state: Any) -> Any:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated)
+                            if isinstance(x, jax.ShapeDtypeStruct) else jax.device_put(x, self.replicated), state)
+
+    @property
+    def has_weights(self) -> bool:
+        return not self._abstract
+
+    def _abstract_networks(self) -> bool:
+        return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(self.params))
+
+    def take_weights(self, models: Models) -> None:
+        """The weights of `models`, networks of the shapes this pipeline was built for (its
+        abstract ones, filled): what it computes with from now on; compiled programs are kept."""
+        for name in NETWORKS:
+            _, state = nnx.split(getattr(models, name))
+            have, given = jax.tree.structure(self.params[name]), jax.tree.structure(state)
+            shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]  # noqa: E731
+            if have != given or shapes(self.params[name]) != shapes(state):
+                raise ValueError(f"{name}: the weights given are not of the networks this pipeline was built for")
+            self.params[name] = self._replicate(state)
+        self._abstract = self._abstract_networks()
 
     # -- the sharded programs -------------------------------------------------------------------
 
@@ -254,4 +280,6 @@ class Pipeline:
             image (see preview.py). A TAESD preview is decoded on the device while the next steps
             run, and handed over once ready.
         """
+        if not self.has_weights:
+            raise RuntimeError("this pipeline was built from abstract networks and has no weights yet (take_weights)")
         return run_call(self, infos, latents, init_images, masks, progress, stop, preview, preview_every)

@@ -52,9 +52,10 @@ def compile_first(pipe: Pipeline, guided: bool = True) -> Pipeline:
 
 def load_and_compile_first(settings: Settings) -> Pipeline:
     """The pipeline of `settings`, loaded, and compiled as compile_first does for the page's
-    default guidance (the launch preset's)."""
-    return compile_first(load(settings.load, warmup=False, compile_cache=settings.compile_cache),
-                         guided=first_guided(settings))
+    default guidance (the launch preset's) while its weights are read."""
+    guided = first_guided(settings)
+    return load(settings.load, warmup=False, compile_cache=settings.compile_cache,
+                first=lambda pipe: compile_first(pipe, guided=guided))
 
 
 def first_guided(settings: Settings) -> bool:

@@ -72,21 +72,22 @@ def _fill(model: M, path: Path, raw_config: dict[str, Any], *, weights: TensorSo
     return load_into(model, source, rename=rename, component=label, deltas=deltas)
 
 
-def load_text_encoder(path: Path, precision: Precision, *, with_projection: bool,
-                      weights: TensorSource | None = None, loras: Sequence[LoRA] = ()) -> CLIPTextModel:
+def _text_encoder_config(path: Path, with_projection: bool) -> tuple[dict[str, Any], CLIPTextConfig]:
     raw = _config(path)
     config = CLIPTextConfig.from_dict(raw, with_projection=with_projection)
     if with_projection and not config.projection_dim:
         raise CheckpointError(f"{path}/config.json: projection_dim is required for text_encoder_2")
+    return raw, config
+
+
+def load_text_encoder(path: Path, precision: Precision, *, with_projection: bool,
+                      weights: TensorSource | None = None, loras: Sequence[LoRA] = ()) -> CLIPTextModel:
+    raw, config = _text_encoder_config(path, with_projection)
     model = nnx.eval_shape(lambda: CLIPTextModel(config, precision))
     return _fill(model, path, raw, weights=weights, rename=normalize_clip_name, loras=loras)
 
 
-def load_unet(path: Path, precision: Precision, weights: TensorSource | None = None,
-              loras: Sequence[LoRA] = ()) -> UNet2DConditionModel:
-    """The UNet of `path` (config.json and weights), or with `weights` another UNet of the same
-    architecture: in diffusers names (as SDXL-Lightning's UNets are published) or the single-file
-    layout (a whole single-file checkpoint's UNet included)."""
+def _unet_config(path: Path, weights: TensorSource | None) -> dict[str, Any]:
     raw = _config(path)
     if weights is not None:  # a single file has no config: its first convolution says what it takes
         key = "conv_in.weight"
@@ -94,6 +95,15 @@ def load_unet(path: Path, precision: Precision, weights: TensorSource | None = N
             key = PREFIXES["unet"] + "input_blocks.0.0.weight"
         if key in weights.keys() and (channels := weights.shape(key)[1]) != raw.get("in_channels", 4):
             raw["in_channels"] = channels  # (an inpainting UNet's 9, as diffusers' from_single_file infers it)
+    return raw
+
+
+def load_unet(path: Path, precision: Precision, weights: TensorSource | None = None,
+              loras: Sequence[LoRA] = ()) -> UNet2DConditionModel:
+    """The UNet of `path` (config.json and weights), or with `weights` another UNet of the same
+    architecture: in diffusers names (as SDXL-Lightning's UNets are published) or the single-file
+    layout (a whole single-file checkpoint's UNet included)."""
+    raw = _unet_config(path, weights)
     model = nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(raw), precision))
     return _fill(model, path, raw, weights=weights, loras=loras)
 
@@ -119,20 +129,62 @@ def load_models(model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtyp
     from `config` (a diffusers checkpoint's configs; default SDXL base 1.0's). `unet`: a UNet
     weights file to use instead of the checkpoint's (see `load_unet` and `resolve_file`). `loras`:
     "file[:scale]" specs or (file, scale) pairs fused into the weights (see `lora`)."""
-    root = config_root(model, config)
-    p = Precision.of(dtype, param_dtype, attention=attention)
-    file = None
-    if is_single_file(model):
-        path = resolve_file(model)
-        file = TensorSource([path])
-        check_single_file(file, path, COMPONENTS)
-    adapters = read_loras(loras)  # read (and refused) before any network is loaded
-    models = Models(text_encoder=load_text_encoder(root / "text_encoder", p, with_projection=False, weights=file,
-                                                 loras=adapters),
-                  text_encoder_2=load_text_encoder(root / "text_encoder_2", p, with_projection=True, weights=file,
-                                                   loras=adapters),
-                  unet=load_unet(root / "unet", p, TensorSource([resolve_file(unet)]) if unet is not None else file,
-                                 loras=adapters),
-                  vae=load_vae(root / "vae", p, weights=file, loras=adapters))
-    models.condition_channels  # noqa: B018 (refuses a UNet whose inputs are not supported, by name)
-    return models
+    checkpoint = Checkpoint.open(model, dtype=dtype, param_dtype=param_dtype, attention=attention, unet=unet,
+                                 config=config, loras=loras)
+    return checkpoint.fill(checkpoint.abstract())
+
+
+_RENAMES = {"text_encoder": normalize_clip_name, "text_encoder_2": normalize_clip_name, "unet": lambda k: k,
+            "vae": normalize_vae_name}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint opened (configs read, its files found and checked, LoRAs read) and no weight
+    read yet: `abstract()` gives its networks' shapes at once (all that compiling for them needs),
+    `fill()` reads their weights in; load_models does both, a server compiles between them."""
+    root: Path
+    precision: Precision
+    configs: dict[str, dict[str, Any]]  # each network's config.json (the UNet's inputs as its weights say)
+    weights: dict[str, TensorSource | None]  # each network's weights other than its directory's own
+    loras: tuple[LoRA, ...]
+
+    @classmethod
+    def open(cls, model: str | os.PathLike, *, dtype: str = "bfloat16", param_dtype: str | None = None,
+             attention: str = "auto", unet: str | os.PathLike | None = None, config: str | os.PathLike | None = None,
+             loras: Sequence[str | tuple] | None = None) -> Checkpoint:
+        """load_models' arguments, checked: a missing file, config or LoRA is refused here."""
+        root = config_root(model, config)
+        file = None
+        if is_single_file(model):
+            path = resolve_file(model)
+            file = TensorSource([path])
+            check_single_file(file, path, COMPONENTS)
+        adapters = tuple(read_loras(loras))  # read (and refused) before any network is loaded
+        weights = {name: file for name in _RENAMES}
+        if unet is not None:
+            weights["unet"] = TensorSource([resolve_file(unet)])
+        configs = {"text_encoder": _text_encoder_config(root / "text_encoder", False)[0],
+                   "text_encoder_2": _text_encoder_config(root / "text_encoder_2", True)[0],
+                   "unet": _unet_config(root / "unet", weights["unet"]), "vae": _config(root / "vae")}
+        return cls(root, Precision.of(dtype, param_dtype, attention=attention), configs, weights, adapters)
+
+    def abstract(self) -> Models:
+        """The four networks, shapes and dtypes only (nnx.eval_shape): nothing read, nothing on a device."""
+        p, c = self.precision, self.configs
+        models = Models(
+            text_encoder=nnx.eval_shape(lambda: CLIPTextModel(
+                CLIPTextConfig.from_dict(c["text_encoder"], with_projection=False), p)),
+            text_encoder_2=nnx.eval_shape(lambda: CLIPTextModel(
+                CLIPTextConfig.from_dict(c["text_encoder_2"], with_projection=True), p)),
+            unet=nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(c["unet"]), p)),
+            vae=nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(c["vae"]), p)))
+        models.condition_channels  # noqa: B018 (refuses a UNet whose inputs are not supported, by name)
+        return models
+
+    def fill(self, models: Models) -> Models:
+        """`models` (from abstract()) with their weights read in, in place, LoRAs fused."""
+        for name, rename in _RENAMES.items():
+            _fill(getattr(models, name), self.root / name, self.configs[name], weights=self.weights[name],
+                  rename=rename, loras=self.loras)
+        return models
