@@ -5,10 +5,11 @@ call runs, serves one text-to-image call at the first size, and compiles the res
     python benchmarks/first_image.py --architecture sdxl --sizes 1024x1024 --restart
     python benchmarks/first_image.py --model tiny --sizes 64x64,96x64 --restart --json
 
-Seconds from the process's start: "imports", "loaded" (the weights in), "ready" (the first call's
-programs compiled), "first image" (that call's images made), "everything" (every program of every
-size); with the seconds each program took to compile, and how many XLA compiled. --architecture: random weights
-of that architecture (what `bench --random-weights` runs); --model: the app's own loader.
+Seconds from the process's start: "imports", "loaded" (the weights in, while the first call's
+programs compile), "ready" (those programs compiled), "first image" (that call's images made),
+"everything" (every program of every size); with the seconds each program took to compile, and how
+many XLA compiled. --architecture: random weights of that architecture (what `bench --random-weights`
+runs); --model: the app's own loader.
 --restart starts the same measurement again in a new process on the programs the first stored
 (the compilation cache's directory, a temporary one unless --compile-cache names it).
 """
@@ -26,7 +27,9 @@ import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -40,9 +43,13 @@ class Lines(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.lines: list[str] = []
+        self.when: dict[str, Callable[[], Any]] = {}  # a message's start -> what to do as it is logged
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        for start, then in self.when.items():
+            if record.getMessage().startswith(start):
+                then()
         print(record.getMessage(), file=sys.stderr, flush=True)  # (kept in the log if the run fails later)
 
 
@@ -65,15 +72,15 @@ def measure(args: argparse.Namespace) -> dict:
     logging.getLogger("sdxl_tpu").addHandler(lines)
     logging.getLogger("sdxl_tpu").setLevel(logging.INFO)
     seconds: dict[str, float] = {}
+    lines.when["weights read in"] = lambda: seconds.setdefault("loaded", time.perf_counter() - START)
+    guided = first_guided(settings)
 
-    def loaded(pipe):  # (the weights in, nothing compiled yet)
-        seconds["loaded"] = time.perf_counter() - START
-        return pipe
+    def loader(s):  # the app's load_and_compile_first, random weights allowed
+        first = lambda pipe: compile_first(pipe, guided=guided)  # noqa: E731
+        if args.architecture:
+            return random_pipeline(args.architecture, s, first)
+        return load(s.load, warmup=False, compile_cache=s.compile_cache, first=first)
 
-    loader = lambda s: compile_first(loaded(  # noqa: E731 (the app's load_and_compile_first, timed between)
-        random_pipeline(args.architecture, s) if args.architecture else load(s.load, warmup=False,
-                                                                             compile_cache=s.compile_cache)),
-        guided=first_guided(s))
     images = tempfile.mkdtemp(prefix="sdxl-first-image-")
     server = Server(settings, loader=loader, images=ImageStore(Path(images)))
     seconds["imports"] = time.perf_counter() - START
@@ -98,8 +105,9 @@ def measure(args: argparse.Namespace) -> dict:
             "sizes": [format_size(s) for s in sizes], "platform": _platform()}
 
 
-def random_pipeline(architecture: str, settings):
-    """The app's pipeline with random weights of `architecture` (bench's), stored programs kept."""
+def random_pipeline(architecture: str, settings, first):
+    """The app's pipeline with random weights of `architecture` (bench's), stored programs kept;
+    `first(pipeline)` while the weights are made."""
     from sdxl_tpu.bench.random_weights import random_pipeline as random
     from sdxl_tpu.generate.loading import compute_dtype_for
     from sdxl_tpu.generate.stored_programs import ProgramStore
@@ -107,7 +115,7 @@ def random_pipeline(architecture: str, settings):
 
     o = settings.load
     precision = Precision.of(compute_dtype_for(o.dtype, o.compute_dtype), o.dtype, attention=o.attention)
-    return random(architecture, precision, sizes=o.sizes, images_per_call=o.images_per_call,
+    return random(architecture, precision, first, sizes=o.sizes, images_per_call=o.images_per_call,
                   step_progress=o.step_progress, program_store=ProgramStore.beside(settings.compile_cache))
 
 

@@ -13,6 +13,8 @@
 #   bash benchmarks/tpu.sh bench    # the pipeline: 1 image and 4 images a call, 1024x1024, 20 steps (~9 min)
 #   bash benchmarks/tpu.sh first-image  # a new server's time to its first image, cold and restarted from the
 #                                   # programs it stored (SIZES=1024x1024; in-process: no TCP sockets) (~7 min)
+#   bash benchmarks/tpu.sh compile  # one program's cold compile per attention setting (PROGRAMS=decode
+#                                   # ATTENTION=xla,auto IMAGES=1; program_compile.py) (~2-4 min)
 #   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
 #
 # Results: JSON files, log.txt (environment and logs) and summary.txt under $OUT (default benchmarks/out);
@@ -94,13 +96,17 @@ case "$MODE" in
     quick first-image "$PY" benchmarks/peak_memory.py "$PY" benchmarks/first_image.py --architecture "${ARCH:-sdxl}" \
         --sizes "${SIZES:-1024x1024}" --restart --json
     ;;
+  compile)
+    quick compile "$PY" benchmarks/program_compile.py --architecture "${ARCH:-sdxl}" --size "${SIZE:-1024x1024}" \
+        --images "${IMAGES:-1}" --programs "${PROGRAMS:-decode}" --attention "${ATTENTION:-xla,auto}" --json
+    ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
     JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/test_tpu.py \
         2>&1 | tee "$OUT/tests.log"
     ;;
   *)
-    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image or test"; exit 2 ;;
+    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image, compile or test"; exit 2 ;;
 esac
 
 "$PY" benchmarks/tpu_summary.py "$OUT" | tee "$OUT/summary.txt"

@@ -57,6 +57,10 @@ def main(out: Path) -> None:
                 print(f"{path.stem}: {row['block']:<70} {row['ms']:7.3f} ms{tiles}")
         elif "latency_s" in r:
             print("\n".join(bench_line(path.stem, r)))
+        elif "programs" in r and "size" in r:  # program_compile.py's
+            for row in r["programs"]:
+                print(f"{path.stem}: {row['program']:<18} attention {row['attention']:<5} lowered "
+                      f"{row['lower_s']:6.1f} s, compiled {row['compile_s']:6.1f} s ({r['size']}, {r['images']} a call)")
         elif "cold" in r or "this start" in r:  # first_image.py's
             from first_image import format_report
 

@@ -1,5 +1,6 @@
-"""benchmarks/tpu_quick.py, the chip's quick measurements, checked on the CPU: what it reports and
-how it sorts a program's operations by kind."""
+"""The chip's benchmark scripts, checked on the CPU before device time is spent on them:
+benchmarks/tpu_quick.py (what it reports, how it sorts a program's operations by kind) and
+first_image.py (a new server's start, in the order it happens)."""
 
 import json
 import subprocess
@@ -39,3 +40,23 @@ def test_one_unet_evaluation_reports_its_time_and_keeps_its_output(tmp_path):
     # --against: the dB of a later output against this one
     assert tpu_quick.psnr(out, out) == float("inf")
     assert 20 < tpu_quick.psnr(out, out + 0.01 * np.random.default_rng(0).standard_normal(out.shape)) < 80
+
+
+def test_first_image_reports_a_start_in_the_order_it_happens(tiny_checkpoint, compile_cache):
+    """first_image.py's in-process measurement, on the tiny model (JAX's cache of the session makes
+    the compiles quick): each moment of the start after the one before, every program named."""
+    import argparse
+
+    import first_image
+
+    args = argparse.Namespace(model=str(tiny_checkpoint), architecture=None, sizes="64x64", images=1,
+                              dtype="float32", steps=1, compile_cache=str(compile_cache))
+    report = first_image.measure(args)
+    s = report["seconds"]
+    assert 0 < s["imports"] <= s["ready"] < s["first_image"] <= s["everything"], s
+    assert s["imports"] < s["loaded"] <= s["ready"], s  # (the weights, read while the first programs compile)
+    assert report["sizes"] == ["64x64"] and report["platform"].startswith("cpu")
+    made = len(report["programs"]) + report["programs_loaded"]  # (compiled, from JAX's cache, or stored)
+    assert made >= 4 and {p["name"] for p in report["programs"]} <= {"encode", "encode_image", "noise", "init",
+                                                                        "denoise", "denoise_unguided", "decode"}
+    assert "first image" in first_image.format_report("cold", report)
