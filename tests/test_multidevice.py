@@ -151,7 +151,7 @@ print(json.dumps({"images_per_call": pipe.images_per_call, "calls_alone": calls_
                   "calls_together": batcher.calls - 5 - calls_alone, "equal": equal,
                   "seeds": [t.seeds for t in together], "compiles": counter.compiles,
                   "requests_per_call": Server(Settings(load=LoadOptions(model="tiny"))).concurrency,
-                  "lone_extra_ms": 1000 * (float(np.median(batched)) - float(np.median(direct)))}))
+                  "lone_extra_ms": 1000 * (min(batched) - min(direct))}))
 """
 
 
@@ -164,5 +164,7 @@ def test_eight_devices_serve_two_requests_in_one_call(simulated_host):
     assert report["calls_alone"] == 2 and report["calls_together"] == 1
     assert report["seeds"] == [[100, 101, 102, 103], [5, 6, 7, 8]]
     assert report["equal"] and report["compiles"] == 0
-    # A lone request does not wait for a partner beyond the batcher's bound (20 ms), plus noise.
+    # A lone request does not wait for a partner beyond the batcher's bound (20 ms). The fastest of
+    # five each way, not the median: another process on a 2-core machine delays some calls by tens
+    # of ms (a median's 63.8 ms failed once so), never the fastest of both by as much.
     assert report["lone_extra_ms"] < 60
