@@ -60,7 +60,8 @@ def main(out: Path) -> None:
         elif "programs" in r and "size" in r:  # program_compile.py's
             for row in r["programs"]:
                 print(f"{path.stem}: {row['program']:<18} attention {row['attention']:<5} lowered "
-                      f"{row['lower_s']:6.1f} s, compiled {row['compile_s']:6.1f} s ({r['size']}, {r['images']} a call)")
+                      f"{row['lower_s']:6.1f} s, compiled {row['compile_s']:6.1f} s "
+                      f"({r['size']}, {r['images']} a call)")
         elif "cold" in r or "this start" in r:  # first_image.py's
             from first_image import format_report
 
