@@ -821,7 +821,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
 
     class Loaded:  # what the loader hands over once "loaded" (nothing is generated here)
         sizes, images_per_call, tokenizers = [(64, 64)], 4, (None, None)
-        call_programs = staticmethod(lambda guided=True: ("encode", "noise", "denoise", "decode"))
+        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):

@@ -14,8 +14,9 @@ import pytest
 from sdxl_tpu import CompileCounter
 from sdxl_tpu.generate import compilation
 from sdxl_tpu.server.core import Server
-from sdxl_tpu.server.events import Done
+from sdxl_tpu.server.events import Done, Started
 from sdxl_tpu.server.files import ImageStore
+from sdxl_tpu.server.page_run import page_run
 from sdxl_tpu.server.settings import Settings
 from sdxl_tpu.spec.errors import RequestError
 from sdxl_tpu.spec.load import LoadOptions
@@ -83,6 +84,15 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
             updates = list(server.stream(FIELDS))
         assert isinstance(updates[-1], Done), updates[-1]
         assert counter.compiles == 0  # (what the first image ran was all compiled; the rest still waits)
+        assert isinstance(updates[0], Started) and not updates[0].compiling
+        # A run of another kind (guidance 1: the unguided loop, still waiting to compile) says so at its
+        # start, and the page's run panel tells the person why nothing moves yet.
+        unguided = server.stream({**FIELDS, "guidance": 1.0})
+        announced = next(unguided)
+        unguided.close()  # (nothing submitted: the run is checked, then the stream closed)
+        assert isinstance(announced, Started) and announced.compiling
+        panel = next(page_run([announced], FIELDS, []))["panel"]
+        assert "waiting for its programs to compile" in str(panel)
         first_image.set()
 
         # Guidance 1 runs the unguided loop: the background compiles it too; this call waits for

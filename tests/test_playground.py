@@ -191,7 +191,7 @@ def test_default_schedule_and_noise_source_settings(capsys):
 def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with_the_sampler_that_runs():
     class FakePipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
-        call_programs = staticmethod(lambda guided=True: ("encode", "noise", "denoise", "decode"))
+        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         model_name, samplers, default_sampler = "fake", {"Euler": None, "DDIM": None}, "DDIM"
         max_prompt_chunks = 3
 
@@ -266,7 +266,7 @@ def test_token_count_says_what_each_lora_tag_does_here(tiny_checkpoint):
 
     class Loaded:
         sizes, images_per_call, tokenizers = SIZES, 4, (load_tokenizers(tiny_checkpoint)[0], None)
-        call_programs = staticmethod(lambda guided=True: ("encode", "noise", "denoise", "decode"))
+        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -303,7 +303,7 @@ def test_server_warm_up_states_and_errors():
         sizes = SIZES
         images_per_call = 4
         tokenizers = (None, None)
-        call_programs = staticmethod(lambda guided=True: ("encode", "noise", "denoise", "decode"))
+        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
         max_prompt_chunks = 3
 
@@ -340,7 +340,7 @@ def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint
 
     class Loaded:  # the model as the server sees it once loaded: its tokenizers (nothing is generated here)
         sizes, images_per_call, tokenizers = SIZES, 4, (tokenizer, None)
-        call_programs = staticmethod(lambda guided=True: ("encode", "noise", "denoise", "decode"))
+        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -407,7 +407,7 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
 
     class SlowPipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
-        call_programs = staticmethod(lambda guided=True: ("encode", "noise", "denoise", "decode"))
+        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
         max_prompt_chunks = 3
 

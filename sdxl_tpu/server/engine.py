@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..spec.request import Request
 from .events import Ended, Preview, Progress
 from .offer import Offer
 
@@ -100,6 +101,9 @@ class Engine(Protocol):
 
     def compile(self, size: Size) -> None:
         """Compile what `size` still lacks (blocking; the background's)."""
+
+    def waits_for_compile(self, request: Request) -> bool:
+        """Whether `request`'s first pass needs a program not compiled yet (it waits for it)."""
 
     def compiles(self) -> int:
         """XLA compilations in this process since it started (0 where nothing compiles)."""

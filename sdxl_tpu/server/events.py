@@ -15,9 +15,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Started:
-    """The request is checked: the seeds it will make, its denoising steps."""
+    """The request is checked: the seeds it will make, its denoising steps, and whether it waits
+    for a program still compiling (the first call of its kind at its size on a new server)."""
     seeds: list[int]
     steps: int
+    compiling: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from ..spec.errors import CompileError, GenerationError, RequestError
 from ..spec.images import encode_all
 from ..spec.infotext import parameters_text
 from ..spec.names import schedule_used
-from ..spec.request import GenerationResult, Request
+from ..spec.request import GenerationResult, Request, guided
 from ..spec.values import format_size
 from .batcher import Batcher, Job
 from .engine import Generated, Report, Ticket
@@ -124,6 +124,13 @@ class LocalEngine:
         if self.pipeline is None:
             return []
         return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size)]
+
+    def waits_for_compile(self, request: Request) -> bool:
+        if self.pipeline is None:
+            return False
+        infos = request.images(request.count or self.pipeline.images_per_call)
+        names = self.pipeline.call_programs(guided=guided(infos), image=request.image is not None)
+        return not self.pipeline.is_compiled(request.size, names)
 
     def compile(self, size: tuple[int, int]) -> None:
         """Compile `size`'s programs still missing; the first call loads every program still

@@ -15,6 +15,10 @@ from .page import run_panel, running_text, stopped_summary
 from .sampler_menu import request_pair
 
 GENERATE = "Generate"
+# A run that waits for a program still compiling behind the first call's (img2img, guidance 1 or
+# another size, first of its kind on a new server): minutes on a TPU, said rather than sat through.
+WAITS_FOR_COMPILE = ("Generating · the first run of its kind at this size on this server: waiting for its "
+                     "programs to compile (a few minutes on a TPU, once)")
 
 
 def idle() -> dict[str, Any]:
@@ -42,7 +46,8 @@ def page_run(updates: Iterable[Started | Progress | Shown | Done], values: Mappi
             yield dict(gallery=[], last_seeds=seeds, last_images=[], picked=None, run_state="running",
                        run_at={"seeds": seeds, "step": 0, "steps": steps}, run=f"Generating 0/{steps}",
                        summary=f"Generating {len(seeds)} images, {steps} steps. Seeds: {', '.join(map(str, seeds))}.",
-                       panel=run_panel("running", "Generating · encoding the prompts", 0, steps))
+                       panel=run_panel("running", WAITS_FOR_COMPILE if update.compiling
+                                       else "Generating · encoding the prompts", 0, steps))
         elif isinstance(update, Progress):
             step, steps = update.step, update.steps
             yield dict(panel=run_panel("running", running_text(step, steps, time.monotonic() - began), step, steps),

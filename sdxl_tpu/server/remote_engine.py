@@ -71,6 +71,9 @@ class RemoteEngine:
             return f"at {self.settings.backend}: {e}"
         return None
 
+    def waits_for_compile(self, request: Request) -> bool:  # (a back end offers only what it has compiled)
+        return False
+
     def compile(self, size: tuple[int, int]) -> None:  # (nothing compiles here)
         pass
 
