@@ -11,7 +11,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 
 from ..spec.errors import Cancelled, RequestError
-from ..spec.fields import FIELDS as FORM_FIELDS
+from ..spec.fields import FIELDS
 from ..spec.image_input import MAX_BASE64_CHARS
 from ..spec.images import FORMATS
 from ..spec.infotext import parse as parse_parameters, request_fields, usable
@@ -21,11 +21,11 @@ from ..spec.values import json_type, shown
 from .batcher import QueueFull, ShuttingDown, StillCompiling
 from .core import Server
 
-# The form's fields by their API names (spec/fields.py), an A1111 parameters text, whether a mask
-# comes blurred already (a front end forwards its requests' masks so: remote.request_json), how
-# many images to make (left out: as many as a call makes) and their file format (left out: the
-# server's --image-format).
-FIELDS = (*(f.api for f in FORM_FIELDS if f.api), "mask_blurred", "parameters", "count", "format")
+# A generation's JSON keys: the form's fields by their API names (spec/fields.py), an A1111
+# parameters text, whether a mask comes blurred already (a front end forwards its requests' masks
+# so: remote.request_json), how many images to make (left out: as many as a call makes) and their
+# file format (left out: the server's --image-format).
+JSON_KEYS = (*(f.api for f in FIELDS if f.api), "mask_blurred", "parameters", "count", "format")
 # The longest fields as json.dumps escapes them (12 bytes for an emoji): two styled prompts of some
 # 20,300 characters (a front end's request), about 490 kB, or a parameters text of 60,000 (720 kB);
 # and a starting image and its mask of at most 16 MB each, as base64.
@@ -83,9 +83,9 @@ def parse_request(body: bytes, server: Server) -> tuple[Request, list[str], str 
     what an A1111 `parameters` text said that is not used (see `checked_request`), and the file
     format asked for (None: the server's)."""
     data = json_body(body)
-    unknown = [key for key in data if key not in FIELDS]
+    unknown = [key for key in data if key not in JSON_KEYS]
     if unknown:
-        raise Refused(422, f"Unknown field {shown(unknown[0])}; the fields are: {', '.join(FIELDS)}.")
+        raise Refused(422, f"Unknown field {shown(unknown[0])}; the fields are: {', '.join(JSON_KEYS)}.")
     image_format = data.pop("format", None)
     if image_format is not None and (not isinstance(image_format, str) or image_format not in FORMATS):
         raise Refused(422, f"The field 'format' must be one of {', '.join(FORMATS)}, got {shown(image_format)}.")
@@ -110,7 +110,7 @@ def checked_request(data: dict[str, Any], server: Server) -> tuple[Request, list
     # Left out (an optional field: or null), the server's default; a random seed; no negative prompt.
     fallback = {**offer.defaults(), "negative": "", "seed": None}
     given = {f.api: fallback.get(f.name) if f.api not in data or (f.optional and data[f.api] is None) else data[f.api]
-             for f in FORM_FIELDS if f.api and f.api != "prompt"}
+             for f in FIELDS if f.api and f.api != "prompt"}
     return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers, mask_blurred=blurred,
                       count=data.get("count"), max_chars=MAX_STYLED_PROMPT_CHARS), notes
 
