@@ -136,7 +136,7 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
         draws = [host.draw() if host and needed else zeros
                  for needed in (encodes_image, latents is None, inpainting_unet)]
         encode = lambda source, masked, draw, stream: programs["encode_image"](
-            pipe.params["vae"], put(pipe.filled(source.pixels)), masked, seeds, draw, put(own), pipe.stream(stream))
+            pipe.params["vae"], put(pipe.filled(source.pixels)), masked, seeds, draw, put(own), pipe.key_stream(stream))
         mask, masked_image = pipe.zeros((h, w, 1)), zeros
         if begin is not None or inpainting_unet:
             jax.block_until_ready((context, pooled))  # (timed apart: what an image adds to a call)

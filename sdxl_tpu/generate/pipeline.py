@@ -157,7 +157,7 @@ class Pipeline:
         return jax.device_put(np.zeros((self.images_per_call, *shape), dtype), self.batch_sharding)
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 (two, for the pipeline's life)
-    def stream(self, stream: int) -> jax.Array:
+    def key_stream(self, stream: int) -> jax.Array:
         """A stream of the seeds' keys (sampling.ENCODE_STREAM ...), as the programs take it."""
         return jax.device_put(np.uint32(stream), self.replicated)
 
