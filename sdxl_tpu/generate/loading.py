@@ -74,6 +74,7 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Dev
     name = Path(o.model).stem if single else o.model
     if o.unet is not None:
         name += f" + {Path(o.unet).stem}"
+    model_name = name  # (what A1111's "Model:" says: the LoRAs are named in their own field)
     for spec in o.loras:
         path, scale = lora_spec(spec)
         name += f" + {lora_name(path)}" + (f":{scale:g}" if scale != 1 else "")
@@ -85,7 +86,7 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Dev
     with_weights(pipe, lambda: checkpoint.fill(models), first)
     # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
     # hashing them is quick).
-    stamp = Stamp(name, file_hash(resolve_file(o.model), 10) if single else None)
+    stamp = Stamp(model_name, file_hash(resolve_file(o.model), 10) if single else None)
     for spec in o.loras:
         path, scale = lora_spec(spec)
         stamp = dataclasses.replace(stamp, loras=stamp.loras + ((lora_name(path), scale,
