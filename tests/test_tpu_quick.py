@@ -42,14 +42,15 @@ def test_one_unet_evaluation_reports_its_time_and_keeps_its_output(tmp_path):
     assert 20 < tpu_quick.psnr(out, out + 0.01 * np.random.default_rng(0).standard_normal(out.shape)) < 80
 
 
-def test_first_image_reports_a_start_in_the_order_it_happens(tiny_checkpoint, compile_cache):
-    """first_image.py's in-process measurement, on the tiny model (JAX's cache of the session makes
-    the compiles quick): each moment of the start after the one before, every program named."""
+def test_first_image_reports_a_start_in_the_order_it_happens(tiny_checkpoint, tiny_pipeline, compile_cache):
+    """first_image.py's in-process measurement, on the tiny model (the programs tiny_pipeline put in
+    JAX's cache of the session make the compiles quick): each moment of the start after the one
+    before, every program named."""
     import argparse
 
     import first_image
 
-    args = argparse.Namespace(model=str(tiny_checkpoint), architecture=None, sizes="64x64", images=1,
+    args = argparse.Namespace(model=str(tiny_checkpoint), architecture=None, sizes="64x64", images=4,
                               dtype="float32", steps=1, compile_cache=str(compile_cache))
     report = first_image.measure(args)
     s = report["seconds"]
