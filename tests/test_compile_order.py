@@ -185,3 +185,28 @@ def test_a_preset_without_guidance_compiles_the_unguided_loop_first(tiny_checkpo
         assert sorted(started) == ["decode", "denoise_unguided", "encode", "noise"], started
     finally:
         end(server)
+
+
+def test_weights_that_do_not_fit_are_refused_before_anything_compiles(tiny_checkpoint, tmp_path, monkeypatch):
+    """The first programs compile while the weights are read, but a checkpoint whose tensors do not
+    fit the networks is refused from the files' headers first: at once, naming the tensor, and
+    with no compile left running behind the error (minutes on a TPU, and a thread inside XLA)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    (file,) = (broken / "vae").glob("*.safetensors")
+    tensors = load_file(file)
+    name = next(k for k, v in tensors.items() if k.endswith(".bias") and v.size > 1)
+    tensors[name] = tensors[name][:-1]
+    save_file(tensors, file)
+    compiled: list[str] = []
+    monkeypatch.setattr(compilation, "compile_program",
+                        lambda name, lowered: (compiled.append(name), pytest.fail("compiled"))[1])
+    server = Server(Settings(load=LoadOptions(model=str(broken), dtype="float32", sizes=SIZES[:1]), compile_cache=None),
+                    images=ImageStore(tmp_path / "images"))
+    server.warmup.load()
+    assert server.warmup.status == "error" and "wrong shape" in server.warmup.error and name in server.warmup.error
+    assert compiled == [] and server.in_flight() == []

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Dev
     checkpoint = Checkpoint.open(o.model if single else root, dtype=compute_dtype_for(o.dtype, o.compute_dtype),
                                  param_dtype=o.dtype, attention=o.attention, unet=o.unet, config=root, loras=o.loras)
     models = checkpoint.abstract()
+    checkpoint.check(models)  # (a mismatch said at once, not after minutes of compiling beside it)
     index = dict(read_json(root / "model_index.json")) if (root / "model_index.json").is_file() else {}
     samplers, default_sampler = load_samplers(root, o.timestep_spacing, o.prediction_type)
     name = Path(o.model).stem if single else o.model
@@ -102,7 +103,8 @@ def with_weights(pipe: Pipeline, weights: Callable[[], Models], first: Callable[
     """`pipe`, built from abstract networks, given the networks `weights()` reads; `first(pipe)`
     meanwhile in a thread of its own (compiling needs the networks' shapes alone: on a new TPU
     replica the weights' seconds hide behind the first programs' minutes). A failure of either is
-    raised: the weights' at once (a compile cannot be stopped: it ends unused), `first`'s after."""
+    raised, the weights' first (once `first` has ended: a compile cannot be stopped, and no thread
+    may be inside XLA when the process ends; Checkpoint.check refuses a mismatch before)."""
     compiling: Future = Future()
 
     def run() -> None:
@@ -114,8 +116,12 @@ def with_weights(pipe: Pipeline, weights: Callable[[], Models], first: Callable[
     if first is not None:
         threading.Thread(target=run, name="compile-while-loading", daemon=True).start()
     start = time.perf_counter()
-    pipe.take_weights(weights())
-    log.info("weights read in %.1f s", time.perf_counter() - start)
+    try:
+        pipe.take_weights(weights())
+        log.info("weights read in %.1f s", time.perf_counter() - start)
+    finally:  # (a failure too waits: no thread may be inside XLA when the process ends)
+        if first is not None:
+            wait([compiling])
     if first is not None:
         compiling.result()
     return pipe

@@ -18,8 +18,8 @@ from ..spec.names import SDXL_BASE
 from .hub import COMPONENTS, resolve, resolve_file
 from .lora import LoRA, combined_deltas, read_loras
 from .single_file import PREFIXES, SingleFileView, check_single_file, in_single_file_layout
-from .tensors import (CheckpointError, TensorSource, load_into, normalize_clip_name, normalize_vae_name, read_json,
-                      torch_shapes, weight_files)
+from .tensors import (CheckpointError, TensorSource, check_tensors, load_into, normalize_clip_name,
+                      normalize_vae_name, read_json, torch_shapes, weight_files)
 
 M = TypeVar("M", bound=nnx.Module)
 
@@ -60,16 +60,21 @@ def _fill(model: M, path: Path, raw_config: dict[str, Any], *, weights: TensorSo
     """Load the weights of an abstract model: the component directory's own, or those of
     `weights` (a file in diffusers names, or in the single-file layout: then its part of it);
     with `loras` fused in."""
-    component, shapes = path.name, torch_shapes(model)
+    source, rename, label = _source(model, path, raw_config, weights, rename)
+    deltas = combined_deltas(list(loras), path.name, torch_shapes(model), raw_config) if loras else None
+    return load_into(model, source, rename=rename, component=label, deltas=deltas)
+
+
+def _source(model: nnx.Module, path: Path, raw_config: dict[str, Any], weights: TensorSource | None,
+            rename: Callable[[str], str]) -> tuple[TensorSource, Callable[[str], str], str]:
+    """Where a network's weights are (see _fill), the names' mapping, and its name in messages."""
+    component = path.name
     label = component if weights is None else f"{component} ({Path(weights.files[0]).name})"
     if weights is None:
-        source = TensorSource(weight_files(path))
-    elif in_single_file_layout(weights, component):
-        source, rename = SingleFileView(weights, component, shapes, raw_config), lambda k: k
-    else:
-        source = weights
-    deltas = combined_deltas(list(loras), component, shapes, raw_config) if loras else None
-    return load_into(model, source, rename=rename, component=label, deltas=deltas)
+        return TensorSource(weight_files(path)), rename, label
+    if in_single_file_layout(weights, component):
+        return SingleFileView(weights, component, torch_shapes(model), raw_config), lambda k: k, label
+    return weights, rename, label
 
 
 def _text_encoder_config(path: Path, with_projection: bool) -> tuple[dict[str, Any], CLIPTextConfig]:
@@ -181,6 +186,15 @@ class Checkpoint:
             vae=nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(c["vae"]), p)))
         models.condition_channels  # noqa: B018 (refuses a UNet whose inputs are not supported, by name)
         return models
+
+    def check(self, models: Models) -> None:
+        """Whether the weights hold exactly `models`' (from abstract()) tensors in their shapes,
+        from the files' headers alone: a mismatch is refused (CheckpointError, naming them) before
+        anything is read or compiled."""
+        for name, rename in _RENAMES.items():
+            source, rename, label = _source(getattr(models, name), self.root / name, self.configs[name],
+                                            self.weights[name], rename)
+            check_tensors(getattr(models, name), source, rename=rename, component=label)
 
     def fill(self, models: Models) -> Models:
         """`models` (from abstract()) with their weights read in, in place, LoRAs fused."""

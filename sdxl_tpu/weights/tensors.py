@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import jax
 import ml_dtypes
@@ -117,24 +117,7 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
     (by PyTorch name, in PyTorch layout: fused LoRA updates) are added in float32. Weights are
     placed on the default device as stored, then cast to each parameter's dtype there.
     """
-    by_name = {torch_name(path): (path, var) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-    ckpt = {}
-    for key in source.keys():
-        if _IGNORED_TENSORS.search(key):
-            continue
-        ckpt[rename(key)] = key
-    expected = {name: _torch_shape(path, tuple(var.get_value().shape)) for name, (path, var) in by_name.items()}
-    missing = sorted(source.label(name) for name in set(expected) - set(ckpt))
-    unexpected = sorted(source.label(ckpt[name]) for name in set(ckpt) - set(expected))
-    wrong = sorted(f"{source.label(ckpt[name])} (checkpoint {source.shape(ckpt[name])}, model {expected[name]})"
-                   for name in set(expected) & set(ckpt) if source.shape(ckpt[name]) != expected[name])
-    problems = []
-    for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
-        if names:
-            shown = ", ".join(names[:10]) + (f", ... ({len(names)} in all)" if len(names) > 10 else "")
-            problems.append(f"{label}: {shown}")
-    if problems:
-        raise CheckpointError(f"{component} checkpoint does not match the model: " + "; ".join(problems))
+    by_name, ckpt = check_tensors(model, source, rename=rename, component=component)
     with _Layouts() as layouts:
         group: list[tuple[nnx.Variable, np.ndarray, Callable[[jax.Array], jax.Array] | None]] = []
         group_bytes = 0
@@ -153,6 +136,32 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
                 group, group_bytes = [], 0
         _place(group)
     return model
+
+
+def check_tensors(model: nnx.Module, source: TensorSource, *, rename: Callable[[str], str] = lambda k: k,
+                  component: str = "model") -> tuple[dict[str, tuple[Any, nnx.Variable]], dict[str, str]]:
+    """Whether `source` holds exactly `model`'s parameters in their shapes (names and shapes alone:
+    nothing read); raises CheckpointError naming the tensors missing, unexpected or of the wrong
+    shape. Returns the parameters by PyTorch name, and the checkpoint's key of each."""
+    by_name = {torch_name(path): (path, var) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    ckpt = {}
+    for key in source.keys():
+        if _IGNORED_TENSORS.search(key):
+            continue
+        ckpt[rename(key)] = key
+    expected = {name: _torch_shape(path, tuple(var.get_value().shape)) for name, (path, var) in by_name.items()}
+    missing = sorted(source.label(name) for name in set(expected) - set(ckpt))
+    unexpected = sorted(source.label(ckpt[name]) for name in set(ckpt) - set(expected))
+    wrong = sorted(f"{source.label(ckpt[name])} (checkpoint {source.shape(ckpt[name])}, model {expected[name]})"
+                   for name in set(expected) & set(ckpt) if source.shape(ckpt[name]) != expected[name])
+    problems = []
+    for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
+        if names:
+            shown = ", ".join(names[:10]) + (f", ... ({len(names)} in all)" if len(names) > 10 else "")
+            problems.append(f"{label}: {shown}")
+    if problems:
+        raise CheckpointError(f"{component} checkpoint does not match the model: " + "; ".join(problems))
+    return by_name, ckpt
 
 
 # Tensors travel to the device as the file holds them, in groups of about this many bytes (few
