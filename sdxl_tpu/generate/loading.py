@@ -3,7 +3,6 @@ samplers and the names its images' parameters will carry, then compiled for its 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -75,10 +74,9 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Dev
     name = Path(o.model).stem if single else o.model
     if o.unet is not None:
         name += f" + {Path(o.unet).stem}"
+    loras = [(lora_name(path), scale, path) for path, scale in map(lora_spec, o.loras)]
     model_name = name  # (what A1111's "Model:" says: the LoRAs are named in their own field)
-    for spec in o.loras:
-        path, scale = lora_spec(spec)
-        name += f" + {lora_name(path)}" + (f":{scale:g}" if scale != 1 else "")
+    name += "".join(f" + {lora}" + (f":{scale:g}" if scale != 1 else "") for lora, scale, _ in loras)
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=o.sizes,
                     images_per_call=o.images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
@@ -87,12 +85,8 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Dev
     with_weights(pipe, lambda: checkpoint.fill(models), first)
     # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
     # hashing them is quick).
-    stamp = Stamp(model_name, file_hash(resolve_file(o.model), 10) if single else None)
-    for spec in o.loras:
-        path, scale = lora_spec(spec)
-        stamp = dataclasses.replace(stamp, loras=stamp.loras + ((lora_name(path), scale,
-                                                                 file_hash(resolve_file(path), 12)),))
-    pipe.stamp = stamp
+    pipe.stamp = Stamp(model_name, file_hash(resolve_file(o.model), 10) if single else None,
+                       loras=tuple((lora, scale, file_hash(resolve_file(path), 12)) for lora, scale, path in loras))
     if warmup:
         pipe.warmup()
     return pipe
@@ -109,19 +103,16 @@ def with_weights(pipe: Pipeline, weights: Callable[[], Models], first: Callable[
 
     def run() -> None:
         try:
-            compiling.set_result(first(pipe))
+            compiling.set_result(first(pipe) if first is not None else None)
         except BaseException as e:  # noqa: BLE001 (raised below, in the caller's thread)
             compiling.set_exception(e)
 
-    if first is not None:
-        threading.Thread(target=run, name="compile-while-loading", daemon=True).start()
+    threading.Thread(target=run, name="compile-while-loading", daemon=True).start()
     start = time.perf_counter()
     try:
         pipe.take_weights(weights())
         log.info("weights read in %.1f s", time.perf_counter() - start)
     finally:  # (a failure too waits: no thread may be inside XLA when the process ends)
-        if first is not None:
-            wait([compiling])
-    if first is not None:
-        compiling.result()
+        wait([compiling])
+    compiling.result()
     return pipe
