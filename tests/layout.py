@@ -119,8 +119,8 @@ def module_map() -> str:
         for path in sorted(folder.glob("*.py")):
             if path.name != "__init__.py":
                 lines.append(f"- `{path.name}`: {summary(path)}")
-    lines += ["", "Besides the package: `app.py` (the Gradio page: UI and wiring), `tests/`, `benchmarks/`,",
-              "`deploy/` (Docker and Kubernetes), `docs/`.", ""]
+    lines += ["", "Besides the package: `app.py` (the Space's entry point: runs server/playground.py), `tests/`,",
+              "`benchmarks/`, `deploy/` (Docker and Kubernetes), `docs/`.", ""]
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "gui
 CALLS = {"generate": GENERATE, "generate_in_page": GENERATE + [[RUN]]}
 HISTORY = len(GENERATE)  # (its position)
 FIELDS = list(FORM)  # the form's fields, in the order /generate takes them
-OWN_SOURCE = "def build_demo(server: Server)"  # a line of app.py: must never be served
+OWN_SOURCE = "from sdxl_tpu.server.playground import build_app"  # a line of app.py: must never be served
 
 
 def _png_html() -> bytes:

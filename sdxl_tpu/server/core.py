@@ -45,7 +45,7 @@ def engine_for(settings: Settings, on_call: Callable[[dict[str, float] | None], 
 
 class Server:
     """A server: its settings, engine (from `loader`, for a test, a stand-in for the model's
-    loading), warm-up, metrics and where its images are written (`images`: app.py's, in Gradio's
+    loading), warm-up, metrics and where its images are written (`images`: the playground's, in Gradio's
     cache folder; else a temporary folder). `max_waiting` bounds the engine's queue (the back end's;
     the playground's web server has a bounded queue of its own)."""
 
@@ -59,7 +59,7 @@ class Server:
         self.engine = engine_for(settings, self.metrics.count_call, loader, max_waiting)
         self.warmup = Warmup(self.engine, provisional(settings), on_ready=lambda ready: self.metrics.ready.set(ready))
         self._images = images
-        self.uploads: Uploads | None = None  # what people upload to the page (app.py's; None: no uploads)
+        self.uploads: Uploads | None = None  # what people upload to the page (the playground's; None: no uploads)
 
     @property
     def images(self) -> ImageStore:

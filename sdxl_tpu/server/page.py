@@ -1,6 +1,6 @@
 """What the playground page shows besides its widgets: size labels, a style's description, which
 preset the form matches, a pasted parameters text, the run panel (the history: history.py). Pure
-functions of what a client sent (any JSON value), so app.py stays wiring and every rule here is
+functions of what a client sent (any JSON value), so the page's events stay wiring and every rule here is
 tested without a browser."""
 
 from __future__ import annotations

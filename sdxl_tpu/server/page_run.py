@@ -1,5 +1,5 @@
 """A run as the page shows it: from the server's stream of updates (core.Server.stream) to what
-changes on the page, by name (app.py maps the names to its components): the gallery, the line
+changes on the page, by name (page_events.py maps the names to its components): the gallery, the line
 under it, the run panel, the Generate button's label, the run's state and where it is, the
 history and the last run the browser keeps. Stop and a refusal, likewise."""
 

@@ -5,8 +5,8 @@ field by its label; the history keeps the fields marked HISTORY; the back end's 
 PASTED, read from its `infotext` key.
 
 To add a field: one entry here (at the end, optional: older /generate callers leave it out), its
-input in app.py's layout, and what it means to a Request. Every field but the prompt is optional:
-a client may send the prompt alone (the JavaScript client sends null for what it leaves out).
+input in the page's layout (server/page_layout.py), and what it means to a Request. Every field but
+the prompt is optional: a client may send the prompt alone (the JavaScript client sends null for what it leaves out).
 """
 
 from __future__ import annotations

@@ -1,0 +1,228 @@
+"""The playground's layout: its Gradio components in the order a person reads them (the form, the
+results, then examples, pasted parameters and the history), each field's widget with its label,
+limits and default from spec/fields.py. What they do when used is page_events.py's."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from ..spec.fields import FIELD, FIELDS, FORM
+from ..spec.styles import STYLES
+from .core import Server
+from .form import EXAMPLES
+from .history import HISTORY_HEADERS, HISTORY_PER_PAGE
+from .page import CUSTOM, RNG_INFO, SCHEDULE_INFO, form_defaults, run_panel, size_choices, style_description
+from .page_run import GENERATE
+from .sampler_menu import menu_samplers, schedule_menu
+
+WARMING_UP = "Warming up…"
+
+
+@dataclass(frozen=True)
+class Page:
+    """The components the page's events read or update, by what they are."""
+    status: gr.Markdown
+    prompt: gr.Textbox
+    tokens: gr.Markdown
+    run: gr.Button
+    stop: gr.Button
+    read_prompt: gr.Button
+    form_note: gr.Markdown
+    size: gr.Dropdown
+    preset: gr.Dropdown
+    sampler: gr.Dropdown
+    schedule: gr.Dropdown
+    steps: gr.Slider
+    guidance: gr.Slider
+    seed: gr.Number
+    reuse: gr.Button
+    image_panel: gr.Accordion
+    image: gr.Image
+    painter: gr.ImageEditor
+    mask: gr.Image
+    outpaint: gr.Button
+    style: gr.Dropdown
+    style_info: gr.Markdown
+    rng: gr.Dropdown
+    offered: gr.Textbox
+    panel: gr.HTML
+    use_seed: gr.Button
+    use_image: gr.Button
+    use_hires: gr.Button
+    gallery: gr.Gallery
+    summary: gr.Markdown
+    examples: gr.Dataset
+    pasted: gr.Textbox
+    png_info_image: gr.Image
+    use_pasted: gr.Button
+    paste_notes: gr.Markdown
+    history: gr.BrowserState
+    kept_run: gr.BrowserState
+    history_table: gr.Dataset
+    inputs: dict[str, Any]  # the form's fields' widgets, by field name (their element ids)
+    form: list[Any]  # the same in the form's order (spec/fields.py's FORM): every run takes them so
+
+
+def lay_out(demo: gr.Blocks, server: Server) -> Page:
+    """The page's components, made inside `demo`. The page is built before the model is loaded (or
+    a front end's back ends answer): its menus and defaults are refreshed from what the model offers
+    once it does (page_events.py's `model_menus`)."""
+    offer, ready = server.offer, server.ready
+    start = form_defaults(offer)
+    label = lambda name: FIELD[name].label
+    with gr.Row(elem_id="top"):
+        gr.Markdown("# Stable Diffusion XL, served from JAX", elem_id="title")
+        status = gr.Markdown(server.warmup.status_line, elem_id="status")
+    with gr.Row(equal_height=False, elem_id="layout"):
+        # The main controls, in view without opening anything (as A1111's txt2img tab has them).
+        with gr.Column(min_width=0, elem_id="form"):
+            prompt = gr.Textbox(label=label("prompt"), placeholder="Describe the image (Ctrl+Enter generates)",
+                                lines=3, max_lines=8, elem_id="prompt")
+            tokens = gr.Markdown(server.token_count(""), elem_id="token-count")
+            gr.Textbox(label=label("negative"), placeholder="What to leave out", max_lines=3,
+                                  elem_id="negative")
+            with gr.Row():
+                run = gr.Button(GENERATE if ready else WARMING_UP, variant="primary", interactive=ready, scale=3,
+                                min_width=120, elem_id="generate")
+                stop = gr.Button("Stop", variant="stop", interactive=False, scale=1, min_width=70, elem_id="stop")
+                read_prompt = gr.Button("↙️", scale=0, min_width=44, elem_id="read-parameters")
+            form_note = gr.Markdown("", elem_id="form-note")
+            with gr.Row():
+                sizes = size_choices(server.warmup.ready_sizes)
+                # (min_width: two to a row on a desktop, one on a phone, where the labels are long)
+                size = gr.Dropdown(sizes, value=sizes[0][1] if sizes else None, label=label("size"),
+                                   min_width=220, elem_id="size")
+                preset = gr.Dropdown([*preset_names(server), CUSTOM], label="Preset", elem_id="preset",
+                                     value=start["preset"], min_width=220)
+            with gr.Row():
+                sampler = gr.Dropdown(menu_samplers(offer.samplers), value=start["sampler"],
+                                      label=label("sampler"), min_width=220, elem_id="sampler")
+                schedule = gr.Dropdown(schedule_menu(start["sampler"], offer.samplers, offer.schedules),
+                                       value=start["schedule"], label=label("schedule"), min_width=220,
+                                       elem_id="schedule")
+            with gr.Row():
+                steps = gr.Slider(*FIELD["steps"].limits, value=start["steps"], step=1, label=label("steps"),
+                                  elem_id="steps")
+                guidance = gr.Slider(*FIELD["guidance"].limits, value=start["guidance"], step=0.1,
+                                     label=label("guidance"), elem_id="guidance")
+            with gr.Row(elem_id="seed-row"):
+                seed = gr.Number(label=f"{label('seed')} (-1: random)", value=-1, precision=0,
+                                 minimum=FIELD["seed"].limits[0], maximum=FIELD["seed"].limits[1], scale=4,
+                                 elem_id="seed")
+                gr.Button("🎲", scale=0, min_width=44, elem_id="random-seed").click(
+                    None, outputs=[seed], js="() => -1")
+                reuse = gr.Button("♻️", scale=0, min_width=44, elem_id="reuse-seed")
+            # img2img, as A1111's tab has it: the image (dropped, pasted or from the webcam), how far
+            # from it, how it fits the size. Uploads are read only for a run (server/uploads.py).
+            with gr.Accordion("Start from an image", open=False, elem_id="image-panel") as image_panel:
+                image = gr.Image(label=label("image"), type="filepath", sources=["upload", "clipboard", "webcam"],
+                                 height=220, elem_id="image")
+                with gr.Row():
+                    gr.Slider(*FIELD["strength"].limits, value=FIELD["strength"].default, step=0.01,
+                              label=label("strength"), min_width=220, elem_id="strength")
+                    gr.Radio(list(FIELD["resize_mode"].choices), value=FIELD["resize_mode"].default,
+                             label=label("resize_mode"), min_width=220, elem_id="resize_mode")
+                # Inpainting, as A1111's inpaint tabs: paint over the image where it is redrawn (the
+                # painting becomes the mask), or upload a mask of its size (white repaints).
+                painter = gr.ImageEditor(label="Inpaint: paint where to redraw", type="filepath", sources=[],
+                                         transforms=(), layers=gr.LayerOptions(allow_additional_layers=False),
+                                         brush=gr.Brush(colors=["#ffffff"], color_mode="fixed"), height=300,
+                                         elem_id="mask-painter")
+                with gr.Row():
+                    mask = gr.Image(label=label("mask"), type="filepath", sources=["upload", "clipboard"],
+                                    height=160, image_mode="L", min_width=160, elem_id="mask")
+                    with gr.Column(min_width=220):
+                        gr.Slider(*FIELD["mask_blur"].limits, value=FIELD["mask_blur"].default, step=1,
+                                  label=label("mask_blur"), elem_id="mask_blur")
+                        gr.Radio(list(FIELD["masked_content"].choices), value=FIELD["masked_content"].default,
+                                 label=label("masked_content"), elem_id="masked_content")
+                outpaint = gr.Button("⬚ Mask the new area (outpaint with Resize and fill)", size="sm",
+                                     elem_id="outpaint")
+                with gr.Row():  # A1111's "Only masked": the mask's region redrawn at the size, pasted back
+                    gr.Radio(list(FIELD["inpaint_area"].choices), value=FIELD["inpaint_area"].default,
+                             label=label("inpaint_area"), min_width=220, elem_id="inpaint_area")
+                    gr.Slider(*FIELD["mask_padding"].limits, value=FIELD["mask_padding"].default, step=4,
+                              label=label("mask_padding"), min_width=220, elem_id="mask_padding")
+            # A1111's Hires. fix: the images made at the size, upscaled, and denoised again at a larger
+            # compiled size (the upscale must reach one: the status says which).
+            with gr.Accordion("Hires. fix", open=False, elem_id="hires-panel"):
+                gr.Checkbox(FIELD["hires"].default, label=label("hires"), elem_id="hires")
+                with gr.Row():
+                    gr.Slider(*FIELD["hires_scale"].limits, value=FIELD["hires_scale"].default, step=0.05,
+                              label=label("hires_scale"), min_width=160, elem_id="hires_scale")
+                    gr.Slider(*FIELD["hires_steps"].limits, value=FIELD["hires_steps"].default, step=1,
+                              label=label("hires_steps"), min_width=160, elem_id="hires_steps")
+                    gr.Slider(*FIELD["hires_strength"].limits, value=FIELD["hires_strength"].default, step=0.01,
+                              label=label("hires_strength"), min_width=160, elem_id="hires_strength")
+                gr.Radio(list(FIELD["hires_upscaler"].choices), value=FIELD["hires_upscaler"].default,
+                         label=label("hires_upscaler"), elem_id="hires_upscaler")
+            # A1111's seed: -1 draws new seeds each run; the API's Randomize switch stays off here.
+            gr.Checkbox(FIELD["randomize"].default, label=label("randomize"), visible=False, elem_id="randomize")
+            with gr.Accordion("More options", open=False, elem_id="more-options"):
+                style = gr.Dropdown(list(STYLES), value=FIELD["style"].default, label=label("style"),
+                                    elem_id="style")
+                style_info = gr.Markdown(style_description(FIELD["style"].default), elem_id="style-info")
+                rng = gr.Dropdown(list(offer.rngs), value=start["rng"], label=label("rng"), elem_id="rng",
+                                  info=RNG_INFO)
+                gr.Markdown(f"{SCHEDULE_INFO} Presets: {preset_info(server)}", elem_id="menu-notes")
+                offered = gr.Textbox(json.dumps(preset_names(server)), visible="hidden")
+        with gr.Column(min_width=0, elem_id="results"):
+            panel = gr.HTML(run_panel("idle"), elem_id="progress")
+            use_seed = gr.Button("♻️ Use this seed", size="sm", elem_id="use-seed")
+            use_image = gr.Button("🖼️ Use as image", size="sm", elem_id="use-image")  # (A1111's Send to img2img)
+            use_hires = gr.Button("✨ Hires fix", size="sm", elem_id="use-hires")  # (A1111's ✨ on a result)
+            gallery = gr.Gallery(label="Images", columns=2, height="auto", object_fit="contain", preview=False,
+                                 buttons=["download", "fullscreen", use_seed, use_image, use_hires],
+                                 elem_id="gallery")
+            summary = gr.Markdown("Four images per run. Click an image to see it large; ♻️ takes its seed.",
+                                  elem_id="summary")
+        with gr.Column(min_width=0, elem_id="more"):
+            # Examples fill the prompt in the browser: no server event, nothing to call.
+            examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES], label="Examples",
+                                  type="index", elem_id="examples")
+            with gr.Accordion("Paste parameters", open=False, elem_id="paste-box"):
+                pasted = gr.Textbox(label="Parameters from AUTOMATIC1111's PNG Info or an image's metadata",
+                                    lines=3, max_lines=8, placeholder="a cat\nNegative prompt: blurry\n"
+                                    "Steps: 20, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 1024x1024",
+                                    elem_id="paste")
+                # A1111's PNG Info: an image's own parameters (ours, A1111's, ComfyUI's, Fooocus', ...).
+                png_info_image = gr.Image(label="PNG Info: drop an image to read its parameters", type="filepath",
+                                          sources=["upload", "clipboard"], height=140, elem_id="png-info")
+                use_pasted = gr.Button("Fill the form", size="sm", elem_id="use-paste")
+                paste_notes = gr.Markdown("", elem_id="paste-notes")
+            history = gr.BrowserState([], storage_key="sdxl-tpu-history")
+            kept_run = gr.BrowserState({}, storage_key="sdxl-tpu-last-run")  # (shown again after a reload)
+            history_table = gr.Dataset(components=[gr.HTML(visible=False)] +
+                                       [gr.Textbox(visible=False) for _ in HISTORY_HEADERS[1:]],
+                                       headers=HISTORY_HEADERS, samples=[], type="index", layout="table",
+                                       samples_per_page=HISTORY_PER_PAGE, elem_id="history",
+                                       label="History (kept in this browser; click a run to restore it, seed "
+                                             "included)")
+    # The form's inputs, found by their element ids, which are the fields' names (spec/fields.py):
+    # every event takes them in the form's order.
+    inputs = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None) in FORM}
+    form = [inputs[name] for name in FORM]
+    for f in FIELDS:  # (the API page's example call: realistic values, not Gradio's "Hello!!")
+        if (example := f.default if f.example is None else f.example) is not None:
+            inputs[f.name].example_inputs = lambda value=example: value
+    return Page(status=status, prompt=prompt, tokens=tokens, run=run, stop=stop, read_prompt=read_prompt,
+                form_note=form_note, size=size, preset=preset, sampler=sampler, schedule=schedule, steps=steps,
+                guidance=guidance, seed=seed, reuse=reuse, image_panel=image_panel, image=image, painter=painter,
+                mask=mask, outpaint=outpaint, style=style, style_info=style_info, rng=rng, offered=offered,
+                panel=panel, use_seed=use_seed, use_image=use_image, use_hires=use_hires, gallery=gallery,
+                summary=summary, examples=examples, pasted=pasted, png_info_image=png_info_image,
+                use_pasted=use_pasted, paste_notes=paste_notes, history=history, kept_run=kept_run,
+                history_table=history_table, inputs=inputs, form=form)
+
+
+def preset_names(server: Server) -> list[str]:
+    """The presets the preset menu offers (the model's; a front end: its back ends')."""
+    return list(server.offer.presets)
+
+
+def preset_info(server: Server) -> str:
+    return "; ".join(f"{r.name}: {r.summary}" for r in server.presets)
