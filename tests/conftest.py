@@ -72,14 +72,23 @@ LONGEST_FIRST = ("test_app", "test_compare_reference", "test_full_size", "test_a
                  "test_bench", "test_parity", "test_chain", "test_multidevice", "test_serving", "test_single_file")
 
 
+# The files that share the session's app (app_server, a minute to start under the suite's load): one
+# worker takes them together, so it starts once (each worker has its own session fixtures).
+SHARE_THE_APP = ("test_app", "test_security", "test_tool_apis")
+
+
 def pytest_collection_modifyitems(items):
     """The full-size checks first, while the session's process and machine hold the least: on a
     24 GiB machine the SDXL UNet's check (10 GB of float32 weights, briefly in two libraries) took
     46 s alone and 89-111 s late in the suite; then the longest files. (A stable sort: the rest
-    keep their order.)"""
+    keep their order.) Each file is one unit of work for the two workers (`--dist loadgroup`), the
+    files that share the app one unit."""
     def rank(item) -> tuple[bool, int]:
         module = item.path.stem
         return (item.get_closest_marker("full_size") is None,
                 LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST))
 
     items.sort(key=rank)
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("app_server" if module in SHARE_THE_APP else module))
