@@ -4,7 +4,7 @@
     python app.py --model tiny         # offline, the built-in tiny checkpoint
     python app.py --backend URL        # no model here: back ends (python -m sdxl_tpu serve) make the images
 
-The Space's entry point and nothing else: the form's fields are sdxl_tpu/spec/fields.py's, the page
+The Space's entry point and nothing else: the form's fields are sdxl_tpu/request/fields.py's, the page
 is sdxl_tpu/server/page_layout.py (what is on it) and page_events.py (what it does), the process
 sdxl_tpu/server/playground.py (the routes, the queue, the drain on SIGTERM).
 """

@@ -60,8 +60,8 @@ def measure(args: argparse.Namespace) -> dict:
     from sdxl_tpu.generate.loading import load
     from sdxl_tpu.server.local_engine import compile_first, first_guided, prepare_process
     from sdxl_tpu.server.settings import Settings
-    from sdxl_tpu.spec.load import LoadOptions
-    from sdxl_tpu.spec.values import format_size
+    from sdxl_tpu.request.load import LoadOptions
+    from sdxl_tpu.request.values import format_size
 
     sizes = parse_sizes(args.sizes)
     options = LoadOptions(model=args.model or args.architecture, sizes=sizes, images_per_call=args.images,

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sdxl_tpu.bench.random_weights import random_pipeline  # noqa: E402
 from sdxl_tpu.generate.loading import compute_dtype_for  # noqa: E402
 from sdxl_tpu.models.layers import Precision  # noqa: E402
-from sdxl_tpu.spec.hires import upscaled_size  # noqa: E402
+from sdxl_tpu.imaging.hires import upscaled_size  # noqa: E402
 from sdxl_tpu.weights.architectures import architecture_configs  # noqa: E402
 
 PROMPT, NEGATIVE = "a lighthouse in a storm", "blurry"

@@ -34,7 +34,7 @@ def main() -> int:
 
     from sdxl_tpu.bench.random_weights import random_pipeline
     from sdxl_tpu.models.layers import Precision
-    from sdxl_tpu.spec.values import parse_size
+    from sdxl_tpu.request.values import parse_size
 
     size = parse_size(args.size)
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"

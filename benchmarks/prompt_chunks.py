@@ -24,7 +24,7 @@ from sdxl_tpu.generate.loading import compute_dtype_for  # noqa: E402
 from sdxl_tpu.generate.pipeline import Pipeline  # noqa: E402
 from sdxl_tpu.models.layers import Precision  # noqa: E402
 from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG, samplers_for  # noqa: E402
-from sdxl_tpu.spec.prompts import chunk_prompt  # noqa: E402
+from sdxl_tpu.a1111.prompts import chunk_prompt  # noqa: E402
 from sdxl_tpu.weights.architectures import architecture_configs  # noqa: E402
 
 WORDS = "a photo of an astronaut riding a horse on the moon, detailed, "

@@ -118,7 +118,7 @@ def encoding_levers(size: tuple[int, int]) -> dict[str, float]:
     from PIL import Image
 
     sys.path.insert(0, str(ROOT))
-    from sdxl_tpu.spec.images import encode
+    from sdxl_tpu.a1111.images import encode
 
     w, h = size
     rng = np.random.default_rng(0)

@@ -184,7 +184,7 @@ def unet_eval(args: argparse.Namespace) -> dict:
     from sdxl_tpu.generate.sampling import MAX_TOKENS
     from sdxl_tpu.models.layers import Precision
     from sdxl_tpu.models.unet import UNet2DConditionModel, UNetConfig
-    from sdxl_tpu.spec.prompts import DEFAULT_MAX_CHUNKS
+    from sdxl_tpu.a1111.prompts import DEFAULT_MAX_CHUNKS
     from sdxl_tpu.weights.architectures import architecture_configs
 
     configs = architecture_configs(args.architecture)

@@ -3,8 +3,11 @@
 The public API is below, each name imported from its module on first use: a part that runs no
 model (a front end, request checking) imports this package without JAX.
 
-    spec/      what a generation is, JAX-free: names, the form's fields, requests and their checks,
-               A1111's prompts and parameters texts, recipes, options
+    request/   what a generation is, JAX-free: the form's fields, a request and its checks, errors,
+               names, what to load, presets and styles
+    a1111/     A1111's formats, JAX-free: prompts, parameters texts, images carrying them, its API's bodies
+    imaging/   image work, JAX-free: decoding what a client gives, masks, resizing, the hires fix's sizes
+    cli/       the command line's options, one table
     sampler/   the samplers' host tables (numpy), by name
     generate/  the generator (JAX): prompt to images, compiled and sharded
     models/    the networks (text encoders, UNet, VAE, TAESD, layers, attention)
@@ -29,9 +32,9 @@ _EXPORTS = {  # name -> the module (under sdxl_tpu) that defines it
     "load_text_encoder": "weights.checkpoint", "load_tokenizers": "weights.hub",
     "load_unet": "weights.checkpoint", "load_vae": "weights.checkpoint",
     "CompileCounter": "generate.compilation", "enable_compile_cache": "generate.compilation",
-    "GenerationError": "spec.errors", "GenerationResult": "spec.request", "Pipeline": "generate.pipeline",
+    "GenerationError": "request.errors", "GenerationResult": "request.request", "Pipeline": "generate.pipeline",
     "load_pipeline": "generate.loading",
-    "ImageInfo": "spec.request", "Request": "spec.request", "RequestError": "spec.errors",
+    "ImageInfo": "request.request", "Request": "request.request", "RequestError": "request.errors",
     "EulerDiscrete": "sampler.diffusers", "Sampler": "sampler.tables", "sampler_named": "sampler.from_config",
 }
 

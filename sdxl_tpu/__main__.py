@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .spec.fields import FIELDS, PASTED
+from .request.fields import FIELDS, PASTED
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from .spec.options import add_options
+    from .cli.options import add_options
 
     parser = _Parser(prog="python -m sdxl_tpu", description="Stable Diffusion XL in JAX.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -40,16 +40,16 @@ def _build_parser() -> argparse.ArgumentParser:
 def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .generate.compilation import enable_compile_cache
     from .generate.loading import load
-    from .spec.errors import GenerationError, RequestError
-    from .spec.fields import DEFAULT_STRENGTH
-    from .spec.image_input import decode_image
-    from .spec.images import save_png
-    from .spec.infotext import usable
-    from .spec.load import LoadOptions
-    from .spec.options import fill_defaults, load_values
-    from .spec.recipes import recipe_named, settle
-    from .spec.request import Request
-    from .spec.values import schedule_input
+    from .request.errors import GenerationError, RequestError
+    from .request.fields import DEFAULT_STRENGTH
+    from .imaging.image_input import decode_image
+    from .a1111.images import save_png
+    from .a1111.infotext import usable
+    from .request.load import LoadOptions
+    from .cli.options import fill_defaults, load_values
+    from .request.recipes import recipe_named, settle
+    from .request.request import Request
+    from .request.values import schedule_input
     from .weights.errors import CheckpointError
 
     try:  # the request is checked before anything is loaded
@@ -106,8 +106,8 @@ def _pasted(text: str | None) -> dict:
     it says that is not used is noted on stderr."""
     if text is None:
         return {}
-    from .spec.infotext import parse, request_fields
-    from .spec.names import SAMPLERS
+    from .a1111.infotext import parse, request_fields
+    from .request.names import SAMPLERS
 
     parsed = parse(text)
     size = parsed.settings.get("Size", "")
@@ -121,8 +121,8 @@ def _pasted(text: str | None) -> dict:
 
 def _read(path: str) -> bytes:
     """A file the person named on the command line (its content decides what it is)."""
-    from .spec.errors import RequestError
-    from .spec.image_input import MAX_BYTES
+    from .request.errors import RequestError
+    from .imaging.image_input import MAX_BYTES
 
     try:
         with open(path, "rb") as f:
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     from .generate.compilation import quiet_platforms
-    from .spec.options import fill_defaults
+    from .cli.options import fill_defaults
 
     quiet_platforms()  # no TPU error messages on a machine without TPU chips
     if args.command != "generate":  # (generate fills them in after reading --parameters)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-tiny":
         from .weights.tiny import write_checkpoint
 
-        from .spec.options import older_architecture
+        from .cli.options import older_architecture
 
         architecture = older_architecture(args) or args.architecture
         try:

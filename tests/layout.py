@@ -77,7 +77,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def part_of(module: str) -> str:
-    """The folder a module belongs to ("spec", "server", ...), or the module for top-level ones."""
+    """The folder a module belongs to ("request", "server", ...), or the module for top-level ones."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

@@ -16,7 +16,7 @@ import torch
 from PIL import Image, ImageOps
 
 import kdiffusion_reference
-from sdxl_tpu.spec.infotext import parse, request_fields
+from sdxl_tpu.a1111.infotext import parse, request_fields
 
 PROMPT, NEGATIVE, SEED, CFG = "a lighthouse in a storm, dramatic sky", "blurry, low quality", 3000000000, 5.5
 # The settings line as A1111 writes it: 1.9 and later name the schedule apart; before, "... Karras" samplers.
@@ -174,7 +174,7 @@ def test_an_a1111_inpainting_is_reproduced(request, unet, sampler, steps, streng
     sample, unseeded in A1111, drawn third from each image's generator, as ours)."""
     import cv2
 
-    from sdxl_tpu.spec.mask import gaussian_blur
+    from sdxl_tpu.imaging.mask import gaussian_blur
 
     names = ("tiny_pipeline", "reference_pipeline") if unet == "base" else ("tiny_inpainting_pipeline",
                                                                            "reference_inpainting_pipeline")
@@ -234,8 +234,8 @@ def test_an_a1111_only_masked_inpainting_is_reproduced(tiny_pipeline, reference_
     A1111 inpaints, the results fitted back (Crop and resize) into the image at its own size and the
     image laid over them through the blurred mask (not doubled). The images are the starting
     image's size; outside the blurred mask its pixels."""
-    from sdxl_tpu.spec.mask import gaussian_blur
-    from sdxl_tpu.spec.resize import fit_image
+    from sdxl_tpu.imaging.mask import gaussian_blur
+    from sdxl_tpu.imaging.resize import fit_image
 
     settings, function, schedule = CASES["Euler a"]
     y, x = np.mgrid[0:80, 0:120]

@@ -56,7 +56,7 @@ def test_client_gets_four_images_with_seeds(client, tmp_path):
     assert all(Image.open(item["image"]).size == (64, 64) for item in gallery)
     assert "Generated 4 images of 64x64" in info and "Seeds: 41, 42, 43, 44" in info
     # Each image the API returns carries its A1111 parameters (JPEG: EXIF UserComment).
-    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.a1111.images import read_parameters
 
     assert [read_parameters(Image.open(item["image"])) for item in gallery] == [
         f"a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: Euler, Schedule type: Checkpoint, "
@@ -102,7 +102,7 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, t
     from gradio_client.exceptions import AppError
     from PIL import Image
 
-    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.a1111.images import read_parameters
 
     info = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]
     parameters = info["parameters"]
@@ -346,7 +346,7 @@ def test_an_nvidia_gpu_that_jax_does_not_use_is_said_at_start_and_on_the_page(tm
     from sdxl_tpu.server.local_engine import LocalEngine
     from sdxl_tpu.server.offer import provisional
     from sdxl_tpu.server.settings import Settings
-    from sdxl_tpu.spec.load import LoadOptions
+    from sdxl_tpu.request.load import LoadOptions
 
     assert compilation.gpu_unused("cpu", root=str(tmp_path)) is None  # no GPU
     (tmp_path / "dev").mkdir()
@@ -371,7 +371,7 @@ def test_taesd_previews_offline_are_refused_first_with_one_line(tmp_path, monkey
     import sdxl_tpu.generate.loading
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.settings import Settings
-    from sdxl_tpu.spec.load import LoadOptions
+    from sdxl_tpu.request.load import LoadOptions
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
@@ -494,7 +494,7 @@ def test_browser_a_run_as_a_person_sees_it(app_server, browser, tmp_path, viewpo
             page.locator("#gallery").get_by_label("Download", exact=True).click()
         from PIL import Image
 
-        from sdxl_tpu.spec.images import read_parameters
+        from sdxl_tpu.a1111.images import read_parameters
 
         parameters = read_parameters(Image.open(Path(download.value.path())))
         assert parameters.startswith("a lighthouse on a cliff during a storm\nNegative prompt: blurry\nSteps: 20,")
@@ -638,7 +638,7 @@ def test_browser_errors_keep_the_images_and_say_what_is_wrong(app_server, browse
     panel (no notice besides, no error badge); the last images and the line under them stay; the
     next run clears the message. A prompt longer than the token budget is not refused: the counter
     says where it is cut, and it runs."""
-    from sdxl_tpu.spec.fields import MAX_PROMPT_CHARS
+    from sdxl_tpu.request.fields import MAX_PROMPT_CHARS
 
     with playground_page(app_server["url"], "Ready (", browser=browser) as page:
         set_field(page, "steps", 2)
@@ -817,7 +817,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
     import app as app_module
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.settings import Settings
-    from sdxl_tpu.spec.load import LoadOptions
+    from sdxl_tpu.request.load import LoadOptions
 
     class Loaded:  # what the loader hands over once "loaded" (nothing is generated here)
         sizes, images_per_call, tokenizers = [(64, 64)], 4, (None, None)
@@ -867,7 +867,7 @@ def test_browser_schedule_and_rng_reach_the_image_and_the_history_restores_them(
 
     from PIL import Image
 
-    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.a1111.images import read_parameters
 
     def options(elem_id: str) -> list[str]:
         page.locator(f"#{elem_id} input").click()
@@ -955,7 +955,7 @@ def test_browser_paste_parameters_fills_the_form(app_server, browser, tmp_path):
     steps, sampler, Schedule type, size and RNG; what it cannot use is listed; the run that follows
     makes what the form says, and a pasted piece of nonsense only gets a message. Pasted into the
     prompt box, the button under it reads it (A1111's ↙️), and "Seed: -1" means random seeds."""
-    from sdxl_tpu.spec.infotext import MAX_PARAMETERS_CHARS
+    from sdxl_tpu.a1111.infotext import MAX_PARAMETERS_CHARS
 
     text = ("a lighthouse, (stormy:1.2) sea\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, "
             "Schedule type: Karras, CFG scale: 4.5, Seed: 77, Size: 96x64, Model hash: 31e35c80fc, "
@@ -1018,8 +1018,8 @@ def test_browser_inpaint_by_painting_a_mask(app_server, browser, tmp_path, tiny_
     import numpy as np
     from PIL import Image
 
-    from sdxl_tpu.spec.images import encode, read_parameters
-    from sdxl_tpu.spec.mask import gaussian_blur
+    from sdxl_tpu.a1111.images import encode, read_parameters
+    from sdxl_tpu.imaging.mask import gaussian_blur
     from test_img2img import picture
     from test_pipeline import psnr
 
@@ -1064,8 +1064,8 @@ def test_browser_outpaint_and_only_masked(app_server, browser, tmp_path, tiny_pi
     import numpy as np
     from PIL import Image
 
-    from sdxl_tpu.spec.images import encode, read_parameters
-    from sdxl_tpu.spec.resize import fit_image, new_area_mask
+    from sdxl_tpu.a1111.images import encode, read_parameters
+    from sdxl_tpu.imaging.resize import fit_image, new_area_mask
     from test_img2img import picture
     from test_pipeline import psnr
 
@@ -1129,7 +1129,7 @@ def test_browser_hires_fix_of_a_result(app_server, browser, tmp_path):
 
     from PIL import Image
 
-    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.a1111.images import read_parameters
 
     ready = lambda: json.loads(get(app_server["url"] + "/readyz")[1])
     wait_for(lambda: ready()["status"] == "ready" and ready()["compiling"] == [], 120, "96x96 was not compiled")
@@ -1166,8 +1166,8 @@ def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, t
     import numpy as np
     from PIL import Image
 
-    from sdxl_tpu.spec.images import encode, read_parameters
-    from sdxl_tpu.spec.infotext import parse
+    from sdxl_tpu.a1111.images import encode, read_parameters
+    from sdxl_tpu.a1111.infotext import parse
     from test_img2img import picture
     from test_pipeline import psnr
 

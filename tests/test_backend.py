@@ -22,7 +22,7 @@ from test_image_input import encoded, hostile_files
 from test_img2img import picture
 from test_pipeline import psnr
 from sdxl_tpu.server.http_io import MAX_BODY_BYTES
-from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES
+from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.version import VERSION
 
 QUEUE_SIZE = 1
@@ -71,7 +71,7 @@ def test_ready_after_warm_up_and_describes_itself(backend):
 def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
     from PIL import Image
 
-    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.a1111.images import read_parameters
 
     status, headers, body = post(backend, {"prompt": "a cat, 夜の街 ✨", "negative_prompt": "blurry, größte",
                                            "seed": 7, "guidance_scale": 4.5, "steps": 2, "size": "64x64",
@@ -224,7 +224,7 @@ def test_generate_from_an_image(backend, tiny_pipeline):
     (lossy: about 23 dB from the pixels on the tiny model's noisy images)."""
     from PIL import Image
 
-    from sdxl_tpu.spec.images import encode
+    from sdxl_tpu.a1111.images import encode
 
     as_webp = lambda image: np.asarray(Image.open(io.BytesIO(encode(image, "", "webp"))).convert("RGB"))
     start, wide = picture(), picture(128, 48)
@@ -256,8 +256,8 @@ def test_generate_from_an_image(backend, tiny_pipeline):
 def test_fuzz_the_image_field(backend):
     """Hostile and broken files as the starting image: each one the decoder refuses is a 422 naming
     the image, never a 5xx; a few it takes (corruptions may leave an image) run."""
-    from sdxl_tpu.spec.errors import RequestError
-    from sdxl_tpu.spec.image_input import decode_image
+    from sdxl_tpu.request.errors import RequestError
+    from sdxl_tpu.imaging.image_input import decode_image
 
     before = metrics(backend)
     refused = taken = 0
@@ -288,8 +288,8 @@ def test_fuzz_the_mask_field(backend):
     takes run; the server stays healthy."""
     from PIL import Image
 
-    from sdxl_tpu.spec.errors import RequestError
-    from sdxl_tpu.spec.request import Request
+    from sdxl_tpu.request.errors import RequestError
+    from sdxl_tpu.request.request import Request
     from test_inpaint import hostile_masks
 
     def as_json(value):
@@ -329,7 +329,7 @@ def test_a1111_api_through_its_client(backend, tiny_pipeline):
     import webuiapi
     from PIL import Image
 
-    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.a1111.images import read_parameters
     from test_inpaint import block_mask
 
     api = webuiapi.WebUIApi(host="127.0.0.1", port=backend["port"], sampler="Euler", steps=4)
@@ -380,7 +380,7 @@ def test_openai_images_api_through_its_client(backend, tiny_pipeline):
     import openai
     from PIL import Image
 
-    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.a1111.images import read_parameters
     from test_inpaint import block_mask
 
     client = openai.OpenAI(base_url=backend["url"] + "/v1", api_key="not-needed", max_retries=0)

@@ -12,8 +12,8 @@ import pytest
 
 from sdxl_tpu.generate.denoising import LOOKAHEAD
 from sdxl_tpu.server.batcher import Batcher, SHUTTING_DOWN
-from sdxl_tpu.spec.errors import Cancelled, RequestError
-from sdxl_tpu.spec.request import GenerationResult, ImageInfo, Request
+from sdxl_tpu.request.errors import Cancelled, RequestError
+from sdxl_tpu.request.request import GenerationResult, ImageInfo, Request
 
 
 def infos(seed: int, n: int = 4, steps: int = 2, size=(64, 64), **more) -> list[ImageInfo]:

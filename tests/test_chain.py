@@ -201,7 +201,7 @@ def test_the_chain_gives_what_the_back_end_makes(chain):
     from gradio_client import Client
     from PIL import Image
 
-    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.a1111.images import read_parameters
 
     backend = _live_backend(chain)
     body = json.dumps({"prompt": "a lighthouse in a storm", "negative_prompt": "blurry", "seed": 7, "steps": 2,
@@ -319,7 +319,7 @@ def test_browser_against_the_chain(chain, tmp_path):
 
             from PIL import Image
 
-            from sdxl_tpu.spec.images import read_parameters
+            from sdxl_tpu.a1111.images import read_parameters
 
             parameters = read_parameters(Image.open(BytesIO(r.read())))
         assert parameters.startswith("a lighthouse on a cliff during a storm\nNegative prompt: blurry\nSteps: 20,")

@@ -193,7 +193,7 @@ def test_single_file_model_with_loras(main, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    # The same rules and messages as the API and the playground (sdxl_tpu.spec), checked before loading.
+    # The same rules and messages as the API and the playground (sdxl_tpu.request), checked before loading.
     (["generate", "x", "--size", "64y64"], "Size must look like WIDTHxHEIGHT (e.g. 1024x1024), got '64y64'."),
     (["generate", "x", "--steps", "abc"], "argument --steps: invalid int value"),
     (["generate", "x", "--steps", "0"], "Steps must be a whole number between 1 and 50."),

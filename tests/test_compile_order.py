@@ -18,9 +18,9 @@ from sdxl_tpu.server.events import Done, Started
 from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.page_run import page_run
 from sdxl_tpu.server.settings import Settings
-from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.spec.load import LoadOptions
-from sdxl_tpu.spec.recipes import RECIPES
+from sdxl_tpu.request.errors import RequestError
+from sdxl_tpu.request.load import LoadOptions
+from sdxl_tpu.request.recipes import RECIPES
 from sdxl_tpu.weights.checkpoint import Checkpoint
 
 SIZES = [(64, 64), (96, 64)]

@@ -7,7 +7,7 @@ import pytest
 
 from sdxl_tpu.models.unet import UNetConfig
 from sdxl_tpu.models.vae import VAEConfig
-from sdxl_tpu.spec.configs import check_supported, warn_unknown
+from sdxl_tpu.request.configs import check_supported, warn_unknown
 
 SUPPORTED = {"prediction_type": ("epsilon",), "use_karras_sigmas": (False, None)}
 

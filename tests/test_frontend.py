@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from served_app import ROOT, artifact, free_port, get, playground_page, wait_for
 
-from sdxl_tpu.spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SCHEDULES
+from sdxl_tpu.request.names import DEFAULT_RNG, DEFAULT_SCHEDULE, RNGS, SCHEDULES
 
 # A back end unlike the front end's own defaults (20 steps, guidance 5, every sampler, the sampling
 # presets): SDXL-Lightning's 4-step preset, two samplers; it serves the built-in tiny model, whose

@@ -13,10 +13,10 @@ import torch
 from PIL import Image
 
 from sdxl_tpu.generate.call import run_pass
-from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.spec.hires import latent_upscale, scales_to
-from sdxl_tpu.spec.infotext import parameters_text
-from sdxl_tpu.spec.resize import fit_image
+from sdxl_tpu.request.errors import RequestError
+from sdxl_tpu.imaging.hires import latent_upscale, scales_to
+from sdxl_tpu.a1111.infotext import parameters_text
+from sdxl_tpu.imaging.resize import fit_image
 
 
 

@@ -1,4 +1,4 @@
-"""Images a client gives, decoded by content (spec/image_input.py): the modes and formats people
+"""Images a client gives, decoded by content (imaging/image_input.py): the modes and formats people
 bring made the RGB image they meant, as A1111 makes it; hostile and broken files refused with a
 message that names the problem, never another exception; no metadata carried further."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.spec.image_input import BACKGROUND, MAX_BYTES, MAX_PIXELS, decode_image
+from sdxl_tpu.request.errors import RequestError
+from sdxl_tpu.imaging.image_input import BACKGROUND, MAX_BYTES, MAX_PIXELS, decode_image
 
 
 def encoded(image: Image.Image, fmt: str, **kwargs) -> bytes:

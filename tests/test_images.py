@@ -12,9 +12,9 @@ from PIL import Image
 
 from reference import read_with_third_parties
 from sdxl_tpu.server.files import ImageStore
-from sdxl_tpu.spec.images import encode, encode_all, read_parameters, save_png
-from sdxl_tpu.spec.infotext import Stamp, parameters_text
-from sdxl_tpu.spec.request import ImageInfo
+from sdxl_tpu.a1111.images import encode, encode_all, read_parameters, save_png
+from sdxl_tpu.a1111.infotext import Stamp, parameters_text
+from sdxl_tpu.request.request import ImageInfo
 from sdxl_tpu.version import VERSION
 
 INFO = ImageInfo(seed=7, prompt="a cät 🐈", negative_prompt="blurry", guidance_scale=5.5, steps=20, size=(64, 32),

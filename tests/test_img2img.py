@@ -12,8 +12,8 @@ from PIL import Image
 
 from sdxl_tpu.generate.compilation import CompileCounter
 from test_pipeline import psnr
-from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.spec.resize import RESIZE_MODES, fit_image, nearest_size
+from sdxl_tpu.request.errors import RequestError
+from sdxl_tpu.imaging.resize import RESIZE_MODES, fit_image, nearest_size
 
 SEED = 40
 
@@ -82,7 +82,7 @@ def test_strength_reaches_the_steps_run_and_the_parameters(tiny_pipeline):
                                             image=np.asarray(picture())), preview_every=1,
                       preview=lambda step, steps, images: previews.append((step, steps, len(images))))
     assert previews == [(1, 3, 4), (2, 3, 4)]
-    from sdxl_tpu.spec.infotext import parameters_text
+    from sdxl_tpu.a1111.infotext import parameters_text
 
     assert "Denoising strength: 0.3" in parameters_text(result.infos[0], "tiny")
     assert "Denoising strength" not in parameters_text(tiny_pipeline.run(tiny_pipeline.request(

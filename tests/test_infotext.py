@@ -12,10 +12,10 @@ from sdxl_tpu.server.form import validate
 from sdxl_tpu.server.offer import provisional
 from sdxl_tpu.server.page import PASTED_INTO, pasted_form
 from sdxl_tpu.server.settings import Settings
-from sdxl_tpu.spec.infotext import Stamp, parameters_text, parse, request_fields
-from sdxl_tpu.spec.load import LoadOptions
-from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
-from sdxl_tpu.spec.request import ImageInfo
+from sdxl_tpu.a1111.infotext import Stamp, parameters_text, parse, request_fields
+from sdxl_tpu.request.load import LoadOptions
+from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.request.request import ImageInfo
 
 SIZES = [(1024, 1024), (1152, 896)]
 # As A1111 1.10's PNG Info shows an SDXL image (its schedule apart from the sampler, a quoted value).
@@ -230,8 +230,8 @@ def test_image_settings_paste_back_and_are_dropped_where_the_request_cannot_use_
     and as our images carry them, fill their fields; with a hires fix the strength is its pass's. A
     request without an image (or mask) drops img2img's (inpainting's) settings, one with an image
     a pasted hires fix."""
-    from sdxl_tpu.spec.hires import Hires
-    from sdxl_tpu.spec.infotext import usable
+    from sdxl_tpu.imaging.hires import Hires
+    from sdxl_tpu.a1111.infotext import usable
 
     info = ImageInfo(seed=3, prompt="a cat", negative_prompt="", guidance_scale=5.0, steps=20, size=(1024, 1024),
                      sampler="Euler", strength=0.6, mask_blur=8, masked_content="latent noise")

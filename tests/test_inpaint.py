@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from sdxl_tpu.generate.compilation import CompileCounter
-from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.spec.mask import gaussian_blur, latent_mask, mask_input
+from sdxl_tpu.request.errors import RequestError
+from sdxl_tpu.imaging.mask import gaussian_blur, latent_mask, mask_input
 from test_img2img import SCHEDULERS, SEED, picture
 from test_pipeline import psnr
 
@@ -120,7 +120,7 @@ def test_outpainting_repaints_what_resize_and_fill_adds(tiny_pipeline):
     """An image fitted inside the size (Resize and fill) with a mask of the size that covers the new
     bands (the page's "Mask the new area"): the image kept where the blurred mask is black, the
     bands redrawn; a mask of neither size, or Only masked with such a mask, is refused by size."""
-    from sdxl_tpu.spec.resize import fit_image, new_area_mask
+    from sdxl_tpu.imaging.resize import fit_image, new_area_mask
 
     wide = picture(96, 48)  # 2:1 into a square: bands of 16 rows above and below
     mask = new_area_mask(wide.size, (64, 64))
@@ -239,7 +239,7 @@ def hostile_masks() -> list[tuple[str, object, dict]]:
 def test_hostile_masks_are_refused_by_name_or_taken_as_masks():
     """Every hostile mask: a request whose mask is the image's, or a RequestError naming what is
     wrong (the mask, or the setting that came with it) in one line; nothing else."""
-    from sdxl_tpu.spec.request import Request
+    from sdxl_tpu.request.request import Request
 
     cases = hostile_masks()
     assert len(cases) >= 300

@@ -18,7 +18,7 @@ from sdxl_tpu.generate import sampling, update
 from sdxl_tpu.generate.denoising import denoise_fused
 from sdxl_tpu.sampler.from_config import sampler_named
 from sdxl_tpu.sampler.sigmas import alphas_cumprod, schedule_sigmas, train_sigmas
-from sdxl_tpu.spec.names import SCHEDULES, resolve_schedule
+from sdxl_tpu.request.names import SCHEDULES, resolve_schedule
 
 METHODS = {"Euler": "sample_euler", "Euler a": "sample_euler_ancestral", "DPM++ 2M": "sample_dpmpp_2m",
            "DPM++ 2M SDE": "sample_dpmpp_2m_sde", "DPM++ SDE": "sample_dpmpp_sde"}

@@ -1,5 +1,6 @@
 """The package's shape: folders that show the parts, no import cycles (type-only imports counted),
-modules one can hold in one's head, a JAX-free spec/ that the front end's imports rest on, the
+modules one can hold in one's head, JAX-free plain parts (request/, a1111/, imaging/, cli/) that the
+front end's imports rest on, the
 generator imported by the local engine alone, and a module map that says what is true."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import layout
 from layout import PACKAGE, cycles, graph, module_name
 
 MAX_LINES = 330  # a file one can hold in one's head (the UNet, mirroring its checkpoint's tree, is the longest)
-FOLDERS = ["bench", "generate", "models", "sampler", "server", "spec", "weights"]
+FOLDERS = ["a1111", "bench", "cli", "generate", "imaging", "models", "request", "sampler", "server", "weights"]
+PLAIN = ("a1111", "cli", "imaging", "request")  # no JAX, no HTTP: what a generation is and the formats around it
 
 
 def test_the_folders_show_the_parts():
@@ -57,27 +59,29 @@ def test_modules_are_short():
     assert {m: n for m, n in lengths.items() if n > MAX_LINES} == {}
 
 
-def test_spec_imports_nothing_but_itself():
-    """spec/ is JAX-free by construction: none of its modules imports another sdxl_tpu module (but
-    the version) nor any of JAX, flax, torch, gradio."""
+def test_the_plain_parts_import_nothing_but_each_other():
+    """request/, a1111/, imaging/ and cli/ are JAX-free by construction: none of their modules imports
+    another sdxl_tpu module (but the version) nor any of JAX, flax, torch, gradio."""
     forbidden = {"jax", "jaxlib", "flax", "torch", "gradio", "transformers", "safetensors"}
-    for path in (PACKAGE / "spec").glob("*.py"):
-        tree = ast.parse(path.read_text())
-        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
-        assert not {n.split(".")[0] for n in names} & forbidden, path.name
-    outside = {m: {t for t in targets if not t.startswith("sdxl_tpu.spec")} - {"sdxl_tpu.version"}
-               for m, targets in graph().items() if m.startswith("sdxl_tpu.spec")}
-    assert {m: t for m, t in outside.items() if t} == {}
+    plain = tuple(f"sdxl_tpu.{folder}." for folder in PLAIN)
+    for folder in PLAIN:
+        for path in (PACKAGE / folder).glob("*.py"):
+            tree = ast.parse(path.read_text())
+            names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+            assert not {n.split(".")[0] for n in names} & forbidden, path.name
+    outside = {m: {t for t in targets if not t.startswith(plain)} - {"sdxl_tpu.version"}
+               for m, targets in graph().items() if m.startswith(plain)}
+    assert outside and {m: t for m, t in outside.items() if t} == {}
 
 
 def test_what_a_front_end_imports_maps_no_jax():
-    """A front end's modules (the spec, the server but its local engine, the tokenizers) import without
-    JAX or flax in the process."""
+    """A front end's modules (the plain parts, the server but its local engine, the tokenizers) import
+    without JAX or flax in the process."""
     server = sorted(module_name(p) for p in (PACKAGE / "server").glob("*.py") if p.stem != "local_engine")
-    spec = sorted(module_name(p) for p in (PACKAGE / "spec").glob("*.py"))
+    plain = sorted(module_name(p) for folder in PLAIN for p in (PACKAGE / folder).glob("*.py"))
     code = (f"import sys, importlib\n"
-            f"for m in {spec + server + ['sdxl_tpu', 'sdxl_tpu.weights.hub']!r}: importlib.import_module(m)\n"
+            f"for m in {plain + server + ['sdxl_tpu', 'sdxl_tpu.weights.hub']!r}: importlib.import_module(m)\n"
             "print(sorted(m for m in ('jax', 'flax', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=PACKAGE.parent)

@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 
 from reference import rel_l2
 from sdxl_tpu import CheckpointError, load_pipeline
-from sdxl_tpu.spec.load import parse_lora_spec
+from sdxl_tpu.request.load import parse_lora_spec
 from sdxl_tpu.weights.checkpoint import load_models
 from sdxl_tpu.weights.lora import LoRA
 from sdxl_tpu.weights.single_file import PREFIXES, place

@@ -120,8 +120,8 @@ import jax, numpy as np
 from sdxl_tpu import CompileCounter, load_pipeline
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.settings import Settings
-from sdxl_tpu.spec.load import LoadOptions
-from sdxl_tpu.spec.request import Request
+from sdxl_tpu.request.load import LoadOptions
+from sdxl_tpu.request.request import Request
 from sdxl_tpu.server.batcher import Batcher
 assert jax.device_count() == 8, jax.devices()
 pipe = load_pipeline(sys.argv[1], dtype="float32", sizes=[(64, 64)], images_per_call=4, compile_cache=sys.argv[2],

@@ -12,9 +12,9 @@ import pytest
 
 from sdxl_tpu.__main__ import _build_parser
 from sdxl_tpu.server.settings import Settings, parse_settings
-from sdxl_tpu.spec.load import LoadOptions
-from sdxl_tpu.spec.options import COMMANDS, OPTIONS, add_options, fill_defaults, load_values, options_for
-from sdxl_tpu.spec.options_table import markdown_table
+from sdxl_tpu.request.load import LoadOptions
+from sdxl_tpu.cli.options import COMMANDS, OPTIONS, add_options, fill_defaults, load_values, options_for
+from sdxl_tpu.cli.options_table import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,7 +131,7 @@ def test_the_documented_table_is_the_tables():
     doc = (ROOT / "docs" / "options.md").read_text()
     begin, end = "<!-- options table: begin -->\n", "\n<!-- options table: end -->"
     assert doc[doc.index(begin) + len(begin):doc.index(end)] == markdown_table(), (
-        "docs/options.md's option table is stale: rewrite it with `python -m sdxl_tpu.spec.options_table`")
+        "docs/options.md's option table is stale: rewrite it with `python -m sdxl_tpu.cli.options_table`")
 
 
 def test_mcp_is_on_by_itself_on_a_space_only_and_the_api_key_reads_its_variable():

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdxl_tpu import CompileCounter, Request
-from sdxl_tpu.spec.fields import MAX_PROMPT_CHARS
+from sdxl_tpu.request.fields import MAX_PROMPT_CHARS
 from sdxl_tpu.generate.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, approx_rgb
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.events import Done, Progress, Shown, Started
@@ -22,8 +22,8 @@ from sdxl_tpu.server.files import ImageStore
 from sdxl_tpu.server.history import HISTORY_LENGTH, history_after, history_entry, history_rows
 from sdxl_tpu.server.page import CUSTOM, aspect_ratio, matching_preset, size_choices, size_label
 from sdxl_tpu.server.settings import SDXL_SIZES, Settings, parse_settings, parse_sizes
-from sdxl_tpu.spec.load import LoadOptions
-from sdxl_tpu.spec.request import preview_cadence as every
+from sdxl_tpu.request.load import LoadOptions
+from sdxl_tpu.request.request import preview_cadence as every
 
 SIZES = [(64, 64), (96, 64)]
 RUN = dict(prompt="a cat", negative="", style="(No style)", seed=7, guidance=5.0, steps=20, sampler="Euler",
@@ -196,7 +196,7 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
 def test_the_schedule_and_the_noise_source_reach_the_images_and_the_line_that_reports_them(server):
     from PIL import Image
 
-    from sdxl_tpu.spec.images import read_parameters
+    from sdxl_tpu.a1111.images import read_parameters
 
     *_, done = server.stream(fields(sampler="Euler a", schedule="Checkpoint", rng="CPU", steps=2), previews=False)
     gallery, info = done.gallery, done.summary
@@ -204,7 +204,7 @@ def test_the_schedule_and_the_noise_source_reach_the_images_and_the_line_that_re
     texts = [read_parameters(Image.open(path)) for path, _ in gallery]
     assert all("Sampler: Euler a, Schedule type: Checkpoint, " in t and ", RNG: CPU, " in t for t in texts), texts
     # A combination the sampler does not run on is refused before anything runs, saying why.
-    from sdxl_tpu.spec.errors import RequestError
+    from sdxl_tpu.request.errors import RequestError
 
     with pytest.raises(RequestError, match=r"^DPM\+\+ 2M Karras names its schedule \(Karras\)"):
         list(server.stream(fields(sampler="DPM++ 2M Karras", schedule="Exponential")))
@@ -237,7 +237,7 @@ def test_a_closed_stream_stops_its_request_and_counts_it_cancelled(server):
 def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_pipeline, tmp_path, monkeypatch):
     """Ready with the first size; a request for one still compiling is refused, saying so, until
     it is compiled in the background; then it runs without compiling."""
-    from sdxl_tpu.spec.errors import RequestError
+    from sdxl_tpu.request.errors import RequestError
 
     monkeypatch.setitem(tiny_pipeline._compiled.by_size, (96, 64), None)  # restored afterwards
     del tiny_pipeline._compiled.by_size[(96, 64)]  # as if not compiled yet (it comes back from the compile cache)
@@ -266,7 +266,7 @@ def test_stream_refuses_a_size_still_compiling_with_its_own_message(tiny_pipelin
 def test_preview_files_are_small_jpegs():
     from PIL import Image
 
-    from sdxl_tpu.spec.images import encode_preview
+    from sdxl_tpu.a1111.images import encode_preview
 
     pixels = (np.arange(32 * 48 * 3) % 256).astype(np.uint8).reshape(32, 48, 3)
     blob = encode_preview(pixels)
@@ -339,7 +339,7 @@ def test_the_run_panel_says_the_state_in_words_escaped():
 def test_the_sampler_menu_names_each_sampler_once_and_only_the_schedules_it_runs_on():
     from sdxl_tpu.server.sampler_menu import (CHECKPOINT_KARRAS, fitted_schedule, menu_pair, menu_samplers,
                                               request_pair, schedule_menu)
-    from sdxl_tpu.spec.names import SAMPLERS, SCHEDULES, resolve_schedule
+    from sdxl_tpu.request.names import SAMPLERS, SCHEDULES, resolve_schedule
 
     assert menu_samplers(SAMPLERS) == ["Euler", "Euler a", "DPM++ 2M", "DPM++ 2M SDE", "DPM++ SDE", "DDIM", "LCM"]
     assert [v for _, v in schedule_menu("DDIM", SAMPLERS, SCHEDULES)] == ["Checkpoint", "Automatic"]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from sdxl_tpu import CompileCounter, GenerationError, RequestError
-from sdxl_tpu.spec.fields import MAX_STEPS
-from sdxl_tpu.spec.infotext import parameters_text
-from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.request.fields import MAX_STEPS
+from sdxl_tpu.a1111.infotext import parameters_text
+from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 from sdxl_tpu.version import VERSION
 
 

@@ -11,11 +11,11 @@ from sdxl_tpu.server.form import picked_item, validate
 from sdxl_tpu.server.offer import Offer, provisional
 from sdxl_tpu.server.page import style_description
 from sdxl_tpu.server.settings import Settings, parse_settings
-from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.spec.load import LoadOptions
-from sdxl_tpu.spec.names import RNGS, SAMPLERS, SCHEDULES
-from sdxl_tpu.spec.styles import STYLES, apply_style
-from sdxl_tpu.spec.values import clean_text, text_input
+from sdxl_tpu.request.errors import RequestError
+from sdxl_tpu.request.load import LoadOptions
+from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES
+from sdxl_tpu.request.styles import STYLES, apply_style
+from sdxl_tpu.request.values import clean_text, text_input
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
@@ -400,9 +400,9 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
     from PIL import Image
 
     from sdxl_tpu.server.files import ImageStore
-    from sdxl_tpu.spec.images import read_parameters
-    from sdxl_tpu.spec.errors import Cancelled
-    from sdxl_tpu.spec.request import GenerationResult
+    from sdxl_tpu.a1111.images import read_parameters
+    from sdxl_tpu.request.errors import Cancelled
+    from sdxl_tpu.request.request import GenerationResult
     from sdxl_tpu.server.batcher import SHUTTING_DOWN
 
     class SlowPipeline:

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.spec.images import encode
-from sdxl_tpu.spec.infotext import parse, request_fields
-from sdxl_tpu.spec.png_info import png_info
+from sdxl_tpu.request.errors import RequestError
+from sdxl_tpu.a1111.images import encode
+from sdxl_tpu.a1111.infotext import parse, request_fields
+from sdxl_tpu.a1111.png_info import png_info
 
 A1111 = ("a lighthouse, (stormy:1.2) sea\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, Schedule type: Karras, "
          "CFG scale: 4.5, Seed: 77, Size: 96x64, Model hash: 31e35c80fc, Model: sd_xl_base_1.0, RNG: CPU")

@@ -13,8 +13,8 @@ import torch
 from reference import rel_l2
 from sdxl_tpu import CompileCounter, RequestError, load_pipeline, load_tokenizers
 from sdxl_tpu.generate import sampling
-from sdxl_tpu.spec.prompts import BREAK, NetworkTag, chunk_prompt, parse_emphasis, split_network_tags
-from sdxl_tpu.spec.request import ImageInfo
+from sdxl_tpu.a1111.prompts import BREAK, NetworkTag, chunk_prompt, parse_emphasis, split_network_tags
+from sdxl_tpu.request.request import ImageInfo
 
 # A1111's modules/prompt_parser.py, parse_prompt_attention's docstring: every example, verbatim.
 A1111_EXAMPLES = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sdxl_tpu.sampler.from_config import samplers_for
-from sdxl_tpu.spec.names import SAMPLERS
-from sdxl_tpu.spec.recipes import RECIPES, SAMPLING, recipe_named, settle
-from sdxl_tpu.spec.request import Request
+from sdxl_tpu.request.names import SAMPLERS
+from sdxl_tpu.request.recipes import RECIPES, SAMPLING, recipe_named, settle
+from sdxl_tpu.request.request import Request
 
 
 def test_every_preset_is_a_valid_request_for_its_sampler_table():
@@ -41,7 +41,7 @@ def test_settle_prefers_what_is_given_then_the_preset_then_the_default():
 
 
 def test_what_a_preset_loads_unless_options_say_otherwise():
-    from sdxl_tpu.spec.load import LoadOptions
+    from sdxl_tpu.request.load import LoadOptions
 
     assert LoadOptions.of({}).model == "stabilityai/stable-diffusion-xl-base-1.0"
     turbo = LoadOptions.of({"timestep_spacing": "leading"}, recipe_named("Turbo"))

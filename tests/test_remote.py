@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sdxl_tpu.server.remote import Backend, Unavailable
-from sdxl_tpu.spec.errors import Cancelled, RequestError
-from sdxl_tpu.spec.request import Request
+from sdxl_tpu.request.errors import Cancelled, RequestError
+from sdxl_tpu.request.request import Request
 from served_app import free_port
 
 JPEG = b"\xff\xd8\xff\xe0fake jpeg"
@@ -173,7 +173,7 @@ def test_a_starting_image_travels_to_the_back_end_as_it_will_run():
     from sdxl_tpu.server.http_io import parse_request
     from sdxl_tpu.server.offer import provisional
     from sdxl_tpu.server.settings import Settings
-    from sdxl_tpu.spec.load import LoadOptions
+    from sdxl_tpu.request.load import LoadOptions
 
     pixels = np.random.default_rng(1).integers(0, 256, (48, 128, 3), np.uint8)
     request = Request.of("a cat", seed=5, steps=4, size="64x64", sampler="Euler", image=pixels,

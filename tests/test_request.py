@@ -1,4 +1,4 @@
-"""The one request type and its rules (sdxl_tpu.spec.request), shared by the API, the CLI and the
+"""The one request type and its rules (sdxl_tpu.request.request), shared by the API, the CLI and the
 playground: the same value gets the same message wherever it comes in."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 from sdxl_tpu.server.form import validate
 from sdxl_tpu.server.offer import provisional
 from sdxl_tpu.server.settings import Settings
-from sdxl_tpu.spec.errors import RequestError
-from sdxl_tpu.spec.fields import MAX_SEED
-from sdxl_tpu.spec.load import LoadOptions
-from sdxl_tpu.spec.request import Request
-from sdxl_tpu.spec.values import parse_size, size_input
+from sdxl_tpu.request.errors import RequestError
+from sdxl_tpu.request.fields import MAX_SEED
+from sdxl_tpu.request.load import LoadOptions
+from sdxl_tpu.request.request import Request
+from sdxl_tpu.request.values import parse_size, size_input
 
 SIZES = [(64, 64), (96, 64)]
 

@@ -10,8 +10,8 @@ import pytest
 
 from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG, sampler_named, samplers_for
 from sdxl_tpu.sampler.tables import MAX_ROWS
-from sdxl_tpu.spec.fields import MAX_STEPS
-from sdxl_tpu.spec.names import SAMPLERS
+from sdxl_tpu.request.fields import MAX_STEPS
+from sdxl_tpu.request.names import SAMPLERS
 
 SPACINGS = ["leading", "trailing", "linspace"]
 

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from served_app import ROOT, SIZES, get
 from sdxl_tpu.server.guard import MAX_BODY_BYTES
 from sdxl_tpu.server.page import PASTED_INTO
-from sdxl_tpu.spec.fields import FEWEST_INPUTS, FIELD, FORM, MAX_PROMPT_CHARS
-from sdxl_tpu.spec.hires import UPSCALERS
-from sdxl_tpu.spec.mask import INPAINT_AREAS, MASKED_CONTENT
-from sdxl_tpu.spec.names import RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.request.fields import FEWEST_INPUTS, FIELD, FORM, MAX_PROMPT_CHARS
+from sdxl_tpu.imaging.hires import UPSCALERS
+from sdxl_tpu.imaging.mask import INPAINT_AREAS, MASKED_CONTENT
+from sdxl_tpu.request.names import RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
 # A valid call (1 step), from noise: no image (its strength and resize mode are checked, not used),
 # no mask (its blur and masked content likewise).
@@ -226,7 +226,7 @@ def test_gradio_own_upload_check_is_in_force_behind_the_guard(tmp_path, monkeypa
     from sdxl_tpu.server.internals import mark_launched
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.settings import Settings
-    from sdxl_tpu.spec.load import LoadOptions
+    from sdxl_tpu.request.load import LoadOptions
 
     secret = tmp_path / "secret.txt"
     secret.write_text("secret")
@@ -735,7 +735,7 @@ def test_uploads_are_read_by_their_name_alone_and_swept_by_age_and_size(tmp_path
     import time
 
     from sdxl_tpu.server.uploads import Uploads
-    from sdxl_tpu.spec.errors import RequestError
+    from sdxl_tpu.request.errors import RequestError
 
     now = time.time()
     files = []

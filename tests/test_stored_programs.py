@@ -52,7 +52,7 @@ def test_a_restart_loads_the_stored_programs_untraced_and_makes_the_same_images(
     """Compiled here (and stored: its own store, the session's JAX cache), then a new process:
     it loads every program without asking XLA or JAX's cache for any; the same images, bit for bit."""
     from sdxl_tpu.generate.loading import load
-    from sdxl_tpu.spec.load import LoadOptions
+    from sdxl_tpu.request.load import LoadOptions
 
     store = tmp_path / "cache" / "programs"
     with caplog.at_level(logging.INFO, logger="sdxl_tpu"):

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from served_app import API_KEY, read_metrics, requests_total
-from sdxl_tpu.spec.images import read_parameters
+from sdxl_tpu.a1111.images import read_parameters
 
 PROMPT, NEGATIVE, SEED, STEPS = "a lighthouse", "blurry", 41, 3
 
@@ -154,7 +154,7 @@ def hostile_images() -> list:
 
 
 def a1111_bodies(img2img: bool) -> list[bytes]:
-    from sdxl_tpu.spec.a1111_api import ONLY_DEFAULT
+    from sdxl_tpu.a1111.a1111_api import ONLY_DEFAULT
 
     base = {"prompt": "a cat", "steps": 1, "width": 64, "height": 64}
     fields = {"prompt": NOT_TEXT, "negative_prompt": NOT_TEXT, "sampler_name": NOT_CHOICE, "scheduler": NOT_CHOICE,
@@ -244,8 +244,8 @@ def edit_bodies() -> list[tuple[bytes, str]]:
 @functools.cache
 def hostile_bytes() -> list[bytes]:
     """The image corpus's files (test_image_input) that the decoder refuses."""
-    from sdxl_tpu.spec.errors import RequestError
-    from sdxl_tpu.spec.image_input import decode_image
+    from sdxl_tpu.request.errors import RequestError
+    from sdxl_tpu.imaging.image_input import decode_image
     from test_image_input import hostile_files
 
     refused = []
@@ -283,7 +283,7 @@ def mcp_messages() -> list[dict | bytes]:
     messages += [{"jsonrpc": "2.0", "id": 6, "method": method, "params": 5}
                  for method in ("initialize", "ping", "tools/list", "resources/list", "prompts/list",
                                 "completion/complete")]
-    from sdxl_tpu.spec.fields import FIELDS
+    from sdxl_tpu.request.fields import FIELDS
 
     fields = {"steps": [0, 10**6, "x"], "size": ["512x512", "x"], "sampler": ["nope"], "schedule": ["nope"],
               "rng": ["nope"], "style": ["nope"], "image": ["/etc/passwd", "http://127.0.0.1:1/x.png"],

@@ -112,7 +112,7 @@ def _mask() -> Image.Image:
 def test_every_sampler_img2img_inpainting_and_hires_run_on_the_chip_without_nan_or_recompiles(
         chip_pipeline, chip_inpainting_pipeline):
     """A non-finite image raises GenerationError, so each call returning is the check for NaN."""
-    from sdxl_tpu.spec.names import SAMPLERS
+    from sdxl_tpu.request.names import SAMPLERS
 
     for pipe in (chip_pipeline, chip_inpainting_pipeline):
         pipe.generate("warm", steps=2, size=(64, 64))  # (the first call's host-side caches)

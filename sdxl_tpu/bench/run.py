@@ -27,12 +27,12 @@ from ..generate.pipeline import Pipeline
 from ..generate.stored_programs import ProgramStore
 from ..models.layers import Precision
 from ..models.taesd import AutoencoderTiny, TAESDConfig
-from ..spec.load import LoadOptions
-from ..spec.names import SDXL_BASE
-from ..spec.options import load_values, older_architecture, options_for
-from ..spec.recipes import RECIPES, settle
-from ..spec.request import preview_cadence
-from ..spec.values import format_size, parse_size
+from ..request.load import LoadOptions
+from ..request.names import SDXL_BASE
+from ..cli.options import load_values, older_architecture, options_for
+from ..request.recipes import RECIPES, settle
+from ..request.request import preview_cadence
+from ..request.values import format_size, parse_size
 from ..weights.architectures import architecture_configs
 from ..weights.checkpoint import config_root
 from ..weights.taesd import load_taesd

@@ -1,7 +1,7 @@
 """One call of a Pipeline, top to bottom: checked per-image parameters -> host arrays -> the
 compiled programs in order (text, the starting image's latents, noise, the denoising loop,
 decode) -> images; and with a hires fix a second pass at the larger size from the first pass's
-upscaled latents or pixels (spec/hires.py). pipeline.py holds what the programs run on."""
+upscaled latents or pixels (imaging/hires.py). pipeline.py holds what the programs run on."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import jax
 import numpy as np
 from PIL import Image
 
-from ..spec.errors import GenerationError, RequestError
-from ..spec.hires import latent_upscale
-from ..spec.request import GenerationResult, ImageInfo, guided
-from ..spec.resize import fit_image, image_array
-from ..spec.values import not_a_choice, schedule_input
+from ..request.errors import GenerationError, RequestError
+from ..imaging.hires import latent_upscale
+from ..request.request import GenerationResult, ImageInfo, guided
+from ..imaging.resize import fit_image, image_array
+from ..request.values import not_a_choice, schedule_input
 from . import sampling, starting
 from .denoising import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews

@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from ..spec.values import format_size
+from ..request.values import format_size
 from .compilation import compile_side_by_side
 from .programs import Layout, program, slowest_first
 from .stored_programs import ProgramStore

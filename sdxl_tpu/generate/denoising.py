@@ -14,7 +14,7 @@ import numpy as np
 
 from ..sampler.tables import Tables
 from ..sampler.torch_rng import TorchCPUGenerator
-from ..spec.errors import Cancelled
+from ..request.errors import Cancelled
 from .preview import Previews
 from .update import State
 

@@ -1,4 +1,4 @@
-"""Building a Pipeline from what to load (spec/load.py's LoadOptions): its weights, tokenizers,
+"""Building a Pipeline from what to load (request/load.py's LoadOptions): its weights, tokenizers,
 samplers and the names its images' parameters will carry, then compiled for its sizes."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import jax
 
 from ..sampler.from_config import load_samplers
-from ..spec.infotext import Stamp, file_hash
-from ..spec.load import LoadOptions, lora_name, lora_spec
+from ..a1111.infotext import Stamp, file_hash
+from ..request.load import LoadOptions, lora_name, lora_spec
 from ..weights.checkpoint import Checkpoint, Models, config_root, is_single_file
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
@@ -38,7 +38,7 @@ def compute_dtype_for(dtype: str, compute_dtype: str | None = None) -> str:
 def load_pipeline(model: str | os.PathLike, *, warmup: bool = True, devices: Sequence[jax.Device] | None = None,
                   compile_cache: str | os.PathLike | None = None, **options: Any) -> Pipeline:
     """Load an SDXL checkpoint and compile it: `model` and `options` are LoadOptions' fields (what
-    to load: the model, sizes, dtype, LoRAs, ...; see spec/load.py). With `warmup` every size is
+    to load: the model, sizes, dtype, LoRAs, ...; see request/load.py). With `warmup` every size is
     compiled before this returns; requests for other sizes are refused rather than compiled.
     `devices`: those the pipeline is replicated on (default: all). `compile_cache`, if given, is set
     as the process-wide JAX persistent compilation cache (entry points usually set it once themselves)

@@ -23,10 +23,10 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from ..sampler.tables import MAX_ROWS, Sampler
-from ..spec.infotext import Stamp
-from ..spec.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
-from ..spec.request import GenerationResult, ImageInfo, Request
-from ..spec.values import format_size, parse_size, size_input
+from ..a1111.infotext import Stamp
+from ..a1111.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
+from ..request.request import GenerationResult, ImageInfo, Request
+from ..request.values import format_size, parse_size, size_input
 from ..weights.checkpoint import Models
 from .call import run_call
 from .compiled import CompiledPrograms
@@ -218,8 +218,8 @@ class Pipeline:
         prompt / negative_prompt / guidance_scale: one value for every image, or one per image.
         seed: an int (image i gets seed + i), one per image, or None or -1 (random, as A1111's -1).
         sampler: one of `samplers` by name (AUTOMATIC1111's: "Euler", "Euler a", "DPM++ 2M",
-            "DPM++ 2M Karras", ...: spec/names.py's SAMPLERS); None: the default.
-        schedule: Schedule type (spec/names.py's SCHEDULES; default "Checkpoint": the checkpoint's
+            "DPM++ 2M Karras", ...: request/names.py's SAMPLERS); None: the default.
+        schedule: Schedule type (request/names.py's SCHEDULES; default "Checkpoint": the checkpoint's
             scheduler config as diffusers runs it); rng: "JAX" (default) or "CPU" (PyTorch's CPU
             generator, per image from its seed, as A1111's CPU source and ComfyUI draw it).
         latents: optional initial noise in diffusers' layout (images, 4, h, w), as diffusers' `latents=`.
@@ -232,7 +232,7 @@ class Pipeline:
         mask_image: inpainting: repaint where this mask of the image's size is white, its edge blurred
             by `mask_blur` pixels (default 4), from `masked_content` (A1111's; default "original");
             the rest keeps the image's pixels (as diffusers' inpainting pipeline on the checkpoint's
-            schedule, as A1111 on its schedule types: spec/mask.py, sampler/tables.py). `inpaint_area`
+            schedule, as A1111 on its schedule types: imaging/mask.py, sampler/tables.py). `inpaint_area`
             "Only masked": the mask's region and `mask_padding` pixels around it (default 32)
             denoised at `size`, pasted back into the image at its own size. An inpainting UNet (9
             input channels) also takes the mask and the masked image's latents, as diffusers and

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..sampler.tables import Tables
-from ..spec.prompts import CHUNK_TOKENS, chunk_prompt, split_network_tags
-from ..spec.request import ImageInfo
+from ..a1111.prompts import CHUNK_TOKENS, chunk_prompt, split_network_tags
+from ..request.request import ImageInfo
 from . import update
 from .update import State
 

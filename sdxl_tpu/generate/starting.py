@@ -1,6 +1,6 @@
 """The host half of a call that starts from images (img2img, inpainting): what the VAE encodes,
 where the latents are kept and what fills the rest, and the finished images with the input's
-pixels wherever the mask kept them. Plain numpy and PIL (spec/mask.py); the device half is
+pixels wherever the mask kept them. Plain numpy and PIL (imaging/mask.py); the device half is
 programs.py's noise program and update.py's blends."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from ..spec.mask import ONLY_MASKED, fill, latent_mask, overlay
-from ..spec.request import ImageInfo
+from ..imaging.mask import ONLY_MASKED, fill, latent_mask, overlay
+from ..request.request import ImageInfo
 from .programs import LATENT_FILL
 
 

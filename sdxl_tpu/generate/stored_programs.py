@@ -33,7 +33,7 @@ from typing import Any
 import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
-from ..spec.values import format_size
+from ..request.values import format_size
 from .compilation import compile_side_by_side
 from .programs import program, slowest_first
 

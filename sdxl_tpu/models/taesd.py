@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..spec.configs import check_supported
+from ..request.configs import check_supported
 from .layers import Conv, Precision
 
 _REQUIRED_VALUES: dict[str, tuple] = {"act_fn": ("relu",), "upsample_fn": ("nearest",), "shift_factor": (None, 0, 0.0)}

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..spec.configs import check_supported, warn_unknown
+from ..request.configs import check_supported, warn_unknown
 from .layers import Conv, GroupNorm, Precision, TimestepEmbedding, timestep_embedding
 from .unet_blocks import DownBlock, MidBlock, TextContext, UpBlock
 

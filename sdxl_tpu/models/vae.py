@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..spec.configs import check_supported
+from ..request.configs import check_supported
 from .layers import Attention, Conv, Downsample2D, GroupNorm, Precision, ResnetBlock2D, Upsample2D
 
 # Config keys whose value must be one of these; down/up_block_types are checked per entry in from_dict.

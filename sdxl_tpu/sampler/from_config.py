@@ -9,8 +9,8 @@ import os
 import warnings
 from typing import Any
 
-from ..spec.configs import check_supported
-from ..spec.names import SAMPLERS
+from ..request.configs import check_supported
+from ..request.names import SAMPLERS
 from .diffusers import DDIM, DPMSolverMultistep, DPMSolverSDE, EulerDiscrete, LCM, NOISE_ONLY, schedule_fields
 from .tables import Sampler
 

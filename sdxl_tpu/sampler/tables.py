@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..spec.fields import MAX_STEPS
+from ..request.fields import MAX_STEPS
 from . import kdiffusion, sigmas
 
 MAX_ROWS = 2 * MAX_STEPS  # room for a sampler of two model evaluations per step

@@ -36,9 +36,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..spec.errors import RequestError
-from ..spec.images import encode_preview
-from ..spec.values import shown
+from ..request.errors import RequestError
+from ..a1111.images import encode_preview
+from ..request.values import shown
 from .batcher import ShuttingDown
 from .core import Server
 from .engine import Generated

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 import numpy as np
 
-from ..spec.errors import Cancelled, RequestError
-from ..spec.request import GenerationResult, ImageInfo, guided, preview_cadence
+from ..request.errors import Cancelled, RequestError
+from ..request.request import GenerationResult, ImageInfo, guided, preview_cadence
 
 log = logging.getLogger("sdxl_tpu.server.batcher")
 

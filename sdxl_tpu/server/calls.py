@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from starlette.requests import Request as HTTPRequest
 
-from ..spec.fields import MAX_SEED
-from ..spec.request import Request
+from ..request.fields import MAX_SEED
+from ..request.request import Request
 from .batcher import ShuttingDown
 from .core import Server
 from .engine import Generated, Report

@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ..spec.errors import RequestError
-from ..spec.fields import DEFAULT_STYLE
-from ..spec.recipes import RECIPES, Recipe
-from ..spec.request import Request
+from ..request.errors import RequestError
+from ..request.fields import DEFAULT_STYLE
+from ..request.recipes import RECIPES, Recipe
+from ..request.request import Request
 from .drain import drain, end
 from .engine import Engine, Report, Ticket
 from .events import Done, Ended, Preview, Progress, Shown, Started

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
-from ..spec.request import Request
+from ..request.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..request.request import Request
 from .events import Ended, Preview, Progress
 from .offer import Offer
 
@@ -30,7 +30,7 @@ class Generated:
     timings: dict[str, float]  # seconds: text_encoding, denoising, decoding, total, encoding
     schedule: str = DEFAULT_SCHEDULE  # the Schedule type that ran ("Automatic" resolved)
     rng: str = DEFAULT_RNG
-    format: str = "jpeg"  # of the files (spec/images.py's FORMATS)
+    format: str = "jpeg"  # of the files (a1111/images.py's FORMATS)
 
 
 class Ticket:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..spec.values import is_file_object, json_type
+from ..request.values import is_file_object, json_type
 
 
 MAX_DEPTH = 8  # of JSON nesting inside `data`; the app's inputs are flat

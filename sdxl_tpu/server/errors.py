@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from ..spec.errors import Cancelled, RequestError
+from ..request.errors import Cancelled, RequestError
 
 
 log = logging.getLogger("sdxl_tpu.server")

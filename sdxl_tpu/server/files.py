@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..spec.images import FORMATS, encode_preview
-from ..spec.values import format_size
+from ..a1111.images import FORMATS, encode_preview
+from ..request.values import format_size
 from .engine import Generated
 
 Gallery = list[tuple[str, str]]  # (path, caption) of each image, as Gradio's gallery takes them

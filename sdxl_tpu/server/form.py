@@ -1,4 +1,4 @@
-"""The playground's form (its fields are spec/fields.py's): the values as a client sends them,
+"""The playground's form (its fields are request/fields.py's): the values as a client sends them,
 checked into one Request with the style applied; the example prompts; the seed or file of a picked
 gallery image; a prompt's token count."""
 
@@ -8,12 +8,12 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..spec.errors import RequestError
-from ..spec.fields import FIELD, FIELDS, FORM
-from ..spec.prompts import CHUNK_TOKENS, NetworkTag, chunk_prompt, split_network_tags
-from ..spec.request import Request
-from ..spec.styles import apply_style, style_entry
-from ..spec.values import choice_input, json_type, number_input, seed_input, text_input
+from ..request.errors import RequestError
+from ..request.fields import FIELD, FIELDS, FORM
+from ..a1111.prompts import CHUNK_TOKENS, NetworkTag, chunk_prompt, split_network_tags
+from ..request.request import Request
+from ..request.styles import apply_style, style_entry
+from ..request.values import choice_input, json_type, number_input, seed_input, text_input
 from .errors import log_refusal
 from .offer import Offer
 

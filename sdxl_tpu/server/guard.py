@@ -31,9 +31,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from ..spec.errors import RequestError
-from ..spec.image_input import MAX_BYTES, decode_image
-from ..spec.values import shown
+from ..request.errors import RequestError
+from ..imaging.image_input import MAX_BYTES, decode_image
+from ..request.values import shown
 from .asgi_io import (FILE_HEADERS, client_address, innermost_frame, read_body, replay, send_bytes, send_json,
                       with_body_length)
 from .envelope import (Endpoint, ID, Refused, check_cached_file, check_envelope, check_fn_index, check_id, parse_json,

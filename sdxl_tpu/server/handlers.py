@@ -1,5 +1,5 @@
 """Gradio's event handlers, as the page wires them: errors reach the user as errors.py says, and
-the form's fields (spec/fields.py) are a handler's parameters, in the order the page sends them."""
+the form's fields (request/fields.py) are a handler's parameters, in the order the page sends them."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 
 import gradio as gr
 
-from ..spec.fields import FIELDS, FORM
+from ..request.fields import FIELDS, FORM
 from .errors import user_message
 from .form import form_values
 
 
 def form_handler(run: Callable, *extra: str, returns: str = "") -> Callable:
-    """A Gradio handler whose parameters are the form's fields (spec/fields.py, in the order the page
+    """A Gradio handler whose parameters are the form's fields (request/fields.py, in the order the page
     and /generate send them; the optional ones may be left out), then `extra` (e.g. the history),
     then Gradio's progress tracker; `run(values, *extra, progress)` gets the fields by name. Its
     docstring is `run`'s, the fields' meanings (Field.about) and `returns` ("Returns: ...")."""

@@ -14,8 +14,8 @@ from typing import Any
 
 from PIL import Image
 
-from ..spec.fields import FIELD, FIELDS, FORM, HISTORY, MAX_PROMPT_CHARS, kept
-from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..request.fields import FIELD, FIELDS, FORM, HISTORY, MAX_PROMPT_CHARS, kept
+from ..request.names import DEFAULT_RNG, DEFAULT_SCHEDULE
 from .sampler_menu import MENU_PAIR_JS
 
 HISTORY_LENGTH = 24  # runs kept in the browser, newest first

@@ -10,18 +10,18 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 
-from ..spec.errors import Cancelled, RequestError
-from ..spec.fields import FIELDS
-from ..spec.image_input import MAX_BASE64_CHARS
-from ..spec.images import FORMATS
-from ..spec.infotext import parse as parse_parameters, request_fields, usable
-from ..spec.request import Request
-from ..spec.styles import MAX_STYLED_PROMPT_CHARS
-from ..spec.values import json_type, shown
+from ..request.errors import Cancelled, RequestError
+from ..request.fields import FIELDS
+from ..imaging.image_input import MAX_BASE64_CHARS
+from ..a1111.images import FORMATS
+from ..a1111.infotext import parse as parse_parameters, request_fields, usable
+from ..request.request import Request
+from ..request.styles import MAX_STYLED_PROMPT_CHARS
+from ..request.values import json_type, shown
 from .batcher import QueueFull, ShuttingDown, StillCompiling
 from .core import Server
 
-# A generation's JSON keys: the form's fields by their API names (spec/fields.py), an A1111
+# A generation's JSON keys: the form's fields by their API names (request/fields.py), an A1111
 # parameters text, whether a mask comes blurred already (a front end forwards its requests' masks
 # so: remote.request_json), how many images to make (left out: as many as a call makes) and their
 # file format (left out: the server's --image-format).

@@ -14,12 +14,12 @@ import jax
 from ..generate.compilation import CompileCounter, enable_compile_cache, gpu_unused, quiet_platforms
 from ..generate.loading import load
 from ..generate.pipeline import Pipeline, call_batch
-from ..spec.errors import CompileError, GenerationError, RequestError
-from ..spec.images import encode_all
-from ..spec.infotext import parameters_text
-from ..spec.names import schedule_used
-from ..spec.request import GenerationResult, Request, guided
-from ..spec.values import format_size
+from ..request.errors import CompileError, GenerationError, RequestError
+from ..a1111.images import encode_all
+from ..a1111.infotext import parameters_text
+from ..request.names import schedule_used
+from ..request.request import GenerationResult, Request, guided
+from ..request.values import format_size
 from .batcher import Batcher, Job
 from .engine import Generated, Report, Ticket
 from .offer import Offer, provisional

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily
 
-from ..spec.errors import Cancelled, RequestError
+from ..request.errors import Cancelled, RequestError
 from .batcher import QueueFull, ShuttingDown
 from .remote import Unavailable
 from .settings import metrics_address

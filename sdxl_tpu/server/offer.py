@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..spec.errors import RequestError
-from ..spec.fields import FIELD
-from ..spec.images import FORMATS
-from ..spec.names import RNGS, SAMPLERS, SCHEDULES
-from ..spec.prompts import MAX_CHUNKS
-from ..spec.recipes import RECIPES, Recipe, SAMPLING
-from ..spec.values import format_size, json_type, parse_size
+from ..request.errors import RequestError
+from ..request.fields import FIELD
+from ..a1111.images import FORMATS
+from ..request.names import RNGS, SAMPLERS, SCHEDULES
+from ..a1111.prompts import MAX_CHUNKS
+from ..request.recipes import RECIPES, Recipe, SAMPLING
+from ..request.values import format_size, json_type, parse_size
 from .settings import Settings
 
 

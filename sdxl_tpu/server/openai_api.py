@@ -27,11 +27,11 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..spec.errors import RequestError
-from ..spec.image_input import decode_image
-from ..spec.images import FORMATS
-from ..spec.resize import nearest_size
-from ..spec.values import format_size, json_type
+from ..request.errors import RequestError
+from ..imaging.image_input import decode_image
+from ..a1111.images import FORMATS
+from ..imaging.resize import nearest_size
+from ..request.values import format_size, json_type
 from .batcher import QueueFull
 from .calls import one_call, split
 from .core import Server

@@ -13,18 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from ..spec.errors import RequestError
-from ..spec.fields import BY_API, FIELD, FIELDS, PASTED, restoring
-from ..spec.image_input import decode_image
-from ..spec.images import read_parameters
-from ..spec.hires import scales_to
-from ..spec.infotext import parse, request_fields
-from ..spec.png_info import png_info
-from ..spec.names import DEFAULT_SCHEDULE
-from ..spec.recipes import RECIPES
-from ..spec.resize import nearest_size, new_area_mask
-from ..spec.styles import style_entry
-from ..spec.values import format_size, parse_size
+from ..request.errors import RequestError
+from ..request.fields import BY_API, FIELD, FIELDS, PASTED, restoring
+from ..imaging.image_input import decode_image
+from ..a1111.images import read_parameters
+from ..imaging.hires import scales_to
+from ..a1111.infotext import parse, request_fields
+from ..a1111.png_info import png_info
+from ..request.names import DEFAULT_SCHEDULE
+from ..request.recipes import RECIPES
+from ..imaging.resize import nearest_size, new_area_mask
+from ..request.styles import style_entry
+from ..request.values import format_size, parse_size
 from .errors import log_refusal
 from .offer import Offer
 from .sampler_menu import CHECKPOINT_KARRAS, KARRAS, MENU_PAIR_JS, menu_pair

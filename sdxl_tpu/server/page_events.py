@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 from gradio.utils import get_upload_folder
 
-from ..spec.recipes import RECIPES
+from ..request.recipes import RECIPES
 from .core import Server
 from .errors import log_refusal
 from .events import Progress

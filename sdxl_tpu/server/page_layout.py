@@ -1,6 +1,6 @@
 """The playground's layout: its Gradio components in the order a person reads them (the form, the
 results, then examples, pasted parameters and the history), each field's widget with its label,
-limits and default from spec/fields.py. What they do when used is page_events.py's."""
+limits and default from request/fields.py. What they do when used is page_events.py's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import gradio as gr
 
-from ..spec.fields import FIELD, FIELDS, FORM
-from ..spec.styles import STYLES
+from ..request.fields import FIELD, FIELDS, FORM
+from ..request.styles import STYLES
 from .core import Server
 from .form import EXAMPLES
 from .history import HISTORY_HEADERS, HISTORY_PER_PAGE
@@ -64,7 +64,7 @@ class Page:
     kept_run: gr.BrowserState
     history_table: gr.Dataset
     inputs: dict[str, Any]  # the form's fields' widgets, by field name (their element ids)
-    form: list[Any]  # the same in the form's order (spec/fields.py's FORM): every run takes them so
+    form: list[Any]  # the same in the form's order (request/fields.py's FORM): every run takes them so
 
 
 def lay_out(demo: gr.Blocks, server: Server) -> Page:
@@ -202,7 +202,7 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                                        samples_per_page=HISTORY_PER_PAGE, elem_id="history",
                                        label="History (kept in this browser; click a run to restore it, seed "
                                              "included)")
-    # The form's inputs, found by their element ids, which are the fields' names (spec/fields.py):
+    # The form's inputs, found by their element ids, which are the fields' names (request/fields.py):
     # every event takes them in the form's order.
     inputs = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None) in FORM}
     form = [inputs[name] for name in FORM]

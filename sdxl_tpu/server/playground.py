@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from gradio.utils import get_upload_folder
 
-from ..spec.fields import FEWEST_INPUTS
-from ..spec.image_input import MAX_BYTES
+from ..request.fields import FEWEST_INPUTS
+from ..imaging.image_input import MAX_BYTES
 from .batcher import SHUTTING_DOWN
 from .core import Server
 from .envelope import endpoints_of

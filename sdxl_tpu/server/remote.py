@@ -24,10 +24,10 @@ from typing import Any
 
 import httpx
 
-from ..spec.errors import Cancelled, RequestError
-from ..spec.images import png_bytes
-from ..spec.request import Request
-from ..spec.values import format_size
+from ..request.errors import Cancelled, RequestError
+from ..a1111.images import png_bytes
+from ..request.request import Request
+from ..request.values import format_size
 from .engine import Generated
 from .settings import check_backend_url
 

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..spec.request import Request
+from ..request.request import Request
 from ..weights.hub import load_tokenizer
 from .engine import Report, Ticket
 from .errors import log

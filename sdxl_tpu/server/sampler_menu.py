@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..spec.names import resolve_schedule
+from ..request.names import resolve_schedule
 
 KARRAS = " Karras"
 CHECKPOINT_KARRAS = "Checkpoint, Karras sigmas"  # the page's alone: "<sampler> Karras" on "Checkpoint"

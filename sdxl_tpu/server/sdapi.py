@@ -1,4 +1,4 @@
-"""AUTOMATIC1111's web API, /sdapi/v1, on the same server as everything else (spec/a1111_api.py
+"""AUTOMATIC1111's web API, /sdapi/v1, on the same server as everything else (a1111/a1111_api.py
 reads its bodies): the same request checks, queue, batching (a request of batch_size 1 shares a
 compiled call with others), cancellation and drain. batch_size x n_iter images are made a call's
 worth at a time, seeds following on as A1111's. What its clients read: images as base64 PNG with
@@ -19,13 +19,13 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..spec.a1111_api import SCHEDULER_NAMES, SETTINGS_TAKEN, generation_fields, info_json
-from ..spec.errors import Cancelled, RequestError
-from ..spec.image_input import from_base64
-from ..spec.images import encode_preview
-from ..spec.infotext import parse as parse_parameters
-from ..spec.png_info import png_info
-from ..spec.styles import STYLES, apply_style
+from ..a1111.a1111_api import SCHEDULER_NAMES, SETTINGS_TAKEN, generation_fields, info_json
+from ..request.errors import Cancelled, RequestError
+from ..imaging.image_input import from_base64
+from ..a1111.images import encode_preview
+from ..a1111.infotext import parse as parse_parameters
+from ..a1111.png_info import png_info
+from ..request.styles import STYLES, apply_style
 from ..version import VERSION
 from .calls import one_call, split
 from .events import Ended, Preview, Progress

@@ -11,13 +11,13 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..spec.errors import RequestError
-from ..spec.load import LoadOptions
-from ..spec.names import DEFAULT_RNG, DEFAULT_SCHEDULE
-from ..spec.options import add_options, default_of, fill_defaults, load_values
-from ..spec.prompts import MAX_CHUNKS
-from ..spec.recipes import Recipe, recipe_named
-from ..spec.values import parse_size, schedule_input
+from ..request.errors import RequestError
+from ..request.load import LoadOptions
+from ..request.names import DEFAULT_RNG, DEFAULT_SCHEDULE
+from ..cli.options import add_options, default_of, fill_defaults, load_values
+from ..a1111.prompts import MAX_CHUNKS
+from ..request.recipes import Recipe, recipe_named
+from ..request.values import parse_size, schedule_input
 
 TINY_DEFAULT_SIZE = "256x256"
 

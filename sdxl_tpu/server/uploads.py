@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, MutableSet
 from typing import Any
 
-from ..spec.errors import RequestError
-from ..spec.image_input import MAX_BYTES, decode_image
+from ..request.errors import RequestError
+from ..imaging.image_input import MAX_BYTES, decode_image
 
 log = logging.getLogger("sdxl_tpu.server.uploads")
 

@@ -15,8 +15,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ..spec.errors import CompileError, RequestError
-from ..spec.values import format_size, parse_size
+from ..request.errors import CompileError, RequestError
+from ..request.values import format_size, parse_size
 from ..weights.errors import CheckpointError, PreviewDecoderError
 from .batcher import SHUTTING_DOWN, StillCompiling
 from .engine import Engine, Size

@@ -70,7 +70,7 @@ def vae_config(channels=(16, 16, 32, 32), *, groups: int = 8, layers: int = 1,
 
 def architecture_configs(architecture: str, vocab_size: int = 49408) -> dict[str, Any]:
     """Component configs (as config.json files hold them) and the default image size of an
-    architecture (spec/names.py's ARCHITECTURES).
+    architecture (request/names.py's ARCHITECTURES).
 
     tiny:  a few MB, for tests and running offline.
     small: SDXL's block structure, narrower and shallower, 256x256: a CPU call takes seconds, so a

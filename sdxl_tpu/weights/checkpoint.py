@@ -14,7 +14,7 @@ from ..models.clip import CLIPTextConfig, CLIPTextModel
 from ..models.layers import Precision
 from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..models.vae import AutoencoderKL, VAEConfig
-from ..spec.names import SDXL_BASE
+from ..request.names import SDXL_BASE
 from .hub import COMPONENTS, resolve, resolve_file
 from .lora import LoRA, combined_deltas, read_loras
 from .single_file import PREFIXES, SingleFileView, check_single_file, in_single_file_layout

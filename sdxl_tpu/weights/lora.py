@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec.load import LoraSpec, lora_spec
+from ..request.load import LoraSpec, lora_spec
 from .errors import CheckpointError
 from .single_file import PREFIXES, place
 from .tensors import TensorSource, normalize_clip_name

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
 
-from .errors import RequestError
+from ..request.errors import RequestError
 from .image_input import decode_image, from_base64
 from .resize import fit_image
 

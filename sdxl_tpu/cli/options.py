@@ -1,6 +1,6 @@
 """Every command-line option of the app, `serve`, `generate`, `bench` and `make-tiny`, in one
 table: flag, environment variable, default, choices, help. Parsers are built from it and
-docs/options.md's option table is written from it (`python -m sdxl_tpu.spec.options_table`), so they cannot
+docs/options.md's option table is written from it (`python -m sdxl_tpu.cli.options_table`), so they cannot
 drift.
 
 An option given on the command line wins; then (where a command takes them from elsewhere, as
@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import hires
-from .images import FORMATS
-from .mask import DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT, INPAINT_AREAS, MASKED_CONTENT
-from .names import (ARCHITECTURES, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS,
-                    SCHEDULES)
-from .prompts import DEFAULT_MAX_CHUNKS
-from .recipes import RECIPES
+from ..imaging import hires
+from ..a1111.images import FORMATS
+from ..imaging.mask import (DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT, INPAINT_AREAS,
+                            MASKED_CONTENT)
+from ..request.names import (ARCHITECTURES, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS,
+                             SAMPLERS, SCHEDULES)
+from ..a1111.prompts import DEFAULT_MAX_CHUNKS
+from ..request.recipes import RECIPES
 
 COMMANDS = ("app", "serve", "generate", "bench", "make-tiny")
 SERVERS = ("app", "serve")

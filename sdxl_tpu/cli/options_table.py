@@ -1,5 +1,5 @@
 """docs/options.md's table of options, written from the one list of them (options.py):
-`python -m sdxl_tpu.spec.options_table` prints it."""
+`python -m sdxl_tpu.cli.options_table` prints it."""
 
 from __future__ import annotations
 

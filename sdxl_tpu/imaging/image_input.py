@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .errors import RequestError
+from ..request.errors import RequestError
 
 FORMATS = ("PNG", "JPEG", "WEBP")  # decoded; anything else (SVG, GIF, HTML, ...) is refused
 MAX_BYTES = 16 * 2**20  # a 4096x4096 PNG of noise is about 50 MB; a photo's JPEG a few MB

@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .hires import DEFAULT_SCALE as HIRES_SCALE
-from .hires import DEFAULT_STRENGTH as HIRES_STRENGTH
-from .hires import DEFAULT_UPSCALER as HIRES_UPSCALER
-from .hires import SCALE_RANGE as HIRES_SCALE_RANGE
-from .hires import UPSCALERS as HIRES_UPSCALERS
-from .mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT, INPAINT_AREAS,
-                   MASKED_CONTENT, MAX_MASK_BLUR, MAX_MASK_PADDING)
+from ..imaging.hires import DEFAULT_SCALE as HIRES_SCALE
+from ..imaging.hires import DEFAULT_STRENGTH as HIRES_STRENGTH
+from ..imaging.hires import DEFAULT_UPSCALER as HIRES_UPSCALER
+from ..imaging.hires import SCALE_RANGE as HIRES_SCALE_RANGE
+from ..imaging.hires import UPSCALERS as HIRES_UPSCALERS
+from ..imaging.mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT,
+                            INPAINT_AREAS, MASKED_CONTENT, MAX_MASK_BLUR, MAX_MASK_PADDING)
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 
 MAX_SEED = 2**32 - 1

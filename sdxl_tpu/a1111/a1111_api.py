@@ -12,14 +12,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import RequestError
-from .fields import MAX_SEED
+from ..request.errors import RequestError
+from ..request.fields import MAX_SEED
 from .infotext import SCHEDULE_NAMES
-from .mask import INPAINT_AREAS, MASKED_CONTENT
-from .names import RESIZE_MODES, SCHEDULES
-from .request import ImageInfo
-from .styles import STYLES
-from .values import json_type, shown
+from ..imaging.mask import INPAINT_AREAS, MASKED_CONTENT
+from ..request.names import RESIZE_MODES, SCHEDULES
+from ..request.request import ImageInfo
+from ..request.styles import STYLES
+from ..request.values import json_type, shown
 
 # A1111's scheduler names as /schedulers lists them ("checkpoint" is ours: the model's own schedule);
 # they are read as infotext.SCHEDULE_NAMES reads a Schedule type.

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..version import VERSION
-from .errors import RequestError
-from .fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_STEPS, PASTED, STRENGTH_RANGE
-from .hires import SCALE_RANGE, UPSCALERS
-from .mask import INPAINT_AREAS, MASKED_CONTENT, MAX_MASK_BLUR, MAX_MASK_PADDING
-from .names import DEFAULT_RNG, RNGS, SCHEDULES, schedule_used
+from ..request.errors import RequestError
+from ..request.fields import FIELDS, GUIDANCE_RANGE, MAX_PROMPT_CHARS, MAX_STEPS, PASTED, STRENGTH_RANGE
+from ..imaging.hires import SCALE_RANGE, UPSCALERS
+from ..imaging.mask import INPAINT_AREAS, MASKED_CONTENT, MAX_MASK_BLUR, MAX_MASK_PADDING
+from ..request.names import DEFAULT_RNG, RNGS, SCHEDULES, schedule_used
 from .prompts import split_network_tags
-from .request import ImageInfo
-from .values import choice_input, format_size, number_input, schedule_input, seed_input, shown
+from ..request.request import ImageInfo
+from ..request.values import choice_input, format_size, number_input, schedule_input, seed_input, shown
 
 MAX_PARAMETERS_CHARS = 3 * MAX_PROMPT_CHARS  # prompt, negative prompt and the settings line
 # "Key: value" or 'Key: "a, b"', as A1111 reads them. A key of at most 64 characters (A1111's are

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .infotext import Stamp, parameters_text
-from .request import ImageInfo
+from ..request.request import ImageInfo
 
 if TYPE_CHECKING:
     from PIL import Image

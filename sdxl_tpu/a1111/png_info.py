@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from .image_input import FORMATS, decode_image
+from ..imaging.image_input import FORMATS, decode_image
 from .images import read_parameters
 
-log = logging.getLogger("sdxl_tpu.spec.png_info")
+log = logging.getLogger("sdxl_tpu.a1111.png_info")
 
 # ComfyUI's (and Fooocus') names -> A1111's; ComfyUI's "normal" schedule is A1111's Uniform (both
 # evenly spaced timesteps from the last to the first), its others as named.

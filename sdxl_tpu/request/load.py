@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .names import SDXL_BASE
-from .options import default_of
+from ..cli.options import default_of
 from .recipes import Recipe
 from .values import parse_size
 

@@ -16,7 +16,7 @@ import numpy as np
 from .errors import RequestError
 from .fields import MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
 from .names import resolve_schedule
-from .prompts import PromptError, check_weights, parse_emphasis
+from ..a1111.prompts import PromptError, check_weights, parse_emphasis
 
 
 # -- describing what a client sent, safely ----------------------------------------------------

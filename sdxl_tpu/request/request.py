@@ -14,13 +14,14 @@ from PIL import Image
 
 from .errors import RequestError
 from .fields import DEFAULT_STRENGTH, FIELD, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
-from .hires import DEFAULT_SCALE, DEFAULT_UPSCALER, UPSCALERS, Hires, scales_to, upscaled_size
-from .hires import DEFAULT_STRENGTH as DEFAULT_HIRES_STRENGTH
-from .image_input import image_input
-from .mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT, INPAINT_AREAS,
-                   MASKED_CONTENT, ONLY_MASKED, Crop, blur_mask, crop_region, fit_mask, mask_input)
+from ..imaging.hires import DEFAULT_SCALE, DEFAULT_UPSCALER, UPSCALERS, Hires, scales_to, upscaled_size
+from ..imaging.hires import DEFAULT_STRENGTH as DEFAULT_HIRES_STRENGTH
+from ..imaging.image_input import image_input
+from ..imaging.mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT,
+                            INPAINT_AREAS, MASKED_CONTENT, ONLY_MASKED, Crop, blur_mask, crop_region, fit_mask,
+                            mask_input)
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
-from .resize import fit_image, image_array
+from ..imaging.resize import fit_image, image_array
 from .values import (choice_input, json_type, number_input, parse_size, prompt_input, schedule_input, seed_input,
                      size_input)
 

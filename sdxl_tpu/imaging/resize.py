@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .errors import RequestError
-from .names import DEFAULT_RESIZE_MODE, RESIZE_MODES
+from ..request.errors import RequestError
+from ..request.names import DEFAULT_RESIZE_MODE, RESIZE_MODES
 
 
 def _resized(image: Image.Image, width: int, height: int) -> Image.Image:
