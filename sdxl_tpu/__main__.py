@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {architecture} SDXL checkpoint to {path}")
         return 0
     if args.command == "serve":
-        from .server.backend import main as serve_main
+        from .routes.backend import main as serve_main
         from .server.settings import settings_from_arguments
 
         return serve_main(settings_from_arguments(parser, args))

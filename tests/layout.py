@@ -119,7 +119,7 @@ def module_map() -> str:
         for path in sorted(folder.glob("*.py")):
             if path.name != "__init__.py":
                 lines.append(f"- `{path.name}`: {summary(path)}")
-    lines += ["", "Besides the package: `app.py` (the Space's entry point: runs server/playground.py), `tests/`,",
+    lines += ["", "Besides the package: `app.py` (the Space's entry point: runs page/playground.py), `tests/`,",
               "`benchmarks/`, `deploy/` (Docker and Kubernetes), `docs/`.", ""]
     return "\n".join(lines)
 

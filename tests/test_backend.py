@@ -21,7 +21,7 @@ from served_app import get, read_metrics, requests_total, start_backend, wait_fo
 from test_image_input import encoded, hostile_files
 from test_img2img import picture
 from test_pipeline import psnr
-from sdxl_tpu.server.http_io import MAX_BODY_BYTES
+from sdxl_tpu.routes.http_io import MAX_BODY_BYTES
 from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.version import VERSION
 

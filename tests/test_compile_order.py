@@ -16,7 +16,7 @@ from sdxl_tpu.generate import compilation
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.events import Done, Started
 from sdxl_tpu.server.files import ImageStore
-from sdxl_tpu.server.page_run import page_run
+from sdxl_tpu.page.page_run import page_run
 from sdxl_tpu.server.settings import Settings
 from sdxl_tpu.request.errors import RequestError
 from sdxl_tpu.request.load import LoadOptions

@@ -10,7 +10,7 @@ import pytest
 
 from sdxl_tpu.server.form import validate
 from sdxl_tpu.server.offer import provisional
-from sdxl_tpu.server.page import PASTED_INTO, pasted_form
+from sdxl_tpu.page.page import PASTED_INTO, pasted_form
 from sdxl_tpu.server.settings import Settings
 from sdxl_tpu.a1111.infotext import Stamp, parameters_text, parse, request_fields
 from sdxl_tpu.request.load import LoadOptions

@@ -1,4 +1,4 @@
-"""Every use of Gradio's and uvicorn's internals (sdxl_tpu/server/internals.py), checked against
+"""Every use of Gradio's and uvicorn's internals (sdxl_tpu/routes/internals.py), checked against
 the installed releases: if an upgrade renames or changes one, this fails here, by name, instead
 of the page or the drain breaking quietly."""
 
@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from sdxl_tpu.server.internals import (DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched,
+from sdxl_tpu.routes.internals import (DrainingServer, QueueView, forget_served, heartbeat_stopper, mark_launched,
                                       serve_gallery_as_images)
 
 

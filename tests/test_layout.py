@@ -15,7 +15,8 @@ import layout
 from layout import PACKAGE, cycles, graph, module_name
 
 MAX_LINES = 330  # a file one can hold in one's head (the UNet, mirroring its checkpoint's tree, is the longest)
-FOLDERS = ["a1111", "bench", "cli", "generate", "imaging", "models", "request", "sampler", "server", "weights"]
+FOLDERS = ["a1111", "bench", "cli", "generate", "imaging", "models", "page", "request", "routes", "sampler", "server",
+           "weights"]
 PLAIN = ("a1111", "cli", "imaging", "request")  # no JAX, no HTTP: what a generation is and the formats around it
 
 
@@ -76,9 +77,10 @@ def test_the_plain_parts_import_nothing_but_each_other():
 
 
 def test_what_a_front_end_imports_maps_no_jax():
-    """A front end's modules (the plain parts, the server but its local engine, the tokenizers) import
-    without JAX or flax in the process."""
-    server = sorted(module_name(p) for p in (PACKAGE / "server").glob("*.py") if p.stem != "local_engine")
+    """A front end's modules (the plain parts, the server but its local engine, its routes and page, the
+    tokenizers) import without JAX or flax in the process."""
+    server = sorted(module_name(p) for folder in ("server", "routes", "page") for p in (PACKAGE / folder).glob("*.py")
+                    if p.stem != "local_engine")
     plain = sorted(module_name(p) for folder in PLAIN for p in (PACKAGE / folder).glob("*.py"))
     code = (f"import sys, importlib\n"
             f"for m in {plain + server + ['sdxl_tpu', 'sdxl_tpu.weights.hub']!r}: importlib.import_module(m)\n"

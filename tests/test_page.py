@@ -19,8 +19,8 @@ from sdxl_tpu.generate.preview import LATENT_RGB_BIAS, LATENT_RGB_FACTORS, appro
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.events import Done, Progress, Shown, Started
 from sdxl_tpu.server.files import ImageStore
-from sdxl_tpu.server.history import HISTORY_LENGTH, history_after, history_entry, history_rows
-from sdxl_tpu.server.page import CUSTOM, aspect_ratio, matching_preset, size_choices, size_label
+from sdxl_tpu.page.history import HISTORY_LENGTH, history_after, history_entry, history_rows
+from sdxl_tpu.page.page import CUSTOM, aspect_ratio, matching_preset, size_choices, size_label
 from sdxl_tpu.server.settings import SDXL_SIZES, Settings, parse_settings, parse_sizes
 from sdxl_tpu.request.load import LoadOptions
 from sdxl_tpu.request.request import preview_cadence as every
@@ -313,7 +313,7 @@ def test_preview_and_size_options_parse_or_say_what_is_wrong(capsys):
 
 
 def test_the_run_panel_says_the_state_in_words_escaped():
-    from sdxl_tpu.server.page import run_panel, running_text, seed_note, stopped_summary
+    from sdxl_tpu.page.page import run_panel, running_text, seed_note, stopped_summary
 
     assert run_panel("refused", "Style '<img src=x>' & more") == (
         '<div class="run-panel" data-state="refused"><span class="run-text">Style &#x27;&lt;img src=x&gt;&#x27; '
@@ -337,7 +337,7 @@ def test_the_run_panel_says_the_state_in_words_escaped():
 
 
 def test_the_sampler_menu_names_each_sampler_once_and_only_the_schedules_it_runs_on():
-    from sdxl_tpu.server.sampler_menu import (CHECKPOINT_KARRAS, fitted_schedule, menu_pair, menu_samplers,
+    from sdxl_tpu.page.sampler_menu import (CHECKPOINT_KARRAS, fitted_schedule, menu_pair, menu_samplers,
                                               request_pair, schedule_menu)
     from sdxl_tpu.request.names import SAMPLERS, SCHEDULES, resolve_schedule
 
@@ -361,7 +361,7 @@ def test_the_sampler_menu_names_each_sampler_once_and_only_the_schedules_it_runs
 
 def test_a_kept_last_run_comes_back_only_with_files_the_store_wrote_and_still_keeps(tmp_path):
     from sdxl_tpu.server.files import ImageStore
-    from sdxl_tpu.server.history import last_run, restored_run
+    from sdxl_tpu.page.history import last_run, restored_run
 
     store = ImageStore(tmp_path / "store", keep_seconds=3600, max_bytes=10_000)
     paths = store.write([b"a" * 4000, b"b" * 4000], [7, 8], "png")
@@ -381,7 +381,7 @@ def test_a_kept_last_run_comes_back_only_with_files_the_store_wrote_and_still_ke
 def test_history_rows_show_a_thumbnail_only_if_it_is_a_small_jpeg_data_url(tmp_path):
     from PIL import Image
 
-    from sdxl_tpu.server.history import MAX_THUMBNAIL_CHARS, thumbnail
+    from sdxl_tpu.page.history import MAX_THUMBNAIL_CHARS, thumbnail
 
     Image.new("RGB", (96, 64), (200, 30, 30)).save(tmp_path / "run.png")
     thumb = thumbnail(str(tmp_path / "run.png"))

@@ -9,7 +9,7 @@ import pytest
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.form import picked_item, validate
 from sdxl_tpu.server.offer import Offer, provisional
-from sdxl_tpu.server.page import style_description
+from sdxl_tpu.page.page import style_description
 from sdxl_tpu.server.settings import Settings, parse_settings
 from sdxl_tpu.request.errors import RequestError
 from sdxl_tpu.request.load import LoadOptions

@@ -170,7 +170,7 @@ def test_a_starting_image_travels_to_the_back_end_as_it_will_run():
     base64) and its strength: the back end's request is the front end's, pixels included."""
     import numpy as np
 
-    from sdxl_tpu.server.http_io import parse_request
+    from sdxl_tpu.routes.http_io import parse_request
     from sdxl_tpu.server.offer import provisional
     from sdxl_tpu.server.settings import Settings
     from sdxl_tpu.request.load import LoadOptions

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from served_app import ROOT, SIZES, get
-from sdxl_tpu.server.guard import MAX_BODY_BYTES
-from sdxl_tpu.server.page import PASTED_INTO
+from sdxl_tpu.routes.guard import MAX_BODY_BYTES
+from sdxl_tpu.page.page import PASTED_INTO
 from sdxl_tpu.request.fields import FEWEST_INPUTS, FIELD, FORM, MAX_PROMPT_CHARS
 from sdxl_tpu.imaging.hires import UPSCALERS
 from sdxl_tpu.imaging.mask import INPAINT_AREAS, MASKED_CONTENT
@@ -36,7 +36,7 @@ RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "gui
 CALLS = {"generate": GENERATE, "generate_in_page": GENERATE + [[RUN]]}
 HISTORY = len(GENERATE)  # (its position)
 FIELDS = list(FORM)  # the form's fields, in the order /generate takes them
-OWN_SOURCE = "from sdxl_tpu.server.playground import build_app"  # a line of app.py: must never be served
+OWN_SOURCE = "from sdxl_tpu.page.playground import build_app"  # a line of app.py: must never be served
 
 
 def _png_html() -> bytes:
@@ -223,7 +223,7 @@ def test_gradio_own_upload_check_is_in_force_behind_the_guard(tmp_path, monkeypa
     from gradio.context import LocalContext
 
     import app as app_module
-    from sdxl_tpu.server.internals import mark_launched
+    from sdxl_tpu.routes.internals import mark_launched
     from sdxl_tpu.server.core import Server
     from sdxl_tpu.server.settings import Settings
     from sdxl_tpu.request.load import LoadOptions

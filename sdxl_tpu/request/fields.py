@@ -5,7 +5,7 @@ field by its label; the history keeps the fields marked HISTORY; the back end's 
 PASTED, read from its `infotext` key.
 
 To add a field: one entry here (at the end, optional: older /generate callers leave it out), its
-input in the page's layout (server/page_layout.py), and what it means to a Request. Every field but
+input in the page's layout (page/page_layout.py), and what it means to a Request. Every field but
 the prompt is optional: a client may send the prompt alone (the JavaScript client sends null for what it leaves out).
 """
 

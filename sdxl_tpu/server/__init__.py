@@ -1,7 +1,6 @@
-"""Serving: the server core that the Gradio app and the HTTP back end share (core.py) and its parts
-(the engine that makes the images: engine.py, local_engine.py, remote_engine.py; the warm-up:
-warmup.py; image files: files.py; the drain: drain.py; metrics: metrics.py), its settings and what
-it offers (settings.py, offer.py), the page's form and parts (form.py, page.py, page_run.py,
-history.py, sampler_menu.py; its own CSS and script: web/), the batcher that
-feeds the pipeline (batcher.py), the back end (backend.py) and a front end's client of it
-(remote.py), and the request guard in front of every route (guard.py, envelope.py)."""
+"""Serving, whatever the transport: the server core that the page, the back end and the tools' APIs share
+(core.py) and its parts (the engine that makes the images: engine.py, local_engine.py, remote_engine.py
+with remote.py's client of the back ends; the batcher that feeds the pipeline: batcher.py, calls.py; the
+warm-up: warmup.py; image files and uploads: files.py, uploads.py; the drain: drain.py; metrics:
+metrics.py), its settings and what it offers (settings.py, offer.py), and the form's values checked into
+a request (form.py)."""

@@ -11,13 +11,13 @@ import gradio as gr
 from gradio.utils import get_upload_folder
 
 from ..request.recipes import RECIPES
-from .core import Server
-from .errors import log_refusal
-from .events import Progress
-from .form import EXAMPLES, picked_item
+from ..server.core import Server
+from ..server.errors import log_refusal
+from ..server.events import Progress
+from ..server.form import EXAMPLES, picked_item
 from .handlers import form_handler, gradio_handler
 from .history import RESTORE_HISTORY_JS, history_rows, restored_run
-from .internals import QueueView, forget_served
+from ..routes.internals import QueueView, forget_served
 from .page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESET_FILL_JS, form_defaults, hires_of, new_area,
                    painted_mask, pasted_form, png_info_note, preset_fields, run_panel, seed_note, size_choices,
                    size_for_image, style_description)
@@ -51,7 +51,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
                 progress((update.step, update.steps), desc="Denoising", unit="steps")
             yield update
 
-    # What the page's run updates, by name (server/page_run.py names what changes; the rest is
+    # What the page's run updates, by name (page/page_run.py names what changes; the rest is
     # skipped). (Which buttons can be pressed follows the panel's state: the page script sets them.)
     shown = dict(gallery=page.gallery, last_seeds=last_seeds, picked=picked, summary=page.summary, panel=page.panel,
                  run=page.run, run_state=run_state, run_at=run_at, history=page.history,

@@ -18,8 +18,8 @@ from ..a1111.infotext import parse as parse_parameters, request_fields, usable
 from ..request.request import Request
 from ..request.styles import MAX_STYLED_PROMPT_CHARS
 from ..request.values import json_type, shown
-from .batcher import QueueFull, ShuttingDown, StillCompiling
-from .core import Server
+from ..server.batcher import QueueFull, ShuttingDown, StillCompiling
+from ..server.core import Server
 
 # A generation's JSON keys: the form's fields by their API names (request/fields.py), an A1111
 # parameters text, whether a mask comes blurred already (a front end forwards its requests' masks

@@ -25,8 +25,8 @@ from ..request.recipes import RECIPES
 from ..imaging.resize import nearest_size, new_area_mask
 from ..request.styles import style_entry
 from ..request.values import format_size, parse_size
-from .errors import log_refusal
-from .offer import Offer
+from ..server.errors import log_refusal
+from ..server.offer import Offer
 from .sampler_menu import CHECKPOINT_KARRAS, KARRAS, MENU_PAIR_JS, menu_pair
 
 CUSTOM = "Custom"  # the preset menu's entry when the form matches no preset

@@ -32,13 +32,13 @@ from ..imaging.image_input import decode_image
 from ..a1111.images import FORMATS
 from ..imaging.resize import nearest_size
 from ..request.values import format_size, json_type
-from .batcher import QueueFull
-from .calls import one_call, split
-from .core import Server
-from .errors import log_refusal
+from ..server.batcher import QueueFull
+from ..server.calls import one_call, split
+from ..server.core import Server
+from ..server.errors import log_refusal
 from .http_io import MAX_BODY_BYTES, checked_request, json_body, read_body, status_of
 
-log = logging.getLogger("sdxl_tpu.server.openai_api")
+log = logging.getLogger("sdxl_tpu.routes.openai_api")
 
 MAX_N = 10  # OpenAI's
 KEPT_SECONDS, KEPT_BYTES = 3600, 256 << 20  # images answered by URL: an hour, at most 256 MB of them

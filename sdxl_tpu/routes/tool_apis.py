@@ -19,7 +19,7 @@ import logging
 from starlette.routing import Route
 
 from .asgi_io import client_address, send_json
-from .core import Server
+from ..server.core import Server
 from .openai_api import openai_routes
 from .sdapi import PREFIX as SDAPI
 from .sdapi import sdapi_routes

@@ -15,19 +15,19 @@ from gradio.utils import get_upload_folder
 
 from ..request.fields import FEWEST_INPUTS
 from ..imaging.image_input import MAX_BYTES
-from .batcher import SHUTTING_DOWN
-from .core import Server
-from .envelope import endpoints_of
-from .errors import configure_logging
-from .files import ImageStore
-from .guard import RequestGuard
-from .internals import DrainingServer, QueueView, heartbeat_stopper, mark_launched, serve_gallery_as_images
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
+from ..server.batcher import SHUTTING_DOWN
+from ..server.core import Server
+from ..routes.envelope import endpoints_of
+from ..server.errors import configure_logging
+from ..server.files import ImageStore
+from ..routes.guard import RequestGuard
+from ..routes.internals import DrainingServer, QueueView, heartbeat_stopper, mark_launched, serve_gallery_as_images
+from ..server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
 from .page_events import wire
 from .page_layout import lay_out
-from .settings import parse_settings
-from .tool_apis import PREFIXES as TOOL_API_PREFIXES, KeyRequired, tool_api_routes
-from .uploads import Uploads
+from ..server.settings import parse_settings
+from ..routes.tool_apis import PREFIXES as TOOL_API_PREFIXES, KeyRequired, tool_api_routes
+from ..server.uploads import Uploads
 
 WEB = Path(__file__).resolve().parent / "web"  # the page's own CSS and script
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     configure_logging()
     if settings.backend is None:  # (a front end runs no model: no JAX is imported)
-        from .local_engine import prepare_process
+        from ..server.local_engine import prepare_process
 
         prepare_process(settings)
     # Images are written into Gradio's cache folder, where the gallery serves them from.

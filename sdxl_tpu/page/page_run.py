@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from .events import Done, Progress, Shown, Started
+from ..server.events import Done, Progress, Shown, Started
 from .history import history_after, history_rows, last_run, thumbnail
 from .page import run_panel, running_text, stopped_summary
 from .sampler_menu import request_pair

@@ -11,8 +11,8 @@ from typing import Any
 import gradio as gr
 
 from ..request.fields import FIELDS, FORM
-from .errors import user_message
-from .form import form_values
+from ..server.errors import user_message
+from ..server.form import form_values
 
 
 def form_handler(run: Callable, *extra: str, returns: str = "") -> Callable:

@@ -39,7 +39,7 @@ from .asgi_io import (FILE_HEADERS, client_address, innermost_frame, read_body, 
 from .envelope import (Endpoint, ID, Refused, check_cached_file, check_envelope, check_fn_index, check_id, parse_json,
                        parse_json_object)
 from .internals import QueueView
-from .uploads import Uploads
+from ..server.uploads import Uploads
 
 log = logging.getLogger("sdxl_tpu.http")
 

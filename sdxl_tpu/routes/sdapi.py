@@ -27,13 +27,13 @@ from ..a1111.infotext import parse as parse_parameters
 from ..a1111.png_info import png_info
 from ..request.styles import STYLES, apply_style
 from ..version import VERSION
-from .calls import one_call, split
-from .events import Ended, Preview, Progress
-from .core import Server
-from .errors import log_refusal
+from ..server.calls import one_call, split
+from ..server.events import Ended, Preview, Progress
+from ..server.core import Server
+from ..server.errors import log_refusal
 from .http_io import RETRY_AFTER, checked_request, error_response, json_body, read_body, status_of
 
-log = logging.getLogger("sdxl_tpu.server.sdapi")
+log = logging.getLogger("sdxl_tpu.routes.sdapi")
 PREFIX = "/sdapi/v1"
 
 

@@ -39,18 +39,18 @@ from starlette.routing import Route
 from ..request.errors import RequestError
 from ..a1111.images import encode_preview
 from ..request.values import shown
-from .batcher import ShuttingDown
-from .core import Server
-from .engine import Generated
-from .events import Accepted, BackendEvent, Ended, Failed, Keepalive, Preview, Progress, Result
-from .errors import configure_logging, log_refusal
+from ..server.batcher import ShuttingDown
+from ..server.core import Server
+from ..server.engine import Generated
+from ..server.events import Accepted, BackendEvent, Ended, Failed, Keepalive, Preview, Progress, Result
+from ..server.errors import configure_logging, log_refusal
 from .http_io import RETRY_AFTER, error_response, parse_request, read_body, status_of
 from .internals import DrainingServer
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
-from .settings import Settings
+from ..server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
+from ..server.settings import Settings
 from .tool_apis import KeyRequired, tool_api_routes
 
-log = logging.getLogger("sdxl_tpu.server.backend")
+log = logging.getLogger("sdxl_tpu.routes.backend")
 KEEPALIVE_SECONDS = 1.0  # a streaming caller hears from us this often (and can tell we are alive)
 
 def result_json(made: Generated, notes: list[str] | None = None) -> dict[str, Any]:
@@ -204,7 +204,7 @@ def main(settings: Settings) -> int:
     """`python -m sdxl_tpu serve`: load and compile in the background (readiness says when), serve
     until SIGTERM, drain, exit 0 (1 when the model could not be loaded)."""
     configure_logging()
-    from .local_engine import prepare_process
+    from ..server.local_engine import prepare_process
 
     prepare_process(settings)
     server = Server(settings, max_waiting=settings.queue_size)

@@ -12,8 +12,8 @@ import gradio as gr
 
 from ..request.fields import FIELD, FIELDS, FORM
 from ..request.styles import STYLES
-from .core import Server
-from .form import EXAMPLES
+from ..server.core import Server
+from ..server.form import EXAMPLES
 from .history import HISTORY_HEADERS, HISTORY_PER_PAGE
 from .page import CUSTOM, RNG_INFO, SCHEDULE_INFO, form_defaults, run_panel, size_choices, style_description
 from .page_run import GENERATE
