@@ -98,6 +98,33 @@ def summary(path: Path) -> str:
     return text if end is None else text[:end.start() + 1]
 
 
+
+# docs/layout.md's walk: one request's way through the folders above (a test checks that every file it
+# names exists, tests/test_layout.py).
+WALK = """
+## A request's way
+
+From the page to its images, part by part (the back end's JSON and the tools' APIs are checked into the
+same `Request` by their own readers, `routes/http_io.py` and `a1111/a1111_api.py`, and join at step 3):
+
+1. `page/page_events.py`: Generate runs the server's `stream` (`server/core.py`) with the form's values,
+   in Gradio's queue.
+2. `server/form.py`: the values, field by field (`request/fields.py`, `request/values.py`), checked into
+   one `Request` (`request/request.py`; each image's `ImageInfo`); what is wrong is refused, naming the
+   field.
+3. `server/engine.py`: the engine takes it: `local_engine.py`, the model in this process, or
+   `remote_engine.py`, which sends it to a back end (`routes/backend.py`, where it goes on from step 3).
+4. `server/batcher.py`: requests of one size and kind share one compiled call of `images_per_call` images.
+5. `generate/pipeline.py` (`Pipeline.run_images`) and `generate/call.py` (`run_call`), top to bottom:
+   token ids, the text encoders, noise, the denoising loop (`generate/denoising.py`: one compiled step
+   per row of the sampler's table, `sampler/`), the VAE's decode. Each stage's math is in
+   `generate/sampling.py`; `generate/programs.py` compiles them per size, `generate/compiled.py` and
+   `generate/stored_programs.py` keep them.
+6. Back: the images as files carrying A1111's parameters text (`a1111/infotext.py`, `a1111/images.py`,
+   `server/files.py`), the steps and previews on the way as events (`server/events.py`), and what the
+   page shows of them (`page/page_run.py`).
+"""
+
 def module_map() -> str:
     """docs/layout.md: every folder and module with the first sentence of its docstring, and which
     folders each folder imports (read from the source, so it cannot drift)."""
@@ -111,7 +138,7 @@ def module_map() -> str:
     for folder in folders:
         used = ", ".join(sorted(uses.get(folder.name, ()) - {"version"})) or "nothing"
         lines.append(f"| `{folder.name}/` | {used} | {summary(folder / '__init__.py')} |")
-    lines += ["", "## Modules", "", "### sdxl_tpu/", ""]
+    lines += ["", *WALK.strip().splitlines(), "", "## Modules", "", "### sdxl_tpu/", ""]
     for path in sorted(PACKAGE.glob("*.py")):
         lines.append(f"- `{path.name}`: {summary(path)}")
     for folder in folders:
