@@ -4,10 +4,11 @@
 
 Starts `python app.py --model tiny` (random weights: the images are noise, everything else is
 real) on 127.0.0.1, opens it in Debian's Chromium (Playwright), types a prompt, generates with the
-Anime style and takes a desktop (1280x800) and a phone (390x844) screenshot once the four images
-are in; then a run from an image with a painted mask (the "Start from an image" panel open;
-1280x1500, to show the panel, its inpaint editor and the images together). Needs what
-the tests need (requirements-dev.txt and `apt-get install chromium`).
+Anime style and takes a desktop (1280x800) and a phone (390x844: the results, where Generate
+scrolls) screenshot once the four images are in; then a run from an image with a painted mask (the
+"Start from an image" panel open; 1280x1500, to show the panel, its inpaint editor and the images
+together). Needs what the tests need (requirements-dev.txt and `apt-get install chromium`; and
+fonts-noto-color-emoji for the buttons' emoji).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def main() -> int:
                     page.get_by_role("option", name="Anime", exact=True).click()
                     generate_in_page(page, None)
                     page.get_by_text("More options").click()  # closed again: the picture shows the main form
-                    if width < 768:  # a phone: from the Generate button down to the images
-                        page.evaluate("document.querySelector('#generate').scrollIntoView({block: 'start'})")
+                    if width < 768:  # a phone: the results, where a run takes the page ("More options" moved it)
+                        page.evaluate("document.querySelector('#progress').scrollIntoView({block: 'start'})")
                     else:  # (opening "More options", below the fold, scrolled the page)
                         page.evaluate("window.scrollTo(0, 0)")
                     page.wait_for_timeout(500)

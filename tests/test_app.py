@@ -454,7 +454,8 @@ def test_browser_a_run_as_a_person_sees_it(app_server, browser, tmp_path, viewpo
     images. Clicking an image only enlarges it: the seed stays -1 (random) and two more runs get new
     seeds; ♻️ takes the enlarged image's seed, the line under Generate says it is fixed, and the next
     run makes it; 🎲 makes it random again. An image's download carries its parameters; nothing
-    recompiles. At 1280x800 and on a phone (390x844: the controls come first, a tap enlarges)."""
+    recompiles. At 1280x800 and on a phone (390x844: the controls come first, Generate scrolls the
+    results into view, a tap enlarges)."""
     before = compiles(app_server)
     with playground_page(app_server["url"], "Ready (", browser=browser, viewport=viewport) as page:
         if viewport[0] > 1000:
@@ -471,6 +472,9 @@ def test_browser_a_run_as_a_person_sees_it(app_server, browser, tmp_path, viewpo
         choose(page, "size", SIZE_LABELS["96x64"])
         seen = generate_in_page(page, "a lighthouse on a cliff during a storm", "blurry", keys="Control+Enter")
         assert_progress_and_previews(seen, 20)
+        if viewport[0] < 1000:  # a phone: the run brought the results, under the form, into view
+            panel = page.locator("#progress").bounding_box()
+            assert 0 <= panel["y"] < viewport[1] / 2, panel
         running = [s for s in seen if "step " in s["status"] and "step 20 of 20" not in s["status"]]
         assert all(s["button"].startswith("Generating ") and s["button"].endswith("(disabled)") for s in running), [
             (s["status"], s["button"]) for s in running]

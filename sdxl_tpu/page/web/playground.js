@@ -43,6 +43,10 @@
         panel.innerHTML = '<span class="run-text">Waiting for the server…</span>';
       }
       followState();
+      // On a phone the results are under the form: the run brings them into view.
+      if (window.matchMedia("(max-width: 767px)").matches) {
+        document.getElementById("progress")?.scrollIntoView({block: "start", behavior: "smooth"});
+      }
     }, 0);
   }, true);
 
