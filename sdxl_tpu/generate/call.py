@@ -6,13 +6,15 @@ upscaled latents or pixels (imaging/hires.py). pipeline.py holds what the progra
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
 from PIL import Image
 
 from ..request.errors import GenerationError, RequestError
@@ -20,12 +22,46 @@ from ..imaging.hires import latent_upscale
 from ..request.request import GenerationResult, ImageInfo, guided
 from ..imaging.resize import fit_image, image_array
 from ..request.values import not_a_choice, schedule_input
+from ..sampler.tables import Sampler
 from . import sampling, starting
 from .denoising import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
+from .programs import Layout
 
 Progress = Callable[[int, int], None]
-Pipeline = Any  # (pipeline.Pipeline, which calls these: not imported, so no import cycle, even for type checking)
+
+
+class Pipeline(Protocol):
+    """What a call reads of its pipeline: pipeline.Pipeline, which calls run_call (a protocol, so
+    this module imports nothing of pipeline.py, not even for type checking: no import cycle)."""
+
+    images_per_call: int  # the compiled batch
+    default_sampler: str
+    samplers: dict[str, Sampler]
+    tokenizers: tuple
+    max_prompt_chunks: int
+    force_zeros_for_empty_prompt: bool
+    stepwise: bool  # one program a step (progress, previews, stop) or all steps fused
+    vae_factor: int
+    layout: Layout
+    params: dict[str, Any]  # each network's replicated parameters
+    lock: threading.Lock  # one call on the devices at a time
+    batch_sharding: NamedSharding
+    replicated: NamedSharding
+    step_index: list[jax.Array]  # the table rows' indices, on the devices
+
+    @property
+    def zeros(self) -> Callable[..., jax.Array]: ...  # (shape, dtype): zeros per image of a call, on the devices
+
+    @property
+    def key_stream(self) -> Callable[..., jax.Array]: ...  # (stream): the seeds' keys, as the programs take them
+
+    def compiled(self, size: Any, names: Sequence[str] | None = None) -> dict[str, Any]: ...
+
+    def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False
+                      ) -> tuple[str, ...]: ...
+
+    def filled(self, per_image: np.ndarray) -> np.ndarray: ...
 
 
 def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | None,
