@@ -145,13 +145,17 @@ direct, batched = [], []
 for _ in range(5):
     t0 = time.perf_counter(); pipe.run_images(a); direct.append(time.perf_counter() - t0)
     t0 = time.perf_counter(); batcher.submit(a); batched.append(time.perf_counter() - t0)
+# The same lone request through a batcher that waits up to 1 s for a partner: the wait follows the bound.
+patient = Batcher(pipe, max_wait=1.0)
+t0 = time.perf_counter(); patient.submit(a); patient_s = time.perf_counter() - t0
 equal = all(np.array_equal(np.asarray(x), np.asarray(y))
             for s, t in zip(solo, together) for x, y in zip(s.images, t.images))
 print(json.dumps({"images_per_call": pipe.images_per_call, "calls_alone": calls_alone,
                   "calls_together": batcher.calls - 5 - calls_alone, "equal": equal,
                   "seeds": [t.seeds for t in together], "compiles": counter.compiles,
                   "requests_per_call": Server(Settings(load=LoadOptions(model="tiny"))).concurrency,
-                  "lone_extra_ms": 1000 * (min(batched) - min(direct))}))
+                  "lone_extra_ms": 1000 * (min(batched) - min(direct)),
+                  "patient_extra_ms": 1000 * (patient_s - min(direct))}))
 """
 
 
@@ -164,7 +168,9 @@ def test_eight_devices_serve_two_requests_in_one_call(simulated_host):
     assert report["calls_alone"] == 2 and report["calls_together"] == 1
     assert report["seeds"] == [[100, 101, 102, 103], [5, 6, 7, 8]]
     assert report["equal"] and report["compiles"] == 0
-    # A lone request does not wait for a partner beyond the batcher's bound (20 ms). The fastest of
-    # five each way, not the median: another process on a 2-core machine delays some calls by tens
-    # of ms (a median's 63.8 ms failed once so), never the fastest of both by as much.
-    assert report["lone_extra_ms"] < 60
+    # A lone request waits for a partner as long as the batcher's bound says, no longer: with 1 s it
+    # waited the whole second; with 20 ms (the fastest of five against the pipeline called directly)
+    # a small part of that. (Not a tight bound in ms: a loaded 2-core machine delays the threads'
+    # hand-offs by tens of ms, up to 164 ms once, which said nothing about the batcher.)
+    assert report["patient_extra_ms"] >= 900, report
+    assert report["lone_extra_ms"] < report["patient_extra_ms"] / 2, report
