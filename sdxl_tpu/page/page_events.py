@@ -162,7 +162,12 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         menu, kept = fitted_schedule(sampler_name, schedule_name, server.offer.samplers, server.offer.schedules)
         return gr.Dropdown(choices=menu, value=kept)
 
-    page.sampler.change(fit_schedule, inputs=[page.sampler, page.schedule], outputs=[page.schedule], **light)
+    # Each change is sent with the values of its moment and answered in order (one at a time, never
+    # merged into a later one): a history row restores sampler and schedule while the answer to the
+    # change before it may still be on its way, and Gradio's default for .change (run again after the
+    # pending one, with the values that answer left) put that stale schedule back.
+    page.sampler.change(fit_schedule, inputs=[page.sampler, page.schedule], outputs=[page.schedule],
+                        **{**light, "concurrency_limit": 1, "concurrency_id": "schedule-menu"}, trigger_mode="multiple")
 
     # An image dropped in proposes the compiled size nearest its aspect ratio (the resize mode
     # fits it there); the person may choose another.
