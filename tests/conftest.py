@@ -23,9 +23,15 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory):
-    """One JAX compilation cache for the session, shared with subprocesses."""
-    return tmp_path_factory.mktemp("jax-compile-cache")
+def compile_cache(tmp_path_factory, worker_id):
+    """One JAX compilation cache (and the stored programs beside it) for the whole run, shared by
+    the workers and the servers and tools they start: a program one compiles, the others read
+    (most tests compile the same tiny programs). Stored programs are written whole, then renamed; a
+    JAX cache entry read while another process writes it is a warned miss, compiled again."""
+    root = tmp_path_factory.getbasetemp()
+    path = (root if worker_id == "master" else root.parent) / "jax-compile-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 TINY_SIZES = ((64, 64), (96, 64), (96, 96))  # (96x96: 64x64's hires fix, 1.5x)
