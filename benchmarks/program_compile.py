@@ -1,60 +1,121 @@
-"""How long one pipeline program takes to trace, lower and compile, cold, per attention setting: the
-quick way to work on a new replica's start (each program's compile is what its first image waits
+"""How long pipeline programs take to trace, lower and compile, cold, per attention setting and size:
+the quick way to work on a new replica's start (each program's compile is what its first image waits
 for) without compiling everything. Random weights of an architecture, nothing read.
 
     python benchmarks/program_compile.py --programs decode --attention xla,auto          # SDXL, 1024x1024
     python benchmarks/program_compile.py --architecture tiny --size 64x64 --programs decode,encode
+    python benchmarks/program_compile.py --programs denoise --sizes sdxl --workers 4 --store /tmp/p
+    python benchmarks/program_compile.py --programs denoise --sizes sdxl --workers 4 --load /tmp/p
 
-One line each: program, attention, seconds lowering (tracing included) and compiling; --json: one
-JSON line at the end. Each compile is XLA's (the persistent cache is not set here).
+One line each: program, size, attention, seconds lowering (tracing included) and compiling, and the
+program's device memory (XLA's memory analysis: arguments, outputs, temporaries); --json: one JSON
+line at the end. Each compile is XLA's (the persistent cache is not set here). --workers: compile
+that many programs at once (as a server compiles a size's programs); --store: serialize each into
+that folder; --load: instead of compiling, read each from that folder (a restart's cost per program).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def device_memory(compiled) -> dict:
+    analysis = compiled.memory_analysis()
+    gib = lambda name: round(getattr(analysis, name, 0) / 2**30, 3) if analysis else None  # noqa: E731
+    return {"arguments_gib": gib("argument_size_in_bytes"), "outputs_gib": gib("output_size_in_bytes"),
+            "temporaries_gib": gib("temp_size_in_bytes")}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--architecture", default="sdxl")
     parser.add_argument("--size", default="1024x1024")
+    parser.add_argument("--sizes", help="comma-separated sizes, or sdxl for its nine (instead of --size)")
     parser.add_argument("--images", type=int, default=1, help="images a call")
     parser.add_argument("--programs", default="decode", help="comma-separated: encode, denoise, decode, ...")
     parser.add_argument("--attention", default="auto", help="comma-separated attention settings: auto, xla")
+    parser.add_argument("--workers", type=int, default=1, help="programs compiled (or loaded) at once")
+    parser.add_argument("--store", help="serialize each compiled program into this folder")
+    parser.add_argument("--load", help="read each program from this folder (written by --store) instead")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     import jax
+    from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
     from sdxl_tpu.bench.random_weights import random_pipeline
     from sdxl_tpu.models.layers import Precision
-    from sdxl_tpu.request.values import parse_size
+    from sdxl_tpu.request.values import format_size
+    from sdxl_tpu.server.settings import parse_sizes
 
-    size = parse_size(args.size)
+    sizes = parse_sizes(args.sizes or args.size)
+    start = time.perf_counter()
+    jax.block_until_ready(jax.jit(lambda x: x + 1)(1.0))  # the runtime's own start, apart from any program
+    first_program_s = round(time.perf_counter() - start, 2)
+    start = time.perf_counter()
+    deserialize_and_load(*serialize(jax.jit(lambda x: x * 2).lower(1.0).compile()))  # a first load, of a trivial program
+    first_load_s = round(time.perf_counter() - start, 2)
+    from sdxl_tpu.models.attention import attention
+    q = jax.numpy.zeros((1, 1024, 1, 64), jax.numpy.bfloat16)
+    splash = jax.jit(lambda q: attention(q, q, q)).lower(q).compile()
+    start = time.perf_counter()
+    deserialize_and_load(*serialize(splash))  # a first load of a program with a Pallas kernel
+    first_kernel_load_s = round(time.perf_counter() - start, 2)
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
     rows = []
+    start_all = time.perf_counter()
     for attention in args.attention.split(","):
-        pipe = random_pipeline(args.architecture, Precision.of(dtype, dtype, attention=attention), sizes=[size],
+        pipe = random_pipeline(args.architecture, Precision.of(dtype, dtype, attention=attention), sizes=sizes,
                                images_per_call=args.images)
-        for name in args.programs.split(","):
+        start = time.perf_counter()
+        jax.block_until_ready(pipe.params)  # (the weights are made asynchronously: apart from any program's time)
+        weights_done_s = round(time.perf_counter() - start, 2)
+        jobs = [(name, size) for size in sizes for name in args.programs.split(",")]
+
+        def file_of(name: str, size: tuple[int, int]) -> Path:
+            return Path(args.store or args.load) / f"{name}-{format_size(size)}-{attention}.pickle"
+
+        def build(job: tuple[str, tuple[int, int]], lowered, lowering: float) -> dict:
+            name, size = job
+            row = {"program": name, "size": format_size(size), "attention": attention, "weights_wait_s": weights_done_s, "lower_s": round(lowering, 2)}
             start = time.perf_counter()
-            lowered = pipe.trace(name, size).lower()
-            lowering = time.perf_counter() - start
-            start = time.perf_counter()
-            lowered.compile()
-            rows.append({"program": name, "attention": attention, "lower_s": round(lowering, 2),
-                         "compile_s": round(time.perf_counter() - start, 2)})
-            print(f"{name:<18} attention {attention:<5} lowered in {rows[-1]['lower_s']:6.1f} s, "
-                  f"compiled in {rows[-1]['compile_s']:6.1f} s", file=sys.stderr, flush=True)
+            if args.load:
+                executable, in_tree, out_tree = pickle.loads(file_of(name, size).read_bytes())
+                compiled = deserialize_and_load(executable, in_tree, out_tree)
+                row["load_s"] = round(time.perf_counter() - start, 2)
+            else:
+                compiled = lowered.compile()
+                row["compile_s"] = round(time.perf_counter() - start, 2)
+                if args.store:
+                    start = time.perf_counter()
+                    Path(args.store).mkdir(parents=True, exist_ok=True)
+                    file_of(name, size).write_bytes(pickle.dumps(serialize(compiled)))
+                    row["store_s"] = round(time.perf_counter() - start, 2)
+            row.update(device_memory(compiled))
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            return row
+
+        with ThreadPoolExecutor(max(1, args.workers)) as pool:
+            futures = []
+            for job in jobs:  # traced here (tracing holds the GIL), compiled in the pool as each is ready
+                start = time.perf_counter()
+                lowered = None if args.load else pipe.trace(*job).lower()
+                futures.append(pool.submit(build, job, lowered, time.perf_counter() - start))
+            rows += [future.result() for future in futures]
         del pipe
     if args.json:
-        print(json.dumps({"size": args.size, "images": args.images, "platform": jax.devices()[0].device_kind,
+        print(json.dumps({"sizes": [format_size(s) for s in sizes], "images": args.images, "workers": args.workers,
+                          "first_program_s": first_program_s, "first_load_s": first_load_s,
+                          "first_kernel_load_s": first_kernel_load_s,
+                          "platform": jax.devices()[0].device_kind, "wall_s": round(time.perf_counter() - start_all, 1),
                           "programs": rows}))
     return 0
 

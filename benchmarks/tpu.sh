@@ -15,6 +15,8 @@
 #                                   # programs it stored (SIZES=1024x1024; in-process: no TCP sockets) (~7 min)
 #   bash benchmarks/tpu.sh compile  # one program's cold compile per attention setting (PROGRAMS=decode
 #                                   # ATTENTION=xla,auto IMAGES=1; program_compile.py) (~2-4 min)
+#   bash benchmarks/tpu.sh sizes    # every SDXL size's programs (PROGRAMS=denoise), WORKERS=3 at once, cold, stored,
+#                                   # then read back by a new process (LOAD_ONLY=1: only that, after a sizes run) (~8 min)
 #   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
 #
 # Results: JSON files, log.txt (environment and logs) and summary.txt under $OUT (default benchmarks/out);
@@ -100,13 +102,23 @@ case "$MODE" in
     quick compile "$PY" benchmarks/program_compile.py --architecture "${ARCH:-sdxl}" --size "${SIZE:-1024x1024}" \
         --images "${IMAGES:-1}" --programs "${PROGRAMS:-decode}" --attention "${ATTENTION:-xla,auto}" --json
     ;;
+  sizes)
+    store=/tmp/sdxl-tpu-sizes
+    each=(benchmarks/program_compile.py --architecture "${ARCH:-sdxl}" --sizes "${SIZES:-sdxl}"
+          --programs "${PROGRAMS:-denoise}" --workers "${WORKERS:-3}" --json)
+    if [ -z "${LOAD_ONLY:-}" ]; then
+      rm -rf "$store"
+      quick sizes-compile "$PY" benchmarks/peak_memory.py "$PY" "${each[@]}" --store "$store"
+    fi
+    quick sizes-load "$PY" "${each[@]}" --load "$store"
+    ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
     JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/test_tpu.py \
         2>&1 | tee "$OUT/tests.log"
     ;;
   *)
-    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image, compile or test"; exit 2 ;;
+    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image, compile, sizes or test"; exit 2 ;;
 esac
 
 "$PY" benchmarks/tpu_summary.py "$OUT" | tee "$OUT/summary.txt"
