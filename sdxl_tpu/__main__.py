@@ -61,15 +61,13 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         strength = args.strength if args.strength is not None or args.image is None else DEFAULT_STRENGTH
         if args.image is None and strength is not None:
             raise RequestError("--strength applies to a starting image: give --image too.")
-        request = Request.of(args.prompt, args.negative, seed=args.seed, guidance_scale=s["guidance"],
-                             steps=s["steps"], size=s["size"], sampler=s["sampler"], schedule=args.schedule,
-                             rng=args.rng, strength=strength, resize_mode=args.resize_mode,
-                             image=None if args.image is None else decode_image(_read(args.image), "--image"),
-                             mask=None if args.mask is None else _read(args.mask), mask_blur=args.mask_blur,
-                             masked_content=args.masked_content, inpaint_area=args.inpaint_area,
-                             mask_padding=args.mask_padding, hires=args.hires or None,
-                             hires_scale=args.hires_scale, hires_upscaler=args.hires_upscaler,
-                             hires_steps=args.hires_steps, hires_strength=args.hires_strength)
+        # Each field's option is named as the form names it (test_fields checks it); these few are
+        # settled by the recipe, or are files to read.
+        request = Request.of(**{**{f.api: getattr(args, f.name) for f in FIELDS if f.api},
+                                "guidance_scale": s["guidance"], "steps": s["steps"], "size": s["size"],
+                                "sampler": s["sampler"], "strength": strength, "hires": args.hires or None,
+                                "image": None if args.image is None else decode_image(_read(args.image), "--image"),
+                                "mask": None if args.mask is None else _read(args.mask)})
         sizes = [request.size] + ([request.hires.size] if request.hires else [])  # (a hires fix: two passes)
         options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=sizes, step_progress=False)
     except ValueError as e:

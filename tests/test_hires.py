@@ -58,6 +58,11 @@ def test_hires_fix_is_the_first_pass_upscaled_then_denoised_again(tiny_pipeline,
         again = pipe.run_images([dataclasses.replace(i, **second) for i in infos],
                                 init_images=np.stack([np.asarray(s) for s in starts]))
         np.testing.assert_array_equal(_images(result), _images(again))
+    # Pipeline.generate takes the same fields, and makes the same images.
+    if upscaler == "Latent":
+        made = pipe.generate("a lighthouse in a storm", "blurry", seed=21, steps=4, size=(64, 64), rng="CPU",
+                             hires=True, hires_scale=1.5, hires_upscaler=upscaler, hires_steps=6, hires_strength=0.5)
+        np.testing.assert_array_equal(_images(made), _images(result))
     # Not simply the first pass enlarged: the second pass drew on it.
     plain = pipe.run(dataclasses.replace(request, hires=None))
     enlarged = np.stack([np.asarray(im.resize((96, 96), Image.Resampling.LANCZOS)) for im in plain.images])

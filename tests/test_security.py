@@ -346,6 +346,11 @@ def _refused(sampler: str, schedule: str) -> bool:
     return False
 
 
+def test_every_field_is_fuzzed():
+    """A new field joins the fuzzing (the image and the mask: raw, below, as uploads)."""
+    assert set(MALFORMED) == set(FIELDS) - {"image", "mask"}, set(FIELDS) ^ set(MALFORMED)
+
+
 # A sampler and a Schedule type, each valid, together not (DDIM on Karras): both set.
 REFUSED_PAIRS = [(sampler, schedule) for sampler in SAMPLERS for schedule in SCHEDULES if _refused(sampler, schedule)]
 PAIR = "sampler+schedule"

@@ -198,12 +198,12 @@ class Pipeline:
                 seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
                 steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None, schedule: str | None = None,
                 rng: str | None = None, strength: float | None = None, image: Any = None,
-                resize_mode: str | None = None, **inpainting: Any) -> Request:
-        """A checked request for this pipeline (RequestError names what is wrong); `inpainting`:
-        mask, mask_blur, masked_content, inpaint_area, mask_padding (Request.of)."""
+                resize_mode: str | None = None, **more: Any) -> Request:
+        """A checked request for this pipeline (RequestError names what is wrong); `more`: the
+        inpainting's and the hires fix's fields (Request.of, by their API names)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
                           sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
-                          strength=strength, image=image, resize_mode=resize_mode, **inpainting)
+                          strength=strength, image=image, resize_mode=resize_mode, **more)
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
@@ -211,7 +211,9 @@ class Pipeline:
                  schedule: str | None = None, rng: str | None = None, latents: np.ndarray | None = None,
                  image: Any = None, strength: float | None = None, resize_mode: str | None = None,
                  mask_image: Any = None, mask_blur: int | None = None, masked_content: str | None = None,
-                 inpaint_area: str | None = None, mask_padding: int | None = None,
+                 inpaint_area: str | None = None, mask_padding: int | None = None, hires: bool | None = None,
+                 hires_scale: float | None = None, hires_upscaler: str | None = None, hires_steps: int | None = None,
+                 hires_strength: float | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Generate `images_per_call` images.
 
@@ -237,13 +239,19 @@ class Pipeline:
             denoised at `size`, pasted back into the image at its own size. An inpainting UNet (9
             input channels) also takes the mask and the masked image's latents, as diffusers and
             A1111 give them.
+        hires: a hires fix, as A1111's Hires. fix (text to image only): the images made at `size`, upscaled
+            by `hires_scale` (default 2; the larger size must be one of `sizes`) with `hires_upscaler`
+            ("Latent", the default, or "Lanczos"), then denoised again there for `hires_steps` (0, the
+            default: as many as the first pass) at `hires_strength` (default 0.7).
         progress: called as progress(step, steps) after each denoising step (in this thread; with
             step_progress=False only once, at the end of the fused loop).
         """
         request = self.request(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps,
                                size=size, sampler=sampler, schedule=schedule, rng=rng, strength=strength,
                                image=image, resize_mode=resize_mode, mask=mask_image, mask_blur=mask_blur,
-                               masked_content=masked_content, inpaint_area=inpaint_area, mask_padding=mask_padding)
+                               masked_content=masked_content, inpaint_area=inpaint_area, mask_padding=mask_padding,
+                               hires=hires, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
+                               hires_steps=hires_steps, hires_strength=hires_strength)
         return self.run(request, latents=latents, progress=progress)
 
     def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,

@@ -4,6 +4,7 @@ made (`GenerationResult`). The checks of each field are values.py's; the fields'
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ class ImageInfo:
     hires: Hires | None = None  # a hires fix after the first pass at `size` (None: none)
     inpaint_area: str | None = None  # inpainting's: one of mask.INPAINT_AREAS (None: no mask)
     mask_padding: int | None = None  # Only masked's padding, in pixels (None: not Only masked)
+
+
+PER_IMAGE = ("seed", "prompt", "negative_prompt", "guidance_scale")  # a Request's may differ image by image
 
 
 @dataclass
@@ -281,8 +285,5 @@ class Request:
         columns = zip(seeds, per_image(self.prompt, n, _label("prompt")),
                       per_image(self.negative_prompt, n, _label("negative")),
                       per_image(self.guidance_scale, n, _label("guidance")))
-        return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, steps=self.steps, size=self.size,
-                          sampler=self.sampler, schedule=self.schedule, rng=self.rng, strength=self.strength,
-                          mask_blur=self.mask_blur, masked_content=self.masked_content, hires=self.hires,
-                          inpaint_area=self.inpaint_area, mask_padding=self.mask_padding)
-                for s, p, q, g in columns]
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(ImageInfo) if f.name not in PER_IMAGE}
+        return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, **shared) for s, p, q, g in columns]

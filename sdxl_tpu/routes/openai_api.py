@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..request.errors import RequestError
+from ..request.fields import FIELDS
 from ..imaging.image_input import decode_image
 from ..a1111.images import FORMATS
 from ..imaging.resize import nearest_size
@@ -42,9 +43,12 @@ log = logging.getLogger("sdxl_tpu.routes.openai_api")
 
 MAX_N = 10  # OpenAI's
 KEPT_SECONDS, KEPT_BYTES = 3600, 256 << 20  # images answered by URL: an hour, at most 256 MB of them
-# This server's own fields a body may add, by the name POST /v1/generate gives them.
-OWN_FIELDS = ("negative_prompt", "seed", "steps", "guidance_scale", "sampler", "schedule", "rng", "strength",
-              "masked_content", "mask_blur")
+# This server's own fields a body may add, by the name POST /v1/generate gives them: every field
+# but those OpenAI's own shape carries (its prompt, size, and an edit's image and mask).
+OPENAI_SHAPED = ("prompt", "size", "image", "mask")
+OWN_FIELDS = tuple(f.api for f in FIELDS if f.api and f.api not in OPENAI_SHAPED)
+_KIND = {f.api: f.kind for f in FIELDS if f.api in OWN_FIELDS}
+NUMBERS = tuple(name for name, kind in _KIND.items() if kind in ("number", "whole"))
 TAKEN = {"model", "prompt", "n", "size", "response_format", "output_format", "user", "quality", "background",
          "moderation", "output_compression", "style", *OWN_FIELDS}
 CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
@@ -115,7 +119,7 @@ def openai_routes(server: Server) -> list[Route]:
             if data.get(name) not in (None, *taken):
                 raise OpenAIError(f"{name} '{data[name]}' cannot be honoured here; {', '.join(taken)} can.", name)
         fields = {"prompt": data["prompt"], **{k: data[k] for k in OWN_FIELDS if k in data}}
-        for name in ("seed", "steps", "guidance_scale", "strength"):  # (one number each: no lists here)
+        for name in NUMBERS:  # (one number each: no lists here)
             if isinstance(fields.get(name), (list, dict)):
                 raise OpenAIError(f"{name} must be a number, got {json_type(fields[name])}.", name)
         size = data.get("size")
@@ -173,10 +177,15 @@ def openai_routes(server: Server) -> list[Route]:
             if key in data:
                 raise OpenAIError(f"One {key} is taken here.", key)
             data[key] = await value.read() if hasattr(value, "read") else value
-        for key, value in list(data.items()):
-            if key in ("n", "steps", "seed", "mask_blur") and isinstance(value, str) and value.lstrip("-").isdigit():
+        for key, value in list(data.items()):  # (a form's values are text: read as each field's kind)
+            kind = "whole" if key == "n" else _KIND.get(key)
+            if not isinstance(value, str):
+                continue
+            if kind == "whole" and value.lstrip("-").isdigit():
                 data[key] = int(value)
-            elif key in ("guidance_scale", "strength") and isinstance(value, str):
+            elif kind == "switch" and value in ("true", "false"):
+                data[key] = value == "true"
+            elif kind == "number":
                 try:
                     data[key] = float(value)
                 except ValueError:
