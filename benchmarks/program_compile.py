@@ -34,6 +34,31 @@ def device_memory(compiled) -> dict:
             "temporaries_gib": gib("temp_size_in_bytes")}
 
 
+def first_loads() -> dict:
+    """Seconds a process's first program takes apart from any of ours: a trivial one compiled and run
+    (the runtime's start), then a trivial one and a small splash-kernel one serialized and read back
+    (what a first load costs by itself: a restart's first stored UNet took ~17 s more than the rest)."""
+    import jax
+    from jax.experimental.serialize_executable import deserialize_and_load, serialize
+
+    from sdxl_tpu.models.attention import attention
+
+    seconds = {}
+
+    def timed(name: str, fn) -> None:
+        start = time.perf_counter()
+        fn()
+        seconds[name] = round(time.perf_counter() - start, 2)
+
+    timed("first_program_s", lambda: jax.block_until_ready(jax.jit(lambda x: x + 1)(1.0)))
+    trivial = jax.jit(lambda x: x * 2).lower(1.0).compile()
+    timed("first_load_s", lambda: deserialize_and_load(*serialize(trivial)))
+    q = jax.numpy.zeros((1, 1024, 1, 64), jax.numpy.bfloat16)
+    kernel = jax.jit(lambda q: attention(q, q, q)).lower(q).compile()
+    timed("first_kernel_load_s", lambda: deserialize_and_load(*serialize(kernel)))
+    return seconds
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--architecture", default="sdxl")
@@ -57,38 +82,25 @@ def main() -> int:
     from sdxl_tpu.server.settings import parse_sizes
 
     sizes = parse_sizes(args.sizes or args.size)
-    start = time.perf_counter()
-    jax.block_until_ready(jax.jit(lambda x: x + 1)(1.0))  # the runtime's own start, apart from any program
-    first_program_s = round(time.perf_counter() - start, 2)
-    start = time.perf_counter()
-    deserialize_and_load(*serialize(jax.jit(lambda x: x * 2).lower(1.0).compile()))  # a first load, of a trivial program
-    first_load_s = round(time.perf_counter() - start, 2)
-    from sdxl_tpu.models.attention import attention
-    q = jax.numpy.zeros((1, 1024, 1, 64), jax.numpy.bfloat16)
-    splash = jax.jit(lambda q: attention(q, q, q)).lower(q).compile()
-    start = time.perf_counter()
-    deserialize_and_load(*serialize(splash))  # a first load of a program with a Pallas kernel
-    first_kernel_load_s = round(time.perf_counter() - start, 2)
+    probes = first_loads()
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
     rows = []
     start_all = time.perf_counter()
-    for attention in args.attention.split(","):
-        pipe = random_pipeline(args.architecture, Precision.of(dtype, dtype, attention=attention), sizes=sizes,
+    for kernel in args.attention.split(","):
+        pipe = random_pipeline(args.architecture, Precision.of(dtype, dtype, attention=kernel), sizes=sizes,
                                images_per_call=args.images)
         start = time.perf_counter()
         jax.block_until_ready(pipe.params)  # (the weights are made asynchronously: apart from any program's time)
-        weights_done_s = round(time.perf_counter() - start, 2)
+        weights_wait_s = round(time.perf_counter() - start, 2)
         jobs = [(name, size) for size in sizes for name in args.programs.split(",")]
 
-        def file_of(name: str, size: tuple[int, int]) -> Path:
-            return Path(args.store or args.load) / f"{name}-{format_size(size)}-{attention}.pickle"
-
-        def build(job: tuple[str, tuple[int, int]], lowered, lowering: float) -> dict:
+        def build(job: tuple[str, tuple[int, int]], lowered, lowering: float, kernel: str = kernel) -> dict:
             name, size = job
-            row = {"program": name, "size": format_size(size), "attention": attention, "weights_wait_s": weights_done_s, "lower_s": round(lowering, 2)}
+            row = {"program": name, "size": format_size(size), "attention": kernel, "lower_s": round(lowering, 2)}
+            file = Path(args.store or args.load or ".") / f"{name}-{format_size(size)}-{kernel}.pickle"
             start = time.perf_counter()
             if args.load:
-                executable, in_tree, out_tree = pickle.loads(file_of(name, size).read_bytes())
+                executable, in_tree, out_tree = pickle.loads(file.read_bytes())
                 compiled = deserialize_and_load(executable, in_tree, out_tree)
                 row["load_s"] = round(time.perf_counter() - start, 2)
             else:
@@ -96,8 +108,8 @@ def main() -> int:
                 row["compile_s"] = round(time.perf_counter() - start, 2)
                 if args.store:
                     start = time.perf_counter()
-                    Path(args.store).mkdir(parents=True, exist_ok=True)
-                    file_of(name, size).write_bytes(pickle.dumps(serialize(compiled)))
+                    file.parent.mkdir(parents=True, exist_ok=True)
+                    file.write_bytes(pickle.dumps(serialize(compiled)))
                     row["store_s"] = round(time.perf_counter() - start, 2)
             row.update(device_memory(compiled))
             print(json.dumps(row), file=sys.stderr, flush=True)
@@ -110,11 +122,11 @@ def main() -> int:
                 lowered = None if args.load else pipe.trace(*job).lower()
                 futures.append(pool.submit(build, job, lowered, time.perf_counter() - start))
             rows += [future.result() for future in futures]
+        probes[f"weights_wait_s_{kernel}"] = weights_wait_s
         del pipe
     if args.json:
         print(json.dumps({"sizes": [format_size(s) for s in sizes], "images": args.images, "workers": args.workers,
-                          "first_program_s": first_program_s, "first_load_s": first_load_s,
-                          "first_kernel_load_s": first_kernel_load_s,
+                          **probes,
                           "platform": jax.devices()[0].device_kind, "wall_s": round(time.perf_counter() - start_all, 1),
                           "programs": rows}))
     return 0

@@ -131,3 +131,11 @@ def test_a_starting_image_in_each_form_a_client_sends_it():
                           ("data:;base64", "Image: a data: URL must hold base64"), ("", "Image is empty.")):
         with pytest.raises(RequestError, match=message):
             Request.of("a cat", size="64x64", image=form)
+
+
+def test_a_resize_mode_is_checked_with_or_without_an_image():
+    """Without an image a resize mode is unused, yet a wrong one is still refused by name (no bad
+    value passes silently); the command line's default one is taken."""
+    with pytest.raises(RequestError, match="Resize mode"):
+        Request.of("a cat", size=(64, 64), sizes=[(64, 64)], resize_mode="nope")
+    assert Request.of("a cat", size=(64, 64), sizes=[(64, 64)], resize_mode="Just resize").image is None

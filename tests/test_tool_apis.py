@@ -196,14 +196,18 @@ def _png(mask: bool = False) -> bytes:
 
 def openai_bodies() -> list[bytes]:
     base = {"prompt": "a cat", "size": "64x64", "steps": 1}
+    from sdxl_tpu.request.fields import BY_API
+    from sdxl_tpu.routes.openai_api import OWN_FIELDS
+
     fields = {"prompt": NOT_TEXT + ["", "   "], "model": NOT_CHOICE + ["dall-e-3"], "n": NOT_NUMBER + [0, 11, -1],
               "size": NOT_CHOICE + ["1x1", "64x64x64", "0x0", "-64x64", "1024x1024"],
               "response_format": NOT_CHOICE, "output_format": NOT_CHOICE, "quality": NOT_CHOICE + ["hd", "high"],
-              "background": NOT_CHOICE + ["transparent"], "style": NOT_CHOICE + ["vivid"],
-              "negative_prompt": NOT_TEXT, "seed": NOT_NUMBER + [-2, 2**40], "steps": NOT_NUMBER + [0, 10**6],
-              "guidance_scale": NOT_NUMBER + [-1, 10**6], "sampler": NOT_CHOICE, "schedule": NOT_CHOICE,
-              "rng": NOT_CHOICE, "strength": NOT_NUMBER + [2, -1], "masked_content": NOT_CHOICE,
-              "mask_blur": NOT_NUMBER + [-1]}
+              "background": NOT_CHOICE + ["transparent"], "style": NOT_CHOICE + ["vivid"]}
+    for name in OWN_FIELDS:  # (every field this server adds, by its kind and limits: a new one joins)
+        field = BY_API[name]
+        beyond = [field.limits[0] - 1, field.limits[1] + 10**6] if field.limits else []
+        fields[name] = {"text": NOT_TEXT, "choice": NOT_CHOICE, "number": NOT_NUMBER, "whole": NOT_NUMBER + [1.5],
+                        "switch": NOT_BOOL}[field.kind] + beyond
     bodies = [{**base, name: value} for name, values in fields.items() for value in values]
     unknown = ("image", "mask", "prompt2", "__proto__", "../x", "\x00", "", "A" * 300, "cfg_scale", "sampler_name",
                "width", "height", "batch_size", "n_iter", "negative", "guidance", "scheduler", "init_images")

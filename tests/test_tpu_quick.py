@@ -1,6 +1,6 @@
 """The chip's benchmark scripts, checked on the CPU before device time is spent on them:
 benchmarks/tpu_quick.py (what it reports, how it sorts a program's operations by kind) and
-first_image.py (a new server's start, in the order it happens)."""
+first_image.py (a new server's start, in the order it happens) and program_compile.py (sizes stored and read back)."""
 
 import json
 import subprocess
@@ -61,3 +61,22 @@ def test_first_image_reports_a_start_in_the_order_it_happens(tiny_checkpoint, ti
     assert made >= 4 and {p["name"] for p in report["programs"]} <= {"encode", "encode_image", "noise", "init",
                                                                         "denoise", "denoise_unguided", "decode"}
     assert "first image" in first_image.format_report("cold", report)
+
+
+def test_program_compile_stores_sizes_side_by_side_and_a_new_process_reads_them_back(tmp_path):
+    """benchmarks/program_compile.py as `tpu.sh sizes` runs it: two sizes' decoders compiled two at
+    a time and stored, then read back (not compiled) by a new process, each with its device memory."""
+    def run(*extra: str) -> dict:
+        argv = [sys.executable, str(ROOT / "benchmarks" / "program_compile.py"), "--architecture", "tiny",
+                "--sizes", "64x64,96x64", "--programs", "decode", "--workers", "2", "--json", *extra]
+        return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout
+                          .splitlines()[-1])
+
+    compiled = run("--store", str(tmp_path))
+    assert [(r["program"], r["size"]) for r in compiled["programs"]] == [("decode", "64x64"), ("decode", "96x64")]
+    assert all(r["compile_s"] > 0 and r["temporaries_gib"] > 0 for r in compiled["programs"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decode-64x64-auto.pickle", "decode-96x64-auto.pickle"]
+    loaded = run("--load", str(tmp_path))
+    assert all("compile_s" not in r and r["load_s"] > 0 for r in loaded["programs"])
+    assert [r["temporaries_gib"] for r in loaded["programs"]] == [r["temporaries_gib"] for r in compiled["programs"]]
+    assert loaded["first_program_s"] > 0 and "first_load_s" in loaded

@@ -237,10 +237,11 @@ class Request:
             if image is not None:
                 raise RequestError(f"{_label('hires')} applies to text to image, not to a starting image.")
             checked["hires"] = _hires(checked["size"], sizes, **given)
-        if image is None:
-            return Request(**checked)
+        # (a mode without an image is checked, then unused: the command line always has one)
         mode = DEFAULT_RESIZE_MODE if resize_mode is None else choice_input(resize_mode, _label("resize_mode"),
                                                                             RESIZE_MODES)
+        if image is None:
+            return Request(**checked)
         checked["strength"] = DEFAULT_STRENGTH if strength is None else float(number("strength")(strength))
         if mask is not None:
             checked["mask_blur"] = DEFAULT_MASK_BLUR if mask_blur is None else int(number("mask_blur", True)(mask_blur))
