@@ -1,6 +1,7 @@
 """The chip's benchmark scripts, checked on the CPU before device time is spent on them:
-benchmarks/tpu_quick.py (what it reports, how it sorts a program's operations by kind) and
-first_image.py (a new server's start, in the order it happens) and program_compile.py (sizes stored and read back)."""
+benchmarks/tpu_quick.py (what it reports, how it sorts a program's operations by kind),
+first_image.py (a new server's start, in the order it happens) and program_compile.py (sizes
+stored, then read back)."""
 
 import json
 import subprocess
