@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from PIL import Image
 
-from ..request.fields import FIELD, FIELDS, FORM, HISTORY, MAX_PROMPT_CHARS, kept
+from ..request.fields import FIELD, HISTORY, MAX_PROMPT_CHARS, kept
 from ..request.names import DEFAULT_RNG, DEFAULT_SCHEDULE
-from .sampler_menu import MENU_PAIR_JS
 
 HISTORY_LENGTH = 24  # runs kept in the browser, newest first
 HISTORY_PER_PAGE = 12
@@ -92,29 +90,6 @@ def history_rows(history: Any) -> list[list[str]]:
                  f'height="{THUMBNAIL_PIXELS}" style="object-fit: contain">' if "thumb" in e else "")
         rows.append([image, e["prompt"] + (f"  —  not: {e['negative']}" if e["negative"] else ""), settings, sampler])
     return rows
-
-
-def _restore_js() -> str:
-    """Clicking a history row fills the form from the browser's copy of the run (no server event):
-    each field it keeps, the fields a restored run sets (Randomize off: the run comes out the same),
-    the others as they are. (A run kept before an optional field existed ran on its default.)"""
-    values = []
-    for i, f in enumerate(FIELDS):
-        if HISTORY in f.kept:
-            fallback = json.dumps(f.default) if f.optional and f.default is not None else f"form[{i}]"
-            values.append(f"e[{json.dumps(f.name)}] ?? {fallback}")
-        else:
-            values.append(json.dumps(f.restored) if f.restored is not None else f"form[{i}]")
-    sampler, schedule = FORM.index("sampler"), FORM.index("schedule")  # (as the menus show them)
-    return ("(index, history, ...form) => {\n"
-            "  const e = Array.isArray(history) ? history[index] : undefined;\n"
-            "  if (!e) return form;\n"
-            f"  const values = [{', '.join(values)}];\n"
-            f"  [values[{sampler}], values[{schedule}]] = ({MENU_PAIR_JS})(values[{sampler}], values[{schedule}]);\n"
-            "  return values;\n}")
-
-
-RESTORE_HISTORY_JS = _restore_js()
 
 
 def last_run(gallery: Sequence[tuple[str, str]], seeds: Sequence[int], summary: str) -> dict[str, Any]:

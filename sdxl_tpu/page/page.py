@@ -6,7 +6,6 @@ tested without a browser."""
 from __future__ import annotations
 
 import io
-import json
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -27,7 +26,7 @@ from ..request.styles import style_entry
 from ..request.values import format_size, parse_size
 from ..server.errors import log_refusal
 from ..server.offer import Offer
-from .sampler_menu import CHECKPOINT_KARRAS, KARRAS, MENU_PAIR_JS, menu_pair
+from .sampler_menu import menu_pair
 
 CUSTOM = "Custom"  # the preset menu's entry when the form matches no preset
 SCHEDULE_INFO = "Checkpoint: the model's own scheduler, as diffusers runs it; the others are A1111's."
@@ -146,26 +145,6 @@ def matching_preset(presets: dict[str, Sequence[Any]], steps: Any, sampler: Any,
                 abs(guidance - p_guidance) < 1e-6:
             return name
     return CUSTOM
-
-
-# The same rule in the browser (the preset menu follows the fields without a server event), on
-# the sampler as a request names it (the menus' pair translated back, see sampler_menu.py).
-# (`offered`: the preset names the menu offers now, from a hidden field the server refreshes)
-MATCHING_PRESET_JS = f"""(steps, sampler, schedule, guidance, offered) => {{
-  const named = schedule === {json.dumps(CHECKPOINT_KARRAS)} ? sampler + {json.dumps(KARRAS)} : sampler;
-  for (const name of JSON.parse(offered || "[]")) {{
-    const p = PRESETS[name];
-    if (p && p[0] === steps && p[1] === named && Math.abs(p[2] - guidance) < 1e-6) return name;
-  }}
-  return "CUSTOM";
-}}"""
-# Choosing a preset sets steps, the sampler (with the schedule its old A1111 name implies) and guidance.
-PRESET_FILL_JS = f"""(preset, steps, sampler, schedule, guidance) => {{
-  const p = PRESETS[preset];
-  if (!p) return [steps, sampler, schedule, guidance];
-  const [s, c] = ({MENU_PAIR_JS})(p[1], schedule === {json.dumps(CHECKPOINT_KARRAS)} ? "Checkpoint" : schedule);
-  return [p[0], s, c, p[2]];
-}}"""
 
 
 def preset_fields(recipes: Iterable[Any]) -> dict[str, list[Any]]:

@@ -16,11 +16,11 @@ from ..server.errors import log_refusal
 from ..server.events import Progress
 from ..server.form import EXAMPLES, picked_item
 from .handlers import form_handler, gradio_handler
-from .history import RESTORE_HISTORY_JS, history_rows, restored_run
+from .form_rules import rule_js, rules_config
+from .history import history_rows, restored_run
 from ..routes.internals import QueueView, forget_served
-from .page import (CUSTOM, MATCHING_PRESET_JS, PASTED_INTO, PRESET_FILL_JS, form_defaults, hires_of, new_area,
-                   painted_mask, pasted_form, png_info_note, preset_fields, run_panel, seed_note, size_choices,
-                   size_for_image, style_description)
+from .page import (CUSTOM, PASTED_INTO, form_defaults, hires_of, new_area, painted_mask, pasted_form, png_info_note,
+                   preset_fields, run_panel, seed_note, size_choices, size_for_image, style_description)
 from .page_layout import WARMING_UP, Page, preset_names
 from .page_run import GENERATE, page_run, page_values, refused, stopped
 from .sampler_menu import fitted_schedule, menu_samplers, schedule_menu
@@ -30,7 +30,8 @@ NOT_TAKEN = "The server could not take the request (its queue is full, or it is 
 
 def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     """The page's events, added inside `demo`."""
-    presets = preset_fields(RECIPES.values())  # (the menu offers some; choosing one fills the form in the browser)
+    # (the menu offers some presets; choosing one fills the form in the browser, web/form_rules.js)
+    rules = rules_config(preset_fields(RECIPES.values()))
     # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery
     # serves them without a copy; the store deletes old ones and Gradio forgets them too.
     server.images.on_delete(lambda paths: forget_served(page.gallery, paths))
@@ -151,12 +152,11 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     # fields, examples fill the prompt, a history row fills the form.
     page.preset.input(None, inputs=[page.preset, page.steps, page.sampler, page.schedule, page.guidance],
                       outputs=[page.steps, page.sampler, page.schedule, page.guidance],
-                      js=PRESET_FILL_JS.replace("PRESETS", json.dumps(presets)))
+                      js=rule_js("presetFill", rules))
     for field in (page.steps, page.sampler, page.schedule, page.guidance):
         field.change(None, inputs=[page.steps, page.sampler, page.schedule, page.guidance, page.offered],
                      outputs=[page.preset],
-                     js=MATCHING_PRESET_JS.replace("PRESETS", json.dumps(presets)).replace('"CUSTOM"',
-                                                                                            json.dumps(CUSTOM)))
+                     js=rule_js("matchingPreset", rules))
 
     def fit_schedule(sampler_name, schedule_name):  # (only the schedule types the sampler runs on)
         menu, kept = fitted_schedule(sampler_name, schedule_name, server.offer.samplers, server.offer.schedules)
@@ -208,7 +208,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
                                **light)
     page.examples.click(None, inputs=[page.examples], outputs=[page.prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
     page.history_table.click(None, inputs=[page.history_table, page.history, *page.form], outputs=page.form,
-                             js=RESTORE_HISTORY_JS)
+                             js=rule_js("restoreHistory", rules))
     page.prompt.change(server.token_count, inputs=[page.prompt, page.style], outputs=[page.tokens], **light)
     pasted_into = [page.inputs[name] for name in PASTED_INTO]
 

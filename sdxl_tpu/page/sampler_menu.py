@@ -6,7 +6,6 @@ old names (`request_pair` and `menu_pair` translate, here and, for the history, 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,9 +62,3 @@ def menu_pair(sampler: Any, schedule: Any) -> tuple[Any, Any]:
         return sampler.removesuffix(KARRAS), CHECKPOINT_KARRAS if schedule == "Checkpoint" else "Karras"
     return sampler, schedule
 
-
-# The same translation in the browser (a history row restores the form without a server event).
-MENU_PAIR_JS = f"""(sampler, schedule) => {{
-  if (typeof sampler !== "string" || !sampler.endsWith({json.dumps(KARRAS)})) return [sampler, schedule];
-  return [sampler.slice(0, -{len(KARRAS)}), schedule === "Checkpoint" ? {json.dumps(CHECKPOINT_KARRAS)} : "Karras"];
-}}"""
