@@ -14,24 +14,21 @@ from ..request.recipes import RECIPES
 from ..server.core import Server
 from ..server.errors import log_refusal
 from ..server.events import Progress
-from ..server.form import EXAMPLES, picked_item
+from ..server.form import picked_item
 from .handlers import form_handler, gradio_handler
-from .form_rules import rule_js, rules_config
+from .in_browser import browser_config, in_browser
 from .history import history_rows, restored_run
 from ..routes.internals import QueueView, forget_served
 from .page import (CUSTOM, PASTED_INTO, form_defaults, hires_of, new_area, painted_mask, pasted_form, png_info_note,
-                   preset_fields, run_panel, seed_note, size_choices, size_for_image, style_description)
+                   preset_fields, seed_note, size_choices, size_for_image, style_description)
 from .page_layout import WARMING_UP, Page, preset_names
 from .page_run import GENERATE, page_run, page_values, refused, stopped
 from .sampler_menu import fitted_schedule, menu_samplers, schedule_menu
 
-NOT_TAKEN = "The server could not take the request (its queue is full, or it is stopping); please try again."
-
-
 def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     """The page's events, added inside `demo`."""
-    # (the menu offers some presets; choosing one fills the form in the browser, web/form_rules.js)
-    rules = rules_config(preset_fields(RECIPES.values()))
+    # (the menu offers some presets; choosing one fills the form in the browser, web/in_browser.js)
+    browser = browser_config(preset_fields(RECIPES.values()))
     # Images are written once (parameters embedded) into Gradio's cache folder, where the gallery
     # serves them without a copy; the store deletes old ones and Gradio forgets them too.
     server.images.on_delete(lambda paths: forget_served(page.gallery, paths))
@@ -92,9 +89,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     # A request the server did not take (its queue full, shutting down) never reaches the handler
     # and fails, as does a stopped one (the page script marks the page when Stop is pressed,
     # before Gradio cancels the event): in the browser, as the queue may have no room for more.
-    generating.failure(None, inputs=[page.panel], outputs=[page.panel],
-                       js=f"(now) => document.body.dataset.runStopped === 'yes' ? now : "
-                          f"{json.dumps(run_panel('refused', '⚠️ ' + NOT_TAKEN))}")
+    generating.failure(None, inputs=[page.panel], outputs=[page.panel], js=in_browser("failedRun", browser))
     api_trigger = gr.Button(visible=False)  # the API's event has no button in the page
     returns = ("Returns:\n    The four images (captions 'seed N'; each file carries its parameters as A1111 "
                "writes them) and a line that sums up the run: what ran, how long each stage took, the seeds.")
@@ -104,7 +99,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
 
     # Stop: Gradio cancels the event; the request ends within two denoising steps; the page says
     # what was stopped, keeps its previews, and forgets nothing else.
-    page.stop.click(None, outputs=[page.panel], js=f"() => {json.dumps(run_panel('stopped', 'Stopped.'))}",
+    page.stop.click(None, outputs=[page.panel], js=in_browser("stoppedRun", browser),
                     cancels=[generating]).then(lambda state, at: show(stopped(state, at)), inputs=[run_state, run_at],
                                                outputs=outputs, **light)
 
@@ -140,7 +135,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     hires_ready = gr.Checkbox(False, visible="hidden")  # (in the browser: the click below reads it)
     page.use_hires.click(hires_from_result, inputs=[last_images, picked, page.inputs["hires_scale"]],
                          outputs=[*hires_into, page.form_note, hires_ready], **light).then(
-        None, inputs=[hires_ready], js="(ready) => { if (ready) document.querySelector('#generate').click(); }")
+        None, inputs=[hires_ready], js=in_browser("generateIf", browser))
 
     def pick(evt: gr.SelectData):
         return evt.index
@@ -152,11 +147,11 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     # fields, examples fill the prompt, a history row fills the form.
     page.preset.input(None, inputs=[page.preset, page.steps, page.sampler, page.schedule, page.guidance],
                       outputs=[page.steps, page.sampler, page.schedule, page.guidance],
-                      js=rule_js("presetFill", rules))
+                      js=in_browser("presetFill", browser))
     for field in (page.steps, page.sampler, page.schedule, page.guidance):
         field.change(None, inputs=[page.steps, page.sampler, page.schedule, page.guidance, page.offered],
                      outputs=[page.preset],
-                     js=rule_js("matchingPreset", rules))
+                     js=in_browser("matchingPreset", browser))
 
     def fit_schedule(sampler_name, schedule_name):  # (only the schedule types the sampler runs on)
         menu, kept = fitted_schedule(sampler_name, schedule_name, server.offer.samplers, server.offer.schedules)
@@ -206,9 +201,9 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
 
     page.png_info_image.upload(read_png_info, inputs=[page.png_info_image], outputs=[page.pasted, page.paste_notes],
                                **light)
-    page.examples.click(None, inputs=[page.examples], outputs=[page.prompt], js=f"(i) => {json.dumps(EXAMPLES)}[i]")
+    page.examples.click(None, inputs=[page.examples], outputs=[page.prompt], js=in_browser("example", browser))
     page.history_table.click(None, inputs=[page.history_table, page.history, *page.form], outputs=page.form,
-                             js=rule_js("restoreHistory", rules))
+                             js=in_browser("restoreHistory", browser))
     page.prompt.change(server.token_count, inputs=[page.prompt, page.style], outputs=[page.tokens], **light)
     pasted_into = [page.inputs[name] for name in PASTED_INTO]
 

@@ -14,6 +14,7 @@ from ..request.fields import FIELD, FIELDS, FORM
 from ..request.styles import STYLES
 from ..server.core import Server
 from ..server.form import EXAMPLES
+from .in_browser import in_browser
 from .history import HISTORY_HEADERS, HISTORY_PER_PAGE
 from .page import CUSTOM, RNG_INFO, SCHEDULE_INFO, form_defaults, run_panel, size_choices, style_description
 from .page_run import GENERATE
@@ -114,7 +115,7 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                                  minimum=FIELD["seed"].limits[0], maximum=FIELD["seed"].limits[1], scale=4,
                                  elem_id="seed")
                 gr.Button("🎲", scale=0, min_width=44, elem_id="random-seed").click(
-                    None, outputs=[seed], js="() => -1")
+                    None, outputs=[seed], js=in_browser("randomSeed", {}))
                 reuse = gr.Button("♻️", scale=0, min_width=44, elem_id="reuse-seed")
             # img2img, as A1111's tab has it: the image (dropped, pasted or from the webcam), how far
             # from it, how it fits the size. Uploads are read only for a run (server/uploads.py).

@@ -1,8 +1,9 @@
-// The form's rules in the browser, where they run without a server event: the menus' (sampler,
-// schedule) pair, the preset menu following the fields, a preset filling them, a history row
-// restoring the form. Each is the same rule as the Python beside it (page/sampler_menu.py's
-// menu_pair, page/page.py's matching_preset, page/history.py's restored fields), tests/test_form_rules.py
-// runs both. `config` (page/form_rules.py's rules_config) carries the names and data they need.
+// What the page's events do in the browser, without a server event: the form's rules (the menus'
+// (sampler, schedule) pair, the preset menu following the fields, a preset filling them, a history
+// row restoring the form: each the same rule as its Python twin, page/sampler_menu.py's menu_pair,
+// page/page.py's matching_preset, request/fields.py's restored fields; tests/test_in_browser.py runs
+// both), and the run panel's answers to Stop and to a run the server did not take. `config`
+// (page/in_browser.py's browser_config) carries the names and data they need.
 (config) => {
   const menuPair = (sampler, schedule) => {
     if (typeof sampler !== "string" || !sampler.endsWith(config.karras)) return [sampler, schedule];
@@ -38,5 +39,14 @@
     [values[config.sampler], values[config.schedule]] = menuPair(values[config.sampler], values[config.schedule]);
     return values;
   };
-  return {menuPair, matchingPreset, presetFill, restoreHistory};
+  // A run that failed before its handler: stopped (the page script marks the page as Stop is pressed,
+  // before Gradio cancels the event: the panel says so itself), else not taken (the queue full, or
+  // the server stopping).
+  const failedRun = (now) => document.body.dataset.runStopped === "yes" ? now : config.panels.notTaken;
+  const stoppedRun = () => config.panels.stopped;
+  const example = (i) => config.examples[i];
+  const generateIf = (ready) => { if (ready) document.querySelector("#generate").click(); };
+  const randomSeed = () => -1;  // (A1111's -1: a seed drawn for the run)
+  return {menuPair, matchingPreset, presetFill, restoreHistory, failedRun, stoppedRun, example, generateIf,
+          randomSeed};
 }

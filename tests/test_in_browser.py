@@ -1,6 +1,6 @@
-"""The form's rules that run in the browser (sdxl_tpu/page/web/form_rules.js) against their Python
-twins, in Node on every input the menus can hold: the page's browser tests see them act, this
-sees every case."""
+"""What the page does in the browser (sdxl_tpu/page/web/in_browser.js): the form's rules against
+their Python twins, in Node, on every input the menus can hold (the page's browser tests see them
+act, this sees every case); the run panel's answers are the server's own."""
 
 from __future__ import annotations
 
@@ -10,22 +10,22 @@ import subprocess
 
 import pytest
 
-from sdxl_tpu.page.form_rules import RULES, rules_config
-from sdxl_tpu.page.page import CUSTOM, matching_preset, preset_fields
+from sdxl_tpu.page.in_browser import NOT_TAKEN, SCRIPT, browser_config
+from sdxl_tpu.page.page import CUSTOM, matching_preset, preset_fields, run_panel
 from sdxl_tpu.page.sampler_menu import CHECKPOINT_KARRAS, KARRAS, menu_pair
 from sdxl_tpu.request.fields import FIELDS, FORM, HISTORY
 from sdxl_tpu.request.names import SAMPLERS, SCHEDULES
 from sdxl_tpu.request.recipes import RECIPES
 
 PRESETS = preset_fields(RECIPES.values())
-CONFIG = rules_config(PRESETS)
+CONFIG = browser_config(PRESETS)
 
 
 def in_the_browser(calls: list[tuple[str, list]]) -> list:
     """Each (rule, arguments) as the page's JavaScript computes it (Node, as the tests' npm tools)."""
     node = shutil.which("node")
     assert node, "Node is not installed (README's test command installs it with npm)"
-    script = (f"const rules = ({RULES})({json.dumps(CONFIG)});\n"
+    script = (f"const rules = ({SCRIPT})({json.dumps(CONFIG)});\n"
               f"const calls = {json.dumps(calls)};\n"
               "console.log(JSON.stringify(calls.map(([rule, args]) => rules[rule](...args))));")
     done = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=60)
@@ -92,3 +92,13 @@ def test_a_history_row_restores_what_it_kept_and_what_a_restored_run_sets():
         if f.name in ("sampler", "schedule"):
             expected = menu_pair("DPM++ 2M Karras", "Checkpoint")[FORM.index(f.name) - FORM.index("sampler")]
         assert got[i] == expected, f.name
+
+
+def test_the_panels_answers_and_the_examples_are_the_servers():
+    """A run not taken says so in the panel the server draws; Stop's panel likewise; an example
+    fills the prompt with its text (the page script's Stop mark is the browser tests' part)."""
+    got = in_the_browser([("stoppedRun", []), ("example", [1]), ("randomSeed", [])])
+    assert got[0] == run_panel("stopped", "Stopped.") and got[2] == -1
+    from sdxl_tpu.server.form import EXAMPLES
+
+    assert got[1] == EXAMPLES[1] and NOT_TAKEN in CONFIG["panels"]["notTaken"]
