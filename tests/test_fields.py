@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from sdxl_tpu.request.fields import FIELDS, PASTED, PYTHON_NAMES
@@ -43,7 +47,8 @@ def test_an_image_keeps_every_parameter_a_parameters_text_gives():
 
     pasted = {f.api for f in FIELDS if PASTED in f.kept}
     info = {f.name for f in dataclasses.fields(ImageInfo)}
-    assert {name for name in pasted if not name.startswith("hires_")} == info, info
+    assert {name for name in pasted if not name.startswith("hires_")} == info, \
+        {name for name in pasted if not name.startswith("hires_")} ^ info
     hires = {f.name for f in dataclasses.fields(Hires)} - {"size"}
     assert {name.removeprefix("hires_") for name in pasted if name.startswith("hires_")} == hires
 
@@ -113,3 +118,55 @@ def test_every_pasted_field_comes_back_from_an_images_parameters_text():
         [0.6, 3, "fill", "Only masked", 16]
     assert [read[False][k] for k in ("hires", "hires_scale", "hires_upscaler", "hires_steps", "hires_strength")] == \
         [True, 1.5, "Lanczos", 5, 0.55]
+
+
+THROWAWAY = r"""
+import json, sys
+from dataclasses import replace
+from sdxl_tpu.request import fields as F
+
+# A field added as docs/contributing.md says, its entry alone: an A1111 setting kept by the history
+# and a pasted parameters text (before anything that reads the list is imported).
+clip_skip = F.Field("clip_skip", "Clip skip", "whole", 1, api="clip_skip", optional=True, limits=(1, 12),
+                    kept=frozenset({F.HISTORY, F.PASTED}), infotext="Clip skip", about="CLIP layers skipped.")
+F.FIELDS = (*F.FIELDS, clip_skip)
+F.FIELD, F.FORM, F.BY_API = {f.name: f for f in F.FIELDS}, tuple(f.name for f in F.FIELDS), {
+    f.api: f for f in F.FIELDS if f.api}
+from sdxl_tpu.routes import http_io, openai_api
+from sdxl_tpu.a1111 import infotext
+from sdxl_tpu.server import form
+taken = {"back end's JSON": "clip_skip" in http_io.JSON_KEYS,
+         "OpenAI's extra fields": "clip_skip" in openai_api.OWN_FIELDS,
+         "parameters text keys": "Clip skip" in infotext.USED, "history": "clip_skip" in F.kept(F.HISTORY),
+         "form's values": form.form_values(list(F.FORM))["clip_skip"] == "clip_skip"}
+# What is not derived: each check of test_fields fails, and says which field.
+import test_fields
+caught = {}
+for name in dir(test_fields):
+    if name.startswith("test_") and name != "test_a_throwaway_field_is_taken_where_derived_and_named_where_not":
+        try:
+            getattr(test_fields, name)()
+            caught[name] = None
+        except AssertionError as e:
+            caught[name] = str(e)
+print(json.dumps({"taken": taken, "caught": caught}))
+"""
+
+
+def test_a_throwaway_field_is_taken_where_derived_and_named_where_not():
+    """A field added to fields.py alone (in a process of its own): what derives from the list takes
+    it; each place that must be written by hand fails its check here, naming the field."""
+    done = subprocess.run([sys.executable, "-c", THROWAWAY], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(report["taken"].values()), report["taken"]
+    must_fail = ("test_a_request_takes_every_field_by_its_api_name", "test_pipeline_generate_takes_every_field",
+                 "test_an_image_keeps_every_parameter_a_parameters_text_gives",
+                 "test_the_command_line_has_an_option_for_each_field_named_as_the_form_names_it",
+                 "test_a1111s_api_maps_onto_every_field",
+                 "test_openai_bodies_take_every_field_but_those_of_its_own_shape",
+                 "test_every_pasted_field_comes_back_from_an_images_parameters_text")
+    for name in must_fail:
+        assert report["caught"][name] is not None and "clip_skip" in report["caught"][name], (name, report["caught"])
+    assert report["caught"]["test_the_back_ends_json_takes_every_field"] is None  # (derived: nothing to write)
