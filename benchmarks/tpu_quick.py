@@ -347,9 +347,26 @@ def block_table(args: argparse.Namespace) -> dict:
         graph, params = nnx.split(random_fill(nnx.eval_shape(build), seed=3))
         fn = lambda x, params, *extra: call(nnx.merge(graph, params), x, *extra)  # noqa: B023
         seconds = per_call(fn, x, params, *extra, calls=10)
-        rows.append({"block": name, "ms": seconds * 1e3, "splash_blocks": args.splash_blocks})
+        rows.append({"block": name, "ms": seconds * 1e3, "splash_blocks": args.splash_blocks, "geglu": args.geglu})
         print(json.dumps(rows[-1]), file=sys.stderr)
     return {"what": "block", "device_kind": jax.devices()[0].device_kind, "attention": args.attention, "rows": rows}
+
+
+def geglu_variant(name: str):
+    """FeedForwardGEGLU.__call__ computed another way (tuning): "one-matmul" projects hidden and gate as
+    one matmul split afterwards (the generator until 2026-12-06), "barrier" materializes hidden *
+    gelu(gate) before the down projection (XLA otherwise may fuse it into that matmul as a prologue),
+    "one-matmul-barrier" both."""
+    def call(self, x: jax.Array) -> jax.Array:
+        if name.startswith("one-matmul"):
+            hidden, gate = jnp.split(self.proj(x), 2, axis=-1)
+        else:
+            kernel, bias = self.proj.kernel[...].astype(x.dtype), self.proj.bias[...].astype(x.dtype)
+            half = kernel.shape[1] // 2
+            hidden, gate = x @ kernel[:, :half] + bias[:half], x @ kernel[:, half:] + bias[half:]
+        out = hidden * jax.nn.gelu(gate, approximate=False)
+        return jax.lax.optimization_barrier(out) if name.endswith("barrier") else out
+    return call
 
 
 def main() -> None:
@@ -369,8 +386,13 @@ def main() -> None:
     parser.add_argument("--save", help="keep the UNet's output here (.npy)")
     parser.add_argument("--hlo", help="with --profile: write the optimized HLO here (.txt.gz)")
     parser.add_argument("--against", help="an earlier --save: report the output's PSNR against it")
+    parser.add_argument("--geglu", choices=("shipped", "one-matmul", "barrier", "one-matmul-barrier"), default="shipped",
+                        help="the feed-forward's GEGLU computed another way (geglu_variant)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.geglu != "shipped":
+        from sdxl_tpu.models.unet_blocks import FeedForwardGEGLU
+        FeedForwardGEGLU.__call__ = geglu_variant(args.geglu)
     if args.splash_min_length:
         attn.SPLASH_MIN_LENGTH = args.splash_min_length
     if args.splash_blocks:

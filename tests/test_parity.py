@@ -195,3 +195,32 @@ def test_bfloat16_params_and_activations_stay_close(tmp_path):
     err = rel_l2(np.asarray(out, np.float32), nchw_to_nhwc(ref))
     print(f"vae decoder bfloat16: rel L2 {err:.2e}")
     assert err <= 3e-2
+
+
+@pytest.mark.parametrize("shape", [(2, 6, 5, 64), (2, 7, 96)])
+def test_group_norm_matches_torch_on_activations_far_from_zero(shape):
+    """GroupNorm's statistics stay two-pass: activations whose mean is 1e4 times their spread (a
+    one-pass E[x^2] - E[x]^2 in float32 loses the variance entirely) normalize as torch's do,
+    on images (B, H, W, C) and on tokens (B, L, C)."""
+    from flax import nnx
+
+    from sdxl_tpu.models.layers import GroupNorm
+
+    rng = np.random.default_rng(1)
+    channels = shape[-1]
+    x = (1e3 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    x += rng.standard_normal(channels).astype(np.float32)  # each channel its own offset
+    scale, bias = rng.standard_normal(channels).astype(np.float32), rng.standard_normal(channels).astype(np.float32)
+    ours = GroupNorm(32, channels, 1e-6, F32)
+    ours.scale = nnx.Param(jnp.asarray(scale))
+    ours.bias = nnx.Param(jnp.asarray(bias))
+    norm = torch.nn.GroupNorm(32, channels, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.from_numpy(scale))
+        norm.bias.copy_(torch.from_numpy(bias))
+        channels_first = torch.from_numpy(np.moveaxis(x, -1, 1).copy())
+        ref = np.moveaxis(norm(channels_first).numpy(), 1, -1)
+    out = np.asarray(ours(jnp.asarray(x)))
+    err = rel_l2(out, ref)
+    print(f"group norm {shape}: rel L2 {err:.2e}")
+    assert err <= 1e-3

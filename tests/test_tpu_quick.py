@@ -81,3 +81,22 @@ def test_program_compile_stores_sizes_side_by_side_and_a_new_process_reads_them_
     assert all("compile_s" not in r and r["load_s"] > 0 for r in loaded["programs"])
     assert [r["temporaries_gib"] for r in loaded["programs"]] == [r["temporaries_gib"] for r in compiled["programs"]]
     assert loaded["first_program_s"] > 0 and "first_load_s" in loaded
+
+
+def test_geglu_variants_compute_what_the_model_does():
+    """The feed-forward's tuning variants (--geglu) differ from the generator only in how XLA may
+    fuse them: the same numbers to bfloat16's rounding."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from sdxl_tpu.bench.random_weights import random_fill
+    from sdxl_tpu.models.layers import Precision
+    from sdxl_tpu.models.unet_blocks import FeedForwardGEGLU
+
+    ff = random_fill(nnx.eval_shape(lambda: FeedForwardGEGLU(64, 256, Precision.of("bfloat16"))), seed=1)
+    x = jax.random.normal(jax.random.key(0), (2, 16, 64), jnp.bfloat16)
+    shipped = np.asarray(jax.jit(lambda x: ff(x))(x), np.float32)
+    for name in ("one-matmul", "barrier", "one-matmul-barrier"):
+        variant = np.asarray(jax.jit(lambda x: tpu_quick.geglu_variant(name)(ff, x))(x), np.float32)  # noqa: B023
+        assert np.abs(variant - shipped).max() <= 2 ** -7 * np.abs(shipped).max(), name
