@@ -110,7 +110,7 @@ def random_pipeline(architecture: str, settings, first):
     `first(pipeline)` while the weights are made."""
     from sdxl_tpu.bench.random_weights import random_pipeline as random
     from sdxl_tpu.generate.loading import compute_dtype_for
-    from sdxl_tpu.generate.stored_programs import ProgramStore
+    from sdxl_tpu.generate.compiling.stored_programs import ProgramStore
     from sdxl_tpu.models.layers import Precision
 
     o = settings.load

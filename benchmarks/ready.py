@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from served_app import free_port, get  # noqa: E402
 
-from sdxl_tpu.generate.stored_programs import SUBDIRECTORY  # noqa: E402
+from sdxl_tpu.generate.compiling.stored_programs import SUBDIRECTORY  # noqa: E402
 
 
 def readyz(url: str) -> tuple[int, dict]:

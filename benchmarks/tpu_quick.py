@@ -386,7 +386,8 @@ def main() -> None:
     parser.add_argument("--save", help="keep the UNet's output here (.npy)")
     parser.add_argument("--hlo", help="with --profile: write the optimized HLO here (.txt.gz)")
     parser.add_argument("--against", help="an earlier --save: report the output's PSNR against it")
-    parser.add_argument("--geglu", choices=("shipped", "one-matmul", "barrier", "one-matmul-barrier"), default="shipped",
+    parser.add_argument("--geglu", default="shipped",
+                        choices=("shipped", "one-matmul", "barrier", "one-matmul-barrier"),
                         help="the feed-forward's GEGLU computed another way (geglu_variant)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

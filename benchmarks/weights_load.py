@@ -34,7 +34,7 @@ import sys, time
 began = time.perf_counter()
 import jax
 from sdxl_tpu import load_models
-from sdxl_tpu.generate.compilation import enable_compile_cache
+from sdxl_tpu.generate.compiling.compilation import enable_compile_cache
 enable_compile_cache(sys.argv[2] if len(sys.argv) > 2 else None)
 models = load_models(sys.argv[1], dtype="bfloat16")
 jax.block_until_ready(jax.tree.leaves([models.text_encoder, models.text_encoder_2, models.unet, models.vae]))

@@ -31,7 +31,7 @@ _EXPORTS = {  # name -> the module (under sdxl_tpu) that defines it
     "Models": "weights.checkpoint", "load_models": "weights.checkpoint",
     "load_text_encoder": "weights.checkpoint", "load_tokenizers": "weights.hub",
     "load_unet": "weights.checkpoint", "load_vae": "weights.checkpoint",
-    "CompileCounter": "generate.compilation", "enable_compile_cache": "generate.compilation",
+    "CompileCounter": "generate.compiling.compilation", "enable_compile_cache": "generate.compiling.compilation",
     "GenerationError": "request.errors", "GenerationResult": "request.request", "Pipeline": "generate.pipeline",
     "load_pipeline": "generate.loading",
     "ImageInfo": "request.request", "Request": "request.request", "RequestError": "request.errors",

@@ -38,7 +38,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from .generate.compilation import enable_compile_cache
+    from .generate.compiling.compilation import enable_compile_cache
     from .generate.loading import load
     from .request.errors import GenerationError, RequestError
     from .request.fields import DEFAULT_STRENGTH
@@ -137,7 +137,7 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
-    from .generate.compilation import quiet_platforms
+    from .generate.compiling.compilation import quiet_platforms
     from .cli.options import fill_defaults
 
     quiet_platforms()  # no TPU error messages on a machine without TPU chips

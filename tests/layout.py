@@ -118,8 +118,8 @@ same `Request` by their own readers, `routes/http_io.py` and `a1111/a1111_api.py
 5. `generate/pipeline.py` (`Pipeline.run_images`) and `generate/call.py` (`run_call`), top to bottom:
    token ids, the text encoders, noise, the denoising loop (`generate/denoising.py`: one compiled step
    per row of the sampler's table, `sampler/`), the VAE's decode. Each stage's math is in
-   `generate/sampling.py`; `generate/programs.py` compiles them per size, `generate/compiled.py` and
-   `generate/stored_programs.py` keep them.
+   `generate/sampling.py`; `generate/compiling/` makes them programs per size (`programs.py`), compiles
+   them side by side when first needed (`compiled.py`) and stores them for a restart (`stored_programs.py`).
 6. Back: the images as files carrying A1111's parameters text (`a1111/infotext.py`, `a1111/images.py`,
    `server/files.py`), the steps and previews on the way as events (`server/events.py`), and what the
    page shows of them (`page/page_run.py`).
@@ -146,6 +146,12 @@ def module_map() -> str:
         for path in sorted(folder.glob("*.py")):
             if path.name != "__init__.py":
                 lines.append(f"- `{path.name}`: {summary(path)}")
+        subfolders = sorted(p for p in folder.iterdir() if (p / "__init__.py").is_file())
+        lines += [f"- `{sub.name}/`: {summary(sub / '__init__.py')}" for sub in subfolders]
+        for sub in subfolders:
+            lines += ["", f"#### {folder.name}/{sub.name}/", ""]
+            lines += [f"- `{path.name}`: {summary(path)}" for path in sorted(sub.glob("*.py"))
+                      if path.name != "__init__.py"]
     lines += ["", "Besides the package: `app.py` (the Space's entry point: runs page/playground.py), `tests/`,",
               "`benchmarks/`, `deploy/` (Docker and Kubernetes), `docs/`.", ""]
     return "\n".join(lines)

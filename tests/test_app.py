@@ -334,7 +334,7 @@ def test_without_quiet_platforms_libtpu_would_log_errors():
     run = lambda code: subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                                       timeout=300)
     noisy = run("import jax; jax.devices()")
-    quiet = run("from sdxl_tpu.generate.compilation import quiet_platforms; quiet_platforms(); "
+    quiet = run("from sdxl_tpu.generate.compiling.compilation import quiet_platforms; quiet_platforms(); "
                 "import jax; print(jax.devices())")
     assert "TPU" in noisy.stderr and quiet.returncode == 0 and "TPU" not in quiet.stderr and "Cpu" in quiet.stdout
 
@@ -342,7 +342,7 @@ def test_without_quiet_platforms_libtpu_would_log_errors():
 def test_an_nvidia_gpu_that_jax_does_not_use_is_said_at_start_and_on_the_page(tmp_path, monkeypatch):
     """A GPU Space given requirements.txt's jax[tpu] runs on the CPU: the ready line (the page's
     status) says so and what to install; nothing is said without a GPU, or when JAX uses it."""
-    from sdxl_tpu.generate import compilation
+    from sdxl_tpu.generate.compiling import compilation
     from sdxl_tpu.server.local_engine import LocalEngine
     from sdxl_tpu.server.offer import provisional
     from sdxl_tpu.server.settings import Settings

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from sdxl_tpu import CompileCounter
-from sdxl_tpu.generate import compilation
+from sdxl_tpu.generate.compiling import compilation
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.events import Done, Started
 from sdxl_tpu.server.files import ImageStore

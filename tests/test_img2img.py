@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from sdxl_tpu.generate.compilation import CompileCounter
+from sdxl_tpu.generate.compiling.compilation import CompileCounter
 from test_pipeline import psnr
 from sdxl_tpu.request.errors import RequestError
 from sdxl_tpu.imaging.resize import RESIZE_MODES, fit_image, nearest_size

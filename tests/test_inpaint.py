@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from sdxl_tpu.generate.compilation import CompileCounter
+from sdxl_tpu.generate.compiling.compilation import CompileCounter
 from sdxl_tpu.request.errors import RequestError
 from sdxl_tpu.imaging.mask import gaussian_blur, latent_mask, mask_input
 from test_img2img import SCHEDULERS, SEED, picture

@@ -28,7 +28,9 @@ def test_the_folders_show_the_parts():
         tree = ast.parse(init.read_text())
         assert ast.get_docstring(tree) and len(tree.body) == 1, f"{folder}/__init__.py: a docstring and nothing else"
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "version.py"]
-    assert {p.stem for p in (PACKAGE / "generate").glob("*.py")} >= {"sampling", "pipeline", "programs", "loading"}
+    assert {p.stem for p in (PACKAGE / "generate").glob("*.py")} >= {"sampling", "pipeline", "call", "loading"}
+    compiling = {p.stem for p in (PACKAGE / "generate" / "compiling").glob("*.py")}
+    assert compiling >= {"programs", "compiled", "stored_programs"}
     assert {p.stem for p in (PACKAGE / "models").glob("*.py")} >= {"clip", "unet", "vae", "taesd", "attention"}
 
 

@@ -269,7 +269,7 @@ def test_compile_cache_can_be_moved_after_earlier_compiles(tmp_path):
     import sys
 
     script = ("import sys, jax, jax.numpy as jnp\n"
-              "from sdxl_tpu.generate.compilation import enable_compile_cache\n"
+              "from sdxl_tpu.generate.compiling.compilation import enable_compile_cache\n"
               "enable_compile_cache(sys.argv[1] + '-first')\n"
               "jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()\n"
               "enable_compile_cache(sys.argv[1])\n"

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sdxl_tpu.generate.programs import program
-from sdxl_tpu.generate.stored_programs import ProgramStore, graphs_fingerprint
+from sdxl_tpu.generate.compiling.programs import program
+from sdxl_tpu.generate.compiling.stored_programs import ProgramStore, graphs_fingerprint
 
 REQUEST = dict(prompt="a red chair", negative_prompt="blurry", seed=7, steps=3, size=(64, 64))
 # Two images a call: programs no other test of the session compiles, so XLA compiles them here.
@@ -113,7 +113,7 @@ def test_a_restarts_sizes_load_side_by_side_and_compile_nothing(tiny_pipeline, t
     first size has serves the others, and each size is complete. The smallest program, at two sizes
     nothing else compiles (so XLA compiles and stores them here)."""
     from sdxl_tpu import CompileCounter
-    from sdxl_tpu.generate.compiled import CompiledPrograms
+    from sdxl_tpu.generate.compiling.compiled import CompiledPrograms
 
     pipe, sizes, store = tiny_pipeline, [(104, 64), (112, 64)], ProgramStore(tmp_path / "programs")
     for size in sizes:
@@ -210,7 +210,7 @@ def test_a_sizes_programs_compile_side_by_side():
     the other, which a compile one after another never reaches (the barrier then breaks)."""
     import threading
 
-    from sdxl_tpu.generate.compilation import compile_side_by_side
+    from sdxl_tpu.generate.compiling.compilation import compile_side_by_side
 
     barrier = threading.Barrier(2, timeout=120)
 
@@ -230,7 +230,7 @@ def test_a_programs_compile_starts_while_the_next_is_traced_and_each_is_handed_o
     has begun, which lowering everything first never allows (the wait then times out)."""
     import threading
 
-    from sdxl_tpu.generate.compilation import compile_side_by_side
+    from sdxl_tpu.generate.compiling.compilation import compile_side_by_side
 
     first_compiling, handed_on = threading.Event(), []
 

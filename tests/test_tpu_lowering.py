@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sdxl_tpu.generate.programs import PROGRAMS
+from sdxl_tpu.generate.compiling.programs import PROGRAMS
 from sdxl_tpu.models.attention import SPLASH_MIN_LENGTH
 from sdxl_tpu.weights.architectures import architecture_configs
 

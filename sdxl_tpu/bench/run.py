@@ -21,10 +21,10 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ..generate.compilation import enable_compile_cache
+from ..generate.compiling.compilation import enable_compile_cache
 from ..generate.loading import compute_dtype_for, load
 from ..generate.pipeline import Pipeline
-from ..generate.stored_programs import ProgramStore
+from ..generate.compiling.stored_programs import ProgramStore
 from ..models.layers import Precision
 from ..models.taesd import AutoencoderTiny, TAESDConfig
 from ..request.load import LoadOptions

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 import jax
 import numpy as np
@@ -26,7 +26,7 @@ from ..sampler.tables import Sampler
 from . import sampling, starting
 from .denoising import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
-from .programs import Layout
+from .compiling.programs import Layout, Params, Program, Size
 
 Progress = Callable[[int, int], None]
 
@@ -44,7 +44,7 @@ class Pipeline(Protocol):
     stepwise: bool  # one program a step (progress, previews, stop) or all steps fused
     vae_factor: int
     layout: Layout
-    params: dict[str, Any]  # each network's replicated parameters
+    params: Params  # each network's replicated parameters
     lock: threading.Lock  # one call on the devices at a time
     batch_sharding: NamedSharding
     replicated: NamedSharding
@@ -56,7 +56,7 @@ class Pipeline(Protocol):
     @property
     def key_stream(self) -> Callable[..., jax.Array]: ...  # (stream): the seeds' keys, as the programs take them
 
-    def compiled(self, size: Any, names: Sequence[str] | None = None) -> dict[str, Any]: ...
+    def compiled(self, size: Size, names: Sequence[str] | None = None) -> dict[str, Program]: ...
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False
                       ) -> tuple[str, ...]: ...

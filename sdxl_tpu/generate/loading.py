@@ -20,8 +20,8 @@ from ..request.load import LoadOptions, lora_name, lora_spec
 from ..weights.checkpoint import Checkpoint, Models, config_root, is_single_file
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
-from .compilation import enable_compile_cache
-from .stored_programs import ProgramStore
+from .compiling.compilation import enable_compile_cache
+from .compiling.stored_programs import ProgramStore
 from .pipeline import Pipeline
 
 log = logging.getLogger("sdxl_tpu")

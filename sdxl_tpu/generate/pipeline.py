@@ -29,9 +29,9 @@ from ..request.request import GenerationResult, ImageInfo, Request
 from ..request.values import format_size, parse_size, size_input
 from ..weights.checkpoint import Models
 from .call import run_call
-from .compiled import CompiledPrograms
-from .programs import BATCH, Layout, NETWORKS, PROGRAMS, program
-from .stored_programs import ProgramStore
+from .compiling.compiled import CompiledPrograms
+from .compiling.programs import BATCH, NETWORKS, PROGRAMS, Layout, Program, Size, program
+from .compiling.stored_programs import ProgramStore
 
 
 def call_batch(images: int, devices: int) -> int:
@@ -145,7 +145,7 @@ class Pipeline:
                 *(("encode_image",) if image or self.layout.condition_channels else ()),
                 *(("preview",) if self.preview_decoder == "taesd" and self.stepwise else ()))
 
-    def compiled(self, size: Any, names: Sequence[str] | None = None) -> dict[str, Any]:
+    def compiled(self, size: Size | str, names: Sequence[str] | None = None) -> dict[str, Program]:
         """The compiled programs for `size` (those of `names`, or all: a warmed-up pipeline has them
         all), compiling them (once) if needed."""
         return self._compiled.get(size_input(size, self.sizes), self.programs if names is None else names)

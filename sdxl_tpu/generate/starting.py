@@ -1,7 +1,7 @@
 """The host half of a call that starts from images (img2img, inpainting): what the VAE encodes,
 where the latents are kept and what fills the rest, and the finished images with the input's
 pixels wherever the mask kept them. Plain numpy and PIL (imaging/mask.py); the device half is
-programs.py's noise program and update.py's blends."""
+compiling/programs.py's noise program and update.py's blends."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from PIL import Image
 
 from ..imaging.mask import ONLY_MASKED, fill, latent_mask, overlay
 from ..request.request import ImageInfo
-from .programs import LATENT_FILL
+
+
+# Inpainting's "Masked content" as the noise program takes it, per image: what fills the masked latents.
+LATENT_FILL = {"latent noise": 1, "latent nothing": 2}  # (anything else: 0, the image's own latents)
 
 
 class Start(NamedTuple):

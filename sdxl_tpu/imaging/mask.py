@@ -8,7 +8,7 @@
 
 The starting image's masked area is first filled from its surroundings ("fill", and under the
 latent choices too, as A1111 does); "latent noise" and "latent nothing" then replace the masked
-latents on the device (generate/programs.py).
+latents on the device (generate/compiling/programs.py).
 """
 
 from __future__ import annotations

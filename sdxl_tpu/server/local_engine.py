@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from ..generate.compilation import CompileCounter, enable_compile_cache, gpu_unused, quiet_platforms
+from ..generate.compiling.compilation import CompileCounter, enable_compile_cache, gpu_unused, quiet_platforms
 from ..generate.loading import load
 from ..generate.pipeline import Pipeline, call_batch
 from ..request.errors import CompileError, GenerationError, RequestError

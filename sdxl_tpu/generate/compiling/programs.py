@@ -16,9 +16,14 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..sampler.tables import MAX_ROWS, Tables
-from . import sampling, update
-from .preview import decode_taesd, preview_size
+from ...sampler.tables import MAX_ROWS, Tables
+from .. import sampling, update
+from ..preview import decode_taesd, preview_size
+
+Size = tuple[int, int]  # (width, height) in pixels
+Graphs = Mapping[str, nnx.GraphDef]  # each network's module graph, by NETWORKS' names (and "taesd")
+Params = Mapping[str, nnx.State]  # each network's parameters (replicated; abstract before the weights)
+Program = jax.stages.Compiled  # one compiled program, as JAX makes it or reads it back
 
 BATCH = "batch"  # the mesh axis images are split over
 NETWORKS = ("text_encoder", "text_encoder_2", "unet", "vae")
@@ -82,8 +87,8 @@ def shard(mesh: Mesh, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
 
-def program(name: str, layout: Layout, size: tuple[int, int], graphs: Mapping[str, Any],
-            params: Mapping[str, Any]) -> tuple[Callable, tuple]:
+def program(name: str, layout: Layout, size: Size, graphs: Graphs,
+            params: Params) -> tuple[Callable, tuple]:
     """The jitted program `name` for `size`, and abstract arguments to lower or trace it with."""
     if name not in _BUILDERS:
         raise ValueError(f"no program {name!r}; programs: {', '.join([*PROGRAMS, 'preview'])}")
@@ -114,7 +119,7 @@ class _Shapes:
         self.codes = self.batch((b,), jnp.int32)
 
 
-def _network(graphs: Mapping[str, Any], name: str) -> Callable:
+def _network(graphs: Graphs, name: str) -> Callable:
     return partial(nnx.merge, graphs[name])
 
 
@@ -131,14 +136,10 @@ def _unit_noise(seeds, host, use_host, shape: tuple[int, int, int], stream: int 
     return jnp.where(use_host[:, None, None, None], host, sampling.get_noise(seeds, *shape, stream=stream))
 
 
-# Inpainting's "Masked content" as the noise program takes it, per image: what fills the masked latents.
-LATENT_FILL = {"latent noise": 1, "latent nothing": 2}  # (anything else: 0, the image's own latents)
-
-
 def _noise(s: _Shapes, graphs, params):
     """JAX's initial noise, or the host's for the images that draw their own (RNG CPU), and the
     images' latents it noises (img2img; zeros from noise alone), kept where `keep` is 1
-    (inpainting), where the mask repaints them replaced as LATENT_FILL says (A1111: by the
+    (inpainting), where the mask repaints them replaced as starting.LATENT_FILL says (A1111: by the
     initial noise, or by nothing); an inpainting UNet's condition carried along."""
     h, w, c = s.layout.latent_shape(s.size)
 

@@ -13,20 +13,18 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
 
 import jax
 
-from ..request.values import format_size
+from ...request.values import format_size
 from .compilation import compile_side_by_side
-from .programs import Layout, program, slowest_first
+from .programs import Graphs, Layout, Params, Program, Size, program, slowest_first
 from .stored_programs import ProgramStore
 
 log = logging.getLogger("sdxl_tpu")
 
-Size = tuple[int, int]
 
 
 def _key(name: str, size: Size) -> tuple[str, Size | None]:
@@ -35,14 +33,14 @@ def _key(name: str, size: Size) -> tuple[str, Size | None]:
 
 
 class CompiledPrograms:
-    def __init__(self, layout: Layout, graphs: Mapping[str, Any], params: Mapping[str, Any],
+    def __init__(self, layout: Layout, graphs: Graphs, params: Params,
                  store: ProgramStore | None = None):
         self.layout, self.graphs, self.params, self.store = layout, graphs, params, store
-        self.by_size: dict[Size, dict[str, Any]] = {}
+        self.by_size: dict[Size, dict[str, Program]] = {}
         self._lock = threading.Lock()
         self._making: dict[tuple[str, Size | None], Future] = {}  # by _key: made now, by another thread
 
-    def get(self, size: Size, names: Sequence[str]) -> dict[str, Any]:
+    def get(self, size: Size, names: Sequence[str]) -> dict[str, Program]:
         """The programs of `size` (at least those of `names`), making the missing ones (those
         another thread is making: waiting for it)."""
         while True:
@@ -76,7 +74,8 @@ class CompiledPrograms:
                     mine.append((name, size))
         return mine, theirs
 
-    def _settle(self, name: str, size: Size, compiled: Any = None, error: BaseException | None = None) -> None:
+    def _settle(self, name: str, size: Size, compiled: Program | None = None,
+                error: BaseException | None = None) -> None:
         """A claimed job ended: its program kept (None: not made, as a load the store could not
         serve), and whoever waits for it told."""
         with self._lock:
@@ -115,7 +114,7 @@ class CompiledPrograms:
         jobs, _ = self._claim([(name, size) for size in sizes for name in names])
         start, found = time.perf_counter(), set()
 
-        def loaded(name: str, size: Size, compiled: Any) -> None:
+        def loaded(name: str, size: Size, compiled: Program) -> None:
             found.add((name, size))
             self._settle(name, size, compiled)
 
@@ -130,11 +129,11 @@ class CompiledPrograms:
             log.info("%s: %d programs loaded from %s side by side, in %.1f s", loaded_sizes, len(found),
                      self.store.directory, time.perf_counter() - start)
 
-    def _shared_encode(self) -> Any:
+    def _shared_encode(self) -> Program | None:
         """The text encoders' program, which does not depend on the size: made once, for every size."""
         return next((p["encode"] for p in self.by_size.values() if "encode" in p), None)
 
-    def _add(self, size: Size, name: str, compiled: Any) -> None:
+    def _add(self, size: Size, name: str, compiled: Program) -> None:
         programs = self.by_size.setdefault(size, {})
         programs[name] = compiled
         if name == "encode":  # (every size made so far shares it)

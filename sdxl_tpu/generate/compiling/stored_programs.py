@@ -25,7 +25,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,9 @@ from typing import Any
 import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
-from ..request.values import format_size
+from ...request.values import format_size
 from .compilation import compile_side_by_side
-from .programs import program, slowest_first
+from .programs import Graphs, Layout, Params, Program, Size, program, slowest_first
 
 FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
 SUBDIRECTORY = "programs"
@@ -63,7 +63,7 @@ def _process_fingerprint() -> str:
                    jax.config.jax_enable_x64, str(jax.config.jax_default_matmul_precision))
 
 
-def graphs_fingerprint(graphs: Mapping[str, Any]) -> str:
+def graphs_fingerprint(graphs: Graphs) -> str:
     """The networks' graphs, static attributes included (nnx GraphDefs: nodes and attributes)."""
     return _digest(sorted((name, repr(g.nodes), repr(g.attributes)) for name, g in graphs.items()))
 
@@ -84,7 +84,7 @@ class ProgramStore:
         '' too, as `--compile-cache ''` says)."""
         return None if compile_cache in (None, "") else cls(Path(compile_cache) / SUBDIRECTORY)
 
-    def key(self, name: str, size: tuple[int, int] | None, layout: Any, args: Sequence[Any], graphs: str) -> str:
+    def key(self, name: str, size: Size | None, layout: Layout, args: Sequence[Any], graphs: str) -> str:
         """The key of program `name` for `size` (None: one for every size), built for `layout` (a
         programs.Layout), lowered with `args` from graphs with fingerprint `graphs`."""
         devices = [(d.platform, d.device_kind, d.id, d.process_index) for d in layout.mesh.devices.flat]
@@ -93,8 +93,8 @@ class ProgramStore:
         return _digest(FORMAT, _process_fingerprint(), graphs, name, size, fields, devices, layout.mesh.axis_names,
                        jax.tree.structure(args), shapes)
 
-    def _made(self, name: str, size: tuple[int, int], layout: Any, graphs: Mapping[str, Any],
-              params: Mapping[str, Any]) -> tuple[Any, tuple, str]:
+    def _made(self, name: str, size: Size, layout: Layout, graphs: Graphs,
+              params: Params) -> tuple[Callable, tuple, str]:
         """Program `name` for `size` (programs.program), its abstract arguments and its key."""
         if id(graphs) not in self._graphs:
             self._graphs[id(graphs)] = graphs_fingerprint(graphs)
@@ -102,10 +102,10 @@ class ProgramStore:
         # The text encoders do not depend on the size: one entry for every size.
         return fn, args, self.key(name, None if name == "encode" else size, layout, args, self._graphs[id(graphs)])
 
-    def load_side_by_side(self, jobs: Sequence[tuple[str, tuple[int, int]]], layout: Any, graphs: Mapping[str, Any],
-                          params: Mapping[str, Any],
-                          loaded: Callable[[str, tuple[int, int], jax.stages.Compiled], None] = lambda *a: None
-                          ) -> dict[tuple[str, tuple[int, int]], jax.stages.Compiled]:
+    def load_side_by_side(self, jobs: Sequence[tuple[str, Size]], layout: Layout, graphs: Graphs,
+                          params: Params,
+                          loaded: Callable[[str, Size, Program], None] = lambda *a: None
+                          ) -> dict[tuple[str, Size], Program]:
         """The stored programs of `jobs` ((name, size) pairs), loaded one a core (XLA reads an
         executable on one core, in time that grows faster than its size: a tiled VAE decode of
         10.8 MB 4.3 s, a denoising loop of 3.5 MB 0.5 s); `loaded(name, size, program)` as each is.
@@ -123,8 +123,8 @@ class ProgramStore:
             self.loaded += len(found)
         return found
 
-    def programs(self, names: Sequence[str], layout: Any, size: tuple[int, int], graphs: Mapping[str, Any],
-                 params: Mapping[str, Any]) -> dict[str, jax.stages.Compiled]:
+    def programs(self, names: Sequence[str], layout: Layout, size: Size, graphs: Graphs,
+                 params: Params) -> dict[str, Program]:
         """Programs `names` for `size` (programs.program's arguments): loaded untraced where stored,
         else compiled and stored; one log line says which."""
         start = time.perf_counter()
@@ -137,7 +137,7 @@ class ProgramStore:
             fn, args, keys[name] = self._made(name, size, layout, graphs, params)
             return fn.lower(*args)
 
-        def store(name: str, compiled: jax.stages.Compiled, by_xla: bool) -> None:
+        def store(name: str, compiled: Program, by_xla: bool) -> None:
             # One that JAX's persistent cache gave is not stored: XLA's CPU client cannot serialize a
             # program it deserialized whole (its kernels would be missing when loaded: "Function ...
             # not found"). It is stored once it really compiles (a changed program, a new JAX).
@@ -158,7 +158,7 @@ class ProgramStore:
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.pkl"
 
-    def load(self, key: str, args: Sequence[Any], devices: Sequence[jax.Device]) -> jax.stages.Compiled | None:
+    def load(self, key: str, args: Sequence[Any], devices: Sequence[jax.Device]) -> Program | None:
         """The stored program of `key`, loaded onto `devices`; None (a miss) if there is none or it
         cannot be used, which is logged."""
         path = self._path(key)
@@ -182,7 +182,7 @@ class ProgramStore:
                         type(e).__name__, str(e)[:200])
             return None
 
-    def save(self, key: str, compiled: jax.stages.Compiled) -> None:
+    def save(self, key: str, compiled: Program) -> None:
         """Store `compiled` under `key` (atomically: a reader sees a whole entry or none); a failure
         is logged, never raised: the program is in memory either way."""
         try:
