@@ -13,10 +13,10 @@ from starlette.requests import Request as HTTPRequest
 
 from ..request.fields import MAX_SEED
 from ..request.request import Request
-from .batcher import ShuttingDown
-from .core import Server
-from .engine import Generated, Report
-from .events import Ended, Preview, Progress
+from ..server.batcher import ShuttingDown
+from ..server.core import Server
+from ..server.engine import Generated, Report
+from ..server.events import Ended, Preview, Progress
 
 
 def split(request: Request, count: int, per_call: int) -> list[Request]:
