@@ -114,7 +114,7 @@ case "$MODE" in
     ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
-    JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/test_tpu.py \
+    JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/generate/test_tpu.py \
         2>&1 | tee "$OUT/tests.log"
     ;;
   *)

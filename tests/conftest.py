@@ -8,7 +8,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # 2026-12-03: two sizes of the tiny pipeline, 36.9 s -> 26.1 s; 60 steps 2.5 s -> 2.4 s; -O0 took
 # 19.6 s but ran 3x slower). Code generation only: the same arithmetic, so every parity holds.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=1"
-if os.environ["JAX_PLATFORMS"] == "cpu":  # (on a TPU chip, tests/test_tpu.py: the chip's own compiler as served)
+if os.environ["JAX_PLATFORMS"] == "cpu":  # (on a TPU chip, test_tpu.py: the chip's own compiler)
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -10,7 +10,7 @@ a `cond` whose branches compute the same product (XLA's branch has the full coun
 kernel's body is one block of its grid).
 
 For SDXL base at 1024x1024 this gives 6.76 TFLOP per UNet evaluation per image and 10.47 TFLOP
-per VAE decode (tests/test_flops.py checks both against PyTorch's FLOP counter over diffusers'
+per VAE decode (tests/models/test_flops.py checks both against PyTorch's FLOP counter over diffusers'
 own models); a call with classifier-free guidance does 2 * steps UNet evaluations per image.
 """
 

@@ -152,7 +152,7 @@ FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page 
 FEWEST_INPUTS = 1 + max(i for i, f in enumerate(FIELDS) if not f.optional)
 BY_API = {f.api: f for f in FIELDS if f.api}
 # Pipeline.generate's keyword where it differs from the API name (diffusers' inpainting pipelines'
-# `mask_image`, for people coming from them); tests/test_fields.py checks generate against this.
+# `mask_image`, for people coming from them); tests/request/test_fields.py checks generate against this.
 PYTHON_NAMES = {"mask": "mask_image"}
 
 

@@ -1,5 +1,5 @@
 """What Gradio and uvicorn do not offer publicly, in one place. Each use here reads or sets
-something internal to them; tests/test_internals.py checks every one against the installed
+something internal to them; tests/server/test_internals.py checks every one against the installed
 release, so an upgrade that changes them fails loudly there (requirements.txt keeps gradio
 below its next major version).
 

@@ -4,7 +4,7 @@ sampler/from_config.py's).
 
 tiny:  a few MB, for tests and running offline (`sdxl_tpu.weights.tiny` writes it as a checkpoint).
 small: SDXL's block structure, narrower and shallower, 256x256, for CPU benchmarks.
-sdxl:  SDXL base 1.0's architecture exactly (tests/test_full_size.py checks it against the
+sdxl:  SDXL base 1.0's architecture exactly (tests/models/test_full_size.py checks it against the
        published config and parameter counts).
 """
 

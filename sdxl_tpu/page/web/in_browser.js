@@ -1,7 +1,7 @@
 // What the page's events do in the browser, without a server event: the form's rules (the menus'
 // (sampler, schedule) pair, the preset menu following the fields, a preset filling them, a history
 // row restoring the form: each the same rule as its Python twin, page/sampler_menu.py's menu_pair,
-// page/page.py's matching_preset, request/fields.py's restored fields; tests/test_in_browser.py runs
+// page/page.py's matching_preset, request/fields.py's restored fields; tests/page/test_in_browser.py runs
 // both), and the run panel's answers to Stop and to a run the server did not take. `config`
 // (page/in_browser.py's browser_config) carries the names and data they need.
 (config) => {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-AXE_JS = Path(__file__).resolve().parent / "node_modules" / "axe-core" / "axe.min.js"
+AXE_JS = Path(__file__).resolve().parents[1] / "node_modules" / "axe-core" / "axe.min.js"
 IMPACTS = ("minor", "moderate", "serious", "critical")  # axe's own scale, least to most
 TEXT_LIMIT = 300  # characters kept of a node's failureSummary and html
 

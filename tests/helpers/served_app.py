@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUEUE_SIZE = 2
 SIZES = "64x64,96x64,96x96"  # square and wide, and 64x64's hires fix (1.5x)
 API_KEY = "sdxl-test-key-7f3a9"  # the shared app's: the other tools' APIs and MCP need it

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sdxl_tpu.request.fields import FIELDS, PASTED, PYTHON_NAMES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 API = {f.api for f in FIELDS if f.api}
 
 

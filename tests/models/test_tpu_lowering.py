@@ -1,6 +1,6 @@
 """The TPU programs, lowered on every run of the suite: each per-size program of SDXL base 1.0 at
 1024x1024, for a v5e-4 host's mesh of four chips, lowered for TPU from this CPU machine with
-shapes alone (tests/tpu_lowering.py). What lowering cannot prove: that Mosaic compiles the splash
+shapes alone (tests/helpers/tpu_lowering.py). What lowering cannot prove: that Mosaic compiles the splash
 kernel for a given TPU generation and how fast it runs, XLA's TPU compile and memory fit (bench
 --compile-only on a TPU says that), and on a GPU, which cuDNN kernel is chosen."""
 
@@ -18,7 +18,7 @@ from sdxl_tpu.generate.compiling.programs import PROGRAMS
 from sdxl_tpu.models.attention import SPLASH_MIN_LENGTH
 from sdxl_tpu.weights.architectures import architecture_configs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEVICES = 4
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
 K8S = DEPLOY / "k8s"
@@ -292,7 +292,7 @@ def test_frontend_probes(name):
     assert frontend["livenessProbe"]["httpGet"]["path"] == "/healthz"
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container_port(frontend, frontend[kind]["httpGet"]["port"]) == 7860, kind
-    # A front end answers /healthz at once and /readyz only while a back end answers (tests/test_frontend.py):
+    # A front end answers /healthz at once and /readyz only while a back end answers (tests/server/test_frontend.py):
     # it starts on /healthz and leaves the Service's endpoints while its back ends are away, never restarted for it.
     assert frontend["startupProbe"]["httpGet"]["path"] == "/healthz"
 

@@ -1,7 +1,7 @@
 """Lowers every per-size program for TPU at SDXL base 1.0's architecture and 1024x1024, from
 whatever machine runs it (JAX lowers for a platform it does not have), with shapes alone: the
 networks are built abstractly (nnx.eval_shape) and the parameters are ShapeDtypeStructs, so no
-weight is in memory. Run by tests/test_tpu_lowering.py in a process of its own with four
+weight is in memory. Run by tests/models/test_tpu_lowering.py in a process of its own with four
 simulated devices (a v5e-4 host's mesh); prints one JSON object: per program, what its lowered
 StableHLO says (which attention calls reach the splash kernel and at what sequence lengths, how
 its arguments are sharded, whether it calls back to the host)."""

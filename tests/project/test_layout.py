@@ -105,7 +105,7 @@ def test_only_the_local_engine_imports_the_generator():
 
 def test_the_module_map_is_current():
     assert layout.MAP.read_text() == layout.module_map(), (
-        "docs/layout.md is stale: rewrite it with `python tests/layout.py`")
+        "docs/layout.md is stale: rewrite it with `python tests/helpers/layout.py`")
     text = layout.MAP.read_text()
     for path in PACKAGE.rglob("*.py"):  # every module and folder is on the map
         if path.parent != PACKAGE or path.name != "__init__.py":

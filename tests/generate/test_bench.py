@@ -179,7 +179,7 @@ def test_random_weight_pipelines_use_sdxl_base_scheduler():
 
 
 def test_kernels_check_reads_the_compiled_attention_layer():
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "kernels_check.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels_check.py"
     result = subprocess.run([sys.executable, str(script), "--tokens", "256", "--channels", "128",
                              "--heads", "2"], capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, JAX_PLATFORMS="cpu"))

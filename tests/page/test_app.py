@@ -86,7 +86,7 @@ def test_gradios_javascript_client_may_send_the_prompt_alone(app_server):
     is refused by name."""
     calls = [{"prompt": "a cat"}, {"prompt": "a cat", "negative": "blurry", "steps": 2, "seed": 5},
              {"prompt": "a cat", "steps": 0}]
-    done = subprocess.run(["node", str(ROOT / "tests" / "js_client.mjs"), app_server["url"] + "/",
+    done = subprocess.run(["node", str(ROOT / "tests" / "helpers" / "js_client.mjs"), app_server["url"] + "/",
                            *map(json.dumps, calls)], capture_output=True, text=True, timeout=300, cwd=ROOT / "tests")
     assert done.returncode == 0, done.stderr[-2000:]
     alone, named, bad = json.loads(done.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ from sdxl_tpu.request.load import LoadOptions
 from sdxl_tpu.cli.options import COMMANDS, OPTIONS, add_options, fill_defaults, load_values, options_for
 from sdxl_tpu.cli.options_table import markdown_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse(command: str, argv: list[str], env: dict[str, str]) -> argparse.Namespace:

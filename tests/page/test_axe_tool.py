@@ -1,4 +1,4 @@
-"""tests/axe.py finds what axe-core should find: known violations on tiny pages are reported by
+"""tests/helpers/axe.py finds what axe-core should find: known violations on tiny pages are reported by
 rule id and impact, exclusions and the impact filter hold, a clean page gives none, and a missing
 axe-core fails with the command that installs it."""
 

@@ -1,6 +1,6 @@
 """The package's shape, read from its source: the import graph (every import of one sdxl_tpu module
 by another, inside functions and under `if TYPE_CHECKING:` included), its cycles, and the module
-map that docs/layout.md holds (`python tests/layout.py` writes it; test_layout.py checks it is current).
+map that docs/layout.md holds (`python tests/helpers/layout.py` writes it; test_layout.py checks it is current).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sdxl_tpu"
 MAP = ROOT / "docs" / "layout.md"
 
@@ -100,7 +100,7 @@ def summary(path: Path) -> str:
 
 
 # docs/layout.md's walk: one request's way through the folders above (a test checks that every file it
-# names exists, tests/test_layout.py).
+# names exists, tests/project/test_layout.py).
 WALK = """
 ## A request's way
 
@@ -131,8 +131,8 @@ def module_map() -> str:
     edges = graph()
     uses = parts_imported(edges)
     lines = ["# Layout", "",
-             "Where each part of the code lives. Written by `python tests/layout.py` from the modules' own",
-             "docstrings and imports; `tests/test_layout.py` fails when it is stale.", "",
+             "Where each part of the code lives. Written by `python tests/helpers/layout.py` from the modules' own",
+             "docstrings and imports; `tests/project/test_layout.py` fails when it is stale.", "",
              "| folder | imports | what it holds |", "|---|---|---|"]
     folders = sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
     for folder in folders:
