@@ -26,8 +26,8 @@ DEVICES = 4
 def lowered() -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"}
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "tpu_lowering.py")], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=ROOT)
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "tpu_lowering.py")], capture_output=True,
+                          text=True, env=env, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     print(f"lowered {len(report['programs'])} programs for TPU in {report['seconds']} s")
