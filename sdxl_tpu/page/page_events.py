@@ -5,7 +5,7 @@ pasted parameters, and the refresh while the model warms up. The components are 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import gradio as gr
 from gradio.utils import get_upload_folder
@@ -13,7 +13,8 @@ from gradio.utils import get_upload_folder
 from ..request.recipes import RECIPES
 from ..server.core import Server
 from ..server.errors import log_refusal
-from ..server.events import Progress
+from ..server.events import Done, Progress
+from ..server.uploads import Uploads
 from ..server.form import picked_item
 from .handlers import form_handler, gradio_handler
 from .in_browser import browser_config, in_browser
@@ -24,6 +25,23 @@ from .page import (CUSTOM, PASTED_INTO, form_defaults, hires_of, new_area, paint
 from .page_layout import WARMING_UP, Page, preset_names
 from .page_run import GENERATE, page_run, page_values, refused, stopped
 from .sampler_menu import fitted_schedule, menu_samplers, schedule_menu
+
+class Queued(TypedDict):
+    """What a run's events share (Gradio's listeners' keywords, each with its own type)."""
+    inputs: list[Any]
+    preprocess: bool
+    concurrency_id: str
+    concurrency_limit: int | None | Literal["default"]
+
+
+class Light(TypedDict, total=False):
+    """What the page's small events share: not in the API, no progress shown, no queue limit."""
+    api_visibility: Literal["public", "private", "undocumented"]
+    concurrency_limit: int | None | Literal["default"]
+    concurrency_id: str
+    show_progress: Literal["full", "minimal", "hidden"]
+    preprocess: bool
+
 
 def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     """The page's events, added inside `demo`."""
@@ -36,6 +54,11 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     # and where it is ({seeds, step, steps}); the files it shows (kept on the server, never sent).
     last_seeds, picked, run_state, run_at = gr.State([]), gr.State(None), gr.State("idle"), gr.State({})
     last_images = gr.State([])
+
+    def uploads() -> Uploads:  # (the playground gives the server its uploads once the page is built)
+        if server.uploads is None:
+            raise RuntimeError("the page's server has no uploads")
+        return server.uploads
 
     def run_updates(values, progress, previews: bool, route: str):
         # The request stops (waiting or between denoising steps) once Gradio no longer runs
@@ -72,19 +95,22 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         server's own). A value the server cannot use is refused with a message naming the field."""
         # (run to its end: counted)
         *_, done = run_updates(values, progress, previews=False, route="/generate")
+        if not isinstance(done, Done):  # (a run that fails raises; one that ends ends with its images)
+            raise RuntimeError(f"the run ended with {type(done).__name__}, not its images")
         return done.gallery, done.summary
 
     # As many requests run at once as one pipeline call can serve (more than one on hosts with
     # more chips than a request has images); the rest wait in Gradio's bounded queue. The page
     # and the API are two events of one queue; the page's also updates the form and the history.
-    queued = dict(inputs=page.form, preprocess=False, concurrency_id="generate", concurrency_limit=server.concurrency)
-    light = dict(api_visibility="private", concurrency_limit=None, show_progress="hidden", preprocess=False)
+    queued = Queued(inputs=page.form, preprocess=False, concurrency_id="generate",
+                    concurrency_limit=server.concurrency)
+    light = Light(api_visibility="private", concurrency_limit=None, show_progress="hidden", preprocess=False)
     outputs = list(shown.values())
     # One way to start a run, the button (the page script presses it for Enter and Ctrl+Enter, and
     # shows the run waiting at once).
     in_page = gradio_handler(form_handler(generate_in_page, "history"), "the page's /generate",
                              lambda message: show(refused(message)))
-    generating = page.run.click(in_page, **{**queued, "inputs": [*page.form, page.history]}, outputs=outputs,
+    generating = page.run.click(in_page, **Queued(queued, inputs=[*page.form, page.history]), outputs=outputs,
                                 api_name="generate_in_page", api_visibility="private", show_progress_on=[page.panel])
     # A request the server did not take (its queue full, shutting down) never reaches the handler
     # and fails, as does a stopped one (the page script marks the page when Stop is pressed,
@@ -162,7 +188,8 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     # change before it may still be on its way, and Gradio's default for .change (run again after the
     # pending one, with the values that answer left) put that stale schedule back.
     page.sampler.change(fit_schedule, inputs=[page.sampler, page.schedule], outputs=[page.schedule],
-                        **{**light, "concurrency_limit": 1, "concurrency_id": "schedule-menu"}, trigger_mode="multiple")
+                        **(light | Light(concurrency_limit=1, concurrency_id="schedule-menu")),
+                        trigger_mode="multiple")
 
     # An image dropped in proposes the compiled size nearest its aspect ratio (the resize mode
     # fits it there); the person may choose another.
@@ -175,12 +202,12 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     # becomes the mask (a PNG the server writes and keeps as one of the page's uploads).
     def paint_over(value):
         path = value.get("path") if isinstance(value, dict) else None
-        return {"background": path, "layers": [], "composite": None} if server.uploads.holds(path) or (
+        return {"background": path, "layers": [], "composite": None} if uploads().holds(path) or (
             isinstance(path, str) and server.images.holds([path])) else None
 
     def mask_painted(value):
         painted = painted_mask(value, server.uploads)
-        return None if painted is None else server.uploads.add(painted, get_upload_folder())
+        return None if painted is None else uploads().add(painted, get_upload_folder())
 
     page.image.change(paint_over, inputs=[page.image], outputs=[page.painter], **light)
     page.painter.change(mask_painted, inputs=[page.painter], outputs=[page.mask], **light)
@@ -190,7 +217,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         made, note = new_area(value, size_now, server.uploads)
         if made is None:
             return gr.skip(), gr.skip(), note
-        return server.uploads.add(made, get_upload_folder()), "Resize and fill", note
+        return uploads().add(made, get_upload_folder()), "Resize and fill", note
 
     page.outpaint.click(mask_new_area, inputs=[page.image, page.size],
                         outputs=[page.mask, page.inputs["resize_mode"], page.form_note], **light)
@@ -254,7 +281,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         button = (gr.skip() if state == "running"  # (a run's button is the run's)
                   else gr.Button(GENERATE if server.ready else WARMING_UP, interactive=server.ready))
         return (server.warmup.status_line, gr.Timer(active=refreshing()), button,
-                gr.Dropdown(sizes, **({"value": sizes[0][1]} if first else {})),
+                gr.Dropdown(sizes, value=sizes[0][1]) if first else gr.Dropdown(sizes),
                 *model_menus(seen, prompt_text, style_name, sampler_name))
 
     seen_offer = gr.State("")  # the offer this page's menus show ("": not described yet)

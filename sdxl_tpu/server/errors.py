@@ -29,7 +29,7 @@ def _first_line(record: logging.LogRecord) -> bool:
     return True
 
 
-def log_refusal(where: str, error: Exception) -> None:
+def log_refusal(where: str, error: Exception | str) -> None:
     """One log line per refused input (never a traceback: a bad client must not flood the log)."""
     log.info("refused input to %s: %s", where, error)
 
