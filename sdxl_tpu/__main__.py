@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 from pathlib import Path
 
 from .request.fields import FIELDS, PASTED
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage block
+    def error(self, message: str) -> NoReturn:  # one line, no usage block
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
 
@@ -55,7 +56,8 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:  # the request is checked before anything is loaded
         pasted = usable(_pasted(args.parameters), {"image": args.image, "mask": args.mask})
         args.hires = args.hires or bool(pasted.get("hires"))  # (a switch: fill_defaults leaves it)
-        args = fill_defaults(parser, args, "generate", given={f.name: pasted.get(f.api) for f in _PASTED})
+        given = {f.name: pasted.get(f.api) if f.api else None for f in _PASTED}
+        args = fill_defaults(parser, args, "generate", given=given)
         recipe = recipe_named(args.preset) if args.preset else None
         s = settle(recipe, sampler=args.sampler, steps=args.steps, guidance=args.guidance, size=args.size)
         strength = args.strength if args.strength is not None or args.image is None else DEFAULT_STRENGTH

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,7 +81,7 @@ def split_network_tags(text: str) -> tuple[str, list[NetworkTag]]:
 
 def parse_emphasis(text: str) -> list[tuple[str, float]]:
     """Text -> [(text, weight)], runs of equal weight merged; `BREAK` entries where chunks end."""
-    parts: list[list | tuple] = []  # [text, weight] lists; BREAK itself (a tuple) where a chunk ends
+    parts: list[Any] = []  # [text, weight] lists (scaled in place); BREAK itself (a tuple) where a chunk ends
     round_open: list[int] = []
     square_open: list[int] = []
 
@@ -115,7 +116,7 @@ def parse_emphasis(text: str) -> list[tuple[str, float]]:
         scale(start, UP)
     for start in square_open:
         scale(start, DOWN)
-    merged: list[list | tuple] = []
+    merged: list[Any] = []
     for part in parts or [["", 1.0]]:
         if merged and part is not BREAK and merged[-1] is not BREAK and merged[-1][1] == part[1]:
             merged[-1][0] += part[0]

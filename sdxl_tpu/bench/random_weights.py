@@ -7,7 +7,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -66,7 +66,7 @@ def random_pipeline(architecture: str, precision: Precision, first: Callable[[Pi
     base 1.0's samplers, compiled on first use (`pipeline`: Pipeline's options, e.g. sizes);
     `first(pipeline)` while the weights are made, as a server's load does (loading.with_weights)."""
     networks = abstract_networks(architecture_configs(architecture), precision)
-    pipe = Pipeline(Models(**networks), random_tokenizers(), samplers_for(SCHEDULER_CONFIG)[0], model_name=architecture,
+    pipe = Pipeline(_models(networks), random_tokenizers(), samplers_for(SCHEDULER_CONFIG)[0], model_name=architecture,
                     **pipeline)
     return with_weights(pipe, lambda: fill_randomly(networks), first)
 
@@ -79,7 +79,12 @@ def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) 
 def fill_randomly(networks: dict[str, nnx.Module], seed: int = 0) -> Models:
     """Abstract networks (text_encoder, text_encoder_2, unet, vae: seeds in that order) filled with
     random weights, in place."""
-    return Models(**{name: random_fill(model, seed + i) for i, (name, model) in enumerate(networks.items())})
+    return _models({name: random_fill(model, seed + i) for i, (name, model) in enumerate(networks.items())})
+
+
+def _models(networks: dict[str, nnx.Module]) -> Models:
+    """abstract_networks' four networks (each built by its component's name) as Models."""
+    return Models(**cast(dict[str, Any], networks))
 
 
 def random_tokenizers():

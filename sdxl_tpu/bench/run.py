@@ -24,6 +24,7 @@ from flax import nnx
 from ..generate.compiling.compilation import enable_compile_cache
 from ..generate.loading import compute_dtype_for, load
 from ..generate.pipeline import Pipeline
+from ..generate.compiling.programs import Device
 from ..generate.compiling.stored_programs import ProgramStore
 from ..models.layers import Precision
 from ..models.taesd import AutoencoderTiny, TAESDConfig
@@ -229,7 +230,7 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v5 lite": 197.0
                "TPU v4": 275.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
 
 
-def _peak_tflops(device: jax.Device) -> float | None:
+def _peak_tflops(device: Device) -> float | None:
     kind = getattr(device, "device_kind", "")
     for name, tflops in PEAK_TFLOPS.items():
         if name.lower() in kind.lower():

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding
 from PIL import Image
 
 from ..request.errors import GenerationError, RequestError
-from ..imaging.hires import latent_upscale
+from ..imaging.hires import Hires, latent_upscale
 from ..request.request import GenerationResult, ImageInfo, guided
 from ..imaging.resize import fit_image, image_array
 from ..request.values import not_a_choice, schedule_input
@@ -44,11 +44,13 @@ class Pipeline(Protocol):
     stepwise: bool  # one program a step (progress, previews, stop) or all steps fused
     vae_factor: int
     layout: Layout
-    params: Params  # each network's replicated parameters
     lock: threading.Lock  # one call on the devices at a time
     batch_sharding: NamedSharding
     replicated: NamedSharding
     step_index: list[jax.Array]  # the table rows' indices, on the devices
+
+    @property
+    def params(self) -> Params: ...  # each network's replicated parameters
 
     @property
     def zeros(self) -> Callable[..., jax.Array]: ...  # (shape, dtype): zeros per image of a call, on the devices
@@ -89,7 +91,7 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
     infos = [dataclasses.replace(info, schedule=schedule_input(first.sampler, first.schedule)) for info in infos]
     hires = first.hires
     # With a hires fix, progress counts both passes' steps, as A1111's does.
-    total = first.steps + (0 if hires is None else _hires_steps(pipe, infos[0]))
+    total = first.steps + (0 if hires is None else _hires_steps(pipe, infos[0], hires))
     told = (lambda step, steps: progress(step, total)) if progress and hires else progress
     begin = None if init_images is None else starting.prepare(init_images, masks, infos, pipe.vae_factor)
     out, timings = run_pass(pipe, infos, latents=latents, begin=begin, progress=told, stop=stop, preview=preview,
@@ -113,10 +115,11 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
     return GenerationResult(images=images, infos=infos, timings=timings)
 
 
-def _hires_steps(pipe: Pipeline, info: ImageInfo) -> int:
+def _hires_steps(pipe: Pipeline, info: ImageInfo, hires: Hires) -> int:
     """The steps a hires pass runs (those its strength leaves, as for any image)."""
-    steps = info.hires.steps or info.steps
-    return steps - pipe.samplers[info.sampler].first_step(steps, info.hires.strength, info.schedule)
+    steps = hires.steps or info.steps
+    sampler = pipe.samplers[info.sampler or pipe.default_sampler]
+    return steps - sampler.first_step(steps, hires.strength, info.schedule)
 
 
 def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | None = None,
@@ -140,7 +143,7 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
             raise RequestError(f"latents must have shape {(n, c, h, w)}, got {latents.shape}.")
         latents = pipe.filled(latents)
     put = lambda x: jax.device_put(x, pipe.batch_sharding)
-    sampler = pipe.samplers[first.sampler]
+    sampler = pipe.samplers[first.sampler or pipe.default_sampler]
     host_tables = sampler.padded_tables(steps, schedule, strength)  # (strength: None from noise)
     # diffusers' inpainting at full strength on the checkpoint's schedule starts from the noise alone
     # (is_strength_max), and with an inpainting UNet does not encode the image for it.

@@ -21,6 +21,7 @@ from ..weights.checkpoint import Checkpoint, Models, config_root, is_single_file
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
 from .compiling.compilation import enable_compile_cache
+from .compiling.programs import Device
 from .compiling.stored_programs import ProgramStore
 from .pipeline import Pipeline
 
@@ -35,7 +36,7 @@ def compute_dtype_for(dtype: str, compute_dtype: str | None = None) -> str:
     return "float32" if jax.default_backend() == "cpu" else dtype
 
 
-def load_pipeline(model: str | os.PathLike, *, warmup: bool = True, devices: Sequence[jax.Device] | None = None,
+def load_pipeline(model: str | os.PathLike, *, warmup: bool = True, devices: Sequence[Device] | None = None,
                   compile_cache: str | os.PathLike | None = None, **options: Any) -> Pipeline:
     """Load an SDXL checkpoint and compile it: `model` and `options` are LoadOptions' fields (what
     to load: the model, sizes, dtype, LoRAs, ...; see request/load.py). With `warmup` every size is
@@ -45,10 +46,11 @@ def load_pipeline(model: str | os.PathLike, *, warmup: bool = True, devices: Seq
     and holds the pipeline's compiled programs (stored_programs.py)."""
     if compile_cache is not None:
         enable_compile_cache(compile_cache)
-    return load(LoadOptions(model=model, **options), warmup=warmup, devices=devices, compile_cache=compile_cache)
+    return load(LoadOptions(model=os.fspath(model), **options), warmup=warmup, devices=devices,
+                compile_cache=compile_cache)
 
 
-def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[jax.Device] | None = None,
+def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device] | None = None,
          compile_cache: str | os.PathLike | None = None, first: Callable[[Pipeline], Any] | None = None) -> Pipeline:
     """The Pipeline `options` describe: its weights (a preview decoder first: one that cannot be
     had is refused before minutes of loading), tokenizers, samplers and the names its images'

@@ -30,7 +30,7 @@ from ..request.values import format_size, parse_size, size_input
 from ..weights.checkpoint import Models
 from .call import run_call
 from .compiling.compiled import CompiledPrograms
-from .compiling.programs import BATCH, NETWORKS, PROGRAMS, Layout, Program, Size, program
+from .compiling.programs import BATCH, NETWORKS, PROGRAMS, Device, Layout, Program, Size, program
 from .compiling.stored_programs import ProgramStore
 
 
@@ -51,7 +51,7 @@ class Pipeline:
 
     def __init__(self, models: Models, tokenizers: tuple, samplers: Sampler | Mapping[str, Sampler], *,
                  default_sampler: str | None = None, sizes: Sequence[Any] = ((1024, 1024),), images_per_call: int = 4,
-                 devices: Sequence[jax.Device] | None = None, model_name: str = "",
+                 devices: Sequence[Device] | None = None, model_name: str = "",
                  force_zeros_for_empty_prompt: bool = True, step_progress: bool = True,
                  preview_decoder: nnx.Module | None = None, max_prompt_chunks: int = DEFAULT_MAX_CHUNKS,
                  stamp: Stamp | None = None, program_store: ProgramStore | None = None):
@@ -74,7 +74,7 @@ class Pipeline:
             latent_channels=models.vae.config.latent_channels, condition_channels=models.condition_channels,
             chunks=max_prompt_chunks,
             context_dim=models.text_encoder.config.hidden_size + models.text_encoder_2.config.hidden_size,
-            pooled_dim=models.text_encoder_2.config.projection_dim, stepwise=step_progress)
+            pooled_dim=_pooled_dim(models), stepwise=step_progress)
         self.vae_factor = self.layout.vae_factor
         self.sizes = []
         for s in sizes:
@@ -87,7 +87,8 @@ class Pipeline:
         # Each nnx module splits into its (static) graph and its arrays; the arrays are replicated.
         # Abstract networks (Checkpoint.abstract()) give abstract parameters: enough to compile the
         # programs while the weights are read, which take_weights then gives.
-        self.graphs, self.params = {}, {}
+        self.graphs: dict[str, nnx.GraphDef] = {}
+        self.params: dict[str, nnx.State] = {}
         for name in NETWORKS:
             self.graphs[name], state = nnx.split(getattr(models, name))
             self.params[name] = self._replicate(state)
@@ -291,3 +292,11 @@ class Pipeline:
         if not self.has_weights:
             raise RuntimeError("this pipeline was built from abstract networks and has no weights yet (take_weights)")
         return run_call(self, infos, latents, init_images, masks, progress, stop, preview, preview_every)
+
+
+def _pooled_dim(models: Models) -> int:
+    """The pooled prompt's width: the second text encoder's projection."""
+    dim = models.text_encoder_2.config.projection_dim
+    if dim is None:
+        raise ValueError("text_encoder_2 has no text projection (projection_dim): not an SDXL text encoder")
+    return dim

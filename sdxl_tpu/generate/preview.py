@@ -65,7 +65,7 @@ class Previews:
     def after_step(self, done: int, prediction: jax.Array) -> None:
         if self.every <= 0:
             return
-        if self.pending is not None and self.pending[1].is_ready():
+        if self.pending is not None and self.pending[1].is_ready():  # pyright: ignore[reportAttributeAccessIssue]
             self._hand_over(*self.pending)
             self.pending = None
         if done % self.every or done >= self.steps or self.pending is not None:
@@ -76,7 +76,8 @@ class Previews:
             self.pending = (done, self.on_device(prediction))
 
     def _hand_over(self, step: int, images) -> None:
-        self.callback(step, self.steps, np.asarray(images)[:self.images])
+        if self.callback is not None:
+            self.callback(step, self.steps, np.asarray(images)[:self.images])
 
 
 def count(steps: int, every_steps: int) -> int:

@@ -69,7 +69,7 @@ def step(state: State, eps: jax.Array, i: jax.Array, tables: Tables, noise: jax.
     """Step i (pure, float32). `noise` replaces the seeds' step noise (tests inject diffusers')."""
     a, b, c, n, p, q = jnp.asarray(tables.update)[i]
     if tables.known is not None:  # inpainting, A1111's way: the denoised estimate takes the known latents
-        x_image, x_noise, x_blend, d_u, d_v = jnp.asarray(tables.known)[i]
+        _, _, _, d_u, d_v = jnp.asarray(tables.known)[i]
         divisor = jnp.where(d_v != 0, d_v, 1.0)
         eps = jnp.where(d_v != 0, eps + state.keep * ((state.known - d_u * state.x) / divisor - eps), eps)
     if noise is None:  # only ancestral and SDE steps draw noise
@@ -80,6 +80,7 @@ def step(state: State, eps: jax.Array, i: jax.Array, tables: Tables, noise: jax.
     x = a * state.x + b * eps + c * state.prediction + n * noise
     state = state._replace(noise_slot=state.noise_slot + (n != 0).astype(jnp.int32))
     if tables.known is not None:  # and diffusers' way: the latents take the known ones, noised to the next level
+        x_image, x_noise, x_blend, _, _ = jnp.asarray(tables.known)[i]
         target = x_image * state.known + x_noise * state.first_noise
         x = jnp.where(x_blend != 0, x + state.keep * (target - x), x)
     return state._replace(x=x, prediction=p * state.x + q * eps)

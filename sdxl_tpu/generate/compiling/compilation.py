@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +25,7 @@ _CACHE_HITS = "/jax/compilation_cache/cache_hits"
 _CACHE_MISSES = "/jax/compilation_cache/cache_misses"
 
 
-def quiet_platforms(environ: dict[str, str] | None = None) -> str | None:
+def quiet_platforms(environ: MutableMapping[str, str] | None = None) -> str | None:
     """On a machine without TPU chips, start JAX without its TPU platform.
 
     jax[tpu] (requirements.txt) installs libtpu, which on a machine without TPU chips logs its
@@ -36,15 +36,15 @@ def quiet_platforms(environ: dict[str, str] | None = None) -> str | None:
     installed) and returns it; otherwise it changes nothing and returns None. Call it before JAX
     starts its backends (the first computation or jax.devices()).
     """
-    environ = os.environ if environ is None else environ
-    if (environ.get("JAX_PLATFORMS") or environ.get("TPU_ACCELERATOR_TYPE")
+    env: MutableMapping[str, str] = os.environ if environ is None else environ
+    if (env.get("JAX_PLATFORMS") or env.get("TPU_ACCELERATOR_TYPE")
             or importlib.util.find_spec("libtpu") is None):
         return None
     if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
         return None
     cuda = any(importlib.util.find_spec(name) is not None for name in ("jax_cuda13_plugin", "jax_cuda12_plugin"))
     platforms = "cuda,cpu" if cuda else "cpu"
-    environ["JAX_PLATFORMS"] = platforms
+    env["JAX_PLATFORMS"] = platforms
     jax.config.update("jax_platforms", platforms)
     logging.getLogger("sdxl_tpu").info("no TPU chips here: JAX runs on %s (set JAX_PLATFORMS to choose)", platforms)
     return platforms
@@ -165,13 +165,13 @@ class CompileCounter:
         self.cache_misses = 0
         self._active = False
 
-    def _event(self, event: str, **kwargs) -> None:
+    def _event(self, event: str, **kwargs: str | int) -> None:
         if self._active and event == _CACHE_HITS:
             self.cache_hits += 1
         elif self._active and event == _CACHE_MISSES:
             self.cache_misses += 1
 
-    def _listener(self, event: str, duration: float, **kwargs) -> None:
+    def _listener(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
         if not self._active:
             return
         if event == _BACKEND_COMPILE:

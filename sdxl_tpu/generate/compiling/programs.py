@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,10 @@ from ...sampler.tables import MAX_ROWS, Tables
 from .. import sampling, update
 from ..preview import decode_taesd, preview_size
 
+if TYPE_CHECKING:  # (jax.Device is the class, exported as a variable a type checker cannot read as a type)
+    from jaxlib._jax import Device
+else:
+    Device = jax.Device
 Size = tuple[int, int]  # (width, height) in pixels
 Graphs = Mapping[str, nnx.GraphDef]  # each network's module graph, by NETWORKS' names (and "taesd")
 Params = Mapping[str, nnx.State]  # each network's parameters (replicated; abstract before the weights)
@@ -81,14 +85,14 @@ class Layout:
         return (*self.latent_shape(size)[:2], max(self.condition_channels, 1))
 
 
-def shard(mesh: Mesh, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:
+def shard(mesh: Mesh, fn: Callable, in_specs: tuple, out_specs: Any) -> jax.stages.Wrapped:
     # check_vma=False: Pallas kernels (splash attention, traced for TPU) declare their outputs
     # without varying-axis types, which the check would reject; every output here is batch-split.
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
 
 def program(name: str, layout: Layout, size: Size, graphs: Graphs,
-            params: Params) -> tuple[Callable, tuple]:
+            params: Params) -> tuple[jax.stages.Wrapped, tuple]:
     """The jitted program `name` for `size`, and abstract arguments to lower or trace it with."""
     if name not in _BUILDERS:
         raise ValueError(f"no program {name!r}; programs: {', '.join([*PROGRAMS, 'preview'])}")
@@ -187,7 +191,7 @@ def _init(s: _Shapes, graphs, params):
 def _denoise(s: _Shapes, graphs, params, guided: bool):
     """One step (stepwise: the last argument is the step) or all of them."""
     layout, unet, bat = s.layout, _network(graphs, "unet"), P(BATCH)
-    condition = s.batch((layout.batch, *layout.condition_shape(s.size)))
+    condition = cast(jax.Array, s.batch((layout.batch, *layout.condition_shape(s.size))))  # (its shape: eval_shape)
     initial = jax.eval_shape(partial(update.init, condition=condition, noise_rows=layout.noise_rows), s.latents,
                              s.seeds, s.tables)
     state = jax.tree.map(lambda x: s.batch(x.shape, x.dtype), initial)

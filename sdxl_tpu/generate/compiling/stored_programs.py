@@ -35,7 +35,7 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 
 from ...request.values import format_size
 from .compilation import compile_side_by_side
-from .programs import Graphs, Layout, Params, Program, Size, program, slowest_first
+from .programs import Device, Graphs, Layout, Params, Program, Size, program, slowest_first
 
 FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
 SUBDIRECTORY = "programs"
@@ -52,15 +52,15 @@ def _digest(*parts: Any) -> str:
 def _process_fingerprint() -> str:
     """What every program of this process depends on besides its pipeline: code, versions, flags."""
     import flax
-    import jaxlib
+    import jaxlib.version
 
     source = hashlib.sha256()
     for path in sorted(_PACKAGE.rglob("*.py")):
         source.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes())
     client = jax.devices()[0].client
-    return _digest(source.hexdigest(), jax.__version__, jaxlib.__version__, flax.__version__, client.platform,
+    return _digest(source.hexdigest(), jax.__version__, jaxlib.version.__version__, flax.__version__, client.platform,
                    client.platform_version, os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
-                   jax.config.jax_enable_x64, str(jax.config.jax_default_matmul_precision))
+                   jax.config.values["jax_enable_x64"], str(jax.config.values["jax_default_matmul_precision"]))
 
 
 def graphs_fingerprint(graphs: Graphs) -> str:
@@ -94,7 +94,7 @@ class ProgramStore:
                        jax.tree.structure(args), shapes)
 
     def _made(self, name: str, size: Size, layout: Layout, graphs: Graphs,
-              params: Params) -> tuple[Callable, tuple, str]:
+              params: Params) -> tuple[jax.stages.Wrapped, tuple, str]:
         """Program `name` for `size` (programs.program), its abstract arguments and its key."""
         if id(graphs) not in self._graphs:
             self._graphs[id(graphs)] = graphs_fingerprint(graphs)
@@ -153,12 +153,12 @@ class ProgramStore:
         log.info("%s: %d programs loaded from %s, %d compiled and stored, %d from JAX's cache (not stored), in %.1f s",
                  format_size(size), sources.count("stored"), self.directory, sources.count("compiled"),
                  sources.count("jax cache"), time.perf_counter() - start)
-        return out
+        return {name: compiled for name, compiled in out.items() if compiled is not None}  # (every one, now)
 
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.pkl"
 
-    def load(self, key: str, args: Sequence[Any], devices: Sequence[jax.Device]) -> Program | None:
+    def load(self, key: str, args: Sequence[Any], devices: Sequence[Device]) -> Program | None:
         """The stored program of `key`, loaded onto `devices`; None (a miss) if there is none or it
         cannot be used, which is logged."""
         path = self._path(key)
