@@ -19,6 +19,7 @@ import functools
 import math
 import os
 from collections.abc import Callable
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -168,8 +169,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: boo
         block_q, block_kv = min(tuned_q, 512), min(tuned_kv, 1024)
     kernel = _splash_kernel(heads, padded_len, interpret, block_q, block_kv)
     qs = to_kernel_layout((q.astype(jnp.float32) * scale).astype(q.dtype))
-    out = jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=segment_ids))(
-        qs, to_kernel_layout(k), to_kernel_layout(v))
+    out = cast(jax.Array, jax.vmap(lambda a, b, c: kernel(a, b, c, segment_ids=segment_ids))(
+        qs, to_kernel_layout(k), to_kernel_layout(v)))  # (one array: no residuals asked)
     return out[:, :, :length, :head_dim].transpose(0, 2, 1, 3)
 
 

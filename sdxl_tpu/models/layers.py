@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from .attention import attention, check_kernel
 
@@ -22,8 +23,8 @@ class Precision:
     """How one model computes: parameter and activation dtypes, and the attention kernel
     ("auto": the best per platform, "xla": XLA's everywhere; see attention.py)."""
 
-    param_dtype: jnp.dtype = jnp.float32
-    dtype: jnp.dtype = jnp.float32
+    param_dtype: DTypeLike = jnp.float32
+    dtype: DTypeLike = jnp.float32
     attention: str = "auto"
 
     def __post_init__(self):
@@ -38,7 +39,7 @@ class Precision:
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-def _as_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
+def _as_dtype(dtype: str | DTypeLike) -> DTypeLike:
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)}")
@@ -191,6 +192,8 @@ class ResnetBlock2D(nnx.Module):
     def __call__(self, x: jax.Array, temb: jax.Array | None = None) -> jax.Array:
         h = self.conv1(jax.nn.silu(self.norm1(x)))
         if self.time_emb_proj is not None:
+            if temb is None:
+                raise ValueError("this ResnetBlock2D projects a time embedding: give it one (temb)")
             h = h + self.time_emb_proj(jax.nn.silu(temb))[:, None, None, :]
         h = self.conv2(jax.nn.silu(self.norm2(h)))
         if self.conv_shortcut is not None:

@@ -35,8 +35,9 @@ class TAESDConfig:
         """From diffusers' config.json keys (latent_magnitude/shift only matter to its forward's quantisation)."""
         check_supported("taesd", cfg, _REQUIRED_VALUES)
         d = TAESDConfig()
-        c = TAESDConfig(**{k: tuple(cfg[k]) if isinstance(cfg.get(k), list) else cfg.get(k, getattr(d, k))
-                           for k in d.__dataclass_fields__})
+        values: dict[str, Any] = {k: tuple(cfg[k]) if isinstance(cfg.get(k), list) else cfg.get(k, getattr(d, k))
+                                  for k in d.__dataclass_fields__}
+        c = TAESDConfig(**values)
         for part in ("encoder", "decoder"):
             widths, blocks = getattr(c, f"{part}_block_out_channels"), getattr(c, f"num_{part}_blocks")
             if len(widths) != len(blocks) or not widths:

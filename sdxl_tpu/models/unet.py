@@ -149,8 +149,9 @@ class UNet2DConditionModel(nnx.Module):
         self.time_embedding = TimestepEmbedding(ch[0], c.time_embed_dim, p)
         self.add_embedding = TimestepEmbedding(c.projection_class_embeddings_input_dim, c.time_embed_dim, p)
         n = len(ch)
-        common = dict(resnet_groups=c.norm_num_groups, resnet_eps=c.norm_eps, p=p,
-                      use_linear_projection=c.use_linear_projection, upcast_attention=c.upcast_attention)
+        common: dict[str, Any] = dict(resnet_groups=c.norm_num_groups, resnet_eps=c.norm_eps, p=p,
+                                      use_linear_projection=c.use_linear_projection,
+                                      upcast_attention=c.upcast_attention)
         down, out_ch = [], ch[0]
         for i, (kind, layers, depths, heads, context_dim) in enumerate(zip(
                 c.down_block_types, c.layers_per_block, c.transformer_layers, c.num_attention_heads,

@@ -34,10 +34,11 @@ class FeedForwardGEGLU(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(self.proj.dtype)
-        kernel, bias = self.proj.kernel[...].astype(x.dtype), self.proj.bias[...].astype(x.dtype)
-        half = kernel.shape[1] // 2
-        hidden = x @ kernel[:, :half] + bias[:half]
-        gate = x @ kernel[:, half:] + bias[half:]
+        kernel, half = self.proj.kernel[...].astype(x.dtype), self.proj.kernel.shape[1] // 2
+        hidden, gate = x @ kernel[:, :half], x @ kernel[:, half:]
+        if self.proj.bias is not None:
+            bias = self.proj.bias[...].astype(x.dtype)
+            hidden, gate = hidden + bias[:half], gate + bias[half:]
         return hidden * jax.nn.gelu(gate, approximate=False)
 
 
