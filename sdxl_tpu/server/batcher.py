@@ -68,6 +68,8 @@ class Job:
         """The images, or what stopped them (raised); call once `done` is set."""
         if self.error is not None:
             raise self.error
+        if self.result is None:
+            raise RuntimeError("the job is not done")
         return self.result
 
     @property
@@ -246,10 +248,10 @@ class Batcher:
             every = preview_cadence(self.preview_every, batch[0].infos[0].steps)
             options.update(preview=preview, preview_every=every)
         if batch[0].init_image is not None:  # (strength is in a job's shape: all of the call or none)
-            options["init_images"] = np.concatenate([np.repeat(j.init_image[None], len(j.infos), axis=0)
+            options["init_images"] = np.concatenate([np.repeat(_given(j.init_image)[None], len(j.infos), axis=0)
                                                       for j in batch])
         if batch[0].mask is not None:  # (as the image: all of the call or none)
-            options["masks"] = np.concatenate([np.repeat(j.mask[None], len(j.infos), axis=0) for j in batch])
+            options["masks"] = np.concatenate([np.repeat(_given(j.mask)[None], len(j.infos), axis=0) for j in batch])
         try:
             result = self.pipeline.run_images([i for j in batch for i in j.infos], progress=progress,
                                               stop=lambda: all(self._gone(j) for j in batch), **options)
@@ -282,3 +284,10 @@ class Batcher:
                 self.on_call(images, result)
             except Exception:
                 log.exception("on_call failed")
+
+
+def _given(image: np.ndarray | None) -> np.ndarray:
+    """A job's starting image or mask, where the call's first job has one (a call's jobs share their kind)."""
+    if image is None:
+        raise ValueError("the jobs of one call all start from an image (and a mask), or none does")
+    return image

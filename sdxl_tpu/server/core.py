@@ -142,6 +142,7 @@ class Server:
                  abandoned: Callable[[], bool] | None = None) -> tuple[list[tuple[str, str]], list[int], str]:
         """A checked request's images, without previews: ([(path, caption)], seeds, summary).
         Raises RequestError for the user, Cancelled when `abandoned()` turned true first."""
+        update = None
         for update in self._updates(request, abandoned or (lambda: False), previews=False):
             if isinstance(update, Progress) and progress is not None:
                 progress(update.step, update.steps)

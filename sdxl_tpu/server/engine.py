@@ -70,15 +70,18 @@ class Ticket:
 class Engine(Protocol):
     """What the server core asks of whatever makes its images."""
 
-    # What the page says while it starts, and of a failure to start.
-    loading_message: str
-    # The token counter's words when it has no tokenizer.
-    no_tokenizer_message: str
-    # How often (seconds) the server asks `unavailable()` once started; None: never (it cannot go away).
-    watch_seconds: float | None
+    @property
+    def loading_message(self) -> str: ...  # what the page says while it starts, and of a failure to start
+
+    @property
+    def no_tokenizer_message(self) -> str: ...  # the token counter's words when it has no tokenizer
+
+    @property
+    def watch_seconds(self) -> float | None: ...  # how often (s) `unavailable()` is asked; None: never
 
     def start(self) -> Offer:
         """Blocking: load (or connect), and say what is offered."""
+        ...
 
     def failure_message(self, error: Exception) -> str: ...
 
@@ -86,47 +89,60 @@ class Engine(Protocol):
 
     def unavailable(self) -> str | None:
         """Why it cannot take work now (None: it can); asked every `watch_seconds`."""
+        ...
 
     @property
     def tokenizer(self) -> Any:
         """The first text encoder's tokenizer, for token counts (None while there is none)."""
+        ...
 
     @property
     def compiling(self) -> list[Size]:
         """Offered sizes not compiled yet, in the order they will be."""
+        ...
 
     @property
     def unfinished(self) -> list[Size]:
         """Sizes with programs still to compile (offered or not), in the order they will be."""
+        ...
 
     def compile(self, size: Size) -> None:
         """Compile what `size` still lacks (blocking; the background's)."""
+        ...
 
     def waits_for_compile(self, request: Request) -> bool:
         """Whether `request`'s first pass needs a program not compiled yet (it waits for it)."""
+        ...
 
     def compiles(self) -> int:
         """XLA compilations in this process since it started (0 where nothing compiles)."""
+        ...
 
     def programs_loaded(self) -> int:
         """Compiled programs loaded from the store (stored_programs.py) since it started."""
+        ...
 
     @property
     def waiting(self) -> int:
         """Requests waiting in the engine (not yet running)."""
+        ...
 
     @property
     def busy(self) -> bool:
         """Whether any accepted request is still waiting or running."""
+        ...
 
     def concurrency(self) -> int:
         """How many requests the web server should hand over at once."""
+        ...
 
     def submit(self, request: Any, report: Report, abandoned: Callable[[], bool], previews: bool,
                image_format: str | None = None) -> Ticket:
         """Start a checked request's work (raises at once what refuses it at the door: warming up,
         the queue full, shutting down; more images than a call makes); `abandoned()` says whether
         its caller has gone; its images as files in `image_format` (None: the server's)."""
+        ...
 
     def close(self, stop_running: bool) -> None:
         """Accept nothing more; cancel what runs if `stop_running`."""
+        ...

@@ -124,10 +124,9 @@ def summary(made: Generated, size: tuple[int, int], steps: int, saving: float, h
     t = made.timings
     made_as = format_size(size) if hires is None else (
         f"{format_size(hires.size)} (hires fix {hires.scale:g}x, {hires.upscaler}, from {format_size(size)})")
-    if hires is not None:
-        steps = f"{steps} + {hires.steps or steps} (at strength {hires.strength:g})"
+    steps_run = str(steps) if hires is None else f"{steps} + {hires.steps or steps} (at strength {hires.strength:g})"
     return (f"Generated {len(made.files)} images of {made_as} in {t['total']:.2f} s "
-            f"(text {t['text_encoding']:.2f} s, denoising {t['denoising']:.2f} s for {steps} steps of "
+            f"(text {t['text_encoding']:.2f} s, denoising {t['denoising']:.2f} s for {steps_run} steps of "
             f"{made.sampler} (Schedule type {made.schedule}, RNG {made.rng}), "
             f"decoding {t['decoding']:.2f} s; {saving:.2f} s to save). "
             f"Seeds: {', '.join(str(s) for s in made.seeds)}.")

@@ -61,25 +61,27 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
         raise RequestError(f"{FIELD['randomize'].label} must be true or false, got {json_type(randomize)}.")
     if not (randomize and seed is None):  # a cleared seed field does not matter when the seed is drawn
         seed_input(seed, FIELD["seed"].label)
-    given = {f.api: v[f.name] for f in FIELDS if f.api}
+    given: dict[str, Any] = {f.api: v[f.name] for f in FIELDS if f.api}
     # The page always sends the image's settings, the mask's and the hires fix's: checked all the
     # same, then not used without the image (and the mask), or with the hires fix off.
-    for name, needed in ((f.api, f.needs) for f in FIELDS if f.needs):
+    for name, needed in ((f.api, f.needs) for f in FIELDS if f.needs and f.api):
         if given[name] is not None and not all(given[other] for other in needed):
             f = FIELD[name]
             if f.limits:
                 number_input(given[name], f.label, *f.limits, whole=f.kind == "whole")
             else:
-                choice_input(given[name], f.label, f.choices)
+                choice_input(given[name], f.label, f.choices or ())
             given[name] = None
     if given["image"] is not None and read_file is None:
         raise RequestError(f"{FIELD['image'].label}: this server takes no images.")
     for name in ("image", "mask"):  # (a mask without its image is refused by name, unread)
-        if given[name] is not None and given["image"] is not None:
+        if given[name] is not None and given["image"] is not None and read_file is not None:
             given[name] = read_file(given[name], FIELD[name].label)
     request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,
                          samplers=offer.samplers, per_image=False)
     # The style wraps what the user typed (their text is what the length limit applies to).
+    if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
+        raise TypeError("a form's request has one prompt for all its images")  # (per_image=False)
     prompt, negative = apply_style(v["style"], request.prompt, request.negative_prompt)
     return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)
 

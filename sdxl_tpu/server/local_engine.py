@@ -71,7 +71,7 @@ class LocalEngine:
 
     loading_message = "Loading the model and compiling what a first image needs; this page will work once that is done."
     no_tokenizer_message = "Token count available once the model is loaded."
-    watch_seconds = None  # the model in this process does not go away
+    watch_seconds: float | None = None  # the model in this process does not go away
 
     def __init__(self, settings: Settings, on_call: Callable[[dict[str, float] | None], None] = lambda t: None,
                  loader: Callable[[Settings], Any] | None = None, max_waiting: int | None = None):
@@ -182,7 +182,7 @@ class LocalEngine:
         parameters = [parameters_text(info, self.pipeline.stamp) for info in result.infos]
         files = encode_all(result.images, parameters, image_format)
         first = result.infos[0]  # (one request's images: one sampler, schedule and noise source)
-        return Generated(files, parameters, result.seeds, first.sampler,
+        return Generated(files, parameters, result.seeds, first.sampler or self.pipeline.default_sampler,
                          dict(result.timings, encoding=time.perf_counter() - start),
                          schedule=schedule_used(first.sampler, first.schedule), rng=first.rng,
                          format=image_format)

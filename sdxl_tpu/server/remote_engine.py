@@ -29,6 +29,8 @@ class RemoteEngine:
 
     def __init__(self, settings: Settings, on_call: Callable[[dict[str, float] | None], None] = lambda t: None):
         self.settings, self._on_call = settings, on_call
+        if settings.backend is None:
+            raise ValueError("a remote engine sends its work to back ends: give it their addresses (--backend)")
         self.backend = Backend(settings.backend)
         self.offer: Offer | None = None
         self._tokenizer: Any = None
@@ -93,8 +95,11 @@ class RemoteEngine:
 
         def ask_the_back_end() -> None:
             try:
+                image_format_used = image_format or (self.offer.image_format if self.offer else None)
+                if image_format_used is None:
+                    raise RuntimeError("the back ends have not said what they offer yet")
                 made = self.backend.generate(request, progress=ticket.progress, abandoned=abandoned,
-                                             image_format=image_format or self.offer.image_format,
+                                             image_format=image_format_used,
                                              preview=ticket.preview if previews else None)
             except BaseException as e:  # handed to the caller, raised there
                 ticket.finish(error=e)

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import os
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..request.errors import RequestError
@@ -93,13 +93,13 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
                     rng=args.rng, api_key=args.api_key or None)
 
 
-def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Settings:
+def parse_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """The playground's settings (app.py): the shared ones, where to listen, how long served
     images are kept, and `--backend` (a front end that sends generations to back ends)."""
     parser = argparse.ArgumentParser(description="SDXL playground (Gradio), served from JAX.")
     add_options(parser, "app")
-    env = os.environ if env is None else env
-    args = fill_defaults(parser, parser.parse_args(argv), "app", env)
+    environ: Mapping[str, str] = os.environ if env is None else env
+    args = fill_defaults(parser, parser.parse_args(argv), "app", environ)
     if args.keep_images <= 0 or args.image_cache_mb < 1:
         parser.error("--keep-images and --image-cache-mb must be positive")
     if args.backend is not None:
@@ -109,7 +109,7 @@ def parse_settings(argv: Sequence[str] | None = None, env: dict[str, str] | None
             parser.error(str(e))
     return dataclasses.replace(settings_from_arguments(parser, args, "app"), keep_images_seconds=args.keep_images,
                                max_image_bytes=args.image_cache_mb << 20, backend=args.backend,
-                               mcp=args.mcp == "on" or args.mcp == "auto" and bool(env.get("SPACE_ID")))
+                               mcp=args.mcp == "on" or args.mcp == "auto" and bool(environ.get("SPACE_ID")))
 
 
 def check_backend_url(url: str) -> str:

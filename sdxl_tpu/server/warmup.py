@@ -98,8 +98,9 @@ class Warmup:
     def _follow(self) -> None:
         """Readiness follows an engine that comes and goes (a front end's back ends): "waiting" while
         it is unavailable, ready again once it is back; the server never exits for it."""
-        while not self.draining:
-            time.sleep(self.engine.watch_seconds)
+        seconds = self.engine.watch_seconds
+        while not self.draining and seconds is not None:
+            time.sleep(seconds)
             missing = self.engine.unavailable()
             if missing is not None and self.status == "ready":
                 self._become("waiting", f"Waiting for the back ends {missing.rstrip('.')}.")
