@@ -275,10 +275,10 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
             parser.add_argument(o.flag, nargs="?" if o.default is not None else None, default=None, metavar=o.metavar,
                                 **kw)
         elif o.switch:
-            parser.add_argument(o.flag, action=o.action, dest=o.name, **kw)
+            parser.add_argument(o.flag, action=o.action or "store", dest=o.name, **kw)
         else:
             parser.add_argument(o.flag, dest=o.name, default=None, type=o.type, choices=o.choices, metavar=o.metavar,
-                                action=o.action, **kw)
+                                action=o.action or "store", **kw)
 
 
 def help_text(o: Option) -> str:

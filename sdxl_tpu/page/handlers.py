@@ -27,12 +27,13 @@ def form_handler(run: Callable, *extra: str, returns: str = "") -> Callable:
     params.append(inspect.Parameter("progress", keyword, default=gr.Progress()))
     split = lambda args: (form_values(args[:len(FORM)]), *args[len(FORM):])
 
-    if inspect.isgeneratorfunction(run):
-        def handler(*args):
-            yield from run(*split(args))
-    else:
-        def handler(*args):
-            return run(*split(args))
+    def streaming(*args):
+        yield from run(*split(args))
+
+    def returning(*args):
+        return run(*split(args))
+
+    handler = streaming if inspect.isgeneratorfunction(run) else returning
     handler.__signature__ = inspect.Signature(params)
     handler.__name__ = handler.__qualname__ = run.__name__
     # (Gradio's API page reads the description and each argument's line from the docstring)

@@ -50,7 +50,7 @@ def history_entry(value: Any) -> dict[str, Any] | None:
         if f.kind in ("text", "choice"):
             ok = isinstance(v, str) and len(v) <= MAX_PROMPT_CHARS and (f.choices is None or v in f.choices)
         else:
-            low, high = f.limits
+            low, high = f.bounds
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high and (
                 f.kind != "whole" or isinstance(v, int))
         if not ok:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -138,7 +138,7 @@ def png_info_note(value: Any, uploads: Any) -> tuple[str | None, str]:
     return found.text, f"Read {found.source}: **Fill the form** uses them."
 
 
-def matching_preset(presets: dict[str, Sequence[Any]], steps: Any, sampler: Any, guidance: Any) -> str:
+def matching_preset(presets: Mapping[str, Sequence[Any]], steps: Any, sampler: Any, guidance: Any) -> str:
     """The preset whose (steps, sampler, guidance) the form holds, else CUSTOM."""
     for name, (p_steps, p_sampler, p_guidance) in presets.items():
         if steps == p_steps and sampler == p_sampler and isinstance(guidance, (int, float)) and \
@@ -252,7 +252,7 @@ def seed_note(seed: Any, note: Any = "") -> str:
     note = note[:2000] if isinstance(note, str) and not any(0xD800 <= ord(c) <= 0xDFFF for c in note) else ""
     stale = lambda line: line.startswith("Seed ") and " is fixed: " in line
     lines = [line for line in note.split("  \n") if line.strip() and not stale(line)]
-    if not (isinstance(seed, bool) or not isinstance(seed, (int, float)) or not 0 <= seed <= FIELD["seed"].limits[1]
+    if not (isinstance(seed, bool) or not isinstance(seed, (int, float)) or not 0 <= seed <= FIELD["seed"].bounds[1]
             or seed != int(seed)):  # (what the seed field refuses is said when it runs)
         lines.append(f"Seed {int(seed)} is fixed: each run makes the same images. 🎲 for random seeds.")
     return "  \n".join(lines)

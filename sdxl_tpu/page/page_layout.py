@@ -68,6 +68,20 @@ class Page:
     form: list[Any]  # the same in the form's order (request/fields.py's FORM): every run takes them so
 
 
+def field_slider(name: str, step: float, **options: Any) -> gr.Slider:
+    """A number field's slider: its range, default (unless `options` give the value), label and
+    element id from the fields' list."""
+    f = FIELD[name]
+    low, high = f.bounds
+    return gr.Slider(low, high, step=step, label=f.label, elem_id=name, **{"value": f.default, **options})
+
+
+def field_radio(name: str, **options: Any) -> gr.Radio:
+    """A choice field's radio buttons: its names, default, label and element id from the fields' list."""
+    f = FIELD[name]
+    return gr.Radio(list(f.names), value=f.default, label=f.label, elem_id=name, **options)
+
+
 def lay_out(demo: gr.Blocks, server: Server) -> Page:
     """The page's components, made inside `demo`. The page is built before the model is loaded (or
     a front end's back ends answer): its menus and defaults are refreshed from what the model offers
@@ -106,13 +120,11 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                                        value=start["schedule"], label=label("schedule"), min_width=220,
                                        elem_id="schedule")
             with gr.Row():
-                steps = gr.Slider(*FIELD["steps"].limits, value=start["steps"], step=1, label=label("steps"),
-                                  elem_id="steps")
-                guidance = gr.Slider(*FIELD["guidance"].limits, value=start["guidance"], step=0.1,
-                                     label=label("guidance"), elem_id="guidance")
+                steps = field_slider("steps", 1, value=start["steps"])
+                guidance = field_slider("guidance", 0.1, value=start["guidance"])
             with gr.Row(elem_id="seed-row"):
                 seed = gr.Number(label=f"{label('seed')} (-1: random)", value=-1, precision=0,
-                                 minimum=FIELD["seed"].limits[0], maximum=FIELD["seed"].limits[1], scale=4,
+                                 minimum=FIELD["seed"].bounds[0], maximum=FIELD["seed"].bounds[1], scale=4,
                                  elem_id="seed")
                 gr.Button("🎲", scale=0, min_width=44, elem_id="random-seed").click(
                     None, outputs=[seed], js=in_browser("randomSeed", {}))
@@ -123,10 +135,8 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                 image = gr.Image(label=label("image"), type="filepath", sources=["upload", "clipboard", "webcam"],
                                  height=220, elem_id="image")
                 with gr.Row():
-                    gr.Slider(*FIELD["strength"].limits, value=FIELD["strength"].default, step=0.01,
-                              label=label("strength"), min_width=220, elem_id="strength")
-                    gr.Radio(list(FIELD["resize_mode"].choices), value=FIELD["resize_mode"].default,
-                             label=label("resize_mode"), min_width=220, elem_id="resize_mode")
+                    field_slider("strength", 0.01, min_width=220)
+                    field_radio("resize_mode", min_width=220)
                 # Inpainting, as A1111's inpaint tabs: paint over the image where it is redrawn (the
                 # painting becomes the mask), or upload a mask of its size (white repaints).
                 painter = gr.ImageEditor(label="Inpaint: paint where to redraw", type="filepath", sources=[],
@@ -137,30 +147,22 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                     mask = gr.Image(label=label("mask"), type="filepath", sources=["upload", "clipboard"],
                                     height=160, image_mode="L", min_width=160, elem_id="mask")
                     with gr.Column(min_width=220):
-                        gr.Slider(*FIELD["mask_blur"].limits, value=FIELD["mask_blur"].default, step=1,
-                                  label=label("mask_blur"), elem_id="mask_blur")
-                        gr.Radio(list(FIELD["masked_content"].choices), value=FIELD["masked_content"].default,
-                                 label=label("masked_content"), elem_id="masked_content")
+                        field_slider("mask_blur", 1)
+                        field_radio("masked_content")
                 outpaint = gr.Button("⬚ Mask the new area (outpaint with Resize and fill)", size="sm",
                                      elem_id="outpaint")
                 with gr.Row():  # A1111's "Only masked": the mask's region redrawn at the size, pasted back
-                    gr.Radio(list(FIELD["inpaint_area"].choices), value=FIELD["inpaint_area"].default,
-                             label=label("inpaint_area"), min_width=220, elem_id="inpaint_area")
-                    gr.Slider(*FIELD["mask_padding"].limits, value=FIELD["mask_padding"].default, step=4,
-                              label=label("mask_padding"), min_width=220, elem_id="mask_padding")
+                    field_radio("inpaint_area", min_width=220)
+                    field_slider("mask_padding", 4, min_width=220)
             # A1111's Hires. fix: the images made at the size, upscaled, and denoised again at a larger
             # compiled size (the upscale must reach one: the status says which).
             with gr.Accordion("Hires. fix", open=False, elem_id="hires-panel"):
                 gr.Checkbox(FIELD["hires"].default, label=label("hires"), elem_id="hires")
                 with gr.Row():
-                    gr.Slider(*FIELD["hires_scale"].limits, value=FIELD["hires_scale"].default, step=0.05,
-                              label=label("hires_scale"), min_width=160, elem_id="hires_scale")
-                    gr.Slider(*FIELD["hires_steps"].limits, value=FIELD["hires_steps"].default, step=1,
-                              label=label("hires_steps"), min_width=160, elem_id="hires_steps")
-                    gr.Slider(*FIELD["hires_strength"].limits, value=FIELD["hires_strength"].default, step=0.01,
-                              label=label("hires_strength"), min_width=160, elem_id="hires_strength")
-                gr.Radio(list(FIELD["hires_upscaler"].choices), value=FIELD["hires_upscaler"].default,
-                         label=label("hires_upscaler"), elem_id="hires_upscaler")
+                    field_slider("hires_scale", 0.05, min_width=160)
+                    field_slider("hires_steps", 1, min_width=160)
+                    field_slider("hires_strength", 0.01, min_width=160)
+                field_radio("hires_upscaler")
             # A1111's seed: -1 draws new seeds each run; the API's Randomize switch stays off here.
             gr.Checkbox(FIELD["randomize"].default, label=label("randomize"), visible=False, elem_id="randomize")
             with gr.Accordion("More options", open=False, elem_id="more-options"):
@@ -205,7 +207,8 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                                              "included)")
     # The form's inputs, found by their element ids, which are the fields' names (request/fields.py):
     # every event takes them in the form's order.
-    inputs = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None) in FORM}
+    inputs: dict[str, Any] = {block.elem_id: block for block in demo.blocks.values()
+                              if isinstance(block.elem_id, str) and block.elem_id in FORM}
     form = [inputs[name] for name in FORM]
     for f in FIELDS:  # (the API page's example call: realistic values, not Gradio's "Hello!!")
         if (example := f.default if f.example is None else f.example) is not None:

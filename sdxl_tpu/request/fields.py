@@ -56,6 +56,20 @@ class Field:
     about: str = ""  # what it means, for a client's author (the API page)
     example: Any = None  # a realistic value for the API page's example call (None: its default)
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """A number's range (`limits`), where the field has one."""
+        if self.limits is None:
+            raise ValueError(f"the field {self.name!r} has no range")
+        return self.limits
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """A choice's names (`choices`), where they are the same everywhere."""
+        if self.choices is None:
+            raise ValueError(f"the field {self.name!r} has no fixed choices")
+        return self.choices
+
 
 _ALL = frozenset({HISTORY, PASTED})
 

@@ -98,7 +98,7 @@ def _one_or_each(value: Any, name: str, check: Callable[[Any], Any], per_image: 
 def _hires(size: tuple[int, int], sizes: Sequence[tuple[int, int]] | None, hires_scale: Any, hires_upscaler: Any,
            hires_steps: Any, hires_strength: Any) -> Hires:
     """A checked hires fix from `size`, its upscaled size one of `sizes` (None: any)."""
-    check = lambda name, v, whole=False: number_input(v, _label(name), *FIELD[name].limits, whole=whole)
+    check = lambda name, v, whole=False: number_input(v, _label(name), *FIELD[name].bounds, whole=whole)
     scale = DEFAULT_SCALE if hires_scale is None else float(check("hires_scale", hires_scale))
     target = upscaled_size(size, scale)
     if sizes is None and (target[0] % 8 or target[1] % 8):  # (SDXL's latents: 8 pixels each way)
@@ -199,7 +199,7 @@ class Request:
             return text
 
         def number(name: str, whole: bool = False) -> Callable[[Any], Any]:
-            return lambda v: number_input(v, _label(name), *FIELD[name].limits, whole=whole)
+            return lambda v: number_input(v, _label(name), *FIELD[name].bounds, whole=whole)
 
         def field(value: Any, name: str, check: Callable[[Any], Any]) -> Any:
             return _one_or_each(value, _label(name), check, per_image)

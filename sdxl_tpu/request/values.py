@@ -104,7 +104,7 @@ def number_input(value: Any, name: str, low: float, high: float, *, whole: bool 
         raise RequestError(f"{name} must be a finite number {bounds}.")
     if not low <= value <= high or whole and value != int(value):
         raise RequestError(f"{name} must be {kind} {bounds}.")
-    return value
+    return value.item() if isinstance(value, (np.integer, np.floating)) else value
 
 
 def seed_input(value: Any, name: str = "Seed") -> int:
@@ -144,7 +144,7 @@ def size_input(value: Any, sizes: Sequence[tuple[int, int]]) -> tuple[int, int]:
         size = parse_size(value)
     except RequestError:
         size = None
-    if size not in sizes:
+    if size is None or size not in sizes:
         if isinstance(value, str) or size is None:
             raise RequestError(not_a_choice("Size", value, choices))
         raise RequestError(f"Size {format_size(size)} is not available; choose one of: {', '.join(choices)}.")

@@ -64,7 +64,7 @@ class Endpoint:
         return found
 
 
-def endpoints_of(config: dict, shortest: Mapping[str, int] | None = None) -> dict[int, Endpoint]:
+def endpoints_of(config: Mapping[str, Any], shortest: Mapping[str, int] | None = None) -> dict[int, Endpoint]:
     """The Blocks' dependencies that run on the server and through the queue, by fn_index;
     `shortest`: for an API name, how few inputs a call may send (inputs added at the end since)."""
     components = {c["id"]: c for c in config.get("components", [])}
@@ -177,7 +177,7 @@ def check_cached_file(path: str, cache_dir: Path) -> None:
         raise Refused(404, "No such image (only files this app wrote are served, while they last).")
 
 
-def parse_json(body: bytes) -> Any:
+def parse_json(body: bytes | str) -> Any:
     try:
         return json.loads(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError

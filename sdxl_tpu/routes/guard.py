@@ -27,9 +27,10 @@ import json
 import logging
 import os
 import unicodedata
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from urllib.parse import parse_qs
+from starlette.types import ASGIApp, Message
 
 from ..request.errors import RequestError
 from ..imaging.image_input import MAX_BYTES, decode_image
@@ -67,7 +68,7 @@ class Answered(Exception):
         self.status, self.body, self.media_type = status, body, media_type
 
 
-Handler = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+Handler = ASGIApp
 
 
 class RequestGuard:
@@ -107,7 +108,7 @@ class RequestGuard:
         joining = method == "POST" and (path == f"{API}/queue/join" or path.startswith(f"{API}/call/"))
         fn_index = None
 
-        async def send_tracked(message: dict) -> None:
+        async def send_tracked(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start" and not started:
                 started = True
@@ -119,7 +120,7 @@ class RequestGuard:
             if checked is not None:
                 # Forward what was checked, re-encoded: Gradio parses exactly the values looked at here.
                 body = checked if isinstance(checked, bytes) else json.dumps(checked, ensure_ascii=True).encode()
-                fn_index = checked.get("fn_index") if joining else None
+                fn_index = checked.get("fn_index") if joining and isinstance(checked, dict) else None
                 receive = replay(body, receive)
                 scope = with_body_length(scope, len(body))
             if fn_index is not None and (why := self.closed()):
@@ -228,7 +229,8 @@ class RequestGuard:
             await asyncio.to_thread(decode_image, content.removesuffix(b"\r\n"), "The upload")
         except RequestError as e:
             raise Refused(415, str(e)) from None
-        self.uploads.sweep()
+        if self.uploads is not None:
+            self.uploads.sweep()
         return body
 
     async def _mcp_message(self, scope: dict, receive) -> bytes:

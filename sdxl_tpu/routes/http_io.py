@@ -109,8 +109,9 @@ def checked_request(data: dict[str, Any], server: Server) -> tuple[Request, list
         raise Refused(422, f"The field 'mask_blurred' must be true or false, got {json_type(blurred)}.")
     # Left out (an optional field: or null), the server's default; a random seed; no negative prompt.
     fallback = {**offer.defaults(), "negative": "", "seed": None}
-    given = {f.api: fallback.get(f.name) if f.api not in data or (f.optional and data[f.api] is None) else data[f.api]
-             for f in FIELDS if f.api and f.api != "prompt"}
+    left_out = lambda f: f.api not in data or (f.optional and data[f.api] is None)  # noqa: E731
+    given: dict[str, Any] = {f.api: fallback.get(f.name) if left_out(f) else data[f.api]
+                             for f in FIELDS if f.api and f.api != "prompt"}
     return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers, mask_blurred=blurred,
                       count=data.get("count"), max_chars=MAX_STYLED_PROMPT_CHARS), notes
 

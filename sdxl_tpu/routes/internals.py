@@ -110,7 +110,7 @@ def serve_gallery_as_images(blocks: Any, read: Callable[[str], bytes | None]) ->
             if blob is None:
                 others.append(output)
                 continue
-            suffix = path.rsplit(".", 1)[-1].lower()
+            suffix = str(path).rsplit(".", 1)[-1].lower()
             images.append(types.ImageContent(type="image", data=base64.b64encode(blob).decode(),
                                              mimeType=f"image/{'jpeg' if suffix == 'jpg' else suffix}"))
             if output.get("caption"):
@@ -125,7 +125,7 @@ def heartbeat_stopper(app: Any) -> Callable[[], None]:
     so open pages do not hold a shutdown: its App's stop_event."""
     from starlette.routing import Mount
 
-    gradio_app = next(r.app for r in app.routes if isinstance(r, Mount))
+    gradio_app: Any = next(r.app for r in app.routes if isinstance(r, Mount))  # (Gradio's App)
     return gradio_app.stop_event.set
 
 
@@ -135,7 +135,7 @@ class DrainingServer(uvicorn.Server):
     streams that would hold the shutdown) and the server exits, without re-raising SIGTERM, so
     the process ends with status 0. SIGINT, or a second SIGTERM, stops at once as uvicorn does."""
 
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], None],
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], object],
                  before_exit: Callable[[], None] | None = None):
         super().__init__(config)
         self.drain, self.before_exit = drain, before_exit

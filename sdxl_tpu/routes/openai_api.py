@@ -176,7 +176,7 @@ def openai_routes(server: Server) -> list[Route]:
             key = key[:-2] if key.endswith("[]") else key
             if key in data:
                 raise OpenAIError(f"One {key} is taken here.", key)
-            data[key] = await value.read() if hasattr(value, "read") else value
+            data[key] = value if isinstance(value, str) else await value.read()
         for key, value in list(data.items()):  # (a form's values are text: read as each field's kind)
             kind = "whole" if key == "n" else _KIND.get(key)
             if not isinstance(value, str):

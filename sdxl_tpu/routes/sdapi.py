@@ -232,7 +232,7 @@ async def _generate(server: Server, jobs: Jobs, http: HTTPRequest, data: dict[st
             images += [base64.b64encode(f).decode("ascii") for f in made.files]
             texts += made.parameters
             infos += [dataclasses.replace(i, sampler=made.sampler, schedule=made.schedule)
-                      for i in one.images(one.count)]
+                      for i in one.images(one.count if one.count is not None else len(made.files))]
             server.metrics.count_images(len(made.files), made.timings.get("encoding", 0.0))
     finally:
         jobs.end()

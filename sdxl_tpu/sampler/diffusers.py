@@ -237,7 +237,7 @@ class DDIM(Sampler):
             update[i] = self._row(ac, timesteps, i)
             a_t = ac[t]
             to_eps[:, i] = 1 / np.sqrt(1 - a_t), -np.sqrt(a_t / (1 - a_t))  # x = sqrt(a_t) x0 + sqrt(1 - a_t) eps
-        update = self._predicting(update, tuple(to_eps))
+        update = self._predicting(update, (to_eps[0], to_eps[1]))
         return Tables(timesteps.astype(np.float32), np.ones(steps, np.float32), update.astype(np.float32), 1.0)
 
     def _row(self, ac: np.ndarray, timesteps: np.ndarray, i: int) -> list[float]:
@@ -245,7 +245,7 @@ class DDIM(Sampler):
         t = timesteps[i]
         a_t, a_prev = ac[t], self._alpha_prev(ac, t - self.num_train_timesteps // len(timesteps))
         p, q = 1 / np.sqrt(a_t), -np.sqrt((1 - a_t) / a_t)  # x0 = (x - sqrt(1 - a_t) eps) / sqrt(a_t)
-        return [np.sqrt(a_prev) * p, np.sqrt(a_prev) * q + np.sqrt(1 - a_prev), 0.0, 0.0, p, q]
+        return [float(v) for v in (np.sqrt(a_prev) * p, np.sqrt(a_prev) * q + np.sqrt(1 - a_prev), 0.0, 0.0, p, q)]
 
 
 @dataclass(frozen=True)

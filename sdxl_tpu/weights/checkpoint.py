@@ -18,7 +18,7 @@ from ..request.names import SDXL_BASE
 from .hub import COMPONENTS, resolve, resolve_file
 from .lora import LoRA, combined_deltas, read_loras
 from .single_file import PREFIXES, SingleFileView, check_single_file, in_single_file_layout
-from .tensors import (CheckpointError, TensorSource, check_tensors, load_into, normalize_clip_name,
+from .tensors import (CheckpointError, TensorSource, Tensors, check_tensors, load_into, normalize_clip_name,
                       normalize_vae_name, read_json, torch_shapes, weight_files)
 
 M = TypeVar("M", bound=nnx.Module)
@@ -66,7 +66,7 @@ def _fill(model: M, path: Path, raw_config: dict[str, Any], *, weights: TensorSo
 
 
 def _source(model: nnx.Module, path: Path, raw_config: dict[str, Any], weights: TensorSource | None,
-            rename: Callable[[str], str]) -> tuple[TensorSource, Callable[[str], str], str]:
+            rename: Callable[[str], str]) -> tuple[Tensors, Callable[[str], str], str]:
     """Where a network's weights are (see _fill), the names' mapping, and its name in messages."""
     component = path.name
     label = component if weights is None else f"{component} ({Path(weights.files[0]).name})"

@@ -73,7 +73,7 @@ class LoRA:
         for key in keys:
             prefix = next((p for p in longest_first if key.startswith(p)), None)
             m = _KEY.match(key[len(prefix):]) if prefix else None
-            if m is None:
+            if m is None or prefix is None:
                 unknown.append(key)
                 continue
             component, module = prefixes[prefix], m["module"]
@@ -161,4 +161,14 @@ def combined_deltas(loras: list[LoRA], component: str, shapes: Mapping[str, tupl
     for lora in loras:
         for name, delta in lora.deltas(component, shapes, config).items():
             parts.setdefault(name, []).append(delta)
-    return {name: (lambda fs=fs: sum(f() for f in fs)) for name, fs in parts.items()}
+    return {name: _summed(fs) for name, fs in parts.items()}
+
+
+def _summed(deltas: list[Callable[[], np.ndarray]]) -> Callable[[], np.ndarray]:
+    """The deltas' sum, computed when asked."""
+    def total() -> np.ndarray:
+        out = deltas[0]()
+        for delta in deltas[1:]:
+            out = out + delta()
+        return out
+    return total

@@ -248,9 +248,10 @@ def write_single_file(root: os.PathLike | str, path: os.PathLike | str) -> Path:
                 array = array.reshape(*array.shape, 1, 1)
             out[at.key] = np.ascontiguousarray(array)
     for key, parts in fused.items():
-        if any(p is None for p in parts):
+        present = [p for p in parts if p is not None]
+        if len(present) != len(parts):
             raise CheckpointError(f"{root}: q, k and v are not all present for {key}")
-        out[key] = np.concatenate(parts)
+        out[key] = np.concatenate(present)
     out[PREFIXES["text_encoder_2"] + "logit_scale"] = np.array(np.log(100.0), np.float32)  # as OpenCLIP keeps it
     save_file(out, str(path))
     return Path(path)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import jax
 import ml_dtypes
@@ -57,6 +57,19 @@ def torch_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
 _SAFETENSORS_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64,
                        "I8": np.int8, "U8": np.uint8, "I16": np.int16, "I32": np.int32, "I64": np.int64,
                        "BOOL": np.bool_}
+
+
+class Tensors(Protocol):
+    """Where a network's weights are read from: a TensorSource, or a single file's view of one
+    component (single_file.SingleFileView)."""
+
+    def keys(self) -> list[str]: ...
+
+    def label(self, key: str, /) -> str: ...
+
+    def shape(self, key: str, /) -> tuple[int, ...]: ...
+
+    def get(self, key: str, /) -> np.ndarray: ...
 
 
 class TensorSource:
@@ -109,7 +122,7 @@ def weight_files(component_dir: str | os.PathLike, prefer_variant: str | None = 
     return variant or plain or files
 
 
-def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = lambda k: k,
+def load_into(model: M, source: Tensors, *, rename: Callable[[str], str] = lambda k: k,
               component: str = "model", deltas: Mapping[str, Callable[[], np.ndarray]] | None = None) -> M:
     """Fill every parameter of `model` (abstract, e.g. from nnx.eval_shape) from `source`.
 
@@ -138,7 +151,7 @@ def load_into(model: M, source: TensorSource, *, rename: Callable[[str], str] = 
     return model
 
 
-def check_tensors(model: nnx.Module, source: TensorSource, *, rename: Callable[[str], str] = lambda k: k,
+def check_tensors(model: nnx.Module, source: Tensors, *, rename: Callable[[str], str] = lambda k: k,
                   component: str = "model") -> tuple[dict[str, tuple[Any, nnx.Variable]], dict[str, str]]:
     """Whether `source` holds exactly `model`'s parameters in their shapes (names and shapes alone:
     nothing read); raises CheckpointError naming the tensors missing, unexpected or of the wrong

@@ -42,8 +42,8 @@ def build_vocabulary(num_merges: int = _NUM_MERGES) -> tuple[dict[str, int], lis
     """
     chars = list(_bytes_to_unicode().values())
     vocab_list = chars + [c + "</w>" for c in chars]
-    words = Counter(_CORPUS.lower().replace(",", " ").split())
-    splits = {w: [*w[:-1], w[-1] + "</w>"] for w in words}
+    words: Counter[str] = Counter(_CORPUS.lower().replace(",", " ").split())
+    splits: dict[str, list[str]] = {w: [*w[:-1], w[-1] + "</w>"] for w in words}
     merges: list[tuple[str, str]] = []
     for _ in range(num_merges):
         pairs: Counter = Counter()
