@@ -207,8 +207,10 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                                              "included)")
     # The form's inputs, found by their element ids, which are the fields' names (request/fields.py):
     # every event takes them in the form's order.
-    inputs: dict[str, Any] = {block.elem_id: block for block in demo.blocks.values()
-                              if isinstance(block.elem_id, str) and block.elem_id in FORM}
+    inputs: dict[str, Any] = {}
+    for block in demo.blocks.values():
+        if isinstance(elem_id := getattr(block, "elem_id", None), str) and elem_id in FORM:
+            inputs[elem_id] = block
     form = [inputs[name] for name in FORM]
     for f in FIELDS:  # (the API page's example call: realistic values, not Gradio's "Hello!!")
         if (example := f.default if f.example is None else f.example) is not None:
