@@ -242,11 +242,12 @@ def assert_four_images_in_view(page, desktop: bool) -> dict:
     return layout
 
 
-def wait_for(condition, seconds: float, what: str) -> None:
-    """Polls `condition()` until it holds; fails with `what` after `seconds`."""
+def wait_for(condition, seconds: float, what) -> None:
+    """Polls `condition()` until it holds; fails with `what` (text, or a function saying what is
+    there instead) after `seconds`."""
     deadline = time.monotonic() + seconds
     while not condition():  # bounded
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(0.02)
 
 

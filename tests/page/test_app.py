@@ -916,8 +916,9 @@ def test_browser_schedule_and_rng_reach_the_image_and_the_history_restores_them(
         choose(page, "rng", "JAX")
         row.click()
         wait_for(lambda: page.locator("#rng input").input_value() == "CPU", 10, "the noise source was not restored")
-        wait_for(lambda: page.locator("#sampler input").input_value() == "DPM++ 2M" and page.locator(
-            "#schedule input").input_value() == "Checkpoint, Karras sigmas (diffusers)", 10, "sampler not restored")
+        shown = lambda: (page.locator("#sampler input").input_value(), page.locator("#schedule input").input_value())
+        wait_for(lambda: shown() == ("DPM++ 2M", "Checkpoint, Karras sigmas (diffusers)"), 10,
+                 lambda: f"sampler and schedule not restored: the form shows {shown()}")
     assert compiles(app_server) == before
 
 
