@@ -140,3 +140,14 @@ def test_every_file_the_code_and_docs_name_exists():
     assert missing == {}
     named = NAMED_FILE.findall("(guard.py, api_key.py) in docs/deploy.md")  # (the check can fail)
     assert named == ["guard.py", "api_key.py", "docs/deploy.md"]
+
+
+def test_the_benchmarks_that_borrow_the_tests_helpers_find_them():
+    """A benchmark script that drives the app as the tests do (served_app.py) starts: its path to
+    tests/helpers/ follows the helpers wherever they move."""
+    scripts = sorted(p for p in (PACKAGE.parent / "benchmarks").glob("*.py") if "served_app" in p.read_text())
+    assert {p.name for p in scripts} >= {"screenshot.py", "ready.py"}
+    for script in scripts:
+        done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
+                              cwd=PACKAGE.parent)
+        assert done.returncode == 0, (script.name, done.stderr[-2000:])
