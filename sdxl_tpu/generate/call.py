@@ -24,7 +24,7 @@ from ..imaging.resize import fit_image, image_array
 from ..request.values import not_a_choice, schedule_input
 from ..sampler.tables import Sampler
 from . import sampling, starting
-from .denoising import HostNoise, denoise_fused, denoise_stepwise
+from .denoising_loop import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
 from .compiling.programs import Layout, Params, Program, Size
 
@@ -156,7 +156,7 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     step_ends = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))
     tables = jax.device_put(host_tables, pipe.replicated)
     seeds = put(np.array([i.seed for i in slots], np.uint32))
-    # RNG CPU: each image that draws its own noise, as A1111's ImageRNG draws it (denoising.py).
+    # RNG CPU: each image that draws its own noise, as A1111's ImageRNG draws it (denoising_loop.py).
     own = np.array([i.rng == "CPU" for i in slots])
     host = HostNoise([i.seed if cpu else None for i, cpu in zip(slots, own)], (c, h, w), host_tables, step_ends[-1],
                      put)

@@ -1,7 +1,7 @@
 """Live previews: while a call denoises, the current estimate of each final image, decoded cheaply.
 
 Every sampler's state carries its data prediction, the estimate of the clean latents after the
-latest step (update.py's State). A preview decodes it one of two ways:
+latest step (sampler_update.py's State). A preview decodes it one of two ways:
   - "approx" (default): a linear map of the four latent channels to RGB, on the host, at latent
     resolution, with no weights. The factors are ComfyUI's for SDXL latents (A1111's "Approx
     cheap" is the same idea with its own fit).

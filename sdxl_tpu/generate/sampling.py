@@ -21,8 +21,8 @@ import numpy as np
 from ..sampler.tables import Tables
 from ..a1111.prompts import CHUNK_TOKENS, chunk_prompt, split_network_tags
 from ..request.request import ImageInfo
-from . import update
-from .update import State
+from . import sampler_update
+from .sampler_update import State
 
 MAX_TOKENS = CHUNK_TOKENS + 2  # one chunk: 75 tokens between start and end
 # Images larger than this on a side are decoded and encoded in tiles of the VAE's sample size
@@ -121,7 +121,7 @@ def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, weights1: jax.Array,
 
 # The streams of a seed's key that sample the VAE's latent distribution: the starting image's
 # (img2img) and the masked image's (an inpainting UNet's condition); the initial noise uses the
-# key itself and step i's noise stream i + 1 (update.step_noise).
+# key itself and step i's noise stream i + 1 (sampler_update.step_noise).
 ENCODE_STREAM = 2**32 - 1
 CONDITION_STREAM = 2**32 - 2
 
@@ -162,17 +162,17 @@ def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, poo
     were encoded apart (A1111's default when their lengths differ).
     """
     b = state.x.shape[0]
-    x_in, t = update.model_input(state, i, tables)
+    x_in, t = sampler_update.model_input(state, i, tables)
     if state.condition.shape[-1] > 1:  # an inpainting UNet's condition (a base UNet's: one unused channel)
         x_in = jnp.concatenate([x_in, state.condition], axis=-1)  # beside the latents, as diffusers adds it
     if not guided:  # what diffusers does for guidance_scale <= 1: the conditional prediction alone
         eps = unet(x_in, t, context[:, 1], pooled[:, 1], time_ids, lengths[:, 1]).astype(jnp.float32)
-        return update.step(state, eps, i, tables)
+        return sampler_update.step(state, eps, i, tables)
     eps = unet(jnp.repeat(x_in, 2, axis=0), t, context.reshape(2 * b, *context.shape[2:]), pooled.reshape(2 * b, -1),
                jnp.repeat(time_ids, 2, axis=0), lengths.reshape(2 * b)).astype(jnp.float32)
     eps = eps.reshape(b, 2, *eps.shape[1:])
     g = jnp.where(guidance > 1.0, guidance, 1.0)[:, None, None, None]
-    return update.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
+    return sampler_update.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
 
 
 def denoise(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array, time_ids: jax.Array,

@@ -1,7 +1,7 @@
 """The host half of a call that starts from images (img2img, inpainting): what the VAE encodes,
 where the latents are kept and what fills the rest, and the finished images with the input's
 pixels wherever the mask kept them. Plain numpy and PIL (imaging/mask.py); the device half is
-compiling/programs.py's noise program and update.py's blends."""
+compiling/programs.py's noise program and sampler_update.py's blends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Samplers: host-side tables driving one jit-able update (generate/update.py).
+"""Samplers: host-side tables driving one jit-able update (generate/sampler_update.py).
 
 Every sampler (diffusers.py: Euler, Euler a, DPM++ 2M and 2M SDE, DPM++ SDE, DDIM, LCM as
 diffusers runs them on the checkpoint's scheduler config; kdiffusion.py: as k-diffusion runs them

@@ -61,7 +61,7 @@ def test_every_sampler_equals_diffusers_end_to_end(tiny_pipeline, reference_pipe
     import diffusers
     from diffusers.schedulers import scheduling_dpmsolver_sde, scheduling_euler_ancestral_discrete
 
-    from sdxl_tpu.generate.update import step_noise
+    from sdxl_tpu.generate.sampler_update import step_noise
 
     steps, seed = 6, 100  # first-order, second-order and final DPM++ steps
     latents = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(7))

@@ -116,7 +116,7 @@ same `Request` by their own readers, `routes/http_io.py` and `a1111/a1111_api.py
    `remote_engine.py`, which sends it to a back end (`routes/backend.py`, where it goes on from step 3).
 4. `server/batcher.py`: requests of one size and kind share one compiled call of `images_per_call` images.
 5. `generate/pipeline.py` (`Pipeline.run_images`) and `generate/call.py` (`run_call`), top to bottom:
-   token ids, the text encoders, noise, the denoising loop (`generate/denoising.py`: one compiled step
+   token ids, the text encoders, noise, the denoising loop (`generate/denoising_loop.py`: one compiled step
    per row of the sampler's table, `sampler/`), the VAE's decode. Each stage's math is in
    `generate/sampling.py`; `generate/compiling/` makes them programs per size (`programs.py`), compiles
    them side by side when first needed (`compiled.py`) and stores them for a restart (`stored_programs.py`).

@@ -38,7 +38,7 @@ def test_no_import_cycles():
     edges = graph()
     # (the graph sees imports: top-level, relative, `from . import module`)
     assert "sdxl_tpu.generate.sampling" in edges["sdxl_tpu.generate.call"]
-    assert "sdxl_tpu.generate.update" in edges["sdxl_tpu.generate.sampling"]
+    assert "sdxl_tpu.generate.sampler_update" in edges["sdxl_tpu.generate.sampling"]
     assert cycles(edges) == []
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import kdiffusion_reference
-from sdxl_tpu.generate import sampling, update
-from sdxl_tpu.generate.denoising import denoise_fused
+from sdxl_tpu.generate import sampler_update, sampling
+from sdxl_tpu.generate.denoising_loop import denoise_fused
 from sdxl_tpu.sampler.from_config import sampler_named
 from sdxl_tpu.sampler.sigmas import alphas_cumprod, schedule_sigmas, train_sigmas
 from sdxl_tpu.request.names import SCHEDULES, resolve_schedule
@@ -62,7 +62,7 @@ NOISE_ROWS = 3
 def run_ours(name, schedule, steps, noise, step_noises, image=None, strength=None, keep=None):
     sampler = sampler_named(name)
     tables = sampler.padded_tables(steps, schedule, strength)
-    state = update.init(noise, np.array([1, 2], np.uint32), tables, image, keep, noise_rows=NOISE_ROWS)
+    state = sampler_update.init(noise, np.array([1, 2], np.uint32), tables, image, keep, noise_rows=NOISE_ROWS)
     state = state._replace(host_noise=np.ones(SHAPE[0], np.bool_))
     step_ends = sampler.step_ends(steps - sampler.first_step(steps, strength, schedule))
     state = denoise_fused(lambda s, first, end: our_loop()(s, tables, np.array([first, end], np.int32)), state,
@@ -207,11 +207,11 @@ def test_a_sample_predicting_model_on_a1111_schedules():
     for name in ("Euler", "DPM++ 2M", "DPM++ 2M SDE"):
         eps_model = sampler_named(name).padded_tables(8, "Karras")
         x0_model = sampler_named(name, dict(SCHEDULER_CONFIG, prediction_type="sample")).padded_tables(8, "Karras")
-        state = update.init(x, np.array([1, 2], np.uint32), eps_model)
+        state = sampler_update.init(x, np.array([1, 2], np.uint32), eps_model)
         sigma = float(schedule_sigmas("Karras", 8, a1111_train_sigmas())[0])
         eps = rng.standard_normal(SHAPE).astype(np.float32)
         x0 = np.asarray(state.x) - sigma * eps  # the same prediction, said as the clean latents
         noise = np.zeros(SHAPE, np.float32)
-        a = update.step(state, eps, 0, eps_model, noise)
-        b = update.step(state, x0, 0, x0_model, noise)
+        a = sampler_update.step(state, eps, 0, eps_model, noise)
+        b = sampler_update.step(state, x0, 0, x0_model, noise)
         np.testing.assert_allclose(np.asarray(a.x), np.asarray(b.x), rtol=2e-4, atol=2e-5)

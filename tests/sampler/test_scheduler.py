@@ -103,14 +103,14 @@ def test_unsupported_scheduler_configs_name_the_key():
 @pytest.mark.parametrize("name", SAMPLERS)
 def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
     """The jitted step on the padded tables, fed the same model outputs as diffusers'
-    update.step (and for Euler a the same noise, injected into both): the latents agree after
+    sampler_update.step (and for Euler a the same noise, injected into both): the latents agree after
     every step, through first- and second-order DPM++ steps and the final one; for a model that
     predicts the clean sample (SDXL-Lightning's 1-step UNet) as well as for one predicting noise."""
     import jax
     import torch
     from diffusers.schedulers import scheduling_dpmsolver_multistep, scheduling_euler_ancestral_discrete, scheduling_lcm
 
-    from sdxl_tpu.generate import update
+    from sdxl_tpu.generate import sampler_update
 
     if name in ("Euler a", "DPM++ SDE", "DPM++ SDE Karras") and prediction_type == "sample":
         # diffusers has no such mode; neither do we
@@ -133,11 +133,11 @@ def test_steps_equal_diffusers(name, spacing, prediction_type, monkeypatch):
         noise = rng.standard_normal((2, 8, 8, 4)).astype(np.float32)
         tables = ours.padded_tables(steps)
         step_ends = ours.step_ends(steps)
-        state = update.init(noise, np.array([1, 2], np.uint32), tables)
+        state = sampler_update.init(noise, np.array([1, 2], np.uint32), tables)
         ref_x = torch.from_numpy(noise.transpose(0, 3, 1, 2).copy()) * ref.init_noise_sigma
-        step = jax.jit(update.step)
+        step = jax.jit(sampler_update.step)
         for i, t in enumerate(ref.timesteps):
-            x_in, timestep = update.model_input(state, i, tables)
+            x_in, timestep = sampler_update.model_input(state, i, tables)
             ref_in = ref.scale_model_input(ref_x, t).numpy()
             rel_in = np.linalg.norm(np.asarray(x_in).transpose(0, 3, 1, 2) - ref_in) / np.linalg.norm(ref_in)
             assert rel_in <= 1e-5, (name, spacing, steps, i, rel_in)
@@ -177,7 +177,7 @@ def test_img2img_steps_equal_diffusers(name, monkeypatch):
     import torch
     from diffusers.schedulers import scheduling_dpmsolver_multistep, scheduling_euler_ancestral_discrete, scheduling_lcm
 
-    from sdxl_tpu.generate import update
+    from sdxl_tpu.generate import sampler_update
 
     rng = np.random.default_rng(1)
     noises = []
@@ -199,12 +199,12 @@ def test_img2img_steps_equal_diffusers(name, monkeypatch):
         assert ours.step_ends(steps - start)[-1] == len(timesteps)
         image, noise = (rng.standard_normal((2, 8, 8, 4)).astype(np.float32) for _ in range(2))
         ref_x = ref.add_noise(nchw(image), nchw(noise), timesteps[:1])
-        state = update.init(noise, np.array([1, 2], np.uint32), tables, image)
+        state = sampler_update.init(noise, np.array([1, 2], np.uint32), tables, image)
         np.testing.assert_allclose(np.asarray(state.x).transpose(0, 3, 1, 2), ref_x.numpy(), rtol=1e-5, atol=1e-5)
         ref.noise_sampler = lambda sigma, sigma_next: nchw(noises[-1])
-        step = jax.jit(update.step)
+        step = jax.jit(sampler_update.step)
         for i, t in enumerate(timesteps):
-            x_in, timestep = update.model_input(state, i, tables)
+            x_in, timestep = sampler_update.model_input(state, i, tables)
             ref_in = ref.scale_model_input(ref_x, t).numpy()
             np.testing.assert_allclose(np.asarray(x_in).transpose(0, 3, 1, 2), ref_in, rtol=1e-5, atol=1e-5)
             assert float(timestep) == pytest.approx(float(t), rel=1e-6)
@@ -221,13 +221,13 @@ def test_img2img_steps_equal_diffusers(name, monkeypatch):
 def test_ancestral_noise_depends_on_the_seed_and_step_only():
     import jax
 
-    from sdxl_tpu.generate import update
+    from sdxl_tpu.generate import sampler_update
 
     ours = sampler_named("Euler a")
     tables = ours.padded_tables(4)
     x = np.ones((3, 4, 4, 4), np.float32)
     eps = np.zeros_like(x)
-    run = jax.jit(lambda seeds, i: update.step(update.init(x, seeds, tables), eps, i, tables).x)
+    run = jax.jit(lambda seeds, i: sampler_update.step(sampler_update.init(x, seeds, tables), eps, i, tables).x)
     a = np.asarray(run(np.array([5, 6, 7], np.uint32), 1))
     b = np.asarray(run(np.array([7, 5, 9], np.uint32), 1))  # other slots, another batch
     np.testing.assert_array_equal(a[2], b[0])
@@ -245,7 +245,7 @@ def test_the_denoising_loop_applies_every_step_in_order():
     import jax.numpy as jnp
 
     from sdxl_tpu.generate import sampling
-    from sdxl_tpu.generate import update
+    from sdxl_tpu.generate import sampler_update
     from sdxl_tpu.sampler.tables import Tables
 
     steps = 3
@@ -255,7 +255,7 @@ def test_the_denoising_loop_applies_every_step_in_order():
     tables = Tables(np.ones(MAX_ROWS, np.float32), np.ones(MAX_ROWS, np.float32), rows, np.float32(1.0))
     unet = lambda x, t, context, pooled, time_ids, context_lengths: jnp.ones_like(x)
     b = 2
-    state = update.init(jnp.zeros((b, 2, 2, 4)), jnp.arange(b, dtype=jnp.uint32), tables)
+    state = sampler_update.init(jnp.zeros((b, 2, 2, 4)), jnp.arange(b, dtype=jnp.uint32), tables)
     out = jax.jit(lambda s, t, n: sampling.denoise(unet, s, jnp.zeros((b, 2, 77, 8)), jnp.full((b, 2), 77),
                                                    jnp.zeros((b, 2, 4)), jnp.zeros((b, 6)), jnp.full((b,), 5.0), t,
                                                    n))

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from sdxl_tpu.generate.denoising import LOOKAHEAD
+from sdxl_tpu.generate.denoising_loop import LOOKAHEAD
 from sdxl_tpu.server.batcher import Batcher, SHUTTING_DOWN
 from sdxl_tpu.request.errors import Cancelled, RequestError
 from sdxl_tpu.request.request import GenerationResult, ImageInfo, Request

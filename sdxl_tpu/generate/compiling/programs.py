@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ...sampler.tables import MAX_ROWS, Tables
-from .. import sampling, update
+from .. import sampler_update, sampling
 from ..preview import decode_taesd, preview_size
 
 if TYPE_CHECKING:  # (jax.Device is the class, exported as a variable a type checker cannot read as a type)
@@ -81,7 +81,7 @@ class Layout:
         return size[1] // self.vae_factor, size[0] // self.vae_factor, self.latent_channels
 
     def condition_shape(self, size: tuple[int, int]) -> tuple[int, int, int]:
-        """An image's condition (update.State.condition): one unused channel for a base UNet."""
+        """An image's condition (sampler_update.State.condition): one unused channel for a base UNet."""
         return (*self.latent_shape(size)[:2], max(self.condition_channels, 1))
 
 
@@ -152,7 +152,7 @@ def _noise(s: _Shapes, graphs, params):
         fill = fill[:, None, None, None]
         image = jnp.where(fill == 1, image * keep + noise * (1 - keep), jnp.where(fill == 2, image * keep, image))
         condition = _condition(s.layout, mask, masked_image)
-        return update.init(noise, seeds, tables, image, keep, condition, s.layout.noise_rows)._replace(
+        return sampler_update.init(noise, seeds, tables, image, keep, condition, s.layout.noise_rows)._replace(
             host_noise=use_host)
 
     bat = P(BATCH)
@@ -183,7 +183,7 @@ def _encode_image(s: _Shapes, graphs, params):
 def _init(s: _Shapes, graphs, params):
     """The state from initial latents the caller gives (and an inpainting UNet's condition)."""
     bat = P(BATCH)
-    fn = lambda latents, seeds, tables, mask, masked_image: update.init(
+    fn = lambda latents, seeds, tables, mask, masked_image: sampler_update.init(
         latents, seeds, tables, condition=_condition(s.layout, mask, masked_image), noise_rows=s.layout.noise_rows)
     return shard(s.layout.mesh, fn, (bat, bat, P(), bat, bat), bat), (s.latents, s.seeds, s.tables, s.mask, s.latents)
 
@@ -192,7 +192,7 @@ def _denoise(s: _Shapes, graphs, params, guided: bool):
     """One step (stepwise: the last argument is the step) or all of them."""
     layout, unet, bat = s.layout, _network(graphs, "unet"), P(BATCH)
     condition = cast(jax.Array, s.batch((layout.batch, *layout.condition_shape(s.size))))  # (its shape: eval_shape)
-    initial = jax.eval_shape(partial(update.init, condition=condition, noise_rows=layout.noise_rows), s.latents,
+    initial = jax.eval_shape(partial(sampler_update.init, condition=condition, noise_rows=layout.noise_rows), s.latents,
                              s.seeds, s.tables)
     state = jax.tree.map(lambda x: s.batch(x.shape, x.dtype), initial)
     loop = partial(sampling.denoise_step if layout.stepwise else sampling.denoise, guided=guided)

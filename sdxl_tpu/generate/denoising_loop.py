@@ -16,7 +16,7 @@ from ..sampler.tables import Tables
 from ..sampler.torch_rng import TorchCPUGenerator
 from ..request.errors import Cancelled
 from .preview import Previews
-from .update import State
+from .sampler_update import State
 
 
 # Denoising rows dispatched ahead of the one being waited for: enough that the device never waits
