@@ -357,14 +357,16 @@ def geglu_variant(name: str):
     one matmul split afterwards (the generator until 2026-12-06), "barrier" materializes hidden *
     gelu(gate) before the down projection (XLA otherwise may fuse it into that matmul as a prologue),
     "one-matmul-barrier" both."""
+    from sdxl_tpu.models.unet_blocks import FeedForwardGEGLU
+
+    shipped = FeedForwardGEGLU.__call__  # (the generator's own, before main() puts the variant in its place)
+
+    def one_matmul(self, x: jax.Array) -> jax.Array:
+        hidden, gate = jnp.split(self.proj(x), 2, axis=-1)
+        return hidden * jax.nn.gelu(gate, approximate=False)
+
     def call(self, x: jax.Array) -> jax.Array:
-        if name.startswith("one-matmul"):
-            hidden, gate = jnp.split(self.proj(x), 2, axis=-1)
-        else:
-            kernel, bias = self.proj.kernel[...].astype(x.dtype), self.proj.bias[...].astype(x.dtype)
-            half = kernel.shape[1] // 2
-            hidden, gate = x @ kernel[:, :half] + bias[:half], x @ kernel[:, half:] + bias[half:]
-        out = hidden * jax.nn.gelu(gate, approximate=False)
+        out = (one_matmul if name.startswith("one-matmul") else shipped)(self, x)
         return jax.lax.optimization_barrier(out) if name.endswith("barrier") else out
     return call
 
