@@ -215,7 +215,7 @@ def unet_eval(args: argparse.Namespace) -> dict:
     seconds = timed(compiled, *inputs, runs=args.runs)
     flops = model_flops(configs["unet"], configs["vae"], (width, height))["unet"] * rows
     report = {"what": "unet", "architecture": args.architecture, "size": args.size, "rows": rows,
-              "attention": args.attention, "splash_min_length": attn.SPLASH_MIN_LENGTH,
+              "attention": args.attention, "splash_min_length": attn.SPLASH_MIN_LENGTH, "gelu": args.gelu,
               "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", ""),
               "device_kind": jax.devices()[0].device_kind, "compile_s": compile_s, "ms": seconds * 1e3,
               "tflops": flops / seconds / 1e12}
@@ -347,7 +347,8 @@ def block_table(args: argparse.Namespace) -> dict:
         graph, params = nnx.split(random_fill(nnx.eval_shape(build), seed=3))
         fn = lambda x, params, *extra: call(nnx.merge(graph, params), x, *extra)  # noqa: B023
         seconds = per_call(fn, x, params, *extra, calls=10)
-        rows.append({"block": name, "ms": seconds * 1e3, "splash_blocks": args.splash_blocks, "geglu": args.geglu})
+        rows.append({"block": name, "ms": seconds * 1e3, "splash_blocks": args.splash_blocks, "geglu": args.geglu,
+                     "gelu": args.gelu})
         print(json.dumps(rows[-1]), file=sys.stderr)
     return {"what": "block", "device_kind": jax.devices()[0].device_kind, "attention": args.attention, "rows": rows}
 
@@ -391,8 +392,13 @@ def main() -> None:
     parser.add_argument("--geglu", default="shipped",
                         choices=("shipped", "one-matmul", "barrier", "one-matmul-barrier"),
                         help="the feed-forward's GEGLU computed another way (geglu_variant)")
+    parser.add_argument("--gelu", default="shipped", choices=("shipped", "xla"),
+                        help="the GEGLU's GELU: the generator's own (layers.gelu) or jax.nn.gelu's exact erf")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.gelu == "xla":
+        from sdxl_tpu.models import unet_blocks
+        unet_blocks.gelu = lambda x: jax.nn.gelu(x, approximate=False)
     if args.geglu != "shipped":
         from sdxl_tpu.models.unet_blocks import FeedForwardGEGLU
         FeedForwardGEGLU.__call__ = geglu_variant(args.geglu)

@@ -136,9 +136,30 @@ class LayerNorm(nnx.Module):
         return y.astype(self.dtype)
 
 
+# erf(x) = 1 - t (a1 + a2 t + ... + a5 t^4) exp(-x^2), t = 1 / (1 + p x), x >= 0: Abramowitz & Stegun 7.1.26
+_ERF_P = 0.3275911
+_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def gelu(x: jax.Array) -> jax.Array:
+    """The exact (erf) GELU, as torch's F.gelu, computed in float32 and returned in x's dtype.
+
+    erf is Abramowitz & Stegun's 7.1.26 (|error| <= 1.5e-7): over [-12, 12] this GELU is within
+    6.4e-7 of float64's, as jax.nn.gelu's own erf is (6.1e-7). XLA lowers erf to some 65 vector
+    operations an element; fused into the UNet's feed-forward gate projection on a TPU v5e they made
+    that matmul run at 110 TFLOP/s against its twin's 175 (2026-12-06). This form is one division,
+    one exp and about 15 multiply-adds, and the tail Phi(-|x|) is computed directly, not as 1 - erf."""
+    x32 = x.astype(jnp.float32)
+    z = jnp.abs(x32) * (1 / math.sqrt(2))
+    t = 1 / (1 + _ERF_P * z)
+    a1, a2, a3, a4, a5 = _ERF_A
+    below = 0.5 * t * (a1 + t * (a2 + t * (a3 + t * (a4 + t * a5)))) * jnp.exp(-z * z)  # Phi(-|x|)
+    return (x32 * jnp.where(x32 >= 0, 1 - below, below)).astype(x.dtype)
+
+
 ACTIVATIONS = {
     "silu": jax.nn.silu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu": gelu,
     "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
 }
 

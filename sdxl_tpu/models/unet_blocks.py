@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .layers import Attention, Conv, Downsample2D, GroupNorm, LayerNorm, Linear, Precision, ResnetBlock2D, Upsample2D
+from .layers import (Attention, Conv, Downsample2D, GroupNorm, LayerNorm, Linear, Precision, ResnetBlock2D, Upsample2D,
+                     gelu)
 
 
 class TextContext(NamedTuple):
@@ -39,7 +40,7 @@ class FeedForwardGEGLU(nnx.Module):
         if self.proj.bias is not None:
             bias = self.proj.bias[...].astype(x.dtype)
             hidden, gate = hidden + bias[:half], gate + bias[half:]
-        return hidden * jax.nn.gelu(gate, approximate=False)
+        return hidden * gelu(gate)
 
 
 class FeedForward(nnx.Module):
