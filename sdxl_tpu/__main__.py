@@ -139,10 +139,11 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
-    from .generate.compiling.compilation import quiet_platforms
+    from .generate.compiling.compilation import quiet_platforms, size_tpu_host_buffer
     from .cli.options import fill_defaults
 
     quiet_platforms()  # no TPU error messages on a machine without TPU chips
+    size_tpu_host_buffer()
     if args.command != "generate":  # (generate fills them in after reading --parameters)
         args = fill_defaults(parser, args, args.command)
     if args.command == "make-tiny":
