@@ -17,6 +17,8 @@
 #                                   # ATTENTION=xla,auto IMAGES=1; program_compile.py) (~2-4 min)
 #   bash benchmarks/tpu.sh sizes    # every SDXL size's programs (PROGRAMS=denoise), WORKERS=3 at once, cold, stored,
 #                                   # then read back by a new process (LOAD_ONLY=1: only that, after a sizes run) (~8 min)
+#   bash benchmarks/tpu.sh start    # a new process's start under three host buffer sizes: the runtime, 5 GB of
+#                                   # weights' transfer, the first stored UNet program's read (runtime_start.py) (~5 min)
 #   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
 #
 # Results: JSON files, log.txt (environment and logs) and summary.txt under $OUT (default benchmarks/out);
@@ -112,13 +114,23 @@ case "$MODE" in
     fi
     quick sizes-load "$PY" "${each[@]}" --load "$store"
     ;;
+  start)  # each setting in a new process (the runtime starts once a process); one program stored first
+    store=/tmp/sdxl-tpu-start
+    program="$store/denoise-${SIZE:-1024x1024}-auto.pickle"
+    [ -f "$program" ] || quick start-store "$PY" benchmarks/program_compile.py --architecture "${ARCH:-sdxl}" \
+        --sizes "${SIZE:-1024x1024}" --programs denoise --store "$store" --json
+    for bytes in ${BUFFERS:-4294967296 1073741824 268435456}; do
+      TPU_PREMAPPED_BUFFER_SIZE=$bytes quick "start-$bytes" "$PY" benchmarks/runtime_start.py --transfer \
+          --program "$program" --json
+    done
+    ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
     JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/generate/test_tpu.py \
         2>&1 | tee "$OUT/tests.log"
     ;;
   *)
-    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image, compile, sizes or test"; exit 2 ;;
+    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image, compile, sizes, start or test"; exit 2 ;;
 esac
 
 "$PY" benchmarks/tpu_summary.py "$OUT" | tee "$OUT/summary.txt"

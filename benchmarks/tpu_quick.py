@@ -358,13 +358,13 @@ def geglu_variant(name: str):
     one matmul split afterwards (the generator until 2026-12-06), "barrier" materializes hidden *
     gelu(gate) before the down projection (XLA otherwise may fuse it into that matmul as a prologue),
     "one-matmul-barrier" both."""
-    from sdxl_tpu.models.unet_blocks import FeedForwardGEGLU
+    from sdxl_tpu.models import unet_blocks
 
-    shipped = FeedForwardGEGLU.__call__  # (the generator's own, before main() puts the variant in its place)
+    shipped = unet_blocks.FeedForwardGEGLU.__call__  # (the generator's own, before main() puts the variant there)
 
     def one_matmul(self, x: jax.Array) -> jax.Array:
         hidden, gate = jnp.split(self.proj(x), 2, axis=-1)
-        return hidden * jax.nn.gelu(gate, approximate=False)
+        return hidden * unet_blocks.gelu(gate)  # (the generator's, or --gelu's)
 
     def call(self, x: jax.Array) -> jax.Array:
         out = (one_matmul if name.startswith("one-matmul") else shipped)(self, x)

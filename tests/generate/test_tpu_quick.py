@@ -81,6 +81,14 @@ def test_program_compile_stores_sizes_side_by_side_and_a_new_process_reads_them_
     assert all("compile_s" not in r and r["load_s"] > 0 for r in loaded["programs"])
     assert [r["temporaries_gib"] for r in loaded["programs"]] == [r["temporaries_gib"] for r in compiled["programs"]]
     assert loaded["first_program_s"] > 0 and "first_load_s" in loaded
+    # benchmarks/runtime_start.py (`tpu.sh start`) reads one back in a new process, step by step
+    argv = [sys.executable, str(ROOT / "benchmarks" / "runtime_start.py"), "--program",
+            str(tmp_path / "decode-64x64-auto.pickle"), "--profile", "--json"]
+    start = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout
+                       .splitlines()[-1])
+    assert list(start["seconds"]) == ["import_jax", "runtime_start", "package_imports", "program_read", "total"]
+    assert start["seconds"]["program_read"] > 0 and start["device"] == "cpu"
+    assert any("deserialize_and_load" in line for line in start["program_read_profile"])
 
 
 def test_geglu_variants_compute_what_the_model_does():
