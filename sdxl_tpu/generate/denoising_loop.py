@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import numpy as np
@@ -32,7 +31,7 @@ class HostNoise:
     shape; handed over NHWC by `put`). False when no image draws its own."""
 
     def __init__(self, seeds: Sequence[int | None], latent_shape: tuple[int, int, int], tables: Tables, rows: int,
-                 put: Callable[[np.ndarray], Any]):
+                 put: Callable[[np.ndarray], jax.Array]):
         self.generators = [TorchCPUGenerator(s) if s is not None else None for s in seeds]
         self.shape, self.put = latent_shape, put
         # The rows that add noise, in order: the host hands their noise over before them (none when
@@ -43,7 +42,7 @@ class HostNoise:
     def __bool__(self) -> bool:
         return any(g is not None for g in self.generators)
 
-    def draw(self) -> Any:
+    def draw(self) -> jax.Array:
         """The next unit noise of every image (zeros for those JAX draws for), on the devices."""
         zeros = np.zeros(self.shape, np.float32)
         return self.put(np.stack([g.randn(self.shape) if g else zeros for g in self.generators]).transpose(0, 2, 3, 1))

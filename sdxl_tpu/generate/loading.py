@@ -51,7 +51,7 @@ def load_pipeline(model: str | os.PathLike, *, warmup: bool = True, devices: Seq
 
 
 def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device] | None = None,
-         compile_cache: str | os.PathLike | None = None, first: Callable[[Pipeline], Any] | None = None) -> Pipeline:
+         compile_cache: str | os.PathLike | None = None, first: Callable[[Pipeline], object] | None = None) -> Pipeline:
     """The Pipeline `options` describe: its weights (a preview decoder first: one that cannot be
     had is refused before minutes of loading), tokenizers, samplers and the names its images'
     parameters carry; compiled for every size with `warmup`, its programs kept in (and loaded
@@ -94,7 +94,7 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     return pipe
 
 
-def with_weights(pipe: Pipeline, weights: Callable[[], Models], first: Callable[[Pipeline], Any] | None = None
+def with_weights(pipe: Pipeline, weights: Callable[[], Models], first: Callable[[Pipeline], object] | None = None
                  ) -> Pipeline:
     """`pipe`, built from abstract networks, given the networks `weights()` reads; `first(pipe)`
     meanwhile in a thread of its own (compiling needs the networks' shapes alone: on a new TPU

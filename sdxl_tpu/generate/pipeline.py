@@ -21,10 +21,12 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
+from jax.typing import DTypeLike
 
 from ..sampler.tables import MAX_ROWS, Sampler
 from ..a1111.infotext import Stamp
 from ..a1111.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
+from ..imaging.image_input import ImageInput
 from ..request.request import GenerationResult, ImageInfo, Request
 from ..request.values import format_size, parse_size, size_input
 from ..weights.checkpoint import Models
@@ -50,8 +52,8 @@ class Pipeline:
     """
 
     def __init__(self, models: Models, tokenizers: tuple, samplers: Sampler | Mapping[str, Sampler], *,
-                 default_sampler: str | None = None, sizes: Sequence[Any] = ((1024, 1024),), images_per_call: int = 4,
-                 devices: Sequence[Device] | None = None, model_name: str = "",
+                 default_sampler: str | None = None, sizes: Sequence[Size | str] = ((1024, 1024),),
+                 images_per_call: int = 4, devices: Sequence[Device] | None = None, model_name: str = "",
                  force_zeros_for_empty_prompt: bool = True, step_progress: bool = True,
                  preview_decoder: nnx.Module | None = None, max_prompt_chunks: int = DEFAULT_MAX_CHUNKS,
                  stamp: Stamp | None = None, program_store: ProgramStore | None = None):
@@ -103,7 +105,7 @@ class Pipeline:
         # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
         self.step_index = [jax.device_put(np.int32(i), self.replicated) for i in range(MAX_ROWS)]
 
-    def _replicate(self, state: Any) -> Any:
+    def _replicate(self, state: nnx.State) -> nnx.State:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated)
                             if isinstance(x, jax.ShapeDtypeStruct) else jax.device_put(x, self.replicated), state)
 
@@ -128,7 +130,7 @@ class Pipeline:
 
     # -- the sharded programs -------------------------------------------------------------------
 
-    def trace(self, name: str, size: Any) -> jax.stages.Traced:
+    def trace(self, name: str, size: Size | str) -> jax.stages.Traced:
         """Program `name` for `size`, traced but not compiled (to inspect or lower elsewhere)."""
         fn, args = program(name, self.layout, size_input(size, self.sizes), self.graphs, self.params)
         return fn.trace(*args)
@@ -152,7 +154,7 @@ class Pipeline:
         return self._compiled.get(size_input(size, self.sizes), self.programs if names is None else names)
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 (a few per size, for the pipeline's life)
-    def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> jax.Array:
+    def zeros(self, shape: tuple[int, ...], dtype: DTypeLike = np.float32) -> jax.Array:
         """Zeros of `shape` per image of a call, kept on the devices: the host noise of a call where
         no image draws its own; the image latents, kept mask and latent fill of a call from noise."""
         return jax.device_put(np.zeros((self.images_per_call, *shape), dtype), self.batch_sharding)
@@ -197,9 +199,9 @@ class Pipeline:
 
     def request(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                 seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
-                steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None, schedule: str | None = None,
-                rng: str | None = None, strength: float | None = None, image: Any = None,
-                resize_mode: str | None = None, **more: Any) -> Request:
+                steps: int = 20, size: Size | str = (1024, 1024), sampler: str | None = None,
+                schedule: str | None = None, rng: str | None = None, strength: float | None = None,
+                image: ImageInput | None = None, resize_mode: str | None = None, **more: Any) -> Request:
         """A checked request for this pipeline (RequestError names what is wrong); `more`: the
         inpainting's and the hires fix's fields (Request.of, by their API names)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
@@ -208,10 +210,10 @@ class Pipeline:
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
-                 steps: int = 20, size: Any = (1024, 1024), sampler: str | None = None,
+                 steps: int = 20, size: Size | str = (1024, 1024), sampler: str | None = None,
                  schedule: str | None = None, rng: str | None = None, latents: np.ndarray | None = None,
-                 image: Any = None, strength: float | None = None, resize_mode: str | None = None,
-                 mask_image: Any = None, mask_blur: int | None = None, masked_content: str | None = None,
+                 image: ImageInput | None = None, strength: float | None = None, resize_mode: str | None = None,
+                 mask_image: ImageInput | None = None, mask_blur: int | None = None, masked_content: str | None = None,
                  inpaint_area: str | None = None, mask_padding: int | None = None, hires: bool | None = None,
                  hires_scale: float | None = None, hires_upscaler: str | None = None, hires_steps: int | None = None,
                  hires_strength: float | None = None,

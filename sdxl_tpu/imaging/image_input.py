@@ -12,7 +12,7 @@ import base64
 import binascii
 import io
 import warnings
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -25,6 +25,10 @@ MAX_PIXELS = 4096 * 4096  # checked from the header, before decoding
 MIN_SIDE = 8
 MAX_BASE64_CHARS = 4 * (MAX_BYTES // 3 + 1)  # MAX_BYTES as base64
 BACKGROUND = (255, 255, 255)  # transparency is flattened onto it (A1111's img2img_background_color)
+# An image as a request takes it (image_input here, mask.py's mask_input): a PIL image, a uint8 array,
+# an image file's bytes or a binary file object, or the file as base64 text (bare or a data: URL;
+# text is never a path).
+ImageInput = Image.Image | np.ndarray | bytes | bytearray | memoryview | BinaryIO | str
 
 
 def decode_image(data: Any, what: str = "Image", keep_alpha: bool = False) -> Image.Image:

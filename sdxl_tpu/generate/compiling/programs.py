@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,11 @@ Size = tuple[int, int]  # (width, height) in pixels
 Graphs = Mapping[str, nnx.GraphDef]  # each network's module graph, by NETWORKS' names (and "taesd")
 Params = Mapping[str, nnx.State]  # each network's parameters (replicated; abstract before the weights)
 Program = jax.stages.Compiled  # one compiled program, as JAX makes it or reads it back
+# One argument of a program: a pytree (nnx.State, Tables, sampler_update.State, tuples) whose leaves are
+# jax.ShapeDtypeStructs to lower it with (the parameters' are jax.Arrays once the weights are in).
+PyTree: TypeAlias = "jax.ShapeDtypeStruct | jax.Array | nnx.State | tuple[PyTree, ...]"
+Args = tuple[PyTree, ...]  # a program's arguments, in order
+Specs = P | tuple[P, ...]  # how a program's outputs are split over the mesh: one spec for all, or one each
 
 BATCH = "batch"  # the mesh axis images are split over
 NETWORKS = ("text_encoder", "text_encoder_2", "unet", "vae")
@@ -85,14 +90,14 @@ class Layout:
         return (*self.latent_shape(size)[:2], max(self.condition_channels, 1))
 
 
-def shard(mesh: Mesh, fn: Callable, in_specs: tuple, out_specs: Any) -> jax.stages.Wrapped:
+def shard(mesh: Mesh, fn: Callable, in_specs: tuple[P, ...], out_specs: Specs) -> jax.stages.Wrapped:
     # check_vma=False: Pallas kernels (splash attention, traced for TPU) declare their outputs
     # without varying-axis types, which the check would reject; every output here is batch-split.
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
 
 def program(name: str, layout: Layout, size: Size, graphs: Graphs,
-            params: Params) -> tuple[jax.stages.Wrapped, tuple]:
+            params: Params) -> tuple[jax.stages.Wrapped, Args]:
     """The jitted program `name` for `size`, and abstract arguments to lower or trace it with."""
     if name not in _BUILDERS:
         raise ValueError(f"no program {name!r}; programs: {', '.join([*PROGRAMS, 'preview'])}")

@@ -28,14 +28,13 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
 
 import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
 from ...request.values import format_size
 from .compilation import compile_side_by_side
-from .programs import Device, Graphs, Layout, Params, Program, Size, program, slowest_first
+from .programs import Args, Device, Graphs, Layout, Params, Program, Size, program, slowest_first
 
 FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
 SUBDIRECTORY = "programs"
@@ -44,7 +43,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # (object addresses differ from proce
 log = logging.getLogger("sdxl_tpu")
 
 
-def _digest(*parts: Any) -> str:
+def _digest(*parts: object) -> str:
     return hashlib.sha256(_ADDRESS.sub("", repr(parts)).encode()).hexdigest()
 
 
@@ -84,7 +83,7 @@ class ProgramStore:
         '' too, as `--compile-cache ''` says)."""
         return None if compile_cache in (None, "") else cls(Path(compile_cache) / SUBDIRECTORY)
 
-    def key(self, name: str, size: Size | None, layout: Layout, args: Sequence[Any], graphs: str) -> str:
+    def key(self, name: str, size: Size | None, layout: Layout, args: Args, graphs: str) -> str:
         """The key of program `name` for `size` (None: one for every size), built for `layout` (a
         programs.Layout), lowered with `args` from graphs with fingerprint `graphs`."""
         devices = [(d.platform, d.device_kind, d.id, d.process_index) for d in layout.mesh.devices.flat]
@@ -94,7 +93,7 @@ class ProgramStore:
                        jax.tree.structure(args), shapes)
 
     def _made(self, name: str, size: Size, layout: Layout, graphs: Graphs,
-              params: Params) -> tuple[jax.stages.Wrapped, tuple, str]:
+              params: Params) -> tuple[jax.stages.Wrapped, Args, str]:
         """Program `name` for `size` (programs.program), its abstract arguments and its key."""
         if id(graphs) not in self._graphs:
             self._graphs[id(graphs)] = graphs_fingerprint(graphs)
@@ -158,7 +157,7 @@ class ProgramStore:
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.pkl"
 
-    def load(self, key: str, args: Sequence[Any], devices: Sequence[Device]) -> Program | None:
+    def load(self, key: str, args: Args, devices: Sequence[Device]) -> Program | None:
         """The stored program of `key`, loaded onto `devices`; None (a miss) if there is none or it
         cannot be used, which is logged."""
         path = self._path(key)
