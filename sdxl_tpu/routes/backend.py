@@ -115,7 +115,7 @@ class Generation:
                 if not watch_disconnect:
                     return Keepalive()
 
-    async def stream(self):
+    async def server_sent_events(self):
         """Server-sent events: progress, then the result or an error; a comment every second."""
         try:
             while True:
@@ -156,7 +156,7 @@ def build_backend(server: Server) -> tuple[KeyRequired, Callable[[], bool]]:
         if isinstance(event, Failed):
             return error_response(event.status, event.message, event.retry_after)
         if streaming:
-            return StreamingResponse(generation.stream(), media_type="text/event-stream",
+            return StreamingResponse(generation.server_sent_events(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         while isinstance(event := await generation.next_event(watch_disconnect=True), Progress | Preview):
             pass
