@@ -14,6 +14,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+# raw_http's Http and AppLog make a test's checks (each response, each log line) as they come: their
+# asserts are rewritten as a test module's are, so a failure shows the values it compared.
+pytest.register_assert_rewrite("raw_http")
+
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):

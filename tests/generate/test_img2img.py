@@ -10,21 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
+from images import picture
+from reference import SCHEDULERS, SEED, psnr
 from sdxl_tpu.generate.compiling.compilation import CompileCounter
-from test_pipeline import psnr
 from sdxl_tpu.request.errors import RequestError
 from sdxl_tpu.imaging.resize import RESIZE_MODES, fit_image, nearest_size
-
-SEED = 40
-
-
-def picture(width: int = 64, height: int = 64) -> Image.Image:
-    """A starting image with structure at every scale: gradients, a disc, stripes."""
-    y, x = np.mgrid[0:height, 0:width] / max(width, height)
-    r = 255 * x
-    g = 255 * ((x - 0.5) ** 2 + (y - 0.5) ** 2 < 0.1)
-    b = 127 + 120 * np.sin(25 * y)
-    return Image.fromarray(np.stack([r, g, b], -1).astype(np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +22,6 @@ def reference_img2img(tiny_checkpoint):
     from diffusers import StableDiffusionXLImg2ImgPipeline
 
     return StableDiffusionXLImg2ImgPipeline.from_pretrained(tiny_checkpoint)
-
-
-SCHEDULERS = {"Euler": "EulerDiscreteScheduler", "Euler a": "EulerAncestralDiscreteScheduler",
-              "DPM++ 2M Karras": "DPMSolverMultistepScheduler"}
 
 
 @pytest.mark.parametrize("sampler, steps, strength", [("Euler", 6, 0.5), ("Euler a", 5, 0.8),

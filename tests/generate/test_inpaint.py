@@ -11,19 +11,11 @@ import pytest
 import torch
 from PIL import Image
 
+from images import block_mask, hostile_masks, picture
+from reference import SCHEDULERS, SEED, psnr
 from sdxl_tpu.generate.compiling.compilation import CompileCounter
 from sdxl_tpu.request.errors import RequestError
 from sdxl_tpu.imaging.mask import gaussian_blur, latent_mask, mask_input
-from test_img2img import SCHEDULERS, SEED, picture
-from test_pipeline import psnr
-
-
-def block_mask(width: int = 64, height: int = 64) -> Image.Image:
-    """White (repaint) over a block aligned to the latents' 8-pixel cells, so diffusers' nearest
-    downscale and A1111's bicubic-then-round agree on it."""
-    mask = np.zeros((height, width), np.uint8)
-    mask[16:48, 8:40] = 255
-    return Image.fromarray(mask, "L")
 
 
 @pytest.fixture(scope="module")
@@ -184,56 +176,6 @@ def test_bad_inpainting_inputs_are_clear_errors(tiny_pipeline, kwargs, message):
     kwargs = {"image": picture(), **kwargs}
     with pytest.raises(RequestError, match=message):
         tiny_pipeline.generate("a cat", steps=2, size=(64, 64), **kwargs)
-
-
-def hostile_masks() -> list[tuple[str, object, dict]]:
-    """Over 300 malformed or hostile masks for a 64x64 image, with the request fields they come
-    with: every hostile or broken file of test_image_input, then wrong sizes and modes, huge
-    masks, masks that mark nothing, odd arrays and text."""
-    import io
-
-    from test_image_input import hostile_files, png_header_only
-
-    def png(image: Image.Image, fmt: str = "PNG") -> bytes:
-        out = io.BytesIO()
-        image.save(out, fmt)
-        return out.getvalue()
-
-    cases = [(name, data, {}) for name, data in hostile_files() if data is not None]
-    for w, h in ((1, 1), (63, 64), (64, 63), (65, 64), (32, 32), (128, 128), (64, 8), (8, 64), (4096, 1)):
-        cases.append((f"size-{w}x{h}", png(Image.new("L", (w, h), 255)), {}))
-    cases += [("huge", png(Image.new("L", (4096, 4096), 255)), {}), ("bomb", png_header_only(50_000, 50_000), {}),
-              ("huge-header", png_header_only(4096, 4097), {})]
-    white = np.full((64, 64), 255, np.uint8)
-    rgba = np.zeros((64, 64, 4), np.uint8)
-    rgba[8:24, 8:24, 3] = 255
-    for mode in ("1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I", "CMYK", "YCbCr"):
-        image = block_mask().convert(mode)
-        for fmt in ("PNG", "JPEG", "WEBP", "TIFF"):
-            try:
-                cases.append((f"mode-{mode}-{fmt}", png(image, fmt), {}))
-            except (OSError, ValueError, KeyError):
-                pass
-    cases += [("transparent", Image.fromarray(np.zeros((64, 64, 4), np.uint8), "RGBA"), {}),
-              ("alpha-strokes", Image.fromarray(rgba, "RGBA"), {}), ("opaque-rgba", Image.new("RGBA", (64, 64)), {}),
-              ("black-only-masked", np.zeros((64, 64), np.uint8), {"inpaint_area": "Only masked"}),
-              ("white-only-masked", white, {"inpaint_area": "Only masked", "mask_padding": 256}),
-              ("pad-negative", white, {"inpaint_area": "Only masked", "mask_padding": -1}),
-              ("pad-text", white, {"inpaint_area": "Only masked", "mask_padding": "32px"}),
-              ("area-list", white, {"inpaint_area": ["Only masked"]}), ("blur-huge", white, {"mask_blur": 10**9}),
-              ("blur-float", white, {"mask_blur": 4.5}), ("content-null-byte", white, {"masked_content": "fill\0"}),
-              ("float-array", white.astype(np.float32), {}), ("bool-array", white > 0, {}),
-              ("int64-array", white.astype(np.int64), {}), ("2-channels", np.zeros((64, 64, 2), np.uint8), {}),
-              ("4-d", np.zeros((1, 64, 64, 1), np.uint8), {}), ("empty-array", np.zeros((0, 0), np.uint8), {}),
-              ("one-channel", white[..., None], {}), ("wrong-array", np.zeros((32, 64), np.uint8), {}),
-              ("base64-garbage", "!!not base64!!", {}), ("data-url-svg", "data:image/svg+xml;base64,PHN2Zy8+", {}),
-              ("data-url-bare", "data:image/png,abc", {}), ("empty-text", "", {}), ("long-text", "A" * 100_000, {}),
-              ("dict", {"path": "/etc/passwd"}, {}), ("nested", [[255] * 64] * 64, {}), ("true", True, {}),
-              ("float", 0.5, {})]
-    for k in range(20):  # masks of the size in every bit depth of PNG's greyscale, and noise
-        noise = np.random.default_rng(k).integers(0, 256, (64, 64), np.uint8)
-        cases.append((f"noise-{k}", png(Image.fromarray(noise).convert("1" if k % 2 else "L")), {}))
-    return cases
 
 
 def test_hostile_masks_are_refused_by_name_or_taken_as_masks():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from reference import psnr
 from sdxl_tpu import CompileCounter, GenerationError, RequestError
 from sdxl_tpu.request.fields import MAX_STEPS
 from sdxl_tpu.a1111.infotext import parameters_text
@@ -16,11 +17,6 @@ from sdxl_tpu.version import VERSION
 
 def _images(result) -> np.ndarray:
     return np.stack([np.asarray(im) for im in result.images])
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Helpers that build PyTorch reference models (diffusers / transformers) with random weights."""
+"""Helpers that build PyTorch reference models (diffusers / transformers) with random weights, and
+measure how far our outputs are from theirs (rel_l2, psnr)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,19 @@ def nchw_to_nhwc(x: torch.Tensor) -> np.ndarray:
 def rel_l2(ours, ref) -> float:
     ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
     return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+# img2img's and inpainting's parity with diffusers (test_img2img.py, test_inpaint.py): the seed both
+# generate with, and the diffusers scheduler each sampler they run is compared with.
+SEED = 40
+
+SCHEDULERS = {"Euler": "EulerDiscreteScheduler", "Euler a": "EulerAncestralDiscreteScheduler",
+              "DPM++ 2M Karras": "DPMSolverMultistepScheduler"}
 
 
 def random_model(factory, seed: int = 0, views: bool = False) -> torch.nn.Module:

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from reference import read_with_third_parties
+from images import picture
+from parameters_texts import A1111, a1111_jpeg, comfyui_png
+from reference import psnr, read_with_third_parties
 from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view, chromium,  # app_server: conftest
                         assert_progress_and_previews, free_port, generate_in_page, get, paint_a_mask, playground_page,
                         read_metrics, requests_total, steps_seen, wait_for, MASK_SRC)
@@ -127,8 +129,6 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, t
         assert f", RNG: {rng}, Version: " in text
     # From an image, as gradio_client sends one (uploaded first): its strength in the parameters.
     from gradio_client import handle_file
-
-    from test_img2img import picture
 
     picture(96, 64).save(tmp_path / "start.png")
     gallery, info = _generate(client, "a cat", "", "(No style)", 3, False, 5.0, 4, "64x64", "Euler", "Checkpoint",
@@ -925,8 +925,6 @@ def test_browser_schedule_and_rng_reach_the_image_and_the_history_restores_them(
 def test_browser_png_info_fills_the_form_from_an_a1111_and_a_comfyui_image(app_server, browser, tmp_path):
     """A1111's PNG Info: an image dropped in shows its parameters in the paste box (A1111's JPEG as
     A1111 saves it; ComfyUI's workflow, written in A1111's terms), and Fill the form uses them."""
-    from test_png_info import A1111, a1111_jpeg, comfyui_png
-
     (tmp_path / "a1111.jpg").write_bytes(a1111_jpeg(A1111))
     (tmp_path / "comfyui.png").write_bytes(comfyui_png(size=(96, 64), seed=5))
     with playground_page(app_server["url"], "Ready (", browser=browser) as page:
@@ -1025,8 +1023,6 @@ def test_browser_inpaint_by_painting_a_mask(app_server, browser, tmp_path, tiny_
 
     from sdxl_tpu.a1111.images import encode, read_parameters
     from sdxl_tpu.imaging.mask import gaussian_blur
-    from test_img2img import picture
-    from test_pipeline import psnr
 
     start = tmp_path / "start.png"
     picture(96, 64).save(start)
@@ -1071,8 +1067,6 @@ def test_browser_outpaint_and_only_masked(app_server, browser, tmp_path, tiny_pi
 
     from sdxl_tpu.a1111.images import encode, read_parameters
     from sdxl_tpu.imaging.resize import fit_image, new_area_mask
-    from test_img2img import picture
-    from test_pipeline import psnr
 
     start = tmp_path / "wide.png"
     picture(96, 64).save(start)
@@ -1173,8 +1167,6 @@ def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, t
 
     from sdxl_tpu.a1111.images import encode, read_parameters
     from sdxl_tpu.a1111.infotext import parse
-    from test_img2img import picture
-    from test_pipeline import psnr
 
     start = tmp_path / "start.png"
     picture(128, 96).save(start)

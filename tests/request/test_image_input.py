@@ -4,38 +4,13 @@ message that names the problem, never another exception; no metadata carried fur
 
 from __future__ import annotations
 
-import io
-import struct
-import zlib
-
 import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
+from images import encoded, gradient, hostile_files, png_header_only
 from sdxl_tpu.request.errors import RequestError
 from sdxl_tpu.imaging.image_input import BACKGROUND, MAX_BYTES, MAX_PIXELS, decode_image
-
-
-def encoded(image: Image.Image, fmt: str, **kwargs) -> bytes:
-    out = io.BytesIO()
-    image.save(out, fmt, **kwargs)
-    return out.getvalue()
-
-
-def gradient(width: int = 48, height: int = 32) -> Image.Image:
-    y, x = np.mgrid[0:height, 0:width]
-    return Image.fromarray(np.stack([x * 5, y * 7, (x + y) * 3], -1).astype(np.uint8))
-
-
-def png_chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-
-def png_header_only(width: int, height: int) -> bytes:
-    """A PNG whose header claims a size and whose data is a few bytes: a decompression bomb's shape."""
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(b"\0" * 64))
-            + png_chunk(b"IEND", b""))
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
@@ -93,36 +68,6 @@ def test_an_animation_gives_its_first_frame():
         data = encoded(frames[0], fmt, save_all=True, append_images=frames[1:], **({"lossless": True}
                                                                                    if fmt == "WEBP" else {}))
         np.testing.assert_array_equal(np.asarray(decode_image(data)), np.asarray(frames[0]))
-
-
-def hostile_files() -> list[tuple[str, object]]:
-    """At least 300 malformed or hostile inputs: wrong types, other formats, polyglots, bombs,
-    truncations and corruptions of each format."""
-    rng = np.random.default_rng(0)
-    cases: list[tuple[str, object]] = [
-        ("none", None), ("text", "not bytes"), ("number", 12), ("empty", b""), ("list", [1, 2]),
-        ("svg", b'<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)"><rect width="9" height="9"/></svg>'),
-        ("html", b"<!doctype html><script>alert(1)</script>"),
-        ("gif", encoded(gradient(), "GIF")), ("bmp", encoded(gradient(), "BMP")), ("tiff", encoded(gradient(), "TIFF")),
-        ("ico", encoded(gradient(), "ICO")), ("pdf-like", b"%PDF-1.4\n1 0 obj<<>>endobj"),
-        ("zip", b"PK\x03\x04" + bytes(100)), ("elf", b"\x7fELF" + bytes(100)),
-        ("png+html", encoded(gradient(), "PNG") + b"<html><script>alert(1)</script></html>"),
-        ("html+png", b"<html><script>alert(1)</script>" + encoded(gradient(), "PNG")),
-        ("bomb-png", png_header_only(100_000, 100_000)), ("bomb-wide", png_header_only(2**31 - 1, 1)),
-        ("tiny", encoded(Image.new("RGB", (4, 4)), "PNG")), ("one-row", encoded(Image.new("RGB", (512, 1)), "PNG")),
-        ("zero-size", png_header_only(0, 0)), ("too-many-pixels", png_header_only(4097, 4097)),
-        ("oversized", b"\x89PNG\r\n\x1a\n" + bytes(MAX_BYTES)),
-    ]
-    for fmt in ("PNG", "JPEG", "WEBP"):
-        data = encoded(gradient(64, 64), fmt)
-        for cut in np.unique(np.linspace(1, len(data) - 1, 40).astype(int)):
-            cases.append((f"{fmt}-truncated-{cut}", data[:cut]))
-        for k in range(60):
-            corrupt = bytearray(data)
-            for position in rng.integers(0, len(data), size=1 + k % 8):
-                corrupt[position] = int(rng.integers(0, 256))
-            cases.append((f"{fmt}-corrupt-{k}", bytes(corrupt)))
-    return cases
 
 
 def test_hostile_and_broken_files_are_refused_with_a_message():

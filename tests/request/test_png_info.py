@@ -4,61 +4,17 @@ that are not images, or carry hostile metadata, get a message, never a crash."""
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
 import pytest
-from PIL import Image, PngImagePlugin
+from PIL import Image
 
+from parameters_texts import A1111, a1111_jpeg, comfyui_png, png_with_text
 from sdxl_tpu.request.errors import RequestError
 from sdxl_tpu.a1111.images import encode
 from sdxl_tpu.a1111.infotext import parse, request_fields
 from sdxl_tpu.a1111.png_info import png_info
-
-A1111 = ("a lighthouse, (stormy:1.2) sea\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, Schedule type: Karras, "
-         "CFG scale: 4.5, Seed: 77, Size: 96x64, Model hash: 31e35c80fc, Model: sd_xl_base_1.0, RNG: CPU")
-
-
-def _png(text_chunks: dict[str, str], size=(64, 64)) -> bytes:
-    meta = PngImagePlugin.PngInfo()
-    for key, value in text_chunks.items():
-        meta.add_text(key, value)
-    out = io.BytesIO()
-    Image.new("RGB", size, (90, 120, 200)).save(out, "PNG", pnginfo=meta)
-    return out.getvalue()
-
-
-def a1111_jpeg(text: str) -> bytes:
-    """A JPEG as A1111 saves one: the parameters in EXIF's UserComment (piexif, Unicode)."""
-    import piexif
-    import piexif.helper
-
-    exif = piexif.dump({"Exif": {piexif.ExifIFD.UserComment: piexif.helper.UserComment.dump(text, "unicode")}})
-    out = io.BytesIO()
-    Image.new("RGB", (64, 64), (200, 10, 10)).save(out, "JPEG", exif=exif)
-    return out.getvalue()
-
-
-def comfyui_png(size=(64, 64), sampler="dpmpp_2m", scheduler="karras", seed=156680208700286) -> bytes:
-    """ComfyUI's default workflow as it saves it: the API graph ("prompt") and the editor's ("workflow")."""
-    sampling = {"seed": seed, "steps": 20, "cfg": 8.0, "sampler_name": sampler, "scheduler": scheduler, "denoise": 1.0}
-    prompt = {
-        "3": {"class_type": "KSampler", "inputs": {**sampling, "model": ["4", 0], "positive": ["6", 0],
-                                                   "negative": ["7", 0], "latent_image": ["5", 0]}},
-        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd_xl_base_1.0.safetensors"}},
-        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": size[0], "height": size[1], "batch_size": 1}},
-        "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a castle on a hill, sunset", "clip": ["4", 1]}},
-        "7": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry, watermark", "clip": ["4", 1]}},
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
-        "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "ComfyUI", "images": ["8", 0]}}}
-    links = [[1, 4, 0, 3, 0, "MODEL"], [2, 4, 1, 6, 0, "CLIP"], [3, 4, 1, 7, 0, "CLIP"],
-             [4, 6, 0, 3, 1, "CONDITIONING"], [5, 7, 0, 3, 2, "CONDITIONING"], [6, 5, 0, 3, 3, "LATENT"],
-             [7, 3, 0, 8, 0, "LATENT"], [8, 4, 2, 8, 1, "VAE"], [9, 8, 0, 9, 0, "IMAGE"]]
-    workflow = {"last_node_id": 9, "last_link_id": 9, "links": links, "version": 0.4,
-                "nodes": [{"id": int(k), "type": v["class_type"]} for k, v in prompt.items()]}
-    return _png({"prompt": json.dumps(prompt), "workflow": json.dumps(workflow)}, size)
-
 
 def fooocus_png() -> bytes:
     parameters = {"prompt": "a red fox in the snow", "negative_prompt": "lowres", "steps": 30,
@@ -66,7 +22,7 @@ def fooocus_png() -> bytes:
                   "sharpness": 2.0,
                   "base_model": "juggernautXL_v8Rundiffusion", "base_model_hash": "aeb7e9e689",
                   "resolution": "(1024, 1024)", "version": "Fooocus v2.5.5"}
-    return _png({"parameters": json.dumps(parameters), "fooocus_scheme": "fooocus"})
+    return png_with_text({"parameters": json.dumps(parameters), "fooocus_scheme": "fooocus"})
 
 
 def test_our_images_and_a1111s_are_read_as_written():
@@ -74,7 +30,7 @@ def test_our_images_and_a1111s_are_read_as_written():
     for fmt in ("png", "jpeg", "webp"):
         found = png_info(encode(image, A1111, fmt))
         assert (found.text, found.source) == (A1111, "AUTOMATIC1111's parameters"), fmt
-    assert png_info(_png({"parameters": A1111})).text == A1111
+    assert png_info(png_with_text({"parameters": A1111})).text == A1111
     assert png_info(a1111_jpeg(A1111)).text == A1111
 
 
@@ -98,12 +54,12 @@ def test_comfyui_and_fooocus_images_become_a1111_parameters_the_paste_path_takes
 
 
 @pytest.mark.parametrize("data", [
-    _png({}),  # no metadata
-    _png({"prompt": "{not json", "workflow": "[1, 2"}),  # broken ComfyUI
-    _png({"prompt": "[" * 100_000 + "]" * 100_000, "workflow": "{}"}),  # nested past the parser's depth
-    _png({"prompt": json.dumps({"3": {"class_type": "KSampler", "inputs": {"positive": ["3", 0]}}}),
-          "workflow": json.dumps({"links": [[1, 3, 0, 3, 0, "CONDITIONING"]]})}),  # a node linked to itself
-    _png({"parameters": "{\"prompt\": 1}", "fooocus_scheme": "fooocus"}),  # Fooocus' keys missing
+    png_with_text({}),  # no metadata
+    png_with_text({"prompt": "{not json", "workflow": "[1, 2"}),  # broken ComfyUI
+    png_with_text({"prompt": "[" * 100_000 + "]" * 100_000, "workflow": "{}"}),  # nested past the parser's depth
+    png_with_text({"prompt": json.dumps({"3": {"class_type": "KSampler", "inputs": {"positive": ["3", 0]}}}),
+                   "workflow": json.dumps({"links": [[1, 3, 0, 3, 0, "CONDITIONING"]]})}),  # a node linked to itself
+    png_with_text({"parameters": "{\"prompt\": 1}", "fooocus_scheme": "fooocus"}),  # Fooocus' keys missing
 ])
 def test_images_without_readable_parameters_say_so(data):
     assert png_info(data).text is None

@@ -16,11 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from reference import read_with_third_parties
+from images import block_mask, encoded, hostile_files, hostile_masks, picture
+from reference import psnr, read_with_third_parties
 from served_app import get, read_metrics, requests_total, start_backend, wait_for
-from test_image_input import encoded, hostile_files
-from test_img2img import picture
-from test_pipeline import psnr
 from sdxl_tpu.routes.http_io import MAX_BODY_BYTES
 from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.version import VERSION
@@ -283,14 +281,13 @@ def test_fuzz_the_image_field(backend):
 
 
 def test_fuzz_the_mask_field(backend):
-    """Hostile and broken masks (test_inpaint's, over 300, those JSON can carry) with a good image:
+    """Hostile and broken masks (hostile_masks, over 300, those JSON can carry) with a good image:
     each one the request check refuses is a 422 naming the mask or its setting, never a 5xx; two it
     takes run; the server stays healthy."""
     from PIL import Image
 
     from sdxl_tpu.request.errors import RequestError
     from sdxl_tpu.request.request import Request
-    from test_inpaint import hostile_masks
 
     def as_json(value):
         if isinstance(value, Image.Image):
@@ -330,7 +327,6 @@ def test_a1111_api_through_its_client(backend, tiny_pipeline):
     from PIL import Image
 
     from sdxl_tpu.a1111.images import read_parameters
-    from test_inpaint import block_mask
 
     api = webuiapi.WebUIApi(host="127.0.0.1", port=backend["port"], sampler="Euler", steps=4)
     assert {"Euler", "Euler a", "DPM++ 2M"} <= {s["name"] for s in api.get_samplers()}
@@ -381,7 +377,6 @@ def test_openai_images_api_through_its_client(backend, tiny_pipeline):
     from PIL import Image
 
     from sdxl_tpu.a1111.images import read_parameters
-    from test_inpaint import block_mask
 
     client = openai.OpenAI(base_url=backend["url"] + "/v1", api_key="not-needed", max_retries=0)
     assert [m.id for m in client.models.list()] == ["tiny"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from images import picture
 from served_app import (ROOT, artifact, assert_progress_and_previews, free_port, generate_in_page, get,
                         playground_page, read_metrics, requests_total, start_app, start_backend, stop, wait_for)
 
@@ -228,8 +229,6 @@ def test_the_chain_gives_what_the_back_end_makes(chain):
     # From an image, through the page's API on the front end (an upload, forwarded as the fitted
     # image): the back end's own answer for the same image, pixel for pixel.
     from gradio_client import handle_file
-
-    from test_img2img import picture
 
     start = BytesIO()
     picture(96, 72).save(start, "PNG")

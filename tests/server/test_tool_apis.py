@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from images import block_mask, encoded, hostile_files, picture
+from raw_http import AppLog, Http
 from served_app import API_KEY, read_metrics, requests_total
 from sdxl_tpu.a1111.images import read_parameters
 
@@ -147,8 +149,6 @@ NOT_ANY = [{"$ne": 1}, [[1]], [1, "x"], 1e308, -1e308, {"path": "/etc/passwd", "
 @functools.cache
 def hostile_images() -> list:
     """The image corpus as base64 (what the decoder refuses), and its values that are no bytes."""
-    from test_image_input import hostile_files
-
     others = [data for _, data in hostile_files() if data is not None and not isinstance(data, bytes)]
     return others + [base64.b64encode(data).decode() for data in hostile_bytes()]
 
@@ -187,10 +187,6 @@ def a1111_bodies(img2img: bool) -> list[bytes]:
 
 
 def _png(mask: bool = False) -> bytes:
-    from test_image_input import encoded
-    from test_img2img import picture
-    from test_inpaint import block_mask
-
     return encoded(block_mask() if mask else picture(), "PNG")
 
 
@@ -247,10 +243,9 @@ def edit_bodies() -> list[tuple[bytes, str]]:
 
 @functools.cache
 def hostile_bytes() -> list[bytes]:
-    """The image corpus's files (test_image_input) that the decoder refuses."""
+    """The image corpus's files (hostile_files) that the decoder refuses."""
     from sdxl_tpu.request.errors import RequestError
     from sdxl_tpu.imaging.image_input import decode_image
-    from test_image_input import hostile_files
 
     refused = []
     for _, data in hostile_files():
@@ -312,8 +307,6 @@ def test_fuzz_the_tool_apis(app_server, route):
     """At least 300 malformed or hostile bodies on each route of the other tools' APIs (a few
     without the key): each a 4xx whose message says what is wrong, never a 5xx, no file of the
     server's served, at most two log lines each, the server up."""
-    from test_security import AppLog, Http
-
     if route.startswith("/sdapi/v1/txt2img"):
         bodies = a1111_bodies(img2img=False)
     elif route == "/sdapi/v1/img2img":
@@ -351,8 +344,6 @@ def test_fuzz_the_mcp_server(app_server):
     envelopes, unknown methods and tools, tool calls whose every argument is wrong): each answered
     with an error that names the problem (a JSON-RPC error, or a tool result marked as an error),
     never a 5xx, no file read for an image argument, at most two log lines each."""
-    from test_security import AppLog, Http
-
     http, log = Http(app_server), AppLog(app_server)
     headers = {**AUTH, "Accept": "application/json, text/event-stream"}
     hello = {"jsonrpc": "2.0", "id": 0, "method": "initialize",

@@ -18,14 +18,13 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-from reference import rel_l2
+from reference import psnr, rel_l2
 from sdxl_tpu import CheckpointError, load_pipeline
 from sdxl_tpu.request.load import parse_lora_spec
 from sdxl_tpu.weights.checkpoint import load_models
 from sdxl_tpu.weights.lora import LoRA
 from sdxl_tpu.weights.single_file import PREFIXES, place
 from sdxl_tpu.weights.tensors import flax_params_as_torch, read_json
-from test_pipeline import psnr
 
 TOL = 1e-5
 SCALE = 0.8

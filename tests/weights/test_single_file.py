@@ -15,12 +15,11 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from reference import nchw_to_nhwc, rel_l2
+from reference import nchw_to_nhwc, psnr, rel_l2
 from sdxl_tpu import CheckpointError, load_pipeline
 from sdxl_tpu.weights.checkpoint import load_models
 from sdxl_tpu.weights.single_file import PREFIXES, write_single_file
 from sdxl_tpu.weights.tensors import flax_params_as_torch
-from test_pipeline import psnr
 
 TOL = 1e-4
 COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae")

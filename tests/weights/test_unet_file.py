@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from reference import psnr
 from sdxl_tpu import CheckpointError, load_pipeline
-from test_pipeline import psnr
 
 
 @pytest.fixture(scope="module")
