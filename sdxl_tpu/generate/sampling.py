@@ -1,12 +1,14 @@
-"""SDXL sampling, top to bottom; nothing else lives here.
+"""SDXL sampling's device half, top to bottom: the functions the compiled programs are made of.
 
     prompt -> chunks of token ids and weights -> text embeddings -> noise -> denoising loop
            -> VAE decode -> images
     (img2img: an image -> VAE encode -> its latents, noised to the first step's level -> ...)
 
 Pure functions on batch-major arrays; along axis 1 of the text arrays, index 0 is the negative
-(unconditional) prompt and index 1 the prompt. How they are compiled, sharded and called is
-pipeline.py's business; which update a step makes is in the sampler's tables (sampler/tables.py).
+(unconditional) prompt and index 1 the prompt. How they are compiled and sharded is
+compiling/programs.py's business, the order a call runs them in call.py's (and the loop's, as the
+host drives it, denoising_loop.py's); which update a step makes is in the sampler's tables
+(sampler/tables.py) and sampler_update.py.
 """
 
 from __future__ import annotations
