@@ -87,6 +87,7 @@ LONGEST_FIRST = ("test_app", "test_compare_reference", "test_full_size", "test_a
 SHARE_THE_APP = ("test_app", "test_security", "test_tool_apis")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     """The full-size checks first, while the session's process and machine hold the least: on a
     24 GiB machine the SDXL UNet's check (10 GB of float32 weights, briefly in two libraries) took
