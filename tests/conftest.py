@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 # Tests run on the CPU; a TPU plugin (jax[tpu]) would otherwise log an init error first.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -87,19 +88,29 @@ LONGEST_FIRST = ("test_app", "test_compare_reference", "test_full_size", "test_a
 SHARE_THE_APP = ("test_app", "test_security", "test_tool_apis")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     """The full-size checks first, while the session's process and machine hold the least: on a
     24 GiB machine the SDXL UNet's check (10 GB of float32 weights, briefly in two libraries) took
     46 s alone and 89-111 s late in the suite; then the longest files. (A stable sort: the rest
-    keep their order.) Each file is one unit of work for the two workers (`--dist loadgroup`), the
-    files that share the app one unit."""
+    keep their order.)"""
     def rank(item) -> tuple[bool, int]:
         module = item.path.stem
         return (item.get_closest_marker("full_size") is None,
                 LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST))
 
     items.sort(key=rank)
-    for item in items:
-        module = item.path.stem
-        item.add_marker(pytest.mark.xdist_group("app_server" if module in SHARE_THE_APP else module))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Each file is one unit of work for the two workers, the files that share the app one unit, so
+    a file's module fixtures and the session's app start once. (xdist's own groups, `--dist
+    loadgroup`, rename test ids, which pytest 9.2 no longer lets a plugin do: every test then went to
+    whichever worker was free, and the app and the eight simulated devices started on both.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "app_server" if Path(file).stem in SHARE_THE_APP else file
+
+    return FilesApart(config, log)
