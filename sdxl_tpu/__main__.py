@@ -139,11 +139,10 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
-    from .generate.compiling.compilation import quiet_platforms, size_tpu_host_buffer
+    from .generate.compiling.compilation import before_jax_starts
     from .cli.options import fill_defaults
 
-    quiet_platforms()  # no TPU error messages on a machine without TPU chips
-    size_tpu_host_buffer()
+    before_jax_starts()  # no TPU error messages on a machine without TPU chips; the TPU runtime's host buffer
     if args.command != "generate":  # (generate fills them in after reading --parameters)
         args = fill_defaults(parser, args, args.command)
     if args.command == "make-tiny":

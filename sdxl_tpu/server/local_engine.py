@@ -11,8 +11,7 @@ from typing import Any
 
 import jax
 
-from ..generate.compiling.compilation import (CompileCounter, enable_compile_cache, gpu_unused, quiet_platforms,
-                                             size_tpu_host_buffer)
+from ..generate.compiling.compilation import CompileCounter, before_jax_starts, enable_compile_cache, gpu_unused
 from ..generate.loading import load
 from ..generate.pipeline import Pipeline, call_batch
 from ..request.errors import CompileError, GenerationError, RequestError
@@ -31,8 +30,7 @@ def prepare_process(settings: Settings) -> None:
     """Before JAX starts, once per process: no TPU platform where there are no TPU chips (its
     errors would fill the log), the TPU runtime's host buffer sized for a quick start, and the
     persistent compilation cache (a restart reuses programs)."""
-    quiet_platforms()
-    size_tpu_host_buffer()
+    before_jax_starts()
     enable_compile_cache(settings.compile_cache)
     if unused := gpu_unused():
         logging.getLogger("sdxl_tpu").warning(unused)

@@ -63,6 +63,13 @@ def size_tpu_host_buffer(environ: MutableMapping[str, str] | None = None) -> Non
     env.setdefault("TPU_PREMAPPED_BUFFER_SIZE", str(TPU_HOST_BUFFER_BYTES))
 
 
+def before_jax_starts() -> None:
+    """What every entry point sets before JAX starts its backends: the platforms (quiet_platforms)
+    and the TPU runtime's host buffer (size_tpu_host_buffer)."""
+    quiet_platforms()
+    size_tpu_host_buffer()
+
+
 # What README says to install on an NVIDIA GPU (jax[tpu] runs there on the CPU without a word).
 GPU_UNUSED = ("An NVIDIA GPU is present but JAX runs on the CPU: install jax[cuda13] in place of jax[tpu] "
               "(README, Deploy) to use it.")
