@@ -19,6 +19,8 @@
 #                                   # then read back by a new process (LOAD_ONLY=1: only that, after a sizes run) (~8 min)
 #   bash benchmarks/tpu.sh start    # a new process's start under three host buffer sizes: the runtime, 5 GB of
 #                                   # weights' transfer, the first stored UNet program's read (runtime_start.py) (~5 min)
+#   bash benchmarks/tpu.sh reference  # side by side with diffusers' Flax SDXL pipeline: SIDE=ours, then
+#                                   # SIDE=reference in a second call (IMAGES="1 4"; ~5 and ~8 min an image count)
 #   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
 #
 # Results: JSON files, log.txt (environment and logs) and summary.txt under $OUT (default benchmarks/out);
@@ -124,13 +126,43 @@ case "$MODE" in
           --program "$program" --json
     done
     ;;
+  reference)
+    # Issue 50's side by side: this project, then diffusers 0.39's Flax SDXL pipeline, on one random fp16
+    # checkpoint (written once to $work), IMAGES="1 4" a call. One side a call (SIDE=ours, then
+    # SIDE=reference on the same warm machine: the two pass 10 minutes together); the reference's run
+    # completes the report from the ours-N.json kept in $work. The reference's diffusers, transformers
+    # 4.57, huggingface_hub 0.x and tokenizers travel as wheels in .whl-tpu (docs/benchmark.md); torch,
+    # which only reads the checkpoint for it, comes from the machine's own wheels.
+    work=/tmp/sdxl-tpu-compare
+    side="${SIDE:-ours}"
+    args=(--architecture "${ARCH:-sdxl}" --devices 0 --steps 20 --runs 3 --work "$work" --checkpoint-dtype float16
+          --only "$side" --json)
+    if [ "$side" = reference ]; then
+      ref_site=/tmp/sdxl-tpu-reference torch_site=/tmp/sdxl-tpu-torch
+      [ -d "$ref_site" ] || PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q --no-index --no-deps \
+          --no-compile --no-cache-dir --target "$ref_site" .whl-tpu/*.whl 2>&1 | grep -v "^WARNING"
+      [ -d "$torch_site" ] || PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q --only-binary=:all: \
+          --index-url file:///opt/pypi/simple --find-links /opt/wheels --target "$torch_site" torch \
+          2>&1 | grep -v "^WARNING"
+      args+=(--reference-python "$PY" --reference-path "$ref_site:$torch_site")
+    fi
+    for n in ${IMAGES:-1}; do
+      other=()
+      [ "$side" = reference ] && [ -f "$work/ours-$n.json" ] && other=(--other "$work/ours-$n.json")
+      quick "$side-$n" "$PY" benchmarks/peak_memory.py "$PY" benchmarks/compare_reference.py "${args[@]}" \
+          --images "$n" "${other[@]}"
+      [ "$side" = ours ] && cp "$OUT/ours-$n.json" "$work/"
+      grep -v "are deprecated" "$work/$side.log" 2>/dev/null | tail -n 5 >> "$OUT/log.txt"
+    done
+    ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
     JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/generate/test_tpu.py \
         2>&1 | tee "$OUT/tests.log"
     ;;
   *)
-    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image, compile, sizes, start or test"; exit 2 ;;
+    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image, compile, sizes, start, reference or test"
+    exit 2 ;;
 esac
 
 "$PY" benchmarks/tpu_summary.py "$OUT" | tee "$OUT/summary.txt"

@@ -55,6 +55,16 @@ def main(out: Path) -> None:
             for row in r["rows"]:
                 tiles = f" (splash tiles {row['splash_blocks']})" if row.get("splash_blocks") else ""
                 print(f"{path.stem}: {row['block']:<70} {row['ms']:7.3f} ms{tiles}")
+        elif r.get("what") == "compare_reference_half":
+            ready, lat = r["ready"], sorted(r["latency_s"])
+            print(f"{path.stem}: {r['side']}, {ready['images']} x {ready['size']}, {r['steps']} steps: latency "
+                  f"{lat[len(lat) // 2]:.3f} s (min {lat[0]:.3f}), load {ready['load_s']:.0f} s, first call "
+                  f"{ready['first_call_s']:.0f} s")
+        elif "throughput_ratio" in r:  # compare_reference.py's
+            med = r["median_latency_s"]
+            print(f"{path.stem}: {r['images']} x {r['size']}, {r['steps']} steps, {r['device_kind']}: ours "
+                  f"{med['ours']:.3f} s, reference {med['reference']:.3f} s: {r['throughput_ratio']:.2f}x "
+                  f"(first call {r['first_call_s']['ours']:.0f} / {r['first_call_s']['reference']:.0f} s)")
         elif "latency_s" in r:
             print("\n".join(bench_line(path.stem, r)))
         elif "programs" in r and "size" in r:  # program_compile.py's

@@ -32,7 +32,8 @@ def ours(args) -> None:
 
     size = _size(args)
     began = time.perf_counter()
-    pipe = sdxl_tpu.load_pipeline(args.checkpoint, dtype=args.dtype, sizes=[size], images_per_call=jax.device_count(),
+    pipe = sdxl_tpu.load_pipeline(args.checkpoint, dtype=args.dtype, sizes=[size],
+                                  images_per_call=args.images or jax.device_count(),
                                   compile_cache=args.compile_cache, warmup=False, step_progress=False,
                                   compute_dtype=args.compute_dtype)
     loaded = time.perf_counter()
@@ -60,18 +61,20 @@ def reference(args) -> None:
     _shapes_only_init_when_converting()
 
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
-    pipeline, params = FlaxStableDiffusionXLPipeline.from_pretrained(checkpoint, from_pt=True, dtype=dtype)
+    # split_head_dim as the reference recipe (diffusers' examples/research_projects/sdxl_flax) loads it.
+    pipeline, params = FlaxStableDiffusionXLPipeline.from_pretrained(checkpoint, from_pt=True, dtype=dtype,
+                                                                     split_head_dim=True)
     scheduler_state = params.pop("scheduler")  # the scheduler state stays float32, as the reference does
     # As the reference recipe casts them, but on the host: one eager device cast per parameter
     # shape would compile a program each (minutes before the first call, outside any timing).
     params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype), params)
     params["scheduler"] = scheduler_state
-    n = jax.device_count()
+    n = args.images or jax.device_count()  # shard() splits them over the devices
     width, height = _size(args)
     prompt_ids = shard(pipeline.prepare_inputs([PROMPT] * n))
     neg_ids = shard(pipeline.prepare_inputs([NEGATIVE] * n))
     p_params = replicate(params)
-    rng = jax.random.split(jax.random.PRNGKey(0), n)
+    rng = jax.random.split(jax.random.PRNGKey(0), jax.device_count())
 
     def call():
         images = pipeline(prompt_ids, p_params, rng, num_inference_steps=args.steps, height=height, width=width,
@@ -86,7 +89,8 @@ def reference(args) -> None:
     call()
     steady = time.perf_counter() - start
     _serve(call, {"load_s": loaded - began, "compile_s": first - steady, "first_call_s": first, "images": n,
-                  "size": f"{width}x{height}", "devices": n, "device_kind": jax.devices()[0].device_kind,
+                  "size": f"{width}x{height}", "devices": jax.device_count(),
+                  "device_kind": jax.devices()[0].device_kind,
                   "versions": _versions("diffusers", "transformers")})
 
 
@@ -145,6 +149,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--compile-cache", default=None)
     parser.add_argument("--compute-dtype", default=None)
+    parser.add_argument("--images", type=int, default=None, help="images a call (default: one a device)")
     args = parser.parse_args()
     (ours if args.which == "ours" else reference)(args)
 

@@ -85,3 +85,24 @@ def test_report_medians_and_throughput_ratio():
     assert report["median_latency_s"] == {"ours": 0.2, "reference": 0.4}
     assert report["throughput_ratio"] == pytest.approx(2.0)
     assert report["load_s"] == {"ours": 1.0, "reference": 5.0}
+
+
+def test_halves_measured_apart_make_one_report():
+    """--only ours, then --only reference --other: where one process at a time holds the device (a
+    TPU), the two sides run apart and the second completes the report; halves of different work
+    (another size, the same side twice) are refused, not compared."""
+    import argparse
+
+    module = _compare_reference_module()
+    args = argparse.Namespace(architecture="sdxl", steps=20, dtype="bfloat16")
+    ready = {"images": 1, "size": "1024x1024", "devices": 1, "device_kind": "TPU v5 lite", "versions": {},
+             "load_s": 1.0, "compile_s": 2.0, "first_call_s": 3.0}
+    ours = json.loads(json.dumps(module.half_report(args, "ours", ready, [2.5, 2.4, 2.6])))  # as written to a file
+    report = module.complete_report(args, "reference", {**ready, "load_s": 9.0}, [3.0, 3.6, 3.2], ours)
+    assert report["median_latency_s"] == {"ours": 2.5, "reference": 3.2}
+    assert report["throughput_ratio"] == pytest.approx(3.2 / 2.5)
+    assert report["load_s"] == {"ours": 1.0, "reference": 9.0}
+    with pytest.raises(SystemExit, match="size"):
+        module.complete_report(args, "reference", {**ready, "size": "1152x896"}, [3.0], ours)
+    with pytest.raises(SystemExit, match="same side"):
+        module.complete_report(args, "ours", ready, [3.0], ours)
