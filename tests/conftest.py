@@ -101,6 +101,7 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without xdist (a TPU machine's) must not refuse it
 def pytest_xdist_make_scheduler(config, log):
     """Each file is one unit of work for the two workers, the files that share the app one unit, so
     a file's module fixtures and the session's app start once. (xdist's own groups, `--dist
