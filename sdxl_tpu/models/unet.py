@@ -7,11 +7,12 @@ Module and attribute names mirror diffusers' module tree, so weight names map me
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from ..request.configs import check_supported, warn_unknown
 from .layers import Conv, GroupNorm, Precision, TimestepEmbedding, timestep_embedding
@@ -140,6 +141,67 @@ class UNetConfig:
             projection_class_embeddings_input_dim=cfg["projection_class_embeddings_input_dim"])
 
 
+def block_options(c: UNetConfig, p: Precision) -> dict[str, Any]:
+    """What every down, mid and up block of a UNet of `c` (or of a ControlNet copying its down half) takes."""
+    return dict(resnet_groups=c.norm_num_groups, resnet_eps=c.norm_eps, p=p,
+                use_linear_projection=c.use_linear_projection, upcast_attention=c.upcast_attention)
+
+
+def down_blocks(c: UNetConfig, p: Precision) -> nnx.List:
+    """The down blocks (`down_blocks`) of a UNet of `c`: a ControlNet has the same."""
+    ch, blocks, out_ch = c.block_out_channels, [], c.block_out_channels[0]
+    for i, (kind, layers, depths, heads, context_dim) in enumerate(zip(
+            c.down_block_types, c.layers_per_block, c.transformer_layers, c.num_attention_heads,
+            c.cross_attention_dim, strict=True)):
+        in_ch, out_ch = out_ch, ch[i]
+        blocks.append(DownBlock(in_ch, out_ch, c.time_embed_dim, layers, has_attention=kind == "CrossAttnDownBlock2D",
+                                transformer_layers_per_block=depths, num_attention_heads=heads,
+                                cross_attention_dim=context_dim, add_downsample=i < len(ch) - 1,
+                                **block_options(c, p)))
+    return nnx.List(blocks)
+
+
+def mid_block(c: UNetConfig, p: Precision, *, has_attention: bool = True) -> MidBlock:
+    return MidBlock(c.block_out_channels[-1], c.time_embed_dim, has_attention=has_attention,
+                    transformer_layers_per_block=c.mid_transformer_layers,
+                    num_attention_heads=c.num_attention_heads[-1], cross_attention_dim=c.cross_attention_dim[-1],
+                    **block_options(c, p))
+
+
+def conditioning(c: UNetConfig, time_embedding: TimestepEmbedding, add_embedding: TimestepEmbedding,
+                 dtype: DTypeLike, timesteps: jax.Array, text_embeds: jax.Array, time_ids: jax.Array) -> jax.Array:
+    """The vector every resnet adds (B, time_embed_dim): the timestep's embedding plus SDXL's
+    text_time one (the pooled text embedding and the six micro-conditioning numbers)."""
+    b = text_embeds.shape[0]
+    timesteps = jnp.broadcast_to(jnp.asarray(timesteps, jnp.float32), (b,))
+    t_emb = timestep_embedding(timesteps, c.block_out_channels[0], flip_sin_to_cos=c.flip_sin_to_cos,
+                               freq_shift=c.freq_shift)
+    emb = time_embedding(t_emb.astype(dtype))
+    time_emb = timestep_embedding(time_ids.reshape(-1), c.addition_time_embed_dim,
+                                  flip_sin_to_cos=c.flip_sin_to_cos, freq_shift=c.freq_shift).reshape(b, -1)
+    add_emb = jnp.concatenate([text_embeds.astype(jnp.float32), time_emb], axis=-1)
+    return emb + add_embedding(add_emb.astype(dtype))
+
+
+def down_and_mid(blocks: nnx.List, mid: MidBlock, x: jax.Array, emb: jax.Array,
+                 context: TextContext) -> tuple[jax.Array, list[jax.Array]]:
+    """The down blocks then the mid block on `x` (after conv_in): the mid block's output and the
+    skips the up blocks take (conv_in's output first), as a UNet and a ControlNet run them."""
+    skips = [x]
+    for block in blocks:
+        x, block_skips = block(x, emb, context)
+        skips.extend(block_skips)
+    return mid(x, emb, context), skips
+
+
+class ControlResiduals(NamedTuple):
+    """What ControlNets add to a UNet: one residual per skip (`down`, in the skips' order) and one
+    to the mid block's output, as diffusers' down_block_additional_residuals and
+    mid_block_additional_residual."""
+    down: tuple[jax.Array, ...]
+    mid: jax.Array
+
+
 class UNet2DConditionModel(nnx.Module):
     def __init__(self, config: UNetConfig, precision: Precision = Precision()):
         c, p = config, precision
@@ -149,21 +211,8 @@ class UNet2DConditionModel(nnx.Module):
         self.time_embedding = TimestepEmbedding(ch[0], c.time_embed_dim, p)
         self.add_embedding = TimestepEmbedding(c.projection_class_embeddings_input_dim, c.time_embed_dim, p)
         n = len(ch)
-        common: dict[str, Any] = dict(resnet_groups=c.norm_num_groups, resnet_eps=c.norm_eps, p=p,
-                                      use_linear_projection=c.use_linear_projection,
-                                      upcast_attention=c.upcast_attention)
-        down, out_ch = [], ch[0]
-        for i, (kind, layers, depths, heads, context_dim) in enumerate(zip(
-                c.down_block_types, c.layers_per_block, c.transformer_layers, c.num_attention_heads,
-                c.cross_attention_dim, strict=True)):
-            in_ch, out_ch = out_ch, ch[i]
-            down.append(DownBlock(in_ch, out_ch, c.time_embed_dim, layers, has_attention=kind == "CrossAttnDownBlock2D",
-                                  transformer_layers_per_block=depths, num_attention_heads=heads,
-                                  cross_attention_dim=context_dim, add_downsample=i < n - 1, **common))
-        self.down_blocks = nnx.List(down)
-        self.mid_block = MidBlock(ch[-1], c.time_embed_dim, transformer_layers_per_block=c.mid_transformer_layers,
-                                  num_attention_heads=c.num_attention_heads[-1],
-                                  cross_attention_dim=c.cross_attention_dim[-1], **common)
+        self.down_blocks = down_blocks(c, p)
+        self.mid_block = mid_block(c, p)
         rev = list(reversed(ch))
         up, out_ch = [], rev[0]
         for i, (kind, layers, depths, heads, context_dim) in enumerate(zip(
@@ -174,38 +223,29 @@ class UNet2DConditionModel(nnx.Module):
             up.append(UpBlock(in_ch, out_ch, prev_ch, c.time_embed_dim, layers + 1,
                               has_attention=kind == "CrossAttnUpBlock2D", transformer_layers_per_block=depths,
                               num_attention_heads=heads, cross_attention_dim=context_dim, add_upsample=i < n - 1,
-                              **common))
+                              **block_options(c, p)))
         self.up_blocks = nnx.List(up)
         self.conv_norm_out = GroupNorm(c.norm_num_groups, ch[0], c.norm_eps, p)
         self.conv_out = Conv(ch[0], c.out_channels, p)
 
     def __call__(self, sample: jax.Array, timesteps: jax.Array, encoder_hidden_states: jax.Array,
-                 text_embeds: jax.Array, time_ids: jax.Array, context_lengths: jax.Array | None = None) -> jax.Array:
+                 text_embeds: jax.Array, time_ids: jax.Array, context_lengths: jax.Array | None = None,
+                 control: ControlResiduals | None = None) -> jax.Array:
         """One UNet evaluation.
 
         sample: (B, H, W, C) latents; timesteps: (B,) or scalar; encoder_hidden_states: (B, L, D);
         text_embeds: (B, pooled_dim) pooled text embedding; time_ids: (B, 6) SDXL micro-conditioning;
-        context_lengths: (B,) tokens of encoder_hidden_states that count (the rest: padding).
+        context_lengths: (B,) tokens of encoder_hidden_states that count (the rest: padding);
+        control: ControlNets' residuals (controlnet.py), added to the skips and the mid block's output.
         """
-        c = self.config
-        b = sample.shape[0]
-        timesteps = jnp.broadcast_to(jnp.asarray(timesteps, jnp.float32), (b,))
         dtype = self.conv_in.dtype or sample.dtype
-        t_emb = timestep_embedding(timesteps, c.block_out_channels[0], flip_sin_to_cos=c.flip_sin_to_cos,
-                                   freq_shift=c.freq_shift)
-        emb = self.time_embedding(t_emb.astype(dtype))
-        time_emb = timestep_embedding(time_ids.reshape(-1), c.addition_time_embed_dim,
-                                      flip_sin_to_cos=c.flip_sin_to_cos, freq_shift=c.freq_shift).reshape(b, -1)
-        add_emb = jnp.concatenate([text_embeds.astype(jnp.float32), time_emb], axis=-1)
-        emb = emb + self.add_embedding(add_emb.astype(dtype))
-
-        x = self.conv_in(sample.astype(dtype))
+        emb = conditioning(self.config, self.time_embedding, self.add_embedding, dtype, timesteps, text_embeds,
+                           time_ids)
         context = TextContext(encoder_hidden_states.astype(dtype), context_lengths)
-        skips = [x]
-        for block in self.down_blocks:
-            x, block_skips = block(x, emb, context)
-            skips.extend(block_skips)
-        x = self.mid_block(x, emb, context)
+        x, skips = down_and_mid(self.down_blocks, self.mid_block, self.conv_in(sample.astype(dtype)), emb, context)
+        if control is not None:
+            skips = [s + r.astype(s.dtype) for s, r in zip(skips, control.down, strict=True)]
+            x = x + control.mid.astype(x.dtype)
         for block in self.up_blocks:
             n = len(block.resnets)
             block_skips, skips = skips[-n:], skips[:-n]

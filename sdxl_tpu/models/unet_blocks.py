@@ -162,18 +162,21 @@ class UpBlock(nnx.Module):
 
 
 class MidBlock(nnx.Module):
-    """UNetMidBlock2DCrossAttn: resnet, then (attention, resnet) pairs."""
+    """UNetMidBlock2DCrossAttn: resnet, then (attention, resnet) pairs; without attention (a
+    ControlNet's UNetMidBlock2D with no layers) its one resnet."""
 
     def __init__(self, in_channels: int, temb_channels: int, *, transformer_layers_per_block: Sequence[int],
                  num_attention_heads: int, cross_attention_dim: int, resnet_groups: int, resnet_eps: float,
-                 use_linear_projection: bool, upcast_attention: bool, p: Precision):
+                 use_linear_projection: bool, upcast_attention: bool, p: Precision, has_attention: bool = True):
         ch = in_channels
-        self.resnets = nnx.List([ResnetBlock2D(ch, ch, temb_channels, resnet_groups, resnet_eps, p) for _ in range(2)])
+        self.resnets = nnx.List([ResnetBlock2D(ch, ch, temb_channels, resnet_groups, resnet_eps, p)
+                                 for _ in range(2 if has_attention else 1)])
         self.attentions = _transformers(ch, transformer_layers_per_block, 1, num_attention_heads, cross_attention_dim,
-                                        resnet_groups, use_linear_projection, upcast_attention, p)
+                                        resnet_groups, use_linear_projection, upcast_attention,
+                                        p) if has_attention else None
 
     def __call__(self, x, temb, context):
         x = self.resnets[0](x, temb)
+        if self.attentions is None:
+            return x
         return self.resnets[1](self.attentions[0](x, context), temb)
-
-
