@@ -26,7 +26,8 @@ from ..sampler.tables import Sampler
 from . import sampling, starting
 from .denoising_loop import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
-from .compiling.programs import Layout, Params, Program, Size
+from .compiling.programs import Layout, Params, Program, Size, controlnet_key
+from .control import ControlUnit, scale_table
 
 Progress = Callable[[int, int], None]
 
@@ -60,15 +61,18 @@ class Pipeline(Protocol):
 
     def compiled(self, size: Size, names: Sequence[str] | None = None) -> dict[str, Program]: ...
 
-    def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False
-                      ) -> tuple[str, ...]: ...
+    controlnets: dict  # name -> ControlNetConfig
+
+    def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
+                      controlnets: Sequence[str] = ()) -> tuple[str, ...]: ...
 
     def filled(self, per_image: np.ndarray) -> np.ndarray: ...
 
 
 def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | None,
              init_images: np.ndarray | None, masks: np.ndarray | None, progress: Progress | None,
-             stop: Callable[[], bool] | None, preview: Callable | None, preview_every: int) -> GenerationResult:
+             stop: Callable[[], bool] | None, preview: Callable | None, preview_every: int,
+             controls: tuple[ControlUnit, ...] = ()) -> GenerationResult:
     """Pipeline.run_images, which says what each argument is."""
     n = len(infos)
     if not 1 <= n <= pipe.images_per_call:
@@ -85,6 +89,14 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
         raise ValueError("masks come with init_images, and init_images without latents")
     if first.hires is not None and (init_images is not None or latents is not None):
         raise ValueError("a hires fix starts from noise")
+    if first.hires is not None and controls:
+        raise RequestError("ControlNet with a hires fix is not supported yet: make the image, then upscale it "
+                           "with img2img")
+    for unit in controls:
+        if unit.images.shape != (n, first.size[1], first.size[0], 3) or unit.images.dtype != np.uint8:
+            raise ValueError(f"ControlNet {unit.controlnet!r}: its images must be (n, H, W, 3) uint8 at the call's "
+                             f"size, {(n, first.size[1], first.size[0], 3)}; got {unit.images.shape} "
+                             f"{unit.images.dtype}")
     if first.sampler not in pipe.samplers:
         raise RequestError(not_a_choice("Sampler", first.sampler, pipe.samplers))
     # What ran, as its parameters will say: Automatic resolved to the sampler's schedule.
@@ -95,7 +107,8 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
     told = (lambda step, steps: progress(step, total)) if progress and hires else progress
     begin = None if init_images is None else starting.prepare(init_images, masks, infos, pipe.vae_factor)
     out, timings = run_pass(pipe, infos, latents=latents, begin=begin, progress=told, stop=stop, preview=preview,
-                            preview_every=preview_every, decode=hires is None or hires.upscaler != "Latent")
+                            preview_every=preview_every, decode=hires is None or hires.upscaler != "Latent",
+                            controls=controls)
     if hires is not None:
         second = [dataclasses.replace(i, size=hires.size, steps=hires.steps or i.steps, strength=hires.strength,
                                       hires=None) for i in infos]
@@ -125,7 +138,8 @@ def _hires_steps(pipe: Pipeline, info: ImageInfo, hires: Hires) -> int:
 def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | None = None,
              begin: starting.Start | None = None, start_latents: np.ndarray | None = None,
              progress: Progress | None = None, stop: Callable[[], bool] | None = None, preview: Callable | None = None,
-             preview_every: int = 0, decode: bool = True) -> tuple[np.ndarray, dict[str, float]]:
+             preview_every: int = 0, decode: bool = True,
+             controls: tuple[ControlUnit, ...] = ()) -> tuple[np.ndarray, dict[str, float]]:
     """One pass of the denoising loop for `infos` (all of one size, steps, sampler, schedule and
     strength): from noise, from given initial `latents` (diffusers' layout), from starting images
     (`begin`: encoded first) or from their latents (`start_latents`, (n, h, w, C)). Returns the
@@ -133,8 +147,9 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     n, first = len(infos), infos[0]
     size, steps, strength, schedule = first.size, first.steps, first.strength, first.schedule
     # Only what this pass runs (all of them, where the pipeline was warmed up: nothing compiles then).
-    programs = pipe.compiled(size, pipe.call_programs(guided=guided(infos), given_latents=latents is not None,
-                                                      image=begin is not None))
+    names = pipe.call_programs(guided=guided(infos), given_latents=latents is not None, image=begin is not None,
+                               controlnets=[u.controlnet for u in controls])
+    programs = pipe.compiled(size, names)
     slots = infos + [infos[-1]] * (pipe.images_per_call - n)
     text = sampling.prepare(pipe.tokenizers, slots, pipe.force_zeros_for_empty_prompt, pipe.max_prompt_chunks)
     h, w, c = pipe.layout.latent_shape(size)
@@ -203,7 +218,15 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
         jax.block_until_ready((context, pooled, state))
         t_text = time.perf_counter()
         conditioning = (context, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
-        denoise = partial(programs["denoise" if guided(infos) else "denoise_unguided"], pipe.params["unet"])
+        denoise = partial(programs[names[2]], pipe.params["unet"])
+        if controls:
+            nets = tuple(pipe.params[controlnet_key(u.controlnet)] for u in controls)
+            images = tuple(put(pipe.filled(u.images)) for u in controls)
+            scales = tuple(put(scale_table(u, pipe.controlnets[u.controlnet].residuals,
+                                           pipe.controlnets[u.controlnet].global_pool_conditions, step_ends,
+                                           pipe.images_per_call)) for u in controls)
+            plain = denoise  # (the ControlNets' arguments come after the step's)
+            denoise = lambda *a: plain(*a, nets, images, scales)  # noqa: E731
         if pipe.stepwise:
             on_device = partial(programs["preview"], pipe.params["taesd"]) if "preview" in programs else None
             previews = Previews(on_device, n, len(step_ends), preview, preview_every)  # (the steps that run)

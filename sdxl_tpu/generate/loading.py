@@ -17,7 +17,8 @@ import jax
 from ..sampler.from_config import load_samplers
 from ..a1111.infotext import Stamp, file_hash
 from ..request.load import LoadOptions, lora_name, lora_spec
-from ..weights.checkpoint import Checkpoint, Models, config_root, is_single_file
+from ..models.layers import Precision
+from ..weights.checkpoint import Checkpoint, Models, config_root, is_single_file, load_controlnet
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
 from .compiling.compilation import enable_compile_cache
@@ -60,7 +61,6 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     o = options
     taesd = None
     if o.preview != "approx":
-        from ..models.layers import Precision
         from ..weights.taesd import load_taesd
 
         taesd = load_taesd(o.preview, Precision.of(compute_dtype_for(o.dtype, o.compute_dtype), o.dtype,
@@ -79,11 +79,13 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     loras = [(lora_name(path), scale, path) for path, scale in map(lora_spec, o.loras)]
     model_name = name  # (what A1111's "Model:" says: the LoRAs are named in their own field)
     name += "".join(f" + {lora}" + (f":{scale:g}" if scale != 1 else "") for lora, scale, _ in loras)
+    precision = Precision.of(compute_dtype_for(o.dtype, o.compute_dtype), o.dtype, attention=o.attention)
+    controlnets = {Path(path).name: load_controlnet(Path(path), precision) for path in o.controlnets}
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=o.sizes,
                     images_per_call=o.images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
                     step_progress=o.step_progress, preview_decoder=taesd, max_prompt_chunks=o.max_prompt_chunks,
-                    program_store=ProgramStore.beside(compile_cache))
+                    program_store=ProgramStore.beside(compile_cache), controlnets=controlnets)
     with_weights(pipe, lambda: checkpoint.fill(models), first)
     # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
     # hashing them is quick).

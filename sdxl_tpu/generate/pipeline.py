@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,13 +28,20 @@ from ..sampler.tables import MAX_ROWS, Sampler
 from ..a1111.infotext import Stamp
 from ..a1111.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..imaging.image_input import ImageInput
+from ..models.controlnet import ControlNetModel
+from ..request.errors import RequestError
 from ..request.request import GenerationResult, ImageInfo, Request
-from ..request.values import format_size, parse_size, size_input
+from ..request.values import format_size, not_a_choice, parse_size, size_input
 from ..weights.checkpoint import Models
 from .call import run_call
+from .control import ControlUnit
 from .compiling.compiled import CompiledPrograms
-from .compiling.programs import BATCH, NETWORKS, PROGRAMS, Device, Layout, Program, Size, program
+from .compiling.programs import (BATCH, NETWORKS, PROGRAMS, Device, Layout, Program, Size, controlled, controlnet_key,
+                                 program)
 from .compiling.stored_programs import ProgramStore
+
+# A ControlNet's name, as program names and stored programs' files carry it.
+CONTROLNET_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def call_batch(images: int, devices: int) -> int:
@@ -56,7 +64,8 @@ class Pipeline:
                  images_per_call: int = 4, devices: Sequence[Device] | None = None, model_name: str = "",
                  force_zeros_for_empty_prompt: bool = True, step_progress: bool = True,
                  preview_decoder: nnx.Module | None = None, max_prompt_chunks: int = DEFAULT_MAX_CHUNKS,
-                 stamp: Stamp | None = None, program_store: ProgramStore | None = None):
+                 stamp: Stamp | None = None, program_store: ProgramStore | None = None,
+                 controlnets: Mapping[str, ControlNetModel] | None = None):
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
         self.images_per_call = call_batch(images_per_call, len(devices))
@@ -100,6 +109,15 @@ class Pipeline:
         if preview_decoder is not None:
             self.graphs["taesd"], state = nnx.split(preview_decoder)
             self.params["taesd"] = jax.device_put(state, self.replicated)
+        # ControlNets a call may use, by name (models/controlnet.py): each adds its program to the
+        # denoising step it joins (programs.controlled), compiled when a call first asks for it.
+        self.controlnets = {}
+        for name, net in (controlnets or {}).items():
+            if not CONTROLNET_NAME.fullmatch(name):
+                raise ValueError(f"ControlNet name {name!r}: letters, digits, '.', '_' and '-' only")
+            self.graphs[controlnet_key(name)], state = nnx.split(net)
+            self.params[controlnet_key(name)] = self._replicate(state)
+            self.controlnets[name] = net.config
         self._compiled = CompiledPrograms(self.layout, self.graphs, self.params, program_store)
         self.program_store = program_store
         # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
@@ -140,11 +158,13 @@ class Pipeline:
         """The programs of a size (programs.PROGRAMS, and TAESD's preview where it has one)."""
         return PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
 
-    def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False
-                      ) -> tuple[str, ...]:
+    def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
+                      controlnets: Sequence[str] = ()) -> tuple[str, ...]:
         """The programs one pass of a call runs: `guided` (a guidance scale above 1), from
-        `given_latents` (diffusers' latents=) or from an `image`; the defaults: text to image."""
-        return ("encode", "init" if given_latents else "noise", "denoise" if guided else "denoise_unguided", "decode",
+        `given_latents` (diffusers' latents=) or from an `image`, with `controlnets` (by name); the
+        defaults: text to image."""
+        denoise = controlled("denoise" if guided else "denoise_unguided", controlnets)
+        return ("encode", "init" if given_latents else "noise", denoise, "decode",
                 *(("encode_image",) if image or self.layout.condition_channels else ()),
                 *(("preview",) if self.preview_decoder == "taesd" and self.stepwise else ()))
 
@@ -274,7 +294,7 @@ class Pipeline:
                    progress: Callable[[int, int], None] | None = None,
                    stop: Callable[[], bool] | None = None,
                    preview: Callable[[int, int, np.ndarray], None] | None = None,
-                   preview_every: int = 0) -> GenerationResult:
+                   preview_every: int = 0, controls: Sequence[ControlUnit] = ()) -> GenerationResult:
         """Generate one image per entry of `infos` (1 to images_per_call, all of one size, step
         count and sampler; they may come from different requests) in one call. Free slots of the compiled batch
         are filled with copies of the last image and discarded: each device makes its images alone,
@@ -290,10 +310,16 @@ class Pipeline:
             pipelines; not after the last), images (n, h, w, 3) uint8: the current estimate of each
             image (see preview.py). A TAESD preview is decoded on the device while the next steps
             run, and handed over once ready.
+        controls: ControlNets guiding the images (control.ControlUnit: one of `controlnets` by name,
+            its control images at the call's size, weight, steps and guess mode).
         """
         if not self.has_weights:
             raise RuntimeError("this pipeline was built from abstract networks and has no weights yet (take_weights)")
-        return run_call(self, infos, latents, init_images, masks, progress, stop, preview, preview_every)
+        unknown = [u.controlnet for u in controls if u.controlnet not in self.controlnets]
+        if unknown:
+            raise RequestError(not_a_choice("ControlNet", unknown[0], self.controlnets))
+        return run_call(self, infos, latents, init_images, masks, progress, stop, preview, preview_every,
+                        tuple(controls))
 
 
 def _pooled_dim(models: Models) -> int:

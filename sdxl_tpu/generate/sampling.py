@@ -153,36 +153,72 @@ def encode_image(vae, images: jax.Array, noise: jax.Array, masked: jax.Array | N
     return jax.lax.map(one, (images, noise, kept))
 
 
+class Control(NamedTuple):
+    """ControlNets for a denoising step: the networks, each one's control image per image of the
+    call (B, H, W, C) uint8, and each one's factors (B, 2, rows, residuals): per image, pass
+    (negative, prompt), table row and residual, the host's scale tables (control.py) indexed by the
+    step on the device, so that no weight, start or end recompiles."""
+    nets: tuple
+    images: tuple[jax.Array, ...]
+    scales: tuple[jax.Array, ...]
+
+
+def control_residuals(control: Control, x_in: jax.Array, t: jax.Array, context: jax.Array, pooled: jax.Array,
+                      time_ids: jax.Array, lengths: jax.Array, i: jax.Array, passes: tuple[int, ...]):
+    """Every ControlNet's residuals for one UNet batch of `passes` per image (0: negative, 1:
+    prompt), summed as diffusers' MultiControlNetModel sums them."""
+    total = None
+    for net, image, scales in zip(control.nets, control.images, control.scales, strict=True):
+        rows = jnp.stack([scales[:, k, i] for k in passes], axis=1).reshape(-1, scales.shape[-1])
+        pixels = jnp.repeat(image.astype(jnp.float32) / 255.0, len(passes), axis=0)
+        r = net(x_in, t, context, pooled, time_ids, pixels, rows, lengths)
+        total = r if total is None else type(r)(tuple(a + b for a, b in zip(total.down, r.down, strict=True)),
+                                                total.mid + r.mid)
+    return total
+
+
 def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array,
-                 time_ids: jax.Array, guidance: jax.Array, tables: Tables, i: jax.Array, guided: bool = True) -> State:
+                 time_ids: jax.Array, guidance: jax.Array, tables: Tables, i: jax.Array, guided: bool = True,
+                 control: Control | None = None) -> State:
     """Step i with classifier-free guidance; latents and sampler math in float32.
 
     Each image's unconditional and conditional pass run side by side in one UNet batch
     (image-major, so a device holding an image holds both of its passes). Unguided (every
     image's guidance <= 1, as distilled models run) the conditional pass alone: half the batch.
     Cross-attention sees each text's own chunks (`lengths`), as if prompt and negative prompt
-    were encoded apart (A1111's default when their lengths differ).
+    were encoded apart (A1111's default when their lengths differ). ControlNets (`control`) see
+    the latents alone, without an inpainting UNet's condition, as diffusers gives them.
     """
     b = state.x.shape[0]
     x_in, t = sampler_update.model_input(state, i, tables)
+    passes = (0, 1) if guided else (1,)
+    if guided:
+        x_in, context, pooled = (jnp.repeat(x_in, 2, axis=0), context.reshape(2 * b, *context.shape[2:]),
+                                 pooled.reshape(2 * b, -1))
+        time_ids, lengths = jnp.repeat(time_ids, 2, axis=0), lengths.reshape(2 * b)
+    else:  # what diffusers does for guidance_scale <= 1: the conditional prediction alone
+        context, pooled, lengths = context[:, 1], pooled[:, 1], lengths[:, 1]
+    residuals = None if control is None else control_residuals(control, x_in, t, context, pooled, time_ids, lengths,
+                                                               i, passes)
     if state.condition.shape[-1] > 1:  # an inpainting UNet's condition (a base UNet's: one unused channel)
-        x_in = jnp.concatenate([x_in, state.condition], axis=-1)  # beside the latents, as diffusers adds it
-    if not guided:  # what diffusers does for guidance_scale <= 1: the conditional prediction alone
-        eps = unet(x_in, t, context[:, 1], pooled[:, 1], time_ids, lengths[:, 1]).astype(jnp.float32)
+        condition = jnp.repeat(state.condition, len(passes), axis=0)
+        x_in = jnp.concatenate([x_in, condition], axis=-1)  # beside the latents, as diffusers adds it
+    eps = unet(x_in, t, context, pooled, time_ids, lengths, control=residuals).astype(jnp.float32)
+    if not guided:
         return sampler_update.step(state, eps, i, tables)
-    eps = unet(jnp.repeat(x_in, 2, axis=0), t, context.reshape(2 * b, *context.shape[2:]), pooled.reshape(2 * b, -1),
-               jnp.repeat(time_ids, 2, axis=0), lengths.reshape(2 * b)).astype(jnp.float32)
     eps = eps.reshape(b, 2, *eps.shape[1:])
     g = jnp.where(guidance > 1.0, guidance, 1.0)[:, None, None, None]
     return sampler_update.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
 
 
 def denoise(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array, time_ids: jax.Array,
-            guidance: jax.Array, tables: Tables, steps: jax.Array, guided: bool = True) -> State:
+            guidance: jax.Array, tables: Tables, steps: jax.Array, guided: bool = True,
+            control: Control | None = None) -> State:
     """Steps steps[0] up to steps[1] in one loop on the device (all of them, unless the host gives
     each step's noise). The bounds are traced, so any step count up to the table size runs the
     same compiled program."""
-    step = lambda i, s: denoise_step(unet, s, context, lengths, pooled, time_ids, guidance, tables, i, guided)
+    step = lambda i, s: denoise_step(unet, s, context, lengths, pooled, time_ids, guidance, tables, i, guided,
+                                     control)
     return jax.lax.fori_loop(steps[0], steps[1], step, state)
 
 

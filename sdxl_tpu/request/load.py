@@ -56,6 +56,7 @@ class LoadOptions:
     attention: "auto" (the best kernel per platform) or "xla".
     unet: a UNet weights file instead of the checkpoint's (e.g. SDXL-Lightning's).
     loras: LoRA files fused into the weights, "file[:scale]" or (file, scale) (kohya or diffusers).
+    controlnets: ControlNets a call may use (diffusers-format folders), each by its folder's name.
     timestep_spacing, prediction_type: instead of the scheduler config's ("trailing"; "sample").
     preview: how live previews are decoded: "approx", "taesd" or a TAESD checkpoint.
     max_prompt_chunks: room for the longest prompt, in chunks of 75 tokens.
@@ -72,6 +73,7 @@ class LoadOptions:
     unet: str | None = None
     config: str | None = None
     loras: tuple[Any, ...] = ()
+    controlnets: tuple[str, ...] = ()
     timestep_spacing: str | None = None
     prediction_type: str | None = None
     preview: str = default_of("--preview")
@@ -83,6 +85,7 @@ class LoadOptions:
         set_("model", str(self.model))
         set_("sizes", tuple(parse_size(s) for s in self.sizes))
         set_("loras", tuple(self.loras or ()))
+        set_("controlnets", tuple(str(c) for c in self.controlnets or ()))
         for name in ("unet", "config"):
             if getattr(self, name) is not None:
                 set_(name, str(getattr(self, name)))

@@ -47,8 +47,8 @@ SLOWEST_FIRST = ("denoise", "denoise_unguided", "decode", "preview", "encode", "
 
 
 def slowest_first(names: Sequence[str]) -> list[str]:
-    """`names` in SLOWEST_FIRST's order."""
-    return sorted(names, key=SLOWEST_FIRST.index)
+    """`names` in SLOWEST_FIRST's order (a denoising step with ControlNets, slower still, first)."""
+    return sorted(names, key=lambda name: (SLOWEST_FIRST.index(name.split("+")[0]), -name.count("+")))
 
 
 @dataclass(frozen=True)
@@ -90,18 +90,34 @@ class Layout:
         return (*self.latent_shape(size)[:2], max(self.condition_channels, 1))
 
 
-def shard(mesh: Mesh, fn: Callable, in_specs: tuple[P, ...], out_specs: Specs) -> jax.stages.Wrapped:
+def shard(mesh: Mesh, fn: Callable, in_specs: tuple[Specs, ...], out_specs: Specs) -> jax.stages.Wrapped:
     # check_vma=False: Pallas kernels (splash attention, traced for TPU) declare their outputs
     # without varying-axis types, which the check would reject; every output here is batch-split.
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
 
+def controlled(name: str, controlnets: Sequence[str]) -> str:
+    """The program `name` (denoise or denoise_unguided) with these ControlNets (the pipeline's, by
+    name) adding their residuals: one program per combination, e.g. "denoise+canny+depth"."""
+    return "+".join([name, *controlnets])
+
+
+def controlnet_key(name: str) -> str:
+    """A ControlNet's entry in Graphs and Params."""
+    return f"controlnet/{name}"
+
+
 def program(name: str, layout: Layout, size: Size, graphs: Graphs,
             params: Params) -> tuple[jax.stages.Wrapped, Args]:
     """The jitted program `name` for `size`, and abstract arguments to lower or trace it with."""
-    if name not in _BUILDERS:
+    base, *controlnets = name.split("+")
+    if base not in _BUILDERS or (controlnets and not base.startswith("denoise")):
         raise ValueError(f"no program {name!r}; programs: {', '.join([*PROGRAMS, 'preview'])}")
-    return _BUILDERS[name](_Shapes(layout, size), graphs, params)
+    if missing := [c for c in controlnets if controlnet_key(c) not in graphs]:
+        raise ValueError(f"no ControlNet {missing[0]!r} for program {name!r}")
+    if controlnets:
+        return _BUILDERS[base](_Shapes(layout, size), graphs, params, controlnets=tuple(controlnets))
+    return _BUILDERS[base](_Shapes(layout, size), graphs, params)
 
 
 class _Shapes:
@@ -193,20 +209,42 @@ def _init(s: _Shapes, graphs, params):
     return shard(s.layout.mesh, fn, (bat, bat, P(), bat, bat), bat), (s.latents, s.seeds, s.tables, s.mask, s.latents)
 
 
-def _denoise(s: _Shapes, graphs, params, guided: bool):
-    """One step (stepwise: the last argument is the step) or all of them."""
+def _denoise(s: _Shapes, graphs, params, guided: bool, controlnets: tuple[str, ...] = ()):
+    """One step (stepwise: the last argument is the step) or all of them; with `controlnets`, each
+    one's parameters, control images and scale tables after the step (sampling.Control)."""
     layout, unet, bat = s.layout, _network(graphs, "unet"), P(BATCH)
     condition = cast(jax.Array, s.batch((layout.batch, *layout.condition_shape(s.size))))  # (its shape: eval_shape)
     initial = jax.eval_shape(partial(sampler_update.init, condition=condition, noise_rows=layout.noise_rows), s.latents,
                              s.seeds, s.tables)
     state = jax.tree.map(lambda x: s.batch(x.shape, x.dtype), initial)
     loop = partial(sampling.denoise_step if layout.stepwise else sampling.denoise, guided=guided)
-    fn = lambda p, *a: loop(unet(p), *a)
+    nets = [_network(graphs, controlnet_key(name)) for name in controlnets]
+
+    def fn(p, *a):
+        control = None
+        if nets:
+            *a, nets_p, images, scales = a
+            control = sampling.Control(tuple(net(q) for net, q in zip(nets, nets_p, strict=True)), images, scales)
+        return loop(unet(p), *a, control=control)
+
     tokens = layout.chunks * sampling.MAX_TOKENS
     args = (params["unet"], state, s.batch((layout.batch, 2, tokens, layout.context_dim)), s.lengths,
             s.batch((layout.batch, 2, layout.pooled_dim)), s.batch((layout.batch, 6)), s.batch((layout.batch,)),
             s.tables, s.rep((), jnp.int32) if layout.stepwise else s.rep((2,), jnp.int32))
-    return shard(layout.mesh, fn, (P(),) + (bat,) * 6 + (P(), P()), bat), args
+    specs = (P(),) + (bat,) * 6 + (P(), P())
+    if controlnets:
+        states = tuple(params[controlnet_key(name)] for name in controlnets)
+        images = tuple(s.batch((layout.batch, s.size[1], s.size[0], 3), jnp.uint8) for _ in controlnets)
+        scales = tuple(s.batch((layout.batch, 2, MAX_ROWS, _residuals(params, name))) for name in controlnets)
+        args += (states, images, scales)
+        specs += ((P(),) * len(controlnets), (bat,) * len(controlnets), (bat,) * len(controlnets))
+    return shard(layout.mesh, fn, specs, bat), args
+
+
+def _residuals(params: Params, name: str) -> int:
+    """How many residuals a ControlNet of the pipeline returns: one per zero convolution of its skips,
+    and its mid block's."""
+    return len(params[controlnet_key(name)]["controlnet_down_blocks"]) + 1
 
 
 def _decode(s: _Shapes, graphs, params):
