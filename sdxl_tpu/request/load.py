@@ -56,7 +56,8 @@ class LoadOptions:
     attention: "auto" (the best kernel per platform) or "xla".
     unet: a UNet weights file instead of the checkpoint's (e.g. SDXL-Lightning's).
     loras: LoRA files fused into the weights, "file[:scale]" or (file, scale) (kohya or diffusers).
-    controlnets: ControlNets a call may use (diffusers-format folders), each by its folder's name.
+    controlnets: ControlNets a call may use (diffusers-format folders, or .safetensors files in diffusers'
+        names), each by its folder's or file's name (weights/controlnets.py).
     timestep_spacing, prediction_type: instead of the scheduler config's ("trailing"; "sample").
     preview: how live previews are decoded: "approx", "taesd" or a TAESD checkpoint.
     max_prompt_chunks: room for the longest prompt, in chunks of 75 tokens.

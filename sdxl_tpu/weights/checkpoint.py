@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 from flax import nnx
 
 from ..models.clip import CLIPTextConfig, CLIPTextModel
-from ..models.controlnet import ControlNetConfig, ControlNetModel
 from ..models.layers import Precision
 from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..models.vae import AutoencoderKL, VAEConfig
@@ -112,13 +111,6 @@ def load_unet(path: Path, precision: Precision, weights: TensorSource | None = N
     raw = _unet_config(path, weights)
     model = nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(raw), precision))
     return _fill(model, path, raw, weights=weights, loras=loras)
-
-
-def load_controlnet(path: Path, precision: Precision) -> ControlNetModel:
-    """A ControlNet in diffusers format (a folder with config.json and its weights)."""
-    raw = _config(path)
-    model = nnx.eval_shape(lambda: ControlNetModel(ControlNetConfig.from_dict(raw), precision))
-    return _fill(model, path, raw)
 
 
 def load_vae(path: Path, precision: Precision, weights: TensorSource | None = None,

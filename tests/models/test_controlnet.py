@@ -13,7 +13,8 @@ from reference import nchw_to_nhwc, perturb_norms, rel_l2
 from sdxl_tpu.models.controlnet import ControlNetConfig, guess_mode_ramp
 from sdxl_tpu.models.layers import Precision
 from sdxl_tpu.models.unet import ControlResiduals
-from sdxl_tpu.weights.checkpoint import load_controlnet, load_unet
+from sdxl_tpu.weights.checkpoint import load_unet
+from sdxl_tpu.weights.controlnets import load_controlnet
 
 TOL = 1e-4
 F32 = Precision()
