@@ -155,8 +155,11 @@ class Pipeline:
 
     @property
     def programs(self) -> tuple[str, ...]:
-        """The programs of a size (programs.PROGRAMS, and TAESD's preview where it has one)."""
-        return PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
+        """The programs of a size (programs.PROGRAMS, TAESD's preview where it has one, and each
+        ControlNet's guided denoising step: ready before a call asks; two or more ControlNets at
+        once compile when first asked for)."""
+        return (PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
+                + tuple(controlled("denoise", [name]) for name in self.controlnets))
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
                       controlnets: Sequence[str] = ()) -> tuple[str, ...]:
