@@ -29,6 +29,7 @@ from ..a1111.infotext import Stamp
 from ..a1111.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..imaging.image_input import ImageInput
 from ..models.controlnet import ControlNetModel
+from ..request.control import unit_images
 from ..request.errors import RequestError
 from ..request.request import GenerationResult, ImageInfo, Request
 from ..request.values import format_size, not_a_choice, parse_size, size_input
@@ -226,10 +227,15 @@ class Pipeline:
                 schedule: str | None = None, rng: str | None = None, strength: float | None = None,
                 image: ImageInput | None = None, resize_mode: str | None = None, **more: Any) -> Request:
         """A checked request for this pipeline (RequestError names what is wrong); `more`: the
-        inpainting's and the hires fix's fields (Request.of, by their API names)."""
+        inpainting's and the hires fix's fields (Request.of, by their API names), and `controlnet`: ControlNet
+        units, each {"model": one of `controlnets` by name, "image": its image (the forms `image` takes),
+        "module": "none", "canny" or "invert", "weight" (1), "guidance_start" (0), "guidance_end" (1),
+        "threshold_a"/"threshold_b" (Canny's, 100 and 200), "resize_mode", "guess_mode" (false),
+        "enabled" (true)}: sd-webui-controlnet's unit fields (request/control.py)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
                           sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
-                          strength=strength, image=image, resize_mode=resize_mode, **more)
+                          strength=strength, image=image, resize_mode=resize_mode, controlnets=list(self.controlnets),
+                          **more)
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
@@ -288,8 +294,10 @@ class Pipeline:
         n = self.images_per_call if images is None else images
         inits = None if request.image is None else np.repeat(request.image[None], n, axis=0)
         masks = None if request.mask is None else np.repeat(request.mask[None], n, axis=0)
+        controls = [ControlUnit(u.model, unit_images(u, n), u.weight, u.start, u.end, u.guess_mode)
+                    for u in request.controls]
         result = self.run_images(request.images(n), latents=latents, init_images=inits, masks=masks,
-                                 progress=progress, stop=stop, **previews)
+                                 progress=progress, stop=stop, controls=controls, **previews)
         return dataclasses.replace(result, images=request.finish(result.images))
 
     def run_images(self, infos: Sequence[ImageInfo], *, latents: np.ndarray | None = None,

@@ -23,6 +23,7 @@ from ..imaging.mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MAS
                             mask_input)
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 from ..imaging.resize import fit_image, image_array
+from .control import ControlRequest, control_requests
 from .values import (choice_input, json_type, number_input, parse_size, prompt_input, schedule_input, seed_input,
                      size_input)
 
@@ -166,6 +167,8 @@ class Request:
     mask: Any = field(default=None, compare=False, repr=False)
     # Only masked: the whole image and mask the fitted ones were cropped from, to paste results back.
     crop: Crop | None = field(default=None, compare=False, repr=False)
+    # ControlNet units (control.py), their control images made at `size`.
+    controls: tuple[ControlRequest, ...] = field(default=(), compare=False, repr=False)
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
@@ -175,7 +178,7 @@ class Request:
            mask_blur: Any = None, masked_content: Any = None, mask_blurred: bool = False, inpaint_area: Any = None,
            mask_padding: Any = None, hires: Any = None, count: Any = None,
            hires_scale: Any = None, hires_upscaler: Any = None, hires_steps: Any = None, hires_strength: Any = None,
-           per_image: bool = True,
+           controlnet: Any = None, controlnets: Sequence[str] = (), per_image: bool = True,
            max_chars: int = MAX_PROMPT_CHARS) -> "Request":
         """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
         image); `sizes` and `samplers` are those available (default: all of names.SAMPLERS);
@@ -190,7 +193,8 @@ class Request:
         image at its own size), as A1111's (`mask_blurred`: the mask comes blurred by mask_blur
         already, as a front end forwards it). With `hires` true, a hires fix (A1111's): `hires_scale` (default 2; the
         upscaled size must be one of `sizes`), `hires_upscaler` (Latent or Lanczos), `hires_steps` (0,
-        the default: as many as the first pass) and `hires_strength` (default 0.7). The images are
+        the default: as many as the first pass) and `hires_strength` (default 0.7). `controlnet`: a
+        list of ControlNet units (control.py; `controlnets`: the names loaded). The images are
         checked last (they cost most)."""
         def prompt_text(v: Any) -> str:
             text = prompt_input(v, _label("prompt"), max_chars)
@@ -240,6 +244,10 @@ class Request:
         # (a mode without an image is checked, then unused: the command line always has one)
         mode = DEFAULT_RESIZE_MODE if resize_mode is None else choice_input(resize_mode, _label("resize_mode"),
                                                                             RESIZE_MODES)
+        if hires and controlnet:
+            raise RequestError(f"{_label('hires')} with ControlNet is not supported yet: make the image, then upscale "
+                               "it with img2img.")
+        checked["controls"] = control_requests(controlnet, checked["size"], controlnets)
         if image is None:
             return Request(**checked)
         checked["strength"] = DEFAULT_STRENGTH if strength is None else float(number("strength")(strength))

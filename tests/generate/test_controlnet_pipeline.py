@@ -132,3 +132,20 @@ def test_unknown_controlnet_and_bad_steps_are_refused(pipe):
         pipe.run_images(request.images(IMAGES), controls=[ControlUnit("canny", image)])
     with pytest.raises(ValueError, match="start below its end"):
         ControlUnit("edges", image, start=0.8, end=0.2)
+
+
+def test_a_request_with_units_runs_them(pipe):
+    """pipe.run(pipe.request(..., controlnet=[unit])): sd-webui-controlnet's unit fields, the image
+    preprocessed (Canny) at the size, the same images as the unit given to run_images directly."""
+    from sdxl_tpu.imaging.control_image import canny
+
+    latents = np.random.default_rng(1).standard_normal((IMAGES, 4, 8, 8)).astype(np.float32)
+    photo = np.zeros((SIZE[1], SIZE[0], 3), np.uint8)
+    photo[16:48, 12:40] = 220
+    unit = {"model": "edges", "image": photo, "module": "canny", "weight": 0.7, "guidance_end": 0.8,
+            "threshold_a": 50, "threshold_b": 120}
+    request = pipe.request(PROMPT, NEGATIVE, seed=5, guidance_scale=5.0, steps=3, size=SIZE, controlnet=[unit])
+    ours = pipe.run(request, latents=latents)
+    direct = pipe.run_images(request.images(IMAGES), latents=latents, controls=[
+        ControlUnit("edges", np.repeat(canny(photo, 50, 120)[None], IMAGES, axis=0), weight=0.7, end=0.8)])
+    assert psnr(np.stack([np.asarray(i) for i in ours.images]), np.stack([np.asarray(i) for i in direct.images])) > 80

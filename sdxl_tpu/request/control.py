@@ -1,0 +1,92 @@
+"""ControlNet units as a request gives them, checked: which loaded ControlNet, its image and
+preprocessor, weight, the steps it acts on and guess mode; named as sd-webui-controlnet's API names
+a unit's fields (model, module, weight, guidance_start, guidance_end, threshold_a, threshold_b,
+resize_mode), with diffusers' guess_mode. Plain Python: the generator turns each into a
+generate/control.ControlUnit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..imaging.control_image import CANNY_THRESHOLDS, PREPROCESSORS, control_image
+from .errors import RequestError
+from .names import DEFAULT_RESIZE_MODE, RESIZE_MODES
+from .values import choice_input, json_type, not_a_choice, number_input
+
+UNIT_KEYS = ("model", "image", "module", "weight", "guidance_start", "guidance_end", "threshold_a", "threshold_b",
+             "resize_mode", "guess_mode", "enabled")
+MAX_UNITS = 3  # ControlNets in one call (each is another network on every step)
+MAX_WEIGHT = 2.0  # sd-webui-controlnet's Control Weight slider
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """One checked unit; `image` is the control image as the ControlNet sees it at the request's
+    size, (height, width, 3) uint8 (fitted and preprocessed)."""
+    model: str
+    module: str
+    weight: float
+    start: float
+    end: float
+    guess_mode: bool
+    thresholds: tuple[int, int] | None  # Canny's (low, high); None for the other preprocessors
+    image: Any = field(default=None, compare=False, repr=False)
+
+
+def _unit(value: Any, i: int, size: tuple[int, int], available: Sequence[str]) -> ControlRequest | None:
+    label = f"ControlNet unit {i}"
+    if not isinstance(value, Mapping):
+        raise RequestError(f"{label} must be an object with model and image, got {json_type(value)}.")
+    if unknown := sorted(str(k) for k in value if k not in UNIT_KEYS):
+        raise RequestError(f"{label}: unknown field {unknown[0]!r} (fields: {', '.join(UNIT_KEYS)}).")
+    enabled = value.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise RequestError(f"{label} enabled must be true or false, got {json_type(enabled)}.")
+    if not enabled:
+        return None
+    if not available:
+        raise RequestError(f"{label}: no ControlNet is loaded on this server.")
+    if value.get("model") is None or value.get("image") is None:
+        raise RequestError(f"{label} needs a model and an image.")
+    if not isinstance(value["model"], str) or value["model"] not in available:
+        raise RequestError(f"{label}: " + not_a_choice("ControlNet", value["model"], available))
+    module = choice_input(value.get("module", "none"), f"{label} module", PREPROCESSORS)
+    number = lambda key, default, low, high, whole=False: (  # noqa: E731
+        default if value.get(key) is None else number_input(value[key], f"{label} {key}", low, high, whole=whole))
+    weight = float(number("weight", 1.0, 0.0, MAX_WEIGHT))
+    start, end = float(number("guidance_start", 0.0, 0.0, 1.0)), float(number("guidance_end", 1.0, 0.0, 1.0))
+    if start >= end:
+        raise RequestError(f"{label}: guidance_start ({start}) must be below guidance_end ({end}).")
+    guess_mode = value.get("guess_mode", False)
+    if not isinstance(guess_mode, bool):
+        raise RequestError(f"{label} guess_mode must be true or false, got {json_type(guess_mode)}.")
+    thresholds = None
+    if module == "canny":
+        thresholds = (int(number("threshold_a", CANNY_THRESHOLDS[0], 1, 255, True)),
+                      int(number("threshold_b", CANNY_THRESHOLDS[1], 1, 255, True)))
+    mode = choice_input(value.get("resize_mode", DEFAULT_RESIZE_MODE), f"{label} resize_mode", RESIZE_MODES)
+    image = control_image(value["image"], size, module, resize_mode=mode,
+                          **({} if thresholds is None else {"low": thresholds[0], "high": thresholds[1]}))
+    return ControlRequest(value["model"], module, weight, start, end, guess_mode, thresholds, image=image)
+
+
+def control_requests(value: Any, size: tuple[int, int], available: Sequence[str]) -> tuple[ControlRequest, ...]:
+    """The enabled units of `value` (a list of unit objects, or None), each checked and its image
+    made at `size`; `available`: the ControlNets loaded, by name."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise RequestError(f"ControlNet must be a list of units, got {json_type(value)}.")
+    if len(value) > MAX_UNITS:
+        raise RequestError(f"ControlNet takes at most {MAX_UNITS} units, got {len(value)}.")
+    units = (_unit(given, i, size, available) for i, given in enumerate(value))
+    return tuple(unit for unit in units if unit is not None)
+
+
+def unit_images(unit: ControlRequest, n: int) -> np.ndarray:
+    """The unit's control image for each of a call's `n` images, (n, H, W, 3) uint8."""
+    return np.repeat(unit.image[None], n, axis=0)
