@@ -10,7 +10,8 @@
 #   bash benchmarks/tpu.sh xla      # the UNet evaluation with XLA's attention everywhere (~2 min)
 #   bash benchmarks/tpu.sh ab       # one UNet evaluation before and after a change, one call (BEFORE=, AFTER=:
 #                                   # tpu_quick.py unet options), the after profiled, its output in dB against before (~6 min)
-#   bash benchmarks/tpu.sh bench    # the pipeline: 1 image and 4 images a call, 1024x1024, 20 steps (~9 min)
+#   bash benchmarks/tpu.sh bench    # the pipeline: 1 image and 4 images a call, 1024x1024, 20 steps (~9 min;
+#                                   # CONTROLNETS=1: each call with that many random ControlNets)
 #   bash benchmarks/tpu.sh first-image  # a new server's time to its first image, cold and restarted from the
 #                                   # programs it stored (SIZES=1024x1024; in-process: no TCP sockets) (~7 min)
 #   bash benchmarks/tpu.sh compile  # one program's cold compile per attention setting (PROGRAMS=decode
@@ -90,7 +91,7 @@ case "$MODE" in
   bench)
     # ARCH=tiny SIZE=64x64 runs the same in a minute on a CPU, to check it before spending device time.
     common=(--architecture "${ARCH:-sdxl}" --random-weights --size "${SIZE:-1024x1024}" --steps 20 --no-warm-compile
-            --json)
+            --controlnets "${CONTROLNETS:-0}" --json)
     # IMAGES="1": one of the two. The host's peak memory (compiles side by side) goes to log.txt.
     for n in ${IMAGES:-1 4}; do
       quick "bench-$n" "$PY" benchmarks/peak_memory.py "$PY" -m sdxl_tpu bench "${common[@]}" --images "$n" --runs 3

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..models.controlnet import ControlNetConfig, ControlNetModel
 from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..models.vae import AutoencoderKL, VAEConfig
 
@@ -90,3 +91,14 @@ def model_flops(unet_config: dict[str, Any], vae_config: dict[str, Any], size: t
     pooled = f32(1, c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim)
     return {"unet": module_flops(unet, "__call__", latent, f32(1), context, pooled, f32(1, 6)),
             "vae_decode": module_flops(vae, "decode", latent)}
+
+
+def controlnet_flops(config: ControlNetConfig, size: tuple[int, int], vae_factor: int) -> int:
+    """FLOPs of one ControlNet evaluation for one image of `size` (width, height)."""
+    net = nnx.eval_shape(lambda: ControlNetModel(config))
+    c, (w, h) = config.unet, size
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    pooled = f32(1, c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim)
+    return module_flops(net, "__call__", f32(1, h // vae_factor, w // vae_factor, c.in_channels), f32(1),
+                        f32(1, 77, c.cross_attention_dim[0]), pooled, f32(1, 6),
+                        f32(1, h, w, config.conditioning_channels), f32(1, config.residuals))

@@ -15,6 +15,7 @@ from flax import nnx
 
 from ..generate.loading import with_weights
 from ..generate.pipeline import Pipeline
+from ..models.controlnet import ControlNetConfig, ControlNetModel
 from ..models.layers import Precision
 from ..sampler.from_config import SCHEDULER_CONFIG, samplers_for
 from ..weights.architectures import architecture_configs
@@ -69,6 +70,24 @@ def random_pipeline(architecture: str, precision: Precision, first: Callable[[Pi
     pipe = Pipeline(_models(networks), random_tokenizers(), samplers_for(SCHEDULER_CONFIG)[0], model_name=architecture,
                     **pipeline)
     return with_weights(pipe, lambda: fill_randomly(networks), first)
+
+
+def controlnet_config(unet: dict[str, Any], vae_factor: int) -> dict[str, Any]:
+    """A ControlNet config for a UNet config (as ControlNetModel.from_unet copies it), its control
+    image embedding SDXL's (16, 32, 96, 256) cut to the VAE's factor."""
+    steps = int(math.log2(vae_factor))
+    down = {k: v for k, v in unet.items() if k not in ("up_block_types", "out_channels", "sample_size")}
+    return {**down, "_class_name": "ControlNetModel",
+            "conditioning_embedding_out_channels": [16, 32, 96, 256][:steps + 1]}
+
+
+def random_controlnets(architecture: str, precision: Precision, count: int) -> dict[str, ControlNetModel]:
+    """`count` ControlNets for `architecture`'s UNet with random weights, named random-0, random-1, ..."""
+    configs = architecture_configs(architecture)
+    factor = 2 ** (len(configs["vae"]["block_out_channels"]) - 1)
+    config = ControlNetConfig.from_dict(controlnet_config(configs["unet"], factor))
+    return {f"random-{i}": cast(ControlNetModel, random_fill(nnx.eval_shape(lambda: ControlNetModel(config, precision)),
+                                                             seed=10 + i)) for i in range(count)}
 
 
 def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 from ..generate.compiling.compilation import enable_compile_cache
@@ -28,6 +29,7 @@ from ..generate.compiling.programs import Device
 from ..generate.compiling.stored_programs import ProgramStore
 from ..models.layers import Precision
 from ..models.taesd import AutoencoderTiny, TAESDConfig
+from ..request.control import MAX_UNITS
 from ..request.load import LoadOptions
 from ..request.names import SDXL_BASE
 from ..cli.options import load_values, older_architecture, options_for
@@ -38,8 +40,8 @@ from ..weights.architectures import architecture_configs
 from ..weights.checkpoint import config_root
 from ..weights.taesd import load_taesd
 from ..weights.tensors import read_json
-from .flops import model_flops
-from .random_weights import random_fill, random_pipeline
+from .flops import controlnet_flops, model_flops
+from .random_weights import random_controlnets, random_fill, random_pipeline
 
 PROMPT, NEGATIVE = "a photo of an astronaut riding a horse on the moon", "blurry"
 
@@ -65,6 +67,10 @@ def settled(args: argparse.Namespace) -> argparse.Namespace:
             sizes=[size], step_progress=False)
     elif args.unet or args.spacing or args.lora:
         raise ValueError("--unet, --lora and --spacing apply to a checkpoint (--model, or no --random-weights)")
+    if load is not None and args.controlnets:
+        raise ValueError("--controlnets adds random ControlNets to random weights: give --random-weights")
+    if not 0 <= args.controlnets <= MAX_UNITS:
+        raise ValueError(f"--controlnets {args.controlnets}: from 0 to {MAX_UNITS}, as a call takes")
     return argparse.Namespace(**{**vars(args), "architecture": architecture, "recipe": recipe and recipe.name,
                                  "load": load, "size": size, "sampler": s["sampler"], "steps": s["steps"],
                                  "guidance": s["guidance"]})
@@ -93,7 +99,8 @@ def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False, com
             nnx.eval_shape(lambda: AutoencoderTiny(TAESDConfig(), precision)), seed=4)
     return random_pipeline(args.architecture, precision, sizes=[args.size], images_per_call=args.images,
                            step_progress=step_progress, preview_decoder=taesd,
-                           program_store=ProgramStore.beside(compile_cache))
+                           program_store=ProgramStore.beside(compile_cache),
+                           controlnets=random_controlnets(args.architecture, precision, args.controlnets))
 
 
 def _memory(programs: dict[str, Any]) -> dict[str, Any]:
@@ -117,9 +124,13 @@ def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int,
     """(latency, the pipeline's own stage timings) of `runs` calls (`previews`: run_images' preview
     and preview_every)."""
     calls = []
+    w, h = args.size
+    edges = np.zeros((h, w, 3), np.uint8)
+    edges[h // 4:3 * h // 4:8, :] = 255  # (a control image: its content does not change the time)
+    units = [{"model": name, "image": edges} for name in pipe.controlnets]
     for i in range(runs):
         request = pipe.request(PROMPT, NEGATIVE, seed=i, steps=args.steps, size=args.size, sampler=args.sampler,
-                               guidance_scale=args.guidance)
+                               guidance_scale=args.guidance, controlnet=units or None)
         start = time.perf_counter()
         result = pipe.run(request, **previews)
         calls.append((time.perf_counter() - start, result.timings))
@@ -211,10 +222,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     configs = measured_configs(args)
     flops = model_flops(configs["unet"], configs["vae"], args.size)
     passes = 2 if args.guidance > 1 else 1  # guidance <= 1: the conditional pass alone
-    per_call = pipe.images_per_call * (passes * args.steps * flops["unet"] + flops["vae_decode"])
+    evaluation = flops["unet"] + sum(controlnet_flops(c, args.size, pipe.vae_factor) for c in pipe.controlnets.values())
+    per_call = pipe.images_per_call * (passes * args.steps * evaluation + flops["vae_decode"])
     achieved = per_call / median / 1e12
     peak = args.peak_tflops or _peak_tflops(jax.devices()[0])
-    report["flops"] = {"unet_per_image_eval_tflop": flops["unet"] / 1e12, "vae_decode_per_image_tflop":
+    report["controlnets"] = len(pipe.controlnets)
+    report["flops"] = {"unet_per_image_eval_tflop": flops["unet"] / 1e12,
+                       "controlnets_per_image_eval_tflop": (evaluation - flops["unet"]) / 1e12,
+                       "vae_decode_per_image_tflop":
                        flops["vae_decode"] / 1e12, "per_call_tflop": per_call / 1e12, "achieved_tflops": achieved,
                        "peak_tflops_per_device": peak,
                        "utilisation": achieved / (peak * jax.device_count()) if peak else None}
@@ -277,7 +292,9 @@ def format_report(r: dict[str, Any]) -> str:
         f"per step          {r['s_per_step'] * 1000:.1f} ms",
         f"throughput        {r['images_per_s']:.2f} images/s",
         f"FLOPs             UNet {_flop(f['unet_per_image_eval_tflop'] * 1e12)} per image-evaluation, VAE decode "
-        f"{_flop(f['vae_decode_per_image_tflop'] * 1e12)} per image, {_flop(f['per_call_tflop'] * 1e12)} per call",
+        f"{_flop(f['vae_decode_per_image_tflop'] * 1e12)} per image, {_flop(f['per_call_tflop'] * 1e12)} per call"
+        + (f"; {r['controlnets']} ControlNets {_flop(f['controlnets_per_image_eval_tflop'] * 1e12)} per "
+           "image-evaluation" if r.get("controlnets") else ""),
         f"achieved          {f['achieved_tflops'] * 1000:.1f} GFLOP/s" if f["achieved_tflops"] < 1 else
         f"achieved          {f['achieved_tflops']:.2f} TFLOP/s"
         + (f", {100 * f['utilisation']:.1f} % of {f['peak_tflops_per_device']:.0f} TFLOP/s x {r['devices']}"

@@ -223,6 +223,9 @@ OPTIONS: tuple[Option, ...] = (
            "unused here", env="SDXL_BACKEND"),
     # --- what bench measures ---
     option("--runs", ["bench"], "timed calls", type=int, default=5),
+    option("--controlnets", ["bench"], "random ControlNets, 0 to 3 (the UNet's down half, as "
+           "ControlNetModel.from_unet makes them; with --random-weights) in every call: what they cost a step",
+           type=int, default=0, metavar="N"),
     option("--no-warm-compile", ["bench"], "skip the second process that measures a warm (cached) compile",
            action="store_false", dest="warm_compile"),
     option("--compare-progress", ["bench"], "also compile the stepwise loop (per-step progress) and compare its "

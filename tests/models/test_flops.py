@@ -120,3 +120,31 @@ def test_sdxl_flops_are_the_mission_figures():
     flops = model_flops(c["unet"], c["vae"], (1024, 1024))
     assert round(flops["unet"] / 1e12, 2) == 6.76
     assert round(flops["vae_decode"] / 1e12, 1) == 10.5
+
+
+@pytest.mark.parametrize("preset", ["tiny", "sdxl"])
+def test_controlnet_flops_equal_pytorch_flop_counter_over_diffusers(preset):
+    """`bench --controlnets`' figure: one ControlNet made from the preset's UNet (as
+    ControlNetModel.from_unet makes it), counted as PyTorch counts diffusers' on the meta device."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from sdxl_tpu.bench.flops import controlnet_flops
+    from sdxl_tpu.bench.random_weights import controlnet_config
+    from sdxl_tpu.models.controlnet import ControlNetConfig
+
+    c = architecture_configs(preset)
+    w, h = c["size"]
+    factor = 2 ** (len(c["vae"]["block_out_channels"]) - 1)
+    config = controlnet_config(c["unet"], factor)
+    ours = controlnet_flops(ControlNetConfig.from_dict(config), (w, h), factor)
+    pooled = config["projection_class_embeddings_input_dim"] - 6 * config["addition_time_embed_dim"]
+    with torch.device("meta"):
+        net = diffusers.ControlNetModel.from_config(config)
+        with FlopCounterMode(display=False) as count:
+            net(torch.empty(1, 4, h // factor, w // factor), torch.tensor([999.0]),
+                torch.empty(1, 77, config["cross_attention_dim"]), torch.empty(1, 3, h, w),
+                added_cond_kwargs=dict(text_embeds=torch.empty(1, pooled), time_ids=torch.empty(1, 6)))
+    print(f"{preset} ControlNet at {w}x{h}: ours {ours}, PyTorch over diffusers {count.get_total_flops()}")
+    assert ours == pytest.approx(count.get_total_flops(), rel=0.005)
