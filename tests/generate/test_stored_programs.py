@@ -251,3 +251,19 @@ def test_a_programs_compile_starts_while_the_next_is_traced_and_each_is_handed_o
                                then=lambda name, compiled, by_xla: handed_on.append((name, compiled)))
     assert {name: compiled for name, (compiled, _) in out.items()} == {"denoise": "denoise", "decode": "decode"}
     assert sorted(handed_on) == [("decode", "decode"), ("denoise", "denoise")]
+
+
+def test_loading_a_controlnet_keeps_the_programs_that_do_not_use_it():
+    """A program's key fingerprints the pipeline's networks and only the ControlNets its name carries:
+    a server restarted with one more ControlNet reads its stored programs instead of compiling them."""
+    from flax import nnx
+
+    from sdxl_tpu.generate.compiling.stored_programs import graphs_fingerprint, used_graphs
+
+    graph = lambda n: nnx.split(nnx.Linear(n, 2, rngs=nnx.Rngs(0)))[0]  # noqa: E731
+    base = {"unet": graph(2), "vae": graph(3)}
+    more = {**base, "controlnet/edges": graph(4), "controlnet/depth": graph(5)}
+    key = lambda graphs, name: graphs_fingerprint(used_graphs(graphs, name))  # noqa: E731
+    assert key(more, "denoise") == key(base, "denoise") and key(more, "decode") == key(base, "decode")
+    assert set(used_graphs(more, "denoise+edges")) == {"unet", "vae", "controlnet/edges"}
+    assert key(more, "denoise+edges") != key({**base, "controlnet/edges": graph(6)}, "denoise+edges")

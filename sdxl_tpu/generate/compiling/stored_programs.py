@@ -34,7 +34,7 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 
 from ...request.values import format_size
 from .compilation import compile_side_by_side
-from .programs import Args, Device, Graphs, Layout, Params, Program, Size, program, slowest_first
+from .programs import Args, Device, Graphs, Layout, Params, Program, Size, controlnet_key, program, slowest_first
 
 FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
 SUBDIRECTORY = "programs"
@@ -67,6 +67,14 @@ def graphs_fingerprint(graphs: Graphs) -> str:
     return _digest(sorted((name, repr(g.nodes), repr(g.attributes)) for name, g in graphs.items()))
 
 
+def used_graphs(graphs: Graphs, name: str) -> Graphs:
+    """The graphs program `name` may use: the pipeline's networks, and of its ControlNets only those
+    the name carries (programs.controlled), so that loading another ControlNet keeps every stored
+    program that does not use it."""
+    named = {controlnet_key(c) for c in name.split("+")[1:]}
+    return {k: g for k, g in graphs.items() if not k.startswith(controlnet_key("")) or k in named}
+
+
 class ProgramStore:
     """Compiled programs in `directory`, by key (see the module's docstring); `loaded` counts the
     programs loaded from it (by `programs`) since it was made."""
@@ -75,7 +83,7 @@ class ProgramStore:
         self.directory = Path(directory)
         self.loaded = 0
         self._lock = threading.Lock()  # (sizes may load from several threads)
-        self._graphs: dict[int, str] = {}  # graphs_fingerprint by id of the graphs (one pipeline's)
+        self._graphs: dict[tuple[int, str], str] = {}  # graphs_fingerprint by id of the graphs and program
 
     @classmethod
     def beside(cls, compile_cache: str | os.PathLike | None) -> ProgramStore | None:
@@ -95,11 +103,12 @@ class ProgramStore:
     def _made(self, name: str, size: Size, layout: Layout, graphs: Graphs,
               params: Params) -> tuple[jax.stages.Wrapped, Args, str]:
         """Program `name` for `size` (programs.program), its abstract arguments and its key."""
-        if id(graphs) not in self._graphs:
-            self._graphs[id(graphs)] = graphs_fingerprint(graphs)
+        if (id(graphs), name) not in self._graphs:
+            self._graphs[id(graphs), name] = graphs_fingerprint(used_graphs(graphs, name))
         fn, args = program(name, layout, size, graphs, params)
         # The text encoders do not depend on the size: one entry for every size.
-        return fn, args, self.key(name, None if name == "encode" else size, layout, args, self._graphs[id(graphs)])
+        return fn, args, self.key(name, None if name == "encode" else size, layout, args,
+                                  self._graphs[id(graphs), name])
 
     def load_side_by_side(self, jobs: Sequence[tuple[str, Size]], layout: Layout, graphs: Graphs,
                           params: Params,
