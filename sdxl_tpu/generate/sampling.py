@@ -203,7 +203,8 @@ def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, poo
     if state.condition.shape[-1] > 1:  # an inpainting UNet's condition (a base UNet's: one unused channel)
         condition = jnp.repeat(state.condition, len(passes), axis=0)
         x_in = jnp.concatenate([x_in, condition], axis=-1)  # beside the latents, as diffusers adds it
-    eps = unet(x_in, t, context, pooled, time_ids, lengths, control=residuals).astype(jnp.float32)
+    with_control = {} if residuals is None else {"control": residuals}  # (a UNet without ControlNets: as it was)
+    eps = unet(x_in, t, context, pooled, time_ids, lengths, **with_control).astype(jnp.float32)
     if not guided:
         return sampler_update.step(state, eps, i, tables)
     eps = eps.reshape(b, 2, *eps.shape[1:])
