@@ -4,13 +4,20 @@ changing any of them runs the same compiled program."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from ..models.controlnet import guess_mode_ramp
+from ..request.control import ControlRequest, unit_images
 from ..sampler.tables import MAX_ROWS
+
+# A ControlNet's name, as program names and stored programs' files carry it.
+NAME = re.compile(r"[A-Za-z0-9._-]+")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -28,10 +35,23 @@ class ControlUnit:
     end: float = 1.0
     guess_mode: bool = False
 
+    @staticmethod
+    def of(unit: ControlRequest, n: int) -> ControlUnit:
+        """A request's checked unit (request/control.py) for a call of `n` images."""
+        return ControlUnit(unit.model, unit_images(unit, n), unit.weight, unit.start, unit.end, unit.guess_mode)
+
     def __post_init__(self):
         if not 0.0 <= self.start < self.end <= 1.0:
             raise ValueError(f"ControlNet {self.controlnet!r}: its steps must run from a start below its end, "
                              f"both from 0 to 1 (got {self.start} to {self.end})")
+
+
+def checked_names(controlnets: Mapping[str, T]) -> Mapping[str, T]:
+    """`controlnets` by name, each name one that program names can carry (ValueError otherwise)."""
+    for name in controlnets:
+        if not NAME.fullmatch(name):
+            raise ValueError(f"ControlNet name {name!r}: letters, digits, '.', '_' and '-' only")
+    return controlnets
 
 
 def steps_kept(start: float, end: float, steps: int) -> np.ndarray:

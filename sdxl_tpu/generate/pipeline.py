@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,21 +28,16 @@ from ..a1111.infotext import Stamp
 from ..a1111.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..imaging.image_input import ImageInput
 from ..models.controlnet import ControlNetModel
-from ..request.control import unit_images
 from ..request.errors import RequestError
 from ..request.request import GenerationResult, ImageInfo, Request
 from ..request.values import format_size, not_a_choice, parse_size, size_input
 from ..weights.checkpoint import Models
 from .call import run_call
-from .control import ControlUnit
+from .control import ControlUnit, checked_names
 from .compiling.compiled import CompiledPrograms
 from .compiling.programs import (BATCH, NETWORKS, PROGRAMS, Device, Layout, Program, Size, controlled, controlnet_key,
                                  program)
 from .compiling.stored_programs import ProgramStore
-
-# A ControlNet's name, as program names and stored programs' files carry it.
-CONTROLNET_NAME = re.compile(r"[A-Za-z0-9._-]+")
-
 
 def call_batch(images: int, devices: int) -> int:
     """The compiled batch for `images` per call: rounded up so every device gets as many."""
@@ -113,9 +107,7 @@ class Pipeline:
         # ControlNets a call may use, by name (models/controlnet.py): each adds its program to the
         # denoising step it joins (programs.controlled), compiled when a call first asks for it.
         self.controlnets = {}
-        for name, net in (controlnets or {}).items():
-            if not CONTROLNET_NAME.fullmatch(name):
-                raise ValueError(f"ControlNet name {name!r}: letters, digits, '.', '_' and '-' only")
+        for name, net in checked_names(controlnets or {}).items():
             self.graphs[controlnet_key(name)], state = nnx.split(net)
             self.params[controlnet_key(name)] = self._replicate(state)
             self.controlnets[name] = net.config
@@ -227,11 +219,8 @@ class Pipeline:
                 schedule: str | None = None, rng: str | None = None, strength: float | None = None,
                 image: ImageInput | None = None, resize_mode: str | None = None, **more: Any) -> Request:
         """A checked request for this pipeline (RequestError names what is wrong); `more`: the
-        inpainting's and the hires fix's fields (Request.of, by their API names), and `controlnet`: ControlNet
-        units, each {"model": one of `controlnets` by name, "image": its image (the forms `image` takes),
-        "module": "none", "canny" or "invert", "weight" (1), "guidance_start" (0), "guidance_end" (1),
-        "threshold_a"/"threshold_b" (Canny's, 100 and 200), "resize_mode", "guess_mode" (false),
-        "enabled" (true)}: sd-webui-controlnet's unit fields (request/control.py)."""
+        inpainting's and the hires fix's fields (Request.of, by their API names), and `controlnet`:
+        ControlNet units by sd-webui-controlnet's field names (request/control.py)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
                           sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
                           strength=strength, image=image, resize_mode=resize_mode, controlnets=list(self.controlnets),
@@ -294,8 +283,7 @@ class Pipeline:
         n = self.images_per_call if images is None else images
         inits = None if request.image is None else np.repeat(request.image[None], n, axis=0)
         masks = None if request.mask is None else np.repeat(request.mask[None], n, axis=0)
-        controls = [ControlUnit(u.model, unit_images(u, n), u.weight, u.start, u.end, u.guess_mode)
-                    for u in request.controls]
+        controls = [ControlUnit.of(unit, n) for unit in request.controls]
         result = self.run_images(request.images(n), latents=latents, init_images=inits, masks=masks,
                                  progress=progress, stop=stop, controls=controls, **previews)
         return dataclasses.replace(result, images=request.finish(result.images))
