@@ -10,22 +10,12 @@ import pytest
 import torch
 from PIL import Image
 
-from reference import psnr
+from reference import fill_zeros, psnr
 from sdxl_tpu import CompileCounter, load_pipeline
 from sdxl_tpu.generate.control import ControlUnit
 
 SIZE, IMAGES = (64, 64), 4
 PROMPT, NEGATIVE = "a lighthouse in a storm", "blurry"
-
-
-def _randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """A ControlNet from a UNet has zero convolutions: random values there, so that it steers."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if not p.any():
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +28,7 @@ def reference(tiny_checkpoint, tmp_path_factory):
     nets = {}
     for seed, name in enumerate(("edges", "depth")):
         torch.manual_seed(seed)
-        nets[name] = _randomized(ControlNetModel.from_unet(base.unet), seed)
+        nets[name] = fill_zeros(ControlNetModel.from_unet(base.unet), seed, 0.3)
         nets[name].save_pretrained(root / name)
     return base, nets, root
 

@@ -19,6 +19,17 @@ def perturb_norms(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module
     return model.eval()
 
 
+def fill_zeros(model: torch.nn.Module, seed: int, scale: float) -> torch.nn.Module:
+    """A ControlNet starts with zero convolutions: every all-zero parameter given N(0, scale^2)
+    values, so that each residual (and each name's mapping) counts."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.copy_(scale * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
 def nchw_to_nhwc(x: torch.Tensor) -> np.ndarray:
     return x.detach().numpy().transpose(0, 2, 3, 1)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from reference import nchw_to_nhwc, perturb_norms, rel_l2
+from reference import fill_zeros, nchw_to_nhwc, perturb_norms, rel_l2
 from sdxl_tpu.models.controlnet import ControlNetConfig, guess_mode_ramp
 from sdxl_tpu.models.layers import Precision
 from sdxl_tpu.models.unet import ControlResiduals
@@ -36,17 +36,6 @@ VARIANTS = {
 }
 
 
-def _randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """A ControlNet's zero convolutions start at zero: give every parameter random values, so that
-    each residual and each name's mapping counts."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if not p.any():
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-    return perturb_norms(model)
-
-
 def _reference_unet(tmp_path):
     from diffusers import UNet2DConditionModel
 
@@ -62,7 +51,7 @@ def _reference_controlnet(unet, variant: str, tmp_path, seed: int = 1):
     torch.manual_seed(seed)
     config = {k: v for k, v in UNET.items() if k != "up_block_types"}
     config.update(VARIANTS[variant])
-    model = _randomized(ControlNetModel(addition_embed_type="text_time", **config), seed)
+    model = perturb_norms(fill_zeros(ControlNetModel(addition_embed_type="text_time", **config), seed, 0.1))
     model.save_pretrained(tmp_path / f"controlnet-{variant}-{seed}")
     return model, load_controlnet(tmp_path / f"controlnet-{variant}-{seed}", F32)
 
