@@ -92,9 +92,10 @@ case "$MODE" in
     # ARCH=tiny SIZE=64x64 runs the same in a minute on a CPU, to check it before spending device time.
     common=(--architecture "${ARCH:-sdxl}" --random-weights --size "${SIZE:-1024x1024}" --steps 20 --no-warm-compile
             --controlnets "${CONTROLNETS:-0}" --json)
-    # IMAGES="1": one of the two. The host's peak memory (compiles side by side) goes to log.txt.
+    # IMAGES="1": one of the two; IMAGES="8 16" RUNS=1: how many a call the chip holds (issue 50's item 5).
+    # The host's peak memory (compiles side by side) goes to log.txt.
     for n in ${IMAGES:-1 4}; do
-      quick "bench-$n" "$PY" benchmarks/peak_memory.py "$PY" -m sdxl_tpu bench "${common[@]}" --images "$n" --runs 3
+      quick "bench-$n" "$PY" benchmarks/peak_memory.py "$PY" -m sdxl_tpu bench "${common[@]}" --images "$n" --runs "${RUNS:-3}"
     done
     ;;
   first-image)
