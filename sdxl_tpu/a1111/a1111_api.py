@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..request.errors import RequestError
+from .controlnet_units import controlnet_args
 from ..request.fields import MAX_SEED
 from .infotext import SCHEDULE_NAMES
 from ..imaging.mask import INPAINT_AREAS, MASKED_CONTENT
@@ -46,7 +47,6 @@ ONLY_DEFAULT: dict[str, tuple[tuple, str]] = {
     "s_min_uncond": ((0, None), "negative guidance minimum sigma is not offered"),
     "script_name": ((None, ""), "scripts are not offered"),
     "script_args": (([], None), "scripts are not offered"),
-    "alwayson_scripts": (({}, None), "extensions (ControlNet, ADetailer, ...) are not offered"),
     "refiner_checkpoint": ((None, ""), "a refiner is not offered"),
     "hr_checkpoint_name": ((None, "", "Use same checkpoint"), "the hires pass runs the loaded model"),
     "hr_sampler_name": ((None, "", "Use same sampler"), "the hires pass runs the first pass's sampler"),
@@ -121,6 +121,9 @@ def generation_fields(data: Any, img2img: bool, model: str) -> tuple[dict[str, A
         raise RequestError(f"styles {_json(styles)}: at most one of this server's styles ({', '.join(STYLES)}).")
     fields["style"] = styles[0] if styles else None
     fields.update(_settings(data.get("override_settings"), model))
+    units = controlnet_args(data.get("alwayson_scripts"))  # (sd-webui-controlnet's; no other extension)
+    if units is not None:
+        fields["controlnet"] = units
     image_format = FORMATS.get(str(fields.pop("samples_format", "png")).lower())
     if image_format is None:
         raise RequestError("override_settings samples_format must be png, jpg or webp.")

@@ -28,6 +28,7 @@ from ..imaging.hires import SCALE_RANGE, UPSCALERS
 from ..imaging.mask import INPAINT_AREAS, MASKED_CONTENT, MAX_MASK_BLUR, MAX_MASK_PADDING
 from ..request.names import DEFAULT_RNG, RNGS, SCHEDULES, schedule_used
 from .prompts import split_network_tags
+from ..request.control import ControlRequest
 from ..request.request import ImageInfo
 from ..request.values import choice_input, format_size, number_input, schedule_input, seed_input, shown
 
@@ -103,11 +104,23 @@ def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
             settings.append(f"Hires steps: {info.hires.steps}")
         settings.append(f"Hires upscaler: {info.hires.upscaler}")
     settings.append(f"RNG: {info.rng}")
+    settings += [f'ControlNet {i}: "{control_text(unit)}"' for i, unit in enumerate(info.controls)]
     if stamp.loras:
         settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')
     settings.append(f"Version: sdxl-tpu {VERSION}")
     lines.append(", ".join(settings))
     return "\n".join(lines)
+
+
+def control_text(unit: ControlRequest) -> str:
+    """A ControlNet unit as sd-webui-controlnet writes it into the parameters (its fields' names in
+    words; the preprocessor runs at the image's own size, its Pixel Perfect)."""
+    fields = {"Module": unit.module, "Model": unit.model, "Weight": f"{unit.weight:g}",
+              "Resize Mode": unit.resize_mode.title().replace(" And ", " and "),
+              **({} if unit.thresholds is None else dict(zip(("Threshold A", "Threshold B"), unit.thresholds))),
+              "Guidance Start": f"{unit.start:g}", "Guidance End": f"{unit.end:g}", "Pixel Perfect": True,
+              "Control Mode": "Balanced", **({"Guess Mode": True} if unit.guess_mode else {})}
+    return ", ".join(f"{key}: {value}" for key, value in fields.items())
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,10 @@ OPTIONS: tuple[Option, ...] = (
     option("--lora", MODEL, "LoRA fused into the weights at load, kohya or diffusers format, scale default 1; "
            "repeatable (environment: comma-separated)", env="SDXL_LORA", action="append", metavar="FILE[:SCALE]",
            default=[], shown_default="none, or the preset's", loads="loras"),
+    option("--controlnet", SERVERS, "ControlNet a request may use (sd-webui-controlnet's units, by this name: the "
+           "folder's or file's): a diffusers-format folder or one .safetensors in diffusers' names; repeatable "
+           "(environment: comma-separated)", env="SDXL_CONTROLNET", action="append", metavar="PATH", default=[],
+           shown_default="none", loads="controlnets"),
     option("--spacing", MODEL, "timestep spacing instead of the scheduler config's (few-step models: trailing)",
            env="SDXL_SPACING", choices=SPACINGS, loads="timestep_spacing"),
     option("--prediction-type", MODEL, "what the UNet predicts, instead of the scheduler config's (SDXL-Lightning's "

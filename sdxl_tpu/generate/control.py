@@ -4,7 +4,6 @@ changing any of them runs the same compiled program."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -12,11 +11,10 @@ from typing import TypeVar
 import numpy as np
 
 from ..models.controlnet import guess_mode_ramp
-from ..request.control import ControlRequest, unit_images
+from ..request.control import NAME
+from ..request.request import ImageInfo
 from ..sampler.tables import MAX_ROWS
 
-# A ControlNet's name, as program names and stored programs' files carry it.
-NAME = re.compile(r"[A-Za-z0-9._-]+")
 T = TypeVar("T")
 
 
@@ -35,15 +33,20 @@ class ControlUnit:
     end: float = 1.0
     guess_mode: bool = False
 
-    @staticmethod
-    def of(unit: ControlRequest, n: int) -> ControlUnit:
-        """A request's checked unit (request/control.py) for a call of `n` images."""
-        return ControlUnit(unit.model, unit_images(unit, n), unit.weight, unit.start, unit.end, unit.guess_mode)
-
     def __post_init__(self):
         if not 0.0 <= self.start < self.end <= 1.0:
             raise ValueError(f"ControlNet {self.controlnet!r}: its steps must run from a start below its end, "
                              f"both from 0 to 1 (got {self.start} to {self.end})")
+
+
+def units_of(infos: Sequence[ImageInfo]) -> tuple[ControlUnit, ...]:
+    """The ControlNets of a call's images as their infos carry them (ImageInfo.controls: one
+    request's units, or several requests' with the same settings, each its own control images)."""
+    first = infos[0].controls
+    if any(info.controls != first for info in infos):
+        raise ValueError("the images of one call share their ControlNets' settings")
+    return tuple(ControlUnit(unit.model, np.stack([info.controls[k].image for info in infos]), unit.weight, unit.start,
+                             unit.end, unit.guess_mode) for k, unit in enumerate(first))
 
 
 def checked_names(controlnets: Mapping[str, T]) -> Mapping[str, T]:

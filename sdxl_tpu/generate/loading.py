@@ -19,7 +19,7 @@ from ..a1111.infotext import Stamp, file_hash
 from ..request.load import LoadOptions, lora_name, lora_spec
 from ..models.layers import Precision
 from ..weights.checkpoint import Checkpoint, Models, config_root, is_single_file
-from ..weights.controlnets import controlnet_name, load_controlnet
+from ..weights.controlnets import load_controlnet
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
 from .compiling.compilation import enable_compile_cache
@@ -81,7 +81,7 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     model_name = name  # (what A1111's "Model:" says: the LoRAs are named in their own field)
     name += "".join(f" + {lora}" + (f":{scale:g}" if scale != 1 else "") for lora, scale, _ in loras)
     precision = Precision.of(compute_dtype_for(o.dtype, o.compute_dtype), o.dtype, attention=o.attention)
-    controlnets = {controlnet_name(path): load_controlnet(path, precision) for path in o.controlnets}
+    controlnets = {name: load_controlnet(path, precision) for name, path in zip(o.controlnet_names, o.controlnets)}
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=o.sizes,
                     images_per_call=o.images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),

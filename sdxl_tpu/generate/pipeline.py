@@ -33,7 +33,7 @@ from ..request.request import GenerationResult, ImageInfo, Request
 from ..request.values import format_size, not_a_choice, parse_size, size_input
 from ..weights.checkpoint import Models
 from .call import run_call
-from .control import ControlUnit, checked_names
+from .control import ControlUnit, checked_names, units_of
 from .compiling.compiled import CompiledPrograms
 from .compiling.programs import (BATCH, NETWORKS, PROGRAMS, Device, Layout, Program, Size, controlled, controlnet_key,
                                  program)
@@ -283,9 +283,8 @@ class Pipeline:
         n = self.images_per_call if images is None else images
         inits = None if request.image is None else np.repeat(request.image[None], n, axis=0)
         masks = None if request.mask is None else np.repeat(request.mask[None], n, axis=0)
-        controls = [ControlUnit.of(unit, n) for unit in request.controls]
         result = self.run_images(request.images(n), latents=latents, init_images=inits, masks=masks,
-                                 progress=progress, stop=stop, controls=controls, **previews)
+                                 progress=progress, stop=stop, **previews)
         return dataclasses.replace(result, images=request.finish(result.images))
 
     def run_images(self, infos: Sequence[ImageInfo], *, latents: np.ndarray | None = None,
@@ -310,15 +309,17 @@ class Pipeline:
             image (see preview.py). A TAESD preview is decoded on the device while the next steps
             run, and handed over once ready.
         controls: ControlNets guiding the images (control.ControlUnit: one of `controlnets` by name,
-            its control images at the call's size, weight, steps and guess mode).
+            its control images at the call's size, weight, steps and guess mode); left out: the
+            units the infos carry (ImageInfo.controls, as a request's images have them).
         """
         if not self.has_weights:
             raise RuntimeError("this pipeline was built from abstract networks and has no weights yet (take_weights)")
+        controls = tuple(controls) or units_of(infos)
         unknown = [u.controlnet for u in controls if u.controlnet not in self.controlnets]
         if unknown:
             raise RequestError(not_a_choice("ControlNet", unknown[0], self.controlnets))
         return run_call(self, infos, latents, init_images, masks, progress, stop, preview, preview_every,
-                        tuple(controls))
+                        controls)
 
 
 def _pooled_dim(models: Models) -> int:

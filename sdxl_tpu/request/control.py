@@ -1,26 +1,30 @@
 """ControlNet units as a request gives them, checked: which loaded ControlNet, its image and
 preprocessor, weight, the steps it acts on and guess mode; named as sd-webui-controlnet's API names
 a unit's fields (model, module, weight, guidance_start, guidance_end, threshold_a, threshold_b,
-resize_mode), with diffusers' guess_mode. Plain Python: the generator turns each into a
+resize_mode), with diffusers' guess_mode, and `preprocessed` (true: the image is the processed
+control image already, as a front end sends it to its back ends; the module is then named for the
+parameters only). Plain Python: the generator turns each into a
 generate/control.ControlUnit."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ..imaging.control_image import CANNY_THRESHOLDS, PREPROCESSORS, control_image
 from .errors import RequestError
-from .names import DEFAULT_RESIZE_MODE, RESIZE_MODES
+from .names import RESIZE_MODES
 from .values import choice_input, json_type, not_a_choice, number_input
 
+# A ControlNet's name, as program names and stored programs' files carry it.
+NAME = re.compile(r"[A-Za-z0-9._-]+")
 UNIT_KEYS = ("model", "image", "module", "weight", "guidance_start", "guidance_end", "threshold_a", "threshold_b",
-             "resize_mode", "guess_mode", "enabled")
+             "resize_mode", "guess_mode", "enabled", "preprocessed")
 MAX_UNITS = 3  # ControlNets in one call (each is another network on every step)
 MAX_WEIGHT = 2.0  # sd-webui-controlnet's Control Weight slider
+DEFAULT_RESIZE = RESIZE_MODES[1]  # sd-webui-controlnet's: Crop and resize
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class ControlRequest:
     end: float
     guess_mode: bool
     thresholds: tuple[int, int] | None  # Canny's (low, high); None for the other preprocessors
+    resize_mode: str = DEFAULT_RESIZE  # how the image was fitted to the size (names.RESIZE_MODES)
     image: Any = field(default=None, compare=False, repr=False)
 
 
@@ -68,10 +73,14 @@ def _unit(value: Any, i: int, size: tuple[int, int], available: Sequence[str]) -
     if module == "canny":
         thresholds = (int(number("threshold_a", CANNY_THRESHOLDS[0], 1, 255, True)),
                       int(number("threshold_b", CANNY_THRESHOLDS[1], 1, 255, True)))
-    mode = choice_input(value.get("resize_mode", DEFAULT_RESIZE_MODE), f"{label} resize_mode", RESIZE_MODES)
-    image = control_image(value["image"], size, module, resize_mode=mode,
-                          **({} if thresholds is None else {"low": thresholds[0], "high": thresholds[1]}))
-    return ControlRequest(value["model"], module, weight, start, end, guess_mode, thresholds, image=image)
+    mode = choice_input(value.get("resize_mode", DEFAULT_RESIZE), f"{label} resize_mode", RESIZE_MODES)
+    preprocessed = value.get("preprocessed", False)
+    if not isinstance(preprocessed, bool):
+        raise RequestError(f"{label} preprocessed must be true or false, got {json_type(preprocessed)}.")
+    low, high = thresholds or CANNY_THRESHOLDS
+    image = control_image(value["image"], size, "none" if preprocessed else module, resize_mode=mode, low=low,
+                          high=high)
+    return ControlRequest(value["model"], module, weight, start, end, guess_mode, thresholds, mode, image=image)
 
 
 def control_requests(value: Any, size: tuple[int, int], available: Sequence[str]) -> tuple[ControlRequest, ...]:
@@ -86,7 +95,3 @@ def control_requests(value: Any, size: tuple[int, int], available: Sequence[str]
     units = (_unit(given, i, size, available) for i, given in enumerate(value))
     return tuple(unit for unit in units if unit is not None)
 
-
-def unit_images(unit: ControlRequest, n: int) -> np.ndarray:
-    """The unit's control image for each of a call's `n` images, (n, H, W, 3) uint8."""
-    return np.repeat(unit.image[None], n, axis=0)

@@ -42,6 +42,12 @@ def lora_name(path: str) -> str:
     return Path(path).stem
 
 
+def controlnet_name(path: str | os.PathLike) -> str:
+    """The name a call picks a loaded ControlNet by: its file's name without .safetensors, or its folder's."""
+    path = Path(path)
+    return path.stem if path.suffix == ".safetensors" else path.name
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """An SDXL checkpoint and how it is loaded and compiled.
@@ -95,6 +101,11 @@ class LoadOptions:
     def fused_loras(self) -> tuple[tuple[str, float], ...]:
         """Each LoRA fused at load: (name, scale)."""
         return tuple((lora_name(path), scale) for path, scale in map(lora_spec, self.loras))
+
+    @property
+    def controlnet_names(self) -> tuple[str, ...]:
+        """The ControlNets a call may name."""
+        return tuple(map(controlnet_name, self.controlnets))
 
     def replace(self, **changes: Any) -> LoadOptions:
         return dataclasses.replace(self, **changes)

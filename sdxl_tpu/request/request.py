@@ -48,6 +48,9 @@ class ImageInfo:
     hires: Hires | None = None  # a hires fix after the first pass at `size` (None: none)
     inpaint_area: str | None = None  # inpainting's: one of mask.INPAINT_AREAS (None: no mask)
     mask_padding: int | None = None  # Only masked's padding, in pixels (None: not Only masked)
+    # ControlNet units (request/control.py), each with its control image at `size` (compared by
+    # their settings: a call's images share the units' settings, each request its own images).
+    controls: tuple[ControlRequest, ...] = ()
 
 
 PER_IMAGE = ("seed", "prompt", "negative_prompt", "guidance_scale")  # a Request's may differ image by image

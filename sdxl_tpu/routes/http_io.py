@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 from ..request.errors import Cancelled, RequestError
 from ..request.fields import FIELDS
 from ..imaging.image_input import MAX_BASE64_CHARS
+from ..request.control import MAX_UNITS
 from ..a1111.images import FORMATS
 from ..a1111.infotext import parse as parse_parameters, request_fields, usable
 from ..request.request import Request
@@ -25,11 +26,11 @@ from ..server.core import Server
 # parameters text, whether a mask comes blurred already (a front end forwards its requests' masks
 # so: remote.request_json), how many images to make (left out: as many as a call makes) and their
 # file format (left out: the server's --image-format).
-JSON_KEYS = (*(f.api for f in FIELDS if f.api), "mask_blurred", "parameters", "count", "format")
+JSON_KEYS = (*(f.api for f in FIELDS if f.api), "mask_blurred", "parameters", "count", "format", "controlnet")
 # The longest fields as json.dumps escapes them (12 bytes for an emoji): two styled prompts of some
 # 20,300 characters (a front end's request), about 490 kB, or a parameters text of 60,000 (720 kB);
-# and a starting image and its mask of at most 16 MB each, as base64.
-MAX_BODY_BYTES = (1 << 20) + 2 * MAX_BASE64_CHARS
+# and a starting image, its mask and each ControlNet unit's image of at most 16 MB each, as base64.
+MAX_BODY_BYTES = (1 << 20) + (2 + MAX_UNITS) * MAX_BASE64_CHARS
 RETRY_AFTER = {"busy": 1, "draining": 1, "loading": 5}  # seconds, for 503s
 
 
@@ -113,7 +114,8 @@ def checked_request(data: dict[str, Any], server: Server) -> tuple[Request, list
     given: dict[str, Any] = {f.api: fallback.get(f.name) if left_out(f) else data[f.api]
                              for f in FIELDS if f.api and f.api != "prompt"}
     return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers, mask_blurred=blurred,
-                      count=data.get("count"), max_chars=MAX_STYLED_PROMPT_CHARS), notes
+                      count=data.get("count"), max_chars=MAX_STYLED_PROMPT_CHARS, controlnet=data.get("controlnet"),
+                      controlnets=offer.controlnets), notes
 
 
 def status_of(error: BaseException) -> tuple[int, str, int | None]:

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..a1111.a1111_api import SCHEDULER_NAMES, SETTINGS_TAKEN, generation_fields, info_json
+from ..a1111.controlnet_units import model_list, module_list
 from ..request.errors import Cancelled, RequestError
 from ..imaging.image_input import from_base64
 from ..a1111.images import encode_preview
@@ -197,13 +198,20 @@ def sdapi_routes(server: Server) -> list[Route]:
     async def latent_upscale_modes(http: HTTPRequest) -> Response:
         return JSONResponse([{"name": "Latent"}])
 
+    async def controlnet(http: HTTPRequest) -> Response:  # (sd-webui-controlnet's lists)
+        what = http.url.path.rsplit("/", 1)[-1]
+        return JSONResponse({"version": 2} if what == "version" else module_list() if what == "module_list" else
+                            model_list(server.offer.controlnets))
+
     get = {"progress": progress, "samplers": samplers, "schedulers": schedulers, "sd-models": sd_models,
            "prompt-styles": prompt_styles, "loras": loras, "scripts": scripts, "upscalers": upscalers,
            "latent-upscale-modes": latent_upscale_modes}
     post = {"txt2img": txt2img, "img2img": img2img, "interrupt": interrupt, "skip": skip, "png-info": read_png_info}
     return ([Route(f"{PREFIX}/{name}", fn, methods=["GET"]) for name, fn in get.items()]
             + [Route(f"{PREFIX}/{name}", fn, methods=["POST"]) for name, fn in post.items()]
-            + [Route(f"{PREFIX}/options", options, methods=["GET", "POST"])])
+            + [Route(f"{PREFIX}/options", options, methods=["GET", "POST"])]
+            + [Route(f"/controlnet/{name}", controlnet, methods=["GET"]) for name in ("model_list", "module_list",
+                                                                                      "version")])
 
 
 async def _generate(server: Server, jobs: Jobs, http: HTTPRequest, data: dict[str, Any],

@@ -27,9 +27,9 @@ from .sdapi import sdapi_routes
 log = logging.getLogger("sdxl_tpu.http")
 
 # The routes' paths start so (the guard lets them through to their own checks).
-PREFIXES = (f"{SDAPI}/", "/v1/images/", "/v1/models")
+PREFIXES = (f"{SDAPI}/", "/controlnet/", "/v1/images/", "/v1/models")
 MCP = "/gradio_api/mcp"
-KEYED = (f"{SDAPI}/", "/v1/images/generations", "/v1/images/edits", "/v1/models", MCP)
+KEYED = (f"{SDAPI}/", "/controlnet/", "/v1/images/generations", "/v1/images/edits", "/v1/models", MCP)
 OPEN = frozenset([f"{MCP}/schema"])  # (what the tool is, as /gradio_api/info says: the page's API panel reads it)
 CHALLENGES = [(b"www-authenticate", b'Bearer realm="sdxl-tpu"'), (b"www-authenticate", b'Basic realm="sdxl-tpu"')]
 

@@ -76,11 +76,12 @@ class Job:
     def shape(self) -> tuple:
         """What a call's images must share: one sampler's tables on one schedule and strength (and whether they
         are guided: a call of unguided images runs the UNet on half the batch, so they are not
-        mixed with guided ones), whether they are masked (inpainting) and their hires fix. The RNG is per
-        image: JAX and CPU noise mix in a call."""
+        mixed with guided ones), whether they are masked (inpainting), their hires fix and their
+        ControlNets' settings (each image brings its own control images). The RNG is per image: JAX
+        and CPU noise mix in a call."""
         first = self.infos[0]
         return (first.size, first.steps, first.sampler, first.schedule, first.strength, guided(self.infos),
-                self.mask is not None, first.hires)
+                self.mask is not None, first.hires, first.controls)
 
 
 class Batcher:

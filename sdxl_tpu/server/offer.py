@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..request.control import NAME
 from ..request.errors import RequestError
 from ..request.fields import FIELD
 from ..a1111.images import FORMATS
@@ -37,6 +38,7 @@ class Offer:
     rngs: list[str]
     default_rng: str
     loras: tuple[tuple[str, float], ...] = ()  # fused at load: (name, scale) (a back end of before: none said)
+    controlnets: tuple[str, ...] = ()  # the ControlNets a request may name (request/control.py)
 
     def defaults(self) -> dict[str, Any]:
         """The form's values where a client gives none, by field name: the launch preset's steps,
@@ -91,7 +93,16 @@ class Offer:
                          preset=data["preset"], presets=names_in(data["presets"], list(RECIPES), "presets"),
                          images_per_call=count, image_format=data["image_format"], max_prompt_chunks=chunks,
                          schedules=schedules, default_schedule=data["default_schedule"], rngs=rngs,
-                         default_rng=data["default_rng"], loras=_loras(data.get("loras", [])))
+                         default_rng=data["default_rng"], loras=_loras(data.get("loras", [])),
+                         controlnets=_controlnets(data.get("controlnets", [])))
+
+
+def _controlnets(value: Any) -> tuple[str, ...]:
+    """The ControlNets a server's description names."""
+    if not isinstance(value, list) or len(value) > 64 or not all(
+            isinstance(name, str) and NAME.fullmatch(name) and len(name) <= 255 for name in value):
+        raise ValueError("controlnets must be a list of names (letters, digits, '.', '_' and '-')")
+    return tuple(value)
 
 
 def _loras(value: Any) -> tuple[tuple[str, float], ...]:
@@ -119,7 +130,7 @@ def provisional(settings: Settings) -> Offer:
                  images_per_call=load.images_per_call, image_format=settings.image_format,
                  max_prompt_chunks=load.max_prompt_chunks, schedules=list(SCHEDULES),
                  default_schedule=settings.schedule, rngs=list(RNGS), default_rng=settings.rng,
-                 loras=load.fused_loras)
+                 loras=load.fused_loras, controlnets=load.controlnet_names)
 
 
 def offered_presets(recipe: Recipe | None) -> list[str]:

@@ -79,6 +79,13 @@ def request_json(request: Request) -> dict[str, Any]:
         body.update(image=base64.b64encode(png_bytes(request.crop.image)).decode("ascii"),
                     mask=base64.b64encode(png_bytes(request.crop.mask)).decode("ascii"),
                     inpaint_area=request.inpaint_area, mask_padding=request.mask_padding)
+    if request.controls:  # (each image processed and at the size: sent as it is, its module named for the parameters)
+        body["controlnet"] = [{"model": u.model, "image": base64.b64encode(png_bytes(u.image)).decode("ascii"),
+                               "module": u.module, "weight": u.weight, "guidance_start": u.start,
+                               "guidance_end": u.end, "guess_mode": u.guess_mode, "resize_mode": u.resize_mode,
+                               "preprocessed": True,
+                               **({} if u.thresholds is None else dict(zip(("threshold_a", "threshold_b"),
+                                                                         u.thresholds)))} for u in request.controls]
     if request.hires is not None:
         h = request.hires
         body.update(hires=True, hires_scale=h.scale, hires_upscaler=h.upscaler, hires_steps=h.steps,

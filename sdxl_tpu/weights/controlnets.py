@@ -63,12 +63,6 @@ def config_from_tensors(source: TensorSource) -> dict[str, Any]:
     }
 
 
-def controlnet_name(path: str | Path) -> str:
-    """The name a call picks a loaded ControlNet by: its file's name without .safetensors, or its folder's."""
-    path = Path(path)
-    return path.stem if path.suffix == ".safetensors" else path.name
-
-
 def load_controlnet(path: str | Path, precision: Precision) -> ControlNetModel:
     """A ControlNet: a diffusers-format folder, or one .safetensors file in diffusers' names."""
     path = Path(path)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from reference import fill_zeros, psnr
+from reference import psnr, write_controlnet
 from sdxl_tpu import CompileCounter, load_pipeline
 from sdxl_tpu.generate.control import ControlUnit
 
@@ -21,15 +21,11 @@ PROMPT, NEGATIVE = "a lighthouse in a storm", "blurry"
 @pytest.fixture(scope="module")
 def reference(tiny_checkpoint, tmp_path_factory):
     """diffusers' pipeline on the tiny checkpoint, and two random ControlNets written as diffusers does."""
-    from diffusers import ControlNetModel, StableDiffusionXLPipeline
+    from diffusers import StableDiffusionXLPipeline
 
     base = StableDiffusionXLPipeline.from_pretrained(tiny_checkpoint)
     root = tmp_path_factory.mktemp("controlnets")
-    nets = {}
-    for seed, name in enumerate(("edges", "depth")):
-        torch.manual_seed(seed)
-        nets[name] = fill_zeros(ControlNetModel.from_unet(base.unet), seed, 0.3)
-        nets[name].save_pretrained(root / name)
+    nets = {name: write_controlnet(base.unet, root / name, seed) for seed, name in enumerate(("edges", "depth"))}
     return base, nets, root
 
 
@@ -75,12 +71,12 @@ def _theirs(reference, names, images, weights, starts, ends, guess_mode, sampler
     return np.round(out * 255).astype(np.uint8)
 
 
+# (Three cases cover the samplers, one and two ControlNets, weights, start and end, guess mode: each
+# case is some 15 s of the suite's CPU time.)
 @pytest.mark.parametrize("sampler, names, weights, starts, ends, guess_mode", [
     ("Euler", ["edges"], [0.8], [0.0], [1.0], False),
-    ("DPM++ 2M", ["edges"], [1.2], [0.2], [0.8], False),
     ("Euler", ["edges"], [0.9], [0.0], [0.6], True),
-    ("Euler", ["edges", "depth"], [0.7, 0.5], [0.0, 0.4], [0.8, 1.0], False),
-    ("DPM++ 2M", ["depth", "edges"], [1.0, 0.6], [0.0, 0.0], [1.0, 0.5], False),
+    ("DPM++ 2M", ["depth", "edges"], [1.2, 0.6], [0.2, 0.0], [1.0, 0.5], False),
 ])
 def test_controlnets_equal_diffusers(pipe, reference, sampler, names, weights, starts, ends, guess_mode):
     steps = 5

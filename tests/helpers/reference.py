@@ -30,6 +30,17 @@ def fill_zeros(model: torch.nn.Module, seed: int, scale: float) -> torch.nn.Modu
     return model.eval()
 
 
+def write_controlnet(unet: torch.nn.Module, path, seed: int, scale: float = 0.3):
+    """A random ControlNet of `unet`'s shape (diffusers' ControlNetModel.from_unet, its zero
+    convolutions filled: fill_zeros) written as diffusers does to `path`; returns the model."""
+    from diffusers import ControlNetModel
+
+    torch.manual_seed(seed)
+    model = fill_zeros(ControlNetModel.from_unet(unet), seed, scale)
+    model.save_pretrained(path)
+    return model
+
+
 def nchw_to_nhwc(x: torch.Tensor) -> np.ndarray:
     return x.detach().numpy().transpose(0, 2, 3, 1)
 

@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from hostile_values import NOT_BOOL, NOT_CHOICE, NOT_NUMBER, NOT_TEXT
 from images import block_mask, encoded, hostile_files, hostile_masks, picture
-from reference import psnr, read_with_third_parties
+from reference import psnr, read_with_third_parties, write_controlnet
 from served_app import get, read_metrics, requests_total, start_backend, wait_for
 from sdxl_tpu.routes.http_io import MAX_BODY_BYTES
 from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES
@@ -28,11 +29,15 @@ A1111, OPENAI = "/sdapi/v1/txt2img", "/v1/images/generations"
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory, compile_cache):
-    """One back end for the module; its last test stops it (SIGTERM)."""
+def backend(tmp_path_factory, compile_cache, tiny_checkpoint):
+    """One back end for the module, with a random ControlNet "edges"; its last test stops it (SIGTERM)."""
+    from diffusers import UNet2DConditionModel
+
+    edges = tmp_path_factory.mktemp("controlnets") / "edges"
+    write_controlnet(UNet2DConditionModel.from_pretrained(tiny_checkpoint / "unet"), edges, seed=0)
     yield from start_backend(tmp_path_factory.mktemp("backend"), compile_cache,
                              extra_args=("--queue-size", str(QUEUE_SIZE), "--image-format", "webp",
-                                         "--drain-seconds", "60"))
+                                         "--drain-seconds", "60", "--controlnet", str(edges)))
 
 
 def post(backend, body: bytes | str | dict, headers: dict[str, str] | None = None,
@@ -63,7 +68,7 @@ def test_ready_after_warm_up_and_describes_itself(backend):
                                 "preset": None, "presets": ["Quality", "Balanced", "Fast"], "images_per_call": 4,
                                 "image_format": "webp", "max_prompt_chunks": 3, "schedules": list(SCHEDULES),
                                 "default_schedule": "Checkpoint", "rngs": list(RNGS), "default_rng": "JAX",
-                                "loras": []}
+                                "loras": [], "controlnets": ["edges"]}
 
 
 def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):
@@ -280,6 +285,55 @@ def test_fuzz_the_image_field(backend):
     assert get(backend["url"] + "/healthz")[0] == 200
 
 
+def test_fuzz_the_controlnet_units(backend):
+    """Over 300 malformed or hostile ControlNet units, in POST /v1/generate and as sd-webui-controlnet's
+    units in /sdapi/v1/txt2img, on a server with a ControlNet loaded (so every field is read): each
+    a 422 naming the unit or what holds it, never a 5xx; the image corpus's refused files as control
+    images; sd-webui-controlnet's lists answer."""
+    from sdxl_tpu.request.errors import RequestError
+    from sdxl_tpu.imaging.image_input import decode_image
+
+    image = base64.b64encode(encoded(picture(), "PNG")).decode()
+    good = {"model": "edges", "image": image, "module": "canny"}
+    fields = {"model": NOT_CHOICE + ["edges/../../etc/passwd", "None"], "module": NOT_CHOICE + ["openpose"],
+              "weight": NOT_NUMBER + [-0.1, 2.5], "guidance_start": NOT_NUMBER + [-1, 1.5, 1],
+              "guidance_end": NOT_NUMBER + [0, 2], "threshold_a": NOT_NUMBER + [0, 256, 1.5],
+              "threshold_b": NOT_NUMBER + [0, 300], "resize_mode": NOT_CHOICE, "guess_mode": NOT_BOOL,
+              "enabled": NOT_BOOL, "preprocessed": NOT_BOOL, "image": NOT_TEXT + ["", "x", "/etc/passwd"],
+              "unknown": ["x"]}
+    units = [{**good, name: value} for name, values in fields.items() for value in values]
+    for _, data in hostile_files():  # (the decoder's refusals, as control images)
+        if isinstance(data, bytes):
+            try:
+                decode_image(data)
+            except RequestError:
+                units.append({**good, "image": base64.b64encode(data).decode()})
+    lists = [5, "x", {}, [5], [good] * 4, [{"enabled": True}], [None]]
+    bodies = [(("/v1/generate", {"prompt": "a cat", "steps": 1, "controlnet": [unit]}), "ControlNet")
+              for unit in units]
+    bodies += [(("/v1/generate", {"prompt": "a cat", "steps": 1, "controlnet": value}), "ControlNet")
+               for value in lists]
+    a1111 = [{**good, "control_mode": mode} for mode in ("My prompt is more important", 2, "x", True)]
+    a1111 += [{**good, "mask": image}, {**good, "resize_mode": 3}, {**good, "resize_mode": "Fit"},
+              {**good, "input_image": None, "image": None}, {**good, "image": {"image": image, "mask": image}}]
+    bodies += [((A1111, {"prompt": "a cat", "steps": 1, "width": 64, "height": 64,
+                         "alwayson_scripts": {"controlnet": {"args": [unit]}}}), "ControlNet") for unit in a1111]
+    bodies += [((A1111, {"prompt": "a cat", "steps": 1, "width": 64, "height": 64, "alwayson_scripts": scripts}),
+                "alwayson_scripts") for scripts in ("x", [1], {"controlnet": 5}, {"controlnet": {"args": "x"}},
+                                                     {"ADetailer": {"args": []}})]
+    assert len(bodies) >= 300, len(bodies)
+    before = metrics(backend)
+    for (path, body), named in bodies:
+        status, _, answer = post(backend, body, path=path)
+        assert status == 422 and named in json.loads(answer)["error"], (body, status, answer[:300])
+    assert metrics(backend)["sdxl_images_total"] == before["sdxl_images_total"]
+    for name, key in (("model_list", "model_list"), ("module_list", "module_list"), ("version", "version")):
+        status, text = get(f"{backend['url']}/controlnet/{name}")
+        assert status == 200 and key in json.loads(text)
+    assert json.loads(get(backend["url"] + "/controlnet/model_list")[1])["model_list"] == ["edges"]
+    assert get(backend["url"] + "/healthz")[0] == 200
+
+
 def test_fuzz_the_mask_field(backend):
     """Hostile and broken masks (hostile_masks, over 300, those JSON can carry) with a good image:
     each one the request check refuses is a 422 naming the mask or its setting, never a 5xx; two it
@@ -355,7 +409,7 @@ def test_a1111_api_through_its_client(backend, tiny_pipeline):
     assert found.info == made.info["infotexts"][0] and found.json["parameters"]["Steps"] == "4"
     for kwargs, said in ((dict(width=512, height=512), "Size '512x512' is not available; choose one of: 64x64"),
                          (dict(restore_faces=True), "restore_faces true cannot be honoured here"),
-                         (dict(alwayson_scripts={"controlnet": {"args": []}}), "alwayson_scripts"),
+                         (dict(alwayson_scripts={"ADetailer": {"args": [True]}}), "alwayson_scripts 'ADetailer'"),
                          (dict(override_settings={"sd_model_checkpoint": "juggernaut"}),
                           'Checkpoint "juggernaut" is not loaded here; this server runs tiny'),
                          (dict(override_settings={"randn_source": "NV"}), 'randn_source "NV" cannot be reproduced'),
@@ -364,6 +418,48 @@ def test_a1111_api_through_its_client(backend, tiny_pipeline):
             api.txt2img(prompt="a cat", **{"width": 64, "height": 64, **kwargs})
         assert refused.value.args[0] == 422 and said in json.loads(refused.value.args[1])["error"], refused.value.args
     del Image
+
+
+def test_controlnet_units_through_the_json_and_a1111_apis(backend):
+    """A ControlNet unit in POST /v1/generate and the same unit as sd-webui-controlnet's client
+    sends it (webuiapi's ControlNetUnit in alwayson_scripts): the same image, unlike the image
+    without it; each image's parameters name the unit; /controlnet/model_list lists what is loaded;
+    nothing compiles (the warm-up had each ControlNet's step); a bad unit is a 422 naming it."""
+    import webuiapi
+    from PIL import Image
+
+    from sdxl_tpu.a1111.images import read_parameters
+
+    before = metrics(backend)
+    common = {"prompt": "a lighthouse", "seed": 5, "steps": 3, "size": "64x64", "guidance_scale": 5.0,
+              "sampler": "Euler", "count": 1, "format": "png"}
+    unit = {"model": "edges", "image": base64.b64encode(encoded(picture(96, 80), "PNG")).decode(), "module": "canny",
+            "threshold_a": 100, "threshold_b": 200}
+    images = {}
+    for name, body in (("json", {**common, "controlnet": [unit]}), ("none", common)):
+        status, _, answer = post(backend, body)
+        assert status == 200, answer
+        images[name] = Image.open(io.BytesIO(base64.b64decode(json.loads(answer)["images"][0])))
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=backend["port"], sampler="Euler", steps=3)
+    assert api.controlnet_model_list() == ["edges"]
+    made = api.txt2img(prompt="a lighthouse", seed=5, cfg_scale=5.0, width=64, height=64, scheduler="Checkpoint",
+                       controlnet_units=[
+        webuiapi.ControlNetUnit(image=picture(96, 80), module="canny", model="edges [0f1e2d3c]", threshold_a=100,
+                                threshold_b=200, resize_mode="Crop and Resize")])
+    text = read_parameters(images["json"])
+    assert 'ControlNet 0: "Module: canny, Model: edges, Weight: 1, Resize Mode: Crop and Resize, Threshold A: 100, ' \
+        'Threshold B: 200, Guidance Start: 0, Guidance End: 1, Pixel Perfect: True, Control Mode: Balanced"' in text
+    assert made.info["infotexts"][0] == text
+    np.testing.assert_array_equal(np.asarray(made.image.convert("RGB")), np.asarray(images["json"].convert("RGB")))
+    assert psnr(np.asarray(images["json"].convert("RGB")), np.asarray(images["none"].convert("RGB"))) < 30
+    after = metrics(backend)
+    assert (after["sdxl_compiles_total"], after["sdxl_programs_loaded_total"]) == (
+        before["sdxl_compiles_total"], before["sdxl_programs_loaded_total"])
+    for bad, said in (({**unit, "model": "depth"}, "ControlNet unit 0: ControlNet 'depth' is not available"),
+                      ({**unit, "weight": "heavy"}, "ControlNet unit 0 weight"),
+                      ({**unit, "image": "<svg onload=alert(1)>"}, "ControlNet image")):
+        status, _, answer = post(backend, {**common, "controlnet": [bad]})
+        assert status == 422 and said in json.loads(answer)["error"], answer
 
 
 def test_openai_images_api_through_its_client(backend, tiny_pipeline):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hostile_values import NOT_ANY, NOT_BOOL, NOT_CHOICE, NOT_JSON, NOT_NUMBER, NOT_TEXT
 from images import block_mask, encoded, hostile_files, picture
 from raw_http import AppLog, Http
 from served_app import API_KEY, read_metrics, requests_total
@@ -133,19 +134,6 @@ def test_mcp_tool_on_the_app(app_server, from_generate):
 
 # --- the fuzz: every new route, at least 300 malformed or hostile bodies each ---
 
-NOT_JSON = [b"", b"{", b"[", b"null", b"[]", b'"x"', b"1", b"\xff\xfe\x00", b"{" * 5000 + b"}" * 5000,
-            b"[" * 100_000, b'{"prompt": "x"', b'{"prompt": "x",}', b"{'prompt': 'x'}", b'{"prompt": NaN', b"\x00" * 9]
-# Per kind, values a field of that kind never takes (json.dumps writes NaN and Infinity as Python reads them).
-NOT_TEXT = [5, 1.5, True, {"$ne": ""}, [["x"]], [], {}, -1, 1e308]
-NOT_NUMBER = ["5", "x", "../../etc/passwd", "", True, {"a": 1}, [1], [], float("nan"), float("inf"), -float("inf"),
-              10**30, -10**30]
-NOT_BOOL = ["yes", 2, 1.5, {"a": 1}, [True], "", -1]
-NOT_CHOICE = ["nope", "../../etc/passwd", "\x00", "x" * 10_000, "%00", "<script>alert(1)</script>", *NOT_TEXT]
-# What no field of the form takes (its MCP tool's arguments): objects, nested lists, files it did not write.
-NOT_ANY = [{"$ne": 1}, [[1]], [1, "x"], 1e308, -1e308, {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}},
-           {"path": "http://127.0.0.1:1/x.png"}, {"url": "file:///etc/passwd"}]
-
-
 @functools.cache
 def hostile_images() -> list:
     """The image corpus as base64 (what the decoder refuses), and its values that are no bytes."""
@@ -163,7 +151,11 @@ def a1111_bodies(img2img: bool) -> list[bytes]:
               "batch_size": NOT_NUMBER + [0, 65], "n_iter": NOT_NUMBER + [0, 1000],
               "send_images": ["yes", 2, {"a": 1}], "styles": ["x", [5], [{"a": 1}], ["no such style"], [["x"]]],
               "override_settings": ["x", 5, [1], {"sd_model_checkpoint": "other"}, {"randn_source": "NV"},
-                                    {"sd_model_checkpoint": {"a": 1}}, {"samples_format": 5}]}
+                                    {"sd_model_checkpoint": {"a": 1}}, {"samples_format": 5}],
+              # (this app loads no ControlNet: a unit is refused; test_backend fuzzes units against one)
+              "alwayson_scripts": ["x", 12345, [1], {"a": [1]}, {"controlnet": "x"}, {"controlnet": {"args": 5}},
+                                   {"ControlNet": {"args": [5]}}, {"controlnet": {"args": [{"model": "x"}]}},
+                                   {"ADetailer": {"args": [True]}, "controlnet": {"args": []}}]}
     bodies = [{**base, name: value} for name, values in fields.items() for value in values]
     bodies += [{**base, name: value} for name in ONLY_DEFAULT for value in ("x", 12345, {"a": [1]})]
     if not img2img:  # (A1111's img2img has no hires fix: it ignores these)

@@ -14,7 +14,8 @@ from safetensors.numpy import save_file
 
 from reference import perturb_norms
 from sdxl_tpu.models.layers import Precision
-from sdxl_tpu.weights.controlnets import controlnet_name, load_controlnet
+from sdxl_tpu.request.load import controlnet_name
+from sdxl_tpu.weights.controlnets import load_controlnet
 from sdxl_tpu.weights.errors import CheckpointError
 
 F32 = Precision()
