@@ -79,12 +79,10 @@ def _unit(unit: Any, i: int) -> dict[str, Any]:
             raise RequestError(f"{label} resize_mode {what} is not one of: Just Resize, Crop and Resize, "
                                "Resize and Fill.")
         ours["resize_mode"] = RESIZE_NAMES[key]
-    if ours.get("module") != "canny":  # (its thresholds are sent with every unit, -1 or 64 when unused)
-        ours.pop("threshold_a", None), ours.pop("threshold_b", None)
-    for key in ("threshold_a", "threshold_b"):  # (it sends them as floats)
+    for key in ("threshold_a", "threshold_b"):  # (it sends them with every unit, as floats; -1 or 64 when unused)
         value = ours.get(key)
-        if value == -1:
-            ours.pop(key)
+        if value == -1 or ours.get("module") != "canny":
+            ours.pop(key, None)
         elif isinstance(value, float) and value.is_integer():
             ours[key] = int(value)
     return ours
