@@ -68,13 +68,25 @@ def tiny_inpainting_pipeline(tiny_inpainting_checkpoint, compile_cache):
 
 
 @pytest.fixture(scope="session")
-def app_server(tmp_path_factory, compile_cache):
+def tiny_controlnet(tmp_path_factory, tiny_checkpoint):
+    """A random ControlNet of the tiny UNet's shape, "edges", in diffusers' format (reference.write_controlnet)."""
+    from diffusers import UNet2DConditionModel
+    from reference import write_controlnet
+
+    path = tmp_path_factory.mktemp("controlnets") / "edges"
+    write_controlnet(UNet2DConditionModel.from_pretrained(tiny_checkpoint / "unet"), path, seed=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory, compile_cache, tiny_controlnet):
     """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests: with
-    its MCP server on and an API key (served_app.API_KEY) for the other tools' APIs."""
+    its MCP server on, an API key (served_app.API_KEY) for the other tools' APIs and the ControlNet
+    "edges" (tiny_controlnet)."""
     from served_app import API_KEY, start_app
 
-    yield from start_app(tmp_path_factory.mktemp("app"), compile_cache, ("--mcp", "on"),
-                         env_extra={"SDXL_API_KEY": API_KEY})
+    yield from start_app(tmp_path_factory.mktemp("app"), compile_cache,
+                         ("--mcp", "on", "--controlnet", str(tiny_controlnet)), env_extra={"SDXL_API_KEY": API_KEY})
 
 
 # The longest test files (2026-12-05, seconds in one process), started first: two workers take

@@ -14,7 +14,9 @@ import numpy as np
 
 from ..request.errors import RequestError
 from ..request.fields import BY_API, FIELD, FIELDS, PASTED, restoring
+from ..imaging.control_image import control_image
 from ..imaging.image_input import decode_image
+from ..request.control import DEFAULT_RESIZE
 from ..a1111.images import read_parameters
 from ..imaging.hires import scales_to
 from ..a1111.infotext import parse, request_fields
@@ -23,7 +25,7 @@ from ..request.names import DEFAULT_SCHEDULE
 from ..request.recipes import RECIPES
 from ..imaging.resize import nearest_size, new_area_mask
 from ..request.styles import style_entry
-from ..request.values import format_size, parse_size
+from ..request.values import format_size, number_input, parse_size
 from ..server.errors import log_refusal
 from ..server.offer import Offer
 from .sampler_menu import menu_pair
@@ -101,6 +103,22 @@ def new_area(value: Any, size: Any, uploads: Any) -> tuple[Any, str]:
 
 NOTHING_FOUND = ("No generation parameters found in this image (read: AUTOMATIC1111's, Forge's, ComfyUI's, "
                  "Fooocus', InvokeAI's, NovelAI's and ours).")
+
+
+def control_preview(value: Any, module: Any, low: Any, high: Any, size: Any, uploads: Any) -> Any:
+    """What the ControlNet will see of the page's ControlNet image (`value`, an upload) at `size`, as
+    an RGB image: fitted as a unit's default (Crop and resize), through the preprocessor; None where
+    it cannot be made yet (no image, a value out of range: the run says what is wrong)."""
+    from PIL import Image
+
+    if uploads is None or value is None:
+        return None
+    try:
+        low, high = (int(number_input(v, "Canny threshold", 1, 255, whole=True)) for v in (low, high))
+        return Image.fromarray(control_image(uploads.read(value, "ControlNet image"), parse_size(size), module,
+                                             resize_mode=DEFAULT_RESIZE, low=low, high=high))
+    except (RequestError, ValueError, TypeError):
+        return None
 
 
 def painted_mask(value: Any, uploads: Any) -> Any:

@@ -20,8 +20,9 @@ from .handlers import form_handler, gradio_handler
 from .in_browser import browser_config, in_browser
 from .history import history_rows, restored_run
 from ..routes.internals import QueueView, forget_served
-from .page import (CUSTOM, PASTED_INTO, form_defaults, hires_of, new_area, painted_mask, pasted_form, png_info_note,
-                   preset_fields, seed_note, size_choices, size_for_image, style_description)
+from .page import (CUSTOM, PASTED_INTO, control_preview, form_defaults, hires_of, new_area, painted_mask,
+                   pasted_form, png_info_note, preset_fields, seed_note, size_choices, size_for_image,
+                   style_description)
 from .page_layout import WARMING_UP, Page, preset_names
 from .page_run import GENERATE, page_run, page_values, refused, stopped
 from .sampler_menu import fitted_schedule, menu_samplers, schedule_menu
@@ -221,6 +222,17 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
 
     page.outpaint.click(mask_new_area, inputs=[page.image, page.size],
                         outputs=[page.mask, page.inputs["resize_mode"], page.form_note], **light)
+
+    # The ControlNet image as the ControlNet will see it: at the size, through the preprocessor.
+    controls = [page.inputs[name] for name in ("control_image", "control_module", "control_low", "control_high")]
+
+    def show_control(value, module, low, high, size_now):  # (kept as one of the page's uploads, as a mask is)
+        made = control_preview(value, module, low, high, size_now, server.uploads)
+        return None if made is None else uploads().add(made, get_upload_folder())
+
+    for source, event in ((controls[0], "change"), (controls[1], "change"), (controls[2], "release"),
+                          (controls[3], "release"), (page.size, "change")):
+        getattr(source, event)(show_control, inputs=[*controls, page.size], outputs=[page.control_preview], **light)
 
     def read_png_info(value):
         text, note = png_info_note(value, server.uploads)

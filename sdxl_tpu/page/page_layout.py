@@ -46,6 +46,7 @@ class Page:
     painter: gr.ImageEditor
     mask: gr.Image
     outpaint: gr.Button
+    control_preview: gr.Image
     style: gr.Dropdown
     style_info: gr.Markdown
     rng: gr.Dropdown
@@ -163,6 +164,25 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                     field_slider("hires_steps", 1, min_width=160)
                     field_slider("hires_strength", 0.01, min_width=160)
                 field_radio("hires_upscaler")
+            # sd-webui-controlnet's unit: an image, its preprocessor (and what it makes of the image at
+            # the size), the ControlNet, how strongly and over which steps. Shown where one is loaded.
+            with gr.Accordion("ControlNet", open=False, visible=bool(offer.controlnets), elem_id="control-panel"):
+                with gr.Row():
+                    gr.Image(label=label("control_image"), type="filepath", sources=["upload", "clipboard"],
+                             height=200, min_width=160, elem_id="control_image")
+                    control_preview = gr.Image(label="Preprocessor preview", interactive=False, height=200,
+                                               min_width=160, elem_id="control-preview")
+                with gr.Row():
+                    gr.Dropdown(list(offer.controlnets), value=next(iter(offer.controlnets), None),
+                                label=label("control_model"), min_width=220, elem_id="control_model")
+                    field_radio("control_module", min_width=220)
+                with gr.Row():
+                    field_slider("control_weight", 0.05, min_width=140)
+                    field_slider("control_start", 0.01, min_width=140)
+                    field_slider("control_end", 0.01, min_width=140)
+                with gr.Row():
+                    field_slider("control_low", 1, min_width=160)
+                    field_slider("control_high", 1, min_width=160)
             # A1111's seed: -1 draws new seeds each run; the API's Randomize switch stays off here.
             gr.Checkbox(FIELD["randomize"].default, label=label("randomize"), visible=False, elem_id="randomize")
             with gr.Accordion("More options", open=False, elem_id="more-options"):
@@ -218,9 +238,9 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
     return Page(status=status, prompt=prompt, tokens=tokens, run=run, stop=stop, read_prompt=read_prompt,
                 form_note=form_note, size=size, preset=preset, sampler=sampler, schedule=schedule, steps=steps,
                 guidance=guidance, seed=seed, reuse=reuse, image_panel=image_panel, image=image, painter=painter,
-                mask=mask, outpaint=outpaint, style=style, style_info=style_info, rng=rng, offered=offered,
-                panel=panel, use_seed=use_seed, use_image=use_image, use_hires=use_hires, gallery=gallery,
-                summary=summary, examples=examples, pasted=pasted, png_info_image=png_info_image,
+                mask=mask, outpaint=outpaint, control_preview=control_preview, style=style, style_info=style_info,
+                rng=rng, offered=offered, panel=panel, use_seed=use_seed, use_image=use_image, use_hires=use_hires,
+                gallery=gallery, summary=summary, examples=examples, pasted=pasted, png_info_image=png_info_image,
                 use_pasted=use_pasted, paste_notes=paste_notes, history=history, kept_run=kept_run,
                 history_table=history_table, inputs=inputs, form=form)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..imaging.control_image import CANNY_THRESHOLDS, PREPROCESSORS, control_image
 from .errors import RequestError
+from .fields import MAX_WEIGHT
 from .names import RESIZE_MODES
 from .values import choice_input, json_type, not_a_choice, number_input
 
@@ -23,7 +24,6 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")
 UNIT_KEYS = ("model", "image", "module", "weight", "guidance_start", "guidance_end", "threshold_a", "threshold_b",
              "resize_mode", "guess_mode", "enabled", "preprocessed")
 MAX_UNITS = 3  # ControlNets in one call (each is another network on every step)
-MAX_WEIGHT = 2.0  # sd-webui-controlnet's Control Weight slider
 DEFAULT_RESIZE = RESIZE_MODES[1]  # sd-webui-controlnet's: Crop and resize
 
 

@@ -21,6 +21,7 @@ from ..imaging.hires import SCALE_RANGE as HIRES_SCALE_RANGE
 from ..imaging.hires import UPSCALERS as HIRES_UPSCALERS
 from ..imaging.mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT,
                             INPAINT_AREAS, MASKED_CONTENT, MAX_MASK_BLUR, MAX_MASK_PADDING)
+from ..imaging.control_image import CANNY_THRESHOLDS, PREPROCESSORS
 from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
 
 MAX_SEED = 2**32 - 1
@@ -35,6 +36,7 @@ GUIDANCE_RANGE = (0.0, 20.0)
 STRENGTH_RANGE = (0.0, 1.0)  # img2img's denoising strength: 0 keeps the image, 1 all but replaces it
 DEFAULT_STRENGTH = 0.75  # A1111's
 DEFAULT_STYLE = "(No style)"
+MAX_WEIGHT = 2.0  # a ControlNet's (sd-webui-controlnet's Control Weight slider)
 
 HISTORY, PASTED = "history", "pasted"  # where a field is kept besides the form: a run's history, pasted parameters
 
@@ -159,6 +161,29 @@ FIELDS: tuple[Field, ...] = (
           optional=True, limits=(0, MAX_MASK_PADDING), kept=frozenset({PASTED}), infotext="Masked area padding",
           needs=("image", "mask"),
           about="With Only masked: how far around the mask the cropped region reaches."),
+    # The page's ControlNet unit, as sd-webui-controlnet's panel has one (after Only masked's, for the
+    # same reason). Page fields: POST /v1/generate and /sdapi/v1 take a list of units instead
+    # (request/control.py), which these make one of.
+    Field("control_image", "ControlNet image", "image", optional=True,
+          about="Guide the images with this image through a loaded ControlNet (edges, a depth map, a pose you "
+                "made...): an uploaded file, as the image is; fitted to the size by Crop and resize. Left out: "
+                "no ControlNet."),
+    Field("control_model", "ControlNet", "choice", optional=True, needs=("control_image",),
+          about="Which of the loaded ControlNets (GET /controlnet/model_list); left out: the first."),
+    Field("control_module", "Preprocessor", "choice", "none", optional=True, choices=PREPROCESSORS,
+          needs=("control_image",),
+          about="What the ControlNet image becomes first: none (used as it is), canny (its edges), invert (white "
+                "lines on black from black on white), as sd-webui-controlnet's."),
+    Field("control_weight", "Control weight", "number", 1.0, optional=True, limits=(0.0, MAX_WEIGHT),
+          needs=("control_image",), about="How strongly the ControlNet steers, 0 to 2 (A1111's Control Weight)."),
+    Field("control_start", "Starting control step", "number", 0.0, optional=True, limits=(0.0, 1.0),
+          needs=("control_image",), about="From which fraction of the steps the ControlNet acts, 0 to 1."),
+    Field("control_end", "Ending control step", "number", 1.0, optional=True, limits=(0.0, 1.0),
+          needs=("control_image",), about="Until which fraction of the steps it acts, above the start."),
+    Field("control_low", "Canny low threshold", "whole", CANNY_THRESHOLDS[0], optional=True, limits=(1, 255),
+          needs=("control_image",), about="With canny: edges weaker than this are dropped."),
+    Field("control_high", "Canny high threshold", "whole", CANNY_THRESHOLDS[1], optional=True, limits=(1, 255),
+          needs=("control_image",), about="With canny: edges stronger than this are kept."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them

@@ -112,14 +112,20 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, t
     assert info["description"].startswith("Four images from one prompt") and "Seed -1 draws" in info["description"]
     assert [p["example_input"] for p in parameters[:2]] == ["a lighthouse on a cliff at dusk, oil painting",
                                                             "blurry, low quality"]
-    assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"]) for p in parameters[-16:-13]] == [
-        ("sampler", True, "Euler"), ("schedule", True, "Checkpoint"), ("rng", True, "JAX")]
+    names = [p["parameter_name"] for p in parameters]
+    at = names.index("sampler")
+    assert [(p["parameter_name"], p["parameter_has_default"], p["parameter_default"])
+            for p in parameters[at:at + 3]] == [("sampler", True, "Euler"), ("schedule", True, "Checkpoint"),
+                                                ("rng", True, "JAX")]
     # ... then img2img's three, added since: an image (none), its strength and resize mode;
-    # inpainting's: a mask (none), its blur and masked content; the hires fix's (off); Only masked's.
-    assert [(p["parameter_name"], p["parameter_has_default"]) for p in parameters[-13:]] == [
-        ("image", True), ("strength", True), ("resize_mode", True), ("mask", True), ("mask_blur", True),
-        ("masked_content", True), ("hires", True), ("hires_scale", True), ("hires_upscaler", True),
-        ("hires_steps", True), ("hires_strength", True), ("inpaint_area", True), ("mask_padding", True)]
+    # inpainting's: a mask (none), its blur and masked content; the hires fix's (off); Only masked's;
+    # the ControlNet unit's (no image).
+    later = ("image", "strength", "resize_mode", "mask", "mask_blur", "masked_content", "hires", "hires_scale",
+             "hires_upscaler", "hires_steps", "hires_strength", "inpaint_area", "mask_padding", "control_image",
+             "control_model", "control_module", "control_weight", "control_start", "control_end", "control_low",
+             "control_high")
+    assert [(p["parameter_name"], p["parameter_has_default"]) for p in parameters[at + 3:]] == [
+        (name, True) for name in later]
     for call in [(), ("Euler a",), ("Euler a", "Checkpoint"), ("Euler a", "Checkpoint", "CPU")]:
         gallery, info = _generate(client, "a cat", "", "(No style)", 3, False, 5.0, 2, "64x64", *call)
         rng = "CPU" if len(call) == 3 else "JAX"
@@ -1152,6 +1158,52 @@ def test_browser_hires_fix_of_a_result(app_server, browser, tmp_path):
         image = Image.open(io.BytesIO(response.read()))
     text = read_parameters(image)
     assert image.size == (96, 96) and f"Seed: {picked}, Size: 64x64," in text and "Hires upscale: 1.5," in text, text
+
+
+def test_browser_controlnet_panel(app_server, browser, client, tmp_path):
+    """A person opens "ControlNet" (the app loads one, "edges"), drops a picture in and picks canny:
+    the preview shows its edges at the size, white on black; sets the weight and runs: four images
+    whose parameters carry the unit as sd-webui-controlnet writes it, unlike the same run without
+    it. Nothing recompiles (the warm-up compiled the ControlNet's step)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from sdxl_tpu.a1111.images import read_parameters
+
+    start = tmp_path / "control.png"
+    picture(128, 96).save(start)
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        page.locator("#control-panel").get_by_text("ControlNet").first.click()
+        page.locator("#control_module").get_by_label("canny").check()  # (before the image: one preview, of edges)
+        page.locator("#control_image input[type=file]").set_input_files(str(start))
+        shown = ("() => { const i = document.querySelector('#control-preview img'); "
+                 "return i && i.complete ? i.naturalWidth : 0 }")
+        wait_for(lambda: page.evaluate(shown) == 64, 30, "the preprocessor's preview is not shown at the size")
+        preview_src = page.evaluate("() => document.querySelector('#control-preview img').src")
+        set_field(page, "control_weight", 0.8)
+        set_field(page, "seed", 5)
+        set_field(page, "steps", 3)
+        generate_in_page(page, "a lighthouse", "")
+        page.locator("#control-panel").scroll_into_view_if_needed()
+        page.screenshot(path=str(artifact(tmp_path, "controlnet-1280x800.png")))
+        urls = page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
+    with urllib.request.urlopen(preview_src, timeout=30) as response:
+        preview = np.asarray(Image.open(io.BytesIO(response.read())).convert("RGB"))
+    assert preview.shape == (64, 64, 3) and set(np.unique(preview)) <= {0, 255} and preview.any()
+    files = []
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            files.append(Image.open(io.BytesIO(response.read())))
+    texts = [read_parameters(f) for f in files]
+    assert len(files) == 4 and all('ControlNet 0: "Module: canny, Model: edges, Weight: 0.8, Resize Mode: Crop and '
+                                   'Resize, Threshold A: 100, Threshold B: 200' in t for t in texts), texts
+    gallery, _ = _generate(client, "a lighthouse", "", seed=5, steps=3)  # (the same run without the ControlNet)
+    plain = np.asarray(Image.open(gallery[0]["image"]).convert("RGB"))
+    assert psnr(np.asarray(files[0].convert("RGB")), plain) < 30
+    assert compiles(app_server) == before
 
 
 def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, tiny_pipeline):

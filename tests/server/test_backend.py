@@ -18,7 +18,7 @@ import pytest
 
 from hostile_values import NOT_BOOL, NOT_CHOICE, NOT_NUMBER, NOT_TEXT
 from images import block_mask, encoded, hostile_files, hostile_masks, picture
-from reference import psnr, read_with_third_parties, write_controlnet
+from reference import psnr, read_with_third_parties
 from served_app import get, read_metrics, requests_total, start_backend, wait_for
 from sdxl_tpu.routes.http_io import MAX_BODY_BYTES
 from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES
@@ -29,15 +29,11 @@ A1111, OPENAI = "/sdapi/v1/txt2img", "/v1/images/generations"
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory, compile_cache, tiny_checkpoint):
-    """One back end for the module, with a random ControlNet "edges"; its last test stops it (SIGTERM)."""
-    from diffusers import UNet2DConditionModel
-
-    edges = tmp_path_factory.mktemp("controlnets") / "edges"
-    write_controlnet(UNet2DConditionModel.from_pretrained(tiny_checkpoint / "unet"), edges, seed=0)
+def backend(tmp_path_factory, compile_cache, tiny_controlnet):
+    """One back end for the module, with the ControlNet "edges"; its last test stops it (SIGTERM)."""
     yield from start_backend(tmp_path_factory.mktemp("backend"), compile_cache,
                              extra_args=("--queue-size", str(QUEUE_SIZE), "--image-format", "webp",
-                                         "--drain-seconds", "60", "--controlnet", str(edges)))
+                                         "--drain-seconds", "60", "--controlnet", str(tiny_controlnet)))
 
 
 def post(backend, body: bytes | str | dict, headers: dict[str, str] | None = None,

@@ -30,7 +30,8 @@ from sdxl_tpu.request.names import RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, reso
 # A valid call (1 step), from noise: no image (its strength and resize mode are checked, not used),
 # no mask (its blur and masked content likewise).
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX", None, 0.75,
-            "Just resize", None, 4, "original", False, 2.0, "Latent", 0, 0.7, "Whole picture", 32]
+            "Just resize", None, 4, "original", False, 2.0, "Latent", 0, 0.7, "Whole picture", 32,
+            None, None, "none", 1.0, 0.0, 1.0, 100, 200]
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
        "sampler": "Euler", "size": "64x64", "schedule": "Checkpoint", "rng": "JAX"}  # a run as the history keeps it
 # The page's own generation event takes the history the browser keeps as a last input.
@@ -235,6 +236,18 @@ MALFORMED = {
                               st.sampled_from(["only masked", "Whole", "inpaint_full_res"])),
     "mask_padding": st.one_of(bad_number, st.floats(0.01, 255.99).filter(lambda v: v != int(v)),
                               st.integers(257, 10**6)),
+    # The page's ControlNet unit (the app loads one ControlNet, "edges")
+    "control_model": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s != "edges")),
+    "control_module": st.one_of(not_text.filter(lambda v: v is not None),
+                                text.filter(lambda s: s not in ("none", "canny", "invert")),
+                                st.sampled_from(["Canny", "openpose", "depth_midas",
+                                                 "invert (from white bg & black line)"])),
+    "control_weight": st.one_of(bad_number.filter(lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 0),
+                                st.floats(2.001, 1e6), st.floats(-1e6, -0.001)),
+    **{name: st.one_of(bad_number.filter(lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 0),
+                       st.floats(1.001, 1e6), st.floats(-1e6, -0.001)) for name in ("control_start", "control_end")},
+    **{name: st.one_of(bad_number, st.floats(1.01, 254.99).filter(lambda v: v != int(v)), st.integers(256, 10**6),
+                       st.integers(-10**6, 0)) for name in ("control_low", "control_high")},
 }
 
 
@@ -248,7 +261,7 @@ def _refused(sampler: str, schedule: str) -> bool:
 
 def test_every_field_is_fuzzed():
     """A new field joins the fuzzing (the image and the mask: raw, below, as uploads)."""
-    assert set(MALFORMED) == set(FIELDS) - {"image", "mask"}, set(FIELDS) ^ set(MALFORMED)
+    assert set(MALFORMED) == set(FIELDS) - {"image", "mask", "control_image"}, set(FIELDS) ^ set(MALFORMED)
 
 
 # A sampler and a Schedule type, each valid, together not (DDIM on Karras): both set.
@@ -323,8 +336,9 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
 STILL_VALID = {(1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), *((i, "null") for i in range(1, 11)),
                (11, "null"), (12, "null"), (13, "null"), (14, "null"), (15, "null"),
                (16, "null"), (17, "null"), (17, "false"), (18, "null"), (19, "null"), (20, "null"),
-               (21, "null"), (22, "null"), (23, "null")}  # (null but for the prompt: the default; no image: no
-# strength and resize mode needed; no mask: no blur, content, area or padding; no hires)
+               (21, "null"), (22, "null"), (23, "null"), *((i, "null") for i in range(24, 32))}
+# (null but for the prompt: the default; no image: no strength and resize mode needed; no mask: no
+# blur, content, area or padding; no hires; no ControlNet image: the unit's fields their defaults)
 
 
 def _join_raw(http_client, log: AppLog, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:
@@ -365,10 +379,11 @@ def _raw_value_refused(http_client, log: AppLog, fn_index, endpoint: str, positi
         if (position, raw) in STILL_VALID or position == HISTORY:
             assert message["success"] is True, message
         elif endpoint == "generate":
-            assert message["success"] is False and message.get("output", {}).get("error"), message
+            assert message["success"] is False and message.get("output", {}).get("error"), (position, raw, message)
         else:  # the page's event shows the refusal in its run panel instead of failing
             panel = message["output"]["data"][PAGE_PANEL]
-            assert message["success"] is True and 'data-state="refused"' in panel and "⚠️ " in panel, message
+            assert message["success"] is True and 'data-state="refused"' in panel and "⚠️ " in panel, (
+                position, raw, message)
     else:
         assert status in (413, 422) and refusal(text), text
 

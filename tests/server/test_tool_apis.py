@@ -152,7 +152,7 @@ def a1111_bodies(img2img: bool) -> list[bytes]:
               "send_images": ["yes", 2, {"a": 1}], "styles": ["x", [5], [{"a": 1}], ["no such style"], [["x"]]],
               "override_settings": ["x", 5, [1], {"sd_model_checkpoint": "other"}, {"randn_source": "NV"},
                                     {"sd_model_checkpoint": {"a": 1}}, {"samples_format": 5}],
-              # (this app loads no ControlNet: a unit is refused; test_backend fuzzes units against one)
+              # (units: test_backend fuzzes them further)
               "alwayson_scripts": ["x", 12345, [1], {"a": [1]}, {"controlnet": "x"}, {"controlnet": {"args": 5}},
                                    {"ControlNet": {"args": [5]}}, {"controlnet": {"args": [{"model": "x"}]}},
                                    {"ADetailer": {"args": [True]}, "controlnet": {"args": []}}]}
