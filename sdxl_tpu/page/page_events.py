@@ -273,10 +273,10 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         model described, its defaults too."""
         offer = server.offer
         names = preset_names(server)
-        now_offered = json.dumps([offer.samplers, offer.schedules, offer.rngs, names,
+        now_offered = json.dumps([offer.samplers, offer.schedules, offer.rngs, names, offer.controlnets,
                                   server.engine.tokenizer is not None]) if server.warmup.described else ""
         if now_offered == seen or not now_offered:
-            return *[gr.skip()] * 9,
+            return *[gr.skip()] * 11,
         now = {} if seen else form_defaults(offer)
         value = lambda key: {"value": now[key]} if now else {}
         menu = schedule_menu(now.get("sampler", sampler_name), offer.samplers, offer.schedules)
@@ -285,7 +285,8 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
                 gr.Dropdown(choices=list(offer.rngs), **value("rng")),
                 gr.Dropdown(choices=[*names, CUSTOM], **value("preset")),
                 now.get("steps", gr.skip()), now.get("guidance", gr.skip()),
-                server.token_count(prompt_text, style_name), now_offered)
+                server.token_count(prompt_text, style_name), gr.Accordion(visible=bool(offer.controlnets)),
+                gr.Dropdown(choices=list(offer.controlnets), value=next(iter(offer.controlnets), None)), now_offered)
 
     def refresh(seen: str, prompt_text: Any, style_name: Any, state: Any, sampler_name: Any = None):
         sizes = size_choices(server.warmup.ready_sizes)
@@ -299,7 +300,8 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     seen_offer = gr.State("")  # the offer this page's menus show ("": not described yet)
     # (`offered` first: the preset menu's match, run when steps or guidance change, reads it)
     refreshed = [page.status, timer := gr.Timer(2.0, active=refreshing()), page.run, page.size, page.offered,
-                 page.sampler, page.schedule, page.rng, page.preset, page.steps, page.guidance, page.tokens, seen_offer]
+                 page.sampler, page.schedule, page.rng, page.preset, page.steps, page.guidance, page.tokens,
+                 page.control_panel, page.inputs["control_model"], seen_offer]
     timer.tick(refresh, inputs=[seen_offer, page.prompt, page.style, run_state, page.sampler], outputs=refreshed,
                **light)
     # After a reload, the last run's images while the server still keeps their files (it checks

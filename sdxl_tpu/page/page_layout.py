@@ -46,6 +46,7 @@ class Page:
     painter: gr.ImageEditor
     mask: gr.Image
     outpaint: gr.Button
+    control_panel: gr.Accordion
     control_preview: gr.Image
     style: gr.Dropdown
     style_info: gr.Markdown
@@ -166,7 +167,8 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                 field_radio("hires_upscaler")
             # sd-webui-controlnet's unit: an image, its preprocessor (and what it makes of the image at
             # the size), the ControlNet, how strongly and over which steps. Shown where one is loaded.
-            with gr.Accordion("ControlNet", open=False, visible=bool(offer.controlnets), elem_id="control-panel"):
+            with gr.Accordion("ControlNet", open=False, visible=bool(offer.controlnets),
+                              elem_id="control-panel") as control_panel:
                 with gr.Row():
                     gr.Image(label=label("control_image"), type="filepath", sources=["upload", "clipboard"],
                              height=200, min_width=160, elem_id="control_image")
@@ -238,7 +240,8 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
     return Page(status=status, prompt=prompt, tokens=tokens, run=run, stop=stop, read_prompt=read_prompt,
                 form_note=form_note, size=size, preset=preset, sampler=sampler, schedule=schedule, steps=steps,
                 guidance=guidance, seed=seed, reuse=reuse, image_panel=image_panel, image=image, painter=painter,
-                mask=mask, outpaint=outpaint, control_preview=control_preview, style=style, style_info=style_info,
+                mask=mask, outpaint=outpaint, control_panel=control_panel,
+                control_preview=control_preview, style=style, style_info=style_info,
                 rng=rng, offered=offered, panel=panel, use_seed=use_seed, use_image=use_image, use_hires=use_hires,
                 gallery=gallery, summary=summary, examples=examples, pasted=pasted, png_info_image=png_info_image,
                 use_pasted=use_pasted, paste_notes=paste_notes, history=history, kept_run=kept_run,

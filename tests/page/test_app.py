@@ -405,6 +405,26 @@ def compiles(app_server) -> float:
     return metrics(app_server)["sdxl_compiles_total"]
 
 
+def seeded_run(page, prompt: str, panel: str, shot: Path) -> list[str]:
+    """A run of `prompt` at seed 5 and 3 steps (no negative prompt), `panel` then scrolled into view
+    for the screenshot `shot`: the gallery's image URLs."""
+    set_field(page, "seed", 5)
+    set_field(page, "steps", 3)
+    generate_in_page(page, prompt, "")
+    page.locator(panel).scroll_into_view_if_needed()
+    page.screenshot(path=str(shot))
+    return page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
+
+
+def fetched(urls: list[str]) -> list[bytes]:
+    """The files a page shows (its images' URLs), as a browser gets them."""
+    files = []
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            files.append(response.read())
+    return files
+
+
 def set_field(page, elem_id: str, value) -> None:
     """Sets a number, slider or dropdown of the form as a person does (typing, then Enter)."""
     box = page.locator(f"#{elem_id} input").first
@@ -1036,19 +1056,11 @@ def test_browser_inpaint_by_painting_a_mask(app_server, browser, tmp_path, tiny_
         page.get_by_text("Start from an image").click()
         page.locator("#image input[type=file]").set_input_files(str(start))
         mask_url = paint_a_mask(page)
-        set_field(page, "seed", 5)
-        set_field(page, "steps", 3)
-        generate_in_page(page, "a red door", "")
-        page.locator("#mask-painter").scroll_into_view_if_needed()
-        page.screenshot(path=str(artifact(tmp_path, "inpaint-1280x800.png")))
-        urls = page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
+        urls = seeded_run(page, "a red door", "#mask-painter", artifact(tmp_path, "inpaint-1280x800.png"))
         with urllib.request.urlopen(mask_url, timeout=30) as response:
             mask = np.asarray(Image.open(io.BytesIO(response.read())).convert("L"))
     assert mask.shape == (64, 96) and 0 < (mask > 0).mean() < 0.9  # painted, not everything
-    files = []
-    for url in urls:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            files.append(response.read())
+    files = fetched(urls)
     texts = [read_parameters(Image.open(io.BytesIO(f))) for f in files]
     assert len(files) == 4 and all("Denoising strength: 0.75, Mask blur: 4," in t for t in texts), texts
     ours = tiny_pipeline.generate("a red door", seed=5, steps=3, size=(96, 64), image=Image.open(start),
@@ -1078,11 +1090,7 @@ def test_browser_outpaint_and_only_masked(app_server, browser, tmp_path, tiny_pi
     picture(96, 64).save(start)
 
     def served(urls: list[str]) -> list[np.ndarray]:
-        out = []
-        for url in urls:
-            with urllib.request.urlopen(url, timeout=30) as response:
-                out.append(np.asarray(Image.open(io.BytesIO(response.read())).convert("RGB")))
-        return out
+        return [np.asarray(Image.open(io.BytesIO(data)).convert("RGB")) for data in fetched(urls)]
 
     gallery = "() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)"
     with playground_page(app_server["url"], "Ready (", browser=browser) as page:
@@ -1184,19 +1192,11 @@ def test_browser_controlnet_panel(app_server, browser, client, tmp_path):
         wait_for(lambda: page.evaluate(shown) == 64, 30, "the preprocessor's preview is not shown at the size")
         preview_src = page.evaluate("() => document.querySelector('#control-preview img').src")
         set_field(page, "control_weight", 0.8)
-        set_field(page, "seed", 5)
-        set_field(page, "steps", 3)
-        generate_in_page(page, "a lighthouse", "")
-        page.locator("#control-panel").scroll_into_view_if_needed()
-        page.screenshot(path=str(artifact(tmp_path, "controlnet-1280x800.png")))
-        urls = page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
+        urls = seeded_run(page, "a lighthouse", "#control-panel", artifact(tmp_path, "controlnet-1280x800.png"))
     with urllib.request.urlopen(preview_src, timeout=30) as response:
         preview = np.asarray(Image.open(io.BytesIO(response.read())).convert("RGB"))
     assert preview.shape == (64, 64, 3) and set(np.unique(preview)) <= {0, 255} and preview.any()
-    files = []
-    for url in urls:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            files.append(Image.open(io.BytesIO(response.read())))
+    files = [Image.open(io.BytesIO(data)) for data in fetched(urls)]
     texts = [read_parameters(f) for f in files]
     assert len(files) == 4 and all('ControlNet 0: "Module: canny, Model: edges, Weight: 0.8, Resize Mode: Crop and '
                                    'Resize, Threshold A: 100, Threshold B: 200' in t for t in texts), texts
@@ -1253,10 +1253,7 @@ def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, t
     with urllib.request.urlopen(panel_src, timeout=30) as response:
         headers = response.headers
         assert headers["Content-Type"] == "image/png" and headers["X-Content-Type-Options"] == "nosniff"
-    files = []
-    for url in urls:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            files.append(response.read())
+    files = fetched(urls)
     texts = [read_parameters(Image.open(io.BytesIO(f))) for f in files]
     assert len(files) == 4 and all("Denoising strength: 0.5," in t for t in texts), texts
     s = parse(texts[0]).settings
