@@ -51,7 +51,8 @@ class Offer:
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes],
-                "loras": [{"name": name, "scale": scale} for name, scale in self.loras]}
+                "loras": [{"name": name, "scale": scale} for name, scale in self.loras],
+                "controlnets": list(self.controlnets)}
 
     @staticmethod
     def from_json(data: Any) -> Offer:

@@ -231,7 +231,12 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
             "max_prompt_chunks": 2, "schedules": ["Checkpoint", "Karras"], "default_schedule": "Karras",
             "rngs": ["JAX", "CPU"], "default_rng": "CPU"}
     parsed = Offer.from_json(info)  # (a back end of before: no LoRAs said)
-    assert parsed.sizes == [(64, 64)] and parsed.loras == () and parsed.to_json() == {**info, "loras": []}
+    assert parsed.sizes == [(64, 64)] and parsed.loras == () and parsed.to_json() == {**info, "loras": [],
+                                                                                      "controlnets": []}
+    assert Offer.from_json({**info, "controlnets": ["canny-xl"]}).controlnets == ("canny-xl",)
+    for bad in ("canny", [5], ["../x"], ["a b"]):
+        with pytest.raises(ValueError, match="controlnets must be a list of names"):
+            Offer.from_json({**info, "controlnets": bad})
     loras = [{"name": "detail", "scale": 0.8}, {"name": "style", "scale": 1}]
     assert Offer.from_json({**info, "loras": loras}).loras == (("detail", 0.8), ("style", 1.0))
     assert Offer.from_json({**info, "loras": loras}).to_json()["loras"] == loras
