@@ -438,8 +438,10 @@ def test_controlnet_units_through_the_json_and_a1111_apis(backend):
         images[name] = Image.open(io.BytesIO(base64.b64decode(json.loads(answer)["images"][0])))
     api = webuiapi.WebUIApi(host="127.0.0.1", port=backend["port"], sampler="Euler", steps=3)
     assert api.controlnet_model_list() == ["edges"]
+    # (alwayson_scripts given: webuiapi puts the units into its default dict, which every later call
+    # of this process would then send)
     made = api.txt2img(prompt="a lighthouse", seed=5, cfg_scale=5.0, width=64, height=64, scheduler="Checkpoint",
-                       controlnet_units=[
+                       alwayson_scripts={}, controlnet_units=[
         webuiapi.ControlNetUnit(image=picture(96, 80), module="canny", model="edges [0f1e2d3c]", threshold_a=100,
                                 threshold_b=200, resize_mode="Crop and Resize")])
     text = read_parameters(images["json"])
