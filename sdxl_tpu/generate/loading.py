@@ -81,7 +81,7 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     model_name = name  # (what A1111's "Model:" says: the LoRAs are named in their own field)
     name += "".join(f" + {lora}" + (f":{scale:g}" if scale != 1 else "") for lora, scale, _ in loras)
     precision = Precision.of(compute_dtype_for(o.dtype, o.compute_dtype), o.dtype, attention=o.attention)
-    controlnets = {name: load_controlnet(path, precision) for name, path in zip(o.controlnet_names, o.controlnets)}
+    controlnets = {named: load_controlnet(path, precision) for named, path in zip(o.controlnet_names, o.controlnets)}
     pipe = Pipeline(models, load_tokenizers(root), samplers, default_sampler=default_sampler, sizes=o.sizes,
                     images_per_call=o.images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),

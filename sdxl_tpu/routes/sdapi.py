@@ -198,10 +198,14 @@ def sdapi_routes(server: Server) -> list[Route]:
     async def latent_upscale_modes(http: HTTPRequest) -> Response:
         return JSONResponse([{"name": "Latent"}])
 
-    async def controlnet(http: HTTPRequest) -> Response:  # (sd-webui-controlnet's lists)
-        what = http.url.path.rsplit("/", 1)[-1]
-        return JSONResponse({"version": 2} if what == "version" else module_list() if what == "module_list" else
-                            model_list(server.offer.controlnets))
+    # sd-webui-controlnet's lists, at its own paths
+    controlnet_lists = {"model_list": lambda: model_list(server.offer.controlnets), "module_list": module_list,
+                        "version": lambda: {"version": 2}}
+
+    def controlnet_route(answer):
+        async def route(http: HTTPRequest) -> Response:
+            return JSONResponse(answer())
+        return route
 
     get = {"progress": progress, "samplers": samplers, "schedulers": schedulers, "sd-models": sd_models,
            "prompt-styles": prompt_styles, "loras": loras, "scripts": scripts, "upscalers": upscalers,
@@ -210,8 +214,8 @@ def sdapi_routes(server: Server) -> list[Route]:
     return ([Route(f"{PREFIX}/{name}", fn, methods=["GET"]) for name, fn in get.items()]
             + [Route(f"{PREFIX}/{name}", fn, methods=["POST"]) for name, fn in post.items()]
             + [Route(f"{PREFIX}/options", options, methods=["GET", "POST"])]
-            + [Route(f"/controlnet/{name}", controlnet, methods=["GET"]) for name in ("model_list", "module_list",
-                                                                                      "version")])
+            + [Route(f"/controlnet/{name}", controlnet_route(answer), methods=["GET"])
+               for name, answer in controlnet_lists.items()])
 
 
 async def _generate(server: Server, jobs: Jobs, http: HTTPRequest, data: dict[str, Any],

@@ -100,18 +100,17 @@ def control_unit(v: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, s
         number_input(v[name], f.label, *f.bounds, whole=f.kind == "whole")
     choice_input(v["control_module"], FIELD["control_module"].label, FIELD["control_module"].names)
     model, label = v["control_model"], FIELD["control_model"].label
-    if model is not None and not offer.controlnets:
-        raise RequestError(f"{label}: no ControlNet is loaded on this server.")
     if model is not None:
+        if not offer.controlnets:
+            raise RequestError(f"{label}: no ControlNet is loaded on this server.")
         choice_input(model, label, offer.controlnets)
     if v["control_image"] is None:
         return None
     if read_file is None:
         raise RequestError(f"{FIELD['control_image'].label}: this server takes no images.")
-    if not offer.controlnets:
-        raise RequestError(f"{FIELD['control_image'].label}: no ControlNet is loaded on this server.")
+    # (none loaded: the unit's own check says so)
     image = read_file(v["control_image"], FIELD["control_image"].label)
-    return [{"model": model or offer.controlnets[0], "image": image, "module": v["control_module"],
+    return [{"model": model or next(iter(offer.controlnets), None), "image": image, "module": v["control_module"],
              "weight": v["control_weight"], "guidance_start": v["control_start"], "guidance_end": v["control_end"],
              "threshold_a": v["control_low"], "threshold_b": v["control_high"]}]
 
