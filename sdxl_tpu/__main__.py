@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from .cli.options import add_options
+    from .cli.parsing import add_options
 
     parser = _Parser(prog="python -m sdxl_tpu", description="Stable Diffusion XL in JAX.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -46,8 +46,10 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .imaging.image_input import decode_image
     from .a1111.images import save_png
     from .a1111.infotext import usable
-    from .request.load import LoadOptions
-    from .cli.options import fill_defaults, load_values
+    from .request.control import FORM_FIELDS, form_unit
+    from .request.load import LoadOptions, controlnet_name
+    from .cli.options import load_values
+    from .cli.parsing import fill_defaults
     from .request.recipes import recipe_named, settle
     from .request.request import Request
     from .request.values import schedule_input
@@ -63,13 +65,20 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         strength = args.strength if args.strength is not None or args.image is None else DEFAULT_STRENGTH
         if args.image is None and strength is not None:
             raise RequestError("--strength applies to a starting image: give --image too.")
+        image = None if args.image is None else decode_image(_read(args.image, "--image"), "--image")
+        if args.control_image is not None and not args.controlnet:
+            raise RequestError("--control-image guides through a ControlNet: give --controlnet too.")
+        controlnets = tuple(map(controlnet_name, args.controlnet))
+        units = form_unit({name: getattr(args, name) for name in FORM_FIELDS}, controlnets,
+                          lambda path, label: _read(path, "--control-image"))
         # Each field's option is named as the form names it (test_fields checks it); these few are
         # settled by the recipe, or are files to read.
         request = Request.of(**{**{f.api: getattr(args, f.name) for f in FIELDS if f.api},
                                 "guidance_scale": s["guidance"], "steps": s["steps"], "size": s["size"],
                                 "sampler": s["sampler"], "strength": strength, "hires": args.hires or None,
-                                "image": None if args.image is None else decode_image(_read(args.image), "--image"),
-                                "mask": None if args.mask is None else _read(args.mask)})
+                                "image": image,
+                                "mask": None if args.mask is None else _read(args.mask, "--mask")},
+                             controlnet=units, controlnets=controlnets)
         sizes = [request.size] + ([request.hires.size] if request.hires else [])  # (a hires fix: two passes)
         options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=sizes, step_progress=False)
     except ValueError as e:
@@ -119,8 +128,8 @@ def _pasted(text: str | None) -> dict:
     return fields
 
 
-def _read(path: str) -> bytes:
-    """A file the person named on the command line (its content decides what it is)."""
+def _read(path: str, flag: str) -> bytes:
+    """A file the person named on the command line with `flag` (its content decides what it is)."""
     from .request.errors import RequestError
     from .imaging.image_input import MAX_BYTES
 
@@ -128,7 +137,7 @@ def _read(path: str) -> bytes:
         with open(path, "rb") as f:
             return f.read(MAX_BYTES + 1)
     except OSError as e:
-        raise RequestError(f"--image {path}: {e.strerror or e}.") from None
+        raise RequestError(f"{flag} {path}: {e.strerror or e}.") from None
 
 
 def _fail(message: str) -> int:
@@ -140,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     from .generate.compiling.compilation import before_jax_starts
-    from .cli.options import fill_defaults
+    from .cli.parsing import fill_defaults
 
     before_jax_starts()  # no TPU error messages on a machine without TPU chips; the TPU runtime's host buffer
     if args.command != "generate":  # (generate fills them in after reading --parameters)

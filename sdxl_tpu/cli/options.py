@@ -1,7 +1,7 @@
 """Every command-line option of the app, `serve`, `generate`, `bench` and `make-tiny`, in one
-table: flag, environment variable, default, choices, help. Parsers are built from it and
-docs/options.md's option table is written from it (`python -m sdxl_tpu.cli.options_table`), so they cannot
-drift.
+table: flag, environment variable, default, choices, help. Parsers are built from it (parsing.py)
+and docs/options.md's option table is written from it (`python -m sdxl_tpu.cli.options_table`), so
+they cannot drift.
 
 An option given on the command line wins; then (where a command takes them from elsewhere, as
 `generate` takes --parameters) the other source; then its environment variable; then its default.
@@ -12,9 +12,8 @@ parses its settings without it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from ..imaging.mask import (DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MAS
 from ..request.names import (ARCHITECTURES, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS,
                              SAMPLERS, SCHEDULES)
 from ..a1111.prompts import DEFAULT_MAX_CHUNKS
+from ..request.fields import FIELD
 from ..request.recipes import RECIPES
 
 COMMANDS = ("app", "serve", "generate", "bench", "make-tiny")
@@ -135,6 +135,24 @@ OPTIONS: tuple[Option, ...] = (
            shown_default="0 with --hires"),
     option("--hires-strength", ["generate"], "the hires pass's denoising strength, 0-1", type=float, metavar="STRENGTH",
            shown_default=f"{hires.DEFAULT_STRENGTH:g} with --hires"),
+    # (A ControlNet unit, its options named as the page's fields, with their defaults and limits.)
+    option("--controlnet", ["generate"], "ControlNet to load for --control-image: a diffusers-format folder or one "
+           ".safetensors in diffusers' names; repeatable (--control-model picks one)", action="append",
+           metavar="PATH", default=[], shown_default="none", loads="controlnets"),
+    option("--control-image", ["generate"], "guide the images with this image through --controlnet (edges, a depth "
+           "map, a pose...): a PNG, JPEG or WebP file, fitted to --size by Crop and resize", metavar="FILE"),
+    option("--control-model", ["generate"], "which --controlnet, by its folder's or file's name", metavar="NAME",
+           shown_default="the first"),
+    option("--control-module", ["generate"], "what --control-image becomes first (sd-webui-controlnet's "
+           "preprocessors)", default=FIELD["control_module"].default, choices=FIELD["control_module"].names),
+    *(option(f"--{name.replace('_', '-')}", ["generate"], f"{help}, {FIELD[name].bounds[0]:g} to "
+             f"{FIELD[name].bounds[1]:g}", type=int if FIELD[name].kind == "whole" else float,
+             default=FIELD[name].default, metavar=metavar)
+      for name, help, metavar in (("control_weight", "how strongly the ControlNet steers", "WEIGHT"),
+                                  ("control_start", "from which fraction of the steps it acts", "FRACTION"),
+                                  ("control_end", "until which fraction of the steps it acts", "FRACTION"),
+                                  ("control_low", "canny's low threshold", "N"),
+                                  ("control_high", "canny's high threshold", "N"))),
     option("--out", ["generate"], "where the PNGs are written", default="outputs"),
     # --- the model ---
     option("--preset", [*SERVERS, "generate"],
@@ -271,59 +289,3 @@ def default_of(flag: str, command: str = "serve") -> Any:
 def load_values(args: argparse.Namespace, command: str) -> dict[str, Any]:
     """What `command`'s options say to load: LoadOptions field -> value (None: not given)."""
     return {o.loads: getattr(args, o.name) for o in options_for(command) if o.loads}
-
-
-def add_options(parser: argparse.ArgumentParser, command: str) -> None:
-    """`command`'s options on `parser`. Each is None when not given (switches: their default), so
-    that `fill_defaults` can tell what the command line said."""
-    for o in options_for(command):
-        kw: dict[str, Any] = {"help": help_text(o).replace("%", "%%")}
-        if o.positional:
-            parser.add_argument(o.flag, nargs="?" if o.default is not None else None, default=None, metavar=o.metavar,
-                                **kw)
-        elif o.switch:
-            parser.add_argument(o.flag, action=o.action or "store", dest=o.name, **kw)
-        else:
-            parser.add_argument(o.flag, dest=o.name, default=None, type=o.type, choices=o.choices, metavar=o.metavar,
-                                action=o.action or "store", **kw)
-
-
-def help_text(o: Option) -> str:
-    listed = f"; one of: {', '.join(o.choices)}" if o.choices and o.metavar else ""  # (else argparse lists them)
-    return o.help + listed + (f" (env {o.env}; " if o.env else " (") + f"default {o.default_text()})"
-
-
-def fill_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str,
-                  env: Mapping[str, str] | None = None, given: Mapping[str, Any] | None = None) -> argparse.Namespace:
-    """`args` with what the command line left out taken from `given` (another source the command
-    has, e.g. generate's --parameters), the environment, then the defaults; a bad environment
-    value ends the program through `parser.error`, naming the variable."""
-    env = os.environ if env is None else env
-    given = given or {}
-    for o in options_for(command):
-        if o.switch or getattr(args, o.name) is not None:
-            continue
-        if given.get(o.name) is not None:
-            setattr(args, o.name, given[o.name])
-        elif o.env and env.get(o.env, "").strip():
-            setattr(args, o.name, from_environment(parser, o, env[o.env].strip()))
-        else:
-            setattr(args, o.name, list(o.default) if isinstance(o.default, list) else o.default)
-    return args
-
-
-def from_environment(parser: argparse.ArgumentParser, o: Option, text: str) -> Any:
-    parts = [p.strip() for p in text.split(",") if p.strip()] if o.action == "append" else [text]
-    values = []
-    for part in parts:
-        try:
-            value = o.type(part)
-        except argparse.ArgumentTypeError as e:
-            parser.error(f"{o.env} (for {o.flag}) {e}")
-        except ValueError:
-            kind = {int: "a whole number", float: "a number"}.get(o.type, "valid")
-            parser.error(f"{o.env} (for {o.flag}) must be {kind}, got {part!r}")
-        if o.choices is not None and value not in o.choices:
-            parser.error(f"{o.env} (for {o.flag}) must be one of {', '.join(o.choices)}, got {part!r}")
-        values.append(value)
-    return values if o.action == "append" else values[0]

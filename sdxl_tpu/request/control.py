@@ -3,19 +3,19 @@ preprocessor, weight, the steps it acts on and guess mode; named as sd-webui-con
 a unit's fields (model, module, weight, guidance_start, guidance_end, threshold_a, threshold_b,
 resize_mode), with diffusers' guess_mode, and `preprocessed` (true: the image is the processed
 control image already, as a front end sends it to its back ends; the module is then named for the
-parameters only). Plain Python: the generator turns each into a
-generate/control.ControlUnit."""
+parameters only); and the one unit the page's fields (and the command line's options named as
+they are) make. Plain Python: the generator turns each into a generate/control.ControlUnit."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..imaging.control_image import CANNY_THRESHOLDS, PREPROCESSORS, control_image
 from .errors import RequestError
-from .fields import MAX_WEIGHT
+from .fields import FIELD, MAX_WEIGHT
 from .names import RESIZE_MODES
 from .values import choice_input, json_type, not_a_choice, number_input
 
@@ -54,7 +54,7 @@ def _unit(value: Any, i: int, size: tuple[int, int], available: Sequence[str]) -
     if not enabled:
         return None
     if not available:
-        raise RequestError(f"{label}: no ControlNet is loaded on this server.")
+        raise RequestError(f"{label}: no ControlNet is loaded.")
     if value.get("model") is None or value.get("image") is None:
         raise RequestError(f"{label} needs a model and an image.")
     if not isinstance(value["model"], str) or value["model"] not in available:
@@ -95,3 +95,33 @@ def control_requests(value: Any, size: tuple[int, int], available: Sequence[str]
     units = (_unit(given, i, size, available) for i, given in enumerate(value))
     return tuple(unit for unit in units if unit is not None)
 
+
+
+FORM_NUMBERS = ("control_weight", "control_start", "control_end", "control_low", "control_high")
+FORM_FIELDS = ("control_image", "control_model", "control_module", *FORM_NUMBERS)  # (request/fields.py's)
+
+
+def form_unit(v: Mapping[str, Any], available: Sequence[str], read_file: Callable[[Any, str], bytes] | None
+              ) -> list[dict[str, Any]] | None:
+    """The page's ControlNet fields (control_*, by name, defaults filled in) as a list of one unit,
+    or None without its image; each field checked by its label all the same, as the page always
+    sends them. `available`: the ControlNets loaded; `read_file(value, label)`: the image's bytes
+    (None: this server takes no files)."""
+    for name in FORM_NUMBERS:
+        f = FIELD[name]
+        number_input(v[name], f.label, *f.bounds, whole=f.kind == "whole")
+    choice_input(v["control_module"], FIELD["control_module"].label, FIELD["control_module"].names)
+    model, label = v["control_model"], FIELD["control_model"].label
+    if model is not None:
+        if not available:
+            raise RequestError(f"{label}: no ControlNet is loaded.")
+        choice_input(model, label, available)
+    if v["control_image"] is None:
+        return None
+    if read_file is None:
+        raise RequestError(f"{FIELD['control_image'].label}: this server takes no images.")
+    # (none loaded: the unit's own check says so)
+    image = read_file(v["control_image"], FIELD["control_image"].label)
+    return [{"model": model or next(iter(available), None), "image": image, "module": v["control_module"],
+             "weight": v["control_weight"], "guidance_start": v["control_start"], "guidance_end": v["control_end"],
+             "threshold_a": v["control_low"], "threshold_b": v["control_high"]}]

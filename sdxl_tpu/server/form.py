@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..request.control import form_unit
 from ..request.errors import RequestError
 from ..request.fields import FIELD, FIELDS, FORM
 from ..a1111.prompts import CHUNK_TOKENS, NetworkTag, chunk_prompt, split_network_tags
@@ -78,41 +79,13 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
         if given[name] is not None and given["image"] is not None and read_file is not None:
             given[name] = read_file(given[name], FIELD[name].label)
     request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,
-                         samplers=offer.samplers, per_image=False, controlnet=control_unit(v, offer, read_file),
-                         controlnets=offer.controlnets)
+                         samplers=offer.samplers, per_image=False,
+                         controlnet=form_unit(v, offer.controlnets, read_file), controlnets=offer.controlnets)
     # The style wraps what the user typed (their text is what the length limit applies to).
     if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
         raise TypeError("a form's request has one prompt for all its images")  # (per_image=False)
     prompt, negative = apply_style(v["style"], request.prompt, request.negative_prompt)
     return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)
-
-
-CONTROL_NUMBERS = ("control_weight", "control_start", "control_end", "control_low", "control_high")
-
-
-def control_unit(v: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, str], bytes] | None
-                 ) -> list[dict[str, Any]] | None:
-    """The page's ControlNet fields (control_*, by name, defaults filled in) as a list of one unit
-    (request/control.py), or None without its image; each field checked by its label all the same,
-    as the page always sends them."""
-    for name in CONTROL_NUMBERS:
-        f = FIELD[name]
-        number_input(v[name], f.label, *f.bounds, whole=f.kind == "whole")
-    choice_input(v["control_module"], FIELD["control_module"].label, FIELD["control_module"].names)
-    model, label = v["control_model"], FIELD["control_model"].label
-    if model is not None:
-        if not offer.controlnets:
-            raise RequestError(f"{label}: no ControlNet is loaded on this server.")
-        choice_input(model, label, offer.controlnets)
-    if v["control_image"] is None:
-        return None
-    if read_file is None:
-        raise RequestError(f"{FIELD['control_image'].label}: this server takes no images.")
-    # (none loaded: the unit's own check says so)
-    image = read_file(v["control_image"], FIELD["control_image"].label)
-    return [{"model": model or next(iter(offer.controlnets), None), "image": image, "module": v["control_module"],
-             "weight": v["control_weight"], "guidance_start": v["control_start"], "guidance_end": v["control_end"],
-             "threshold_a": v["control_low"], "threshold_b": v["control_high"]}]
 
 
 def token_count(tokenizer: Any, chunks: int, prompt: Any, style: Any, unavailable: str,

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from ..request.errors import RequestError
 from ..request.load import LoadOptions
 from ..request.names import DEFAULT_RNG, DEFAULT_SCHEDULE
-from ..cli.options import add_options, default_of, fill_defaults, load_values
+from ..cli.options import default_of, load_values
+from ..cli.parsing import add_options, fill_defaults
 from ..a1111.prompts import MAX_CHUNKS
 from ..request.recipes import Recipe, recipe_named
 from ..request.values import parse_size, schedule_input

@@ -20,7 +20,7 @@ import pytest
 
 from sdxl_tpu.bench.run import build_pipeline, format_report, settled, warm_compile_argv
 from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG, sampler_named
-from sdxl_tpu.cli.options import add_options, fill_defaults
+from sdxl_tpu.cli.parsing import add_options, fill_defaults
 
 
 def _parse(*argv: str) -> argparse.Namespace:

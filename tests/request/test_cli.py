@@ -192,6 +192,43 @@ def test_single_file_model_with_loras(main, tmp_path):
     assert np.asarray(plain_image).tolist() != np.asarray(styled_image).tolist()
 
 
+def test_generate_with_a_controlnet(main, tiny_controlnet, tmp_path, capsys):
+    """--controlnet and --control-image, with the page's unit options (--control-module, -weight,
+    -start, -end, -low, -high): the images differ from the same call's without, their parameters
+    carry sd-webui-controlnet's line; bad values are one line each, before anything loads."""
+    checks = tmp_path / "checks.jpg"  # (a PNG under another name: decoded by its content)
+    y, x = np.mgrid[0:48, 0:80]
+    Image.fromarray(((x // 8 + y // 8) % 2 * 255).astype(np.uint8)).save(checks, "PNG")
+    common = ["generate", "a cat", "--seed", "3", "--steps", "2", "--size", "64x64", "--model", "tiny",
+              "--dtype", "float32"]
+    unit = ["--controlnet", str(tiny_controlnet), "--control-image", str(checks)]
+    assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*common, *unit, "--control-module", "canny", "--control-weight", "0.8", "--control-end", "0.5",
+                 "--control-low", "50", "--out", str(tmp_path / "guided")]) == 0
+    plain, guided = Image.open(tmp_path / "plain" / "3.png"), Image.open(tmp_path / "guided" / "3.png")
+    assert (', ControlNet 0: "Module: canny, Model: edges, Weight: 0.8, Resize Mode: Crop and Resize, '
+            'Threshold A: 50, Threshold B: 200, Guidance Start: 0, Guidance End: 0.5, Pixel Perfect: True, '
+            'Control Mode: Balanced"' in guided.info["parameters"])
+    assert "ControlNet" not in plain.info["parameters"]
+    assert not np.array_equal(np.asarray(plain), np.asarray(guided))
+    (tmp_path / "page.png").write_bytes(b"<svg onload=alert(1)>")
+    for args, message in [
+        (["--control-image", str(checks)], "--control-image guides through a ControlNet: give --controlnet too."),
+        ([*unit, "--control-weight", "3"], "Control weight must be a number between 0 and 2."),
+        ([*unit, "--control-start", "0.6", "--control-end", "0.5"],
+         "ControlNet unit 0: guidance_start (0.6) must be below guidance_end (0.5)."),
+        ([*unit, "--control-model", "depth"], "ControlNet 'depth' is not available; choose one of: edges."),
+        (["--controlnet", str(tiny_controlnet), "--control-image", str(tmp_path / "missing.png")],
+         f"--control-image {tmp_path / 'missing.png'}: No such file or directory."),
+        (["--controlnet", str(tiny_controlnet), "--control-image", str(tmp_path / "page.png")],
+         "ControlNet image is not a PNG, JPEG or WebP image."),
+    ]:
+        capsys.readouterr()
+        assert main([*common, *args, "--out", str(tmp_path / "bad")]) == 2, args
+        assert capsys.readouterr().err.strip().startswith("error: " + message), args
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     # The same rules and messages as the API and the playground (sdxl_tpu.request), checked before loading.
     (["generate", "x", "--size", "64y64"], "Size must look like WIDTHxHEIGHT (e.g. 1024x1024), got '64y64'."),

@@ -57,12 +57,16 @@ def test_an_image_keeps_every_parameter_a_parameters_text_gives():
 def test_the_command_line_has_an_option_for_each_field_named_as_the_form_names_it():
     from sdxl_tpu.cli.options import OPTIONS
 
+    from sdxl_tpu.request.control import FORM_FIELDS
+
     generate = {o.name: o for o in OPTIONS if "generate" in o.commands}
-    missing = [f.name for f in FIELDS if f.api and f.name not in generate]
+    missing = [f.name for f in FIELDS if (f.api or f.name in FORM_FIELDS) and f.name not in generate]
     assert not missing, missing
     for f in FIELDS:
-        if f.api and f.choices and generate[f.name].choices is not None:
+        if f.name in generate and f.choices and generate[f.name].choices is not None:
             assert tuple(generate[f.name].choices) == tuple(f.choices), f.name
+        if f.name in FORM_FIELDS and f.default is not None:  # (the unit's: the page's defaults)
+            assert generate[f.name].default == f.default, f.name
 
 
 def test_the_back_ends_json_takes_every_field():
