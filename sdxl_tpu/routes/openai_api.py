@@ -2,7 +2,7 @@
 
     POST /v1/images/generations   {prompt, model, n, size, response_format, output_format, ...}
     POST /v1/images/edits         multipart: image, mask (its transparent part is edited), prompt, ...
-    GET  /v1/models               the model this server runs
+    GET  /v1/models               the model this server runs, and OpenAI's names for it (MODEL_ALIASES)
     GET  /v1/images/files/{name}  an image answered by URL (response_format "url"), kept an hour
 
 Answers in OpenAI's shapes: {"created", "data": [{"b64_json"} or {"url"}]}, errors as {"error":
@@ -52,6 +52,9 @@ NUMBERS = tuple(name for name, kind in _KIND.items() if kind in ("number", "whol
 TAKEN = {"model", "prompt", "n", "size", "response_format", "output_format", "user", "quality", "background",
          "moderation", "output_compression", "style", *OWN_FIELDS}
 CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+# OpenAI's image models by the names chat front ends and plug-ins hard-code: each is the model this
+# server runs (a tool that knows no other name still gets images); /v1/models lists them after it.
+MODEL_ALIASES = ("dall-e-2", "dall-e-3", "gpt-image-1", "gpt-image-1-mini")
 
 
 class OpenAIError(RequestError):
@@ -100,9 +103,9 @@ def openai_routes(server: Server) -> list[Route]:
         if unknown:
             raise OpenAIError(f"Unknown parameter: '{unknown[0]}'.", unknown[0])
         model = data.get("model")
-        if model not in (None, server.offer.model):
-            raise OpenAIError(f"The model '{model}' does not exist here; this server runs '{server.offer.model}'.",
-                              "model", 404)
+        if model not in (None, server.offer.model, *MODEL_ALIASES):
+            raise OpenAIError(f"The model '{model}' does not exist here; this server runs '{server.offer.model}' "
+                              f"(also by OpenAI's names: {', '.join(MODEL_ALIASES)}).", "model", 404)
         if not isinstance(data.get("prompt"), str) or not data["prompt"].strip():
             raise OpenAIError("prompt is required: a text of what to draw.", "prompt")
         n = data.get("n", 1)  # (an edit's, sent as text, read_edit made a number)
@@ -209,8 +212,9 @@ def openai_routes(server: Server) -> list[Route]:
         return await run(http, read_edit)
 
     async def models(http: HTTPRequest) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": server.offer.model, "object": "model", "created": 0,
-                                                         "owned_by": "sdxl-tpu"}]})
+        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                         "owned_by": "sdxl-tpu"}
+                                                        for name in (server.offer.model, *MODEL_ALIASES)]})
 
     async def files(http: HTTPRequest) -> Response:
         name = http.path_params["name"]

@@ -462,7 +462,8 @@ def test_controlnet_units_through_the_json_and_a1111_apis(backend):
 
 def test_openai_images_api_through_its_client(backend, tiny_pipeline):
     """OpenAI's Images API as the official client calls it: the model listed; four images as
-    base64 and two by URL, the pipeline's own pixel for pixel (this server's own fields, seed, steps
+    base64 and two by URL (asked of "dall-e-3", as tools that know only OpenAI's names do), the
+    pipeline's own pixel for pixel (this server's own fields, seed, steps
     and sampler, through extra_body); an edit whose mask's transparent part is repainted;
     errors in OpenAI's shape naming the parameter."""
     import urllib.request
@@ -473,7 +474,8 @@ def test_openai_images_api_through_its_client(backend, tiny_pipeline):
     from sdxl_tpu.a1111.images import read_parameters
 
     client = openai.OpenAI(base_url=backend["url"] + "/v1", api_key="not-needed", max_retries=0)
-    assert [m.id for m in client.models.list()] == ["tiny"]
+    # (and OpenAI's own names for it, which tools that know no other send)
+    assert [m.id for m in client.models.list()] == ["tiny", "dall-e-2", "dall-e-3", "gpt-image-1", "gpt-image-1-mini"]
     own = {"seed": 11, "steps": 4, "sampler": "Euler", "guidance_scale": 5.0}
     made = client.images.generate(prompt="a lighthouse", n=4, size="64x64", response_format="b64_json",
                                   extra_body=own)
@@ -482,7 +484,8 @@ def test_openai_images_api_through_its_client(backend, tiny_pipeline):
     assert len(images) == 4 and "Seed: 11," in read_parameters(images[0]) and images[0].format == "PNG"
     for theirs, mine in zip(images, ours.images, strict=True):
         np.testing.assert_array_equal(np.asarray(theirs.convert("RGB")), np.asarray(mine))
-    by_url = client.images.generate(prompt="a lighthouse", n=2, size="64x64", response_format="url", extra_body=own)
+    by_url = client.images.generate(prompt="a lighthouse", model="dall-e-3", n=2, size="64x64", response_format="url",
+                                    extra_body=own)
     for item, mine in zip(by_url.data, ours.images[:2], strict=True):
         with urllib.request.urlopen(item.url, timeout=30) as response:
             assert response.headers["X-Content-Type-Options"] == "nosniff"
@@ -503,7 +506,8 @@ def test_openai_images_api_through_its_client(backend, tiny_pipeline):
     np.testing.assert_array_equal(np.asarray(edit.convert("RGB")), np.asarray(mine))
     for kwargs, error, said, param in (
             (dict(size="512x512"), openai.BadRequestError, "Size '512x512' is not available", None),
-            (dict(model="dall-e-3"), openai.NotFoundError, "The model 'dall-e-3' does not exist here", "model"),
+            (dict(model="sd3-medium"), openai.NotFoundError, "The model 'sd3-medium' does not exist here; this server "
+             "runs 'tiny' (also by OpenAI's names: dall-e-2, dall-e-3, gpt-image-1, gpt-image-1-mini).", "model"),
             (dict(quality="hd"), openai.BadRequestError, "quality 'hd' cannot be honoured here", "quality"),
             (dict(n=11), openai.BadRequestError, "n must be a whole number from 1 to 10", "n")):
         with pytest.raises(error) as refused:

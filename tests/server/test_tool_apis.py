@@ -187,7 +187,7 @@ def openai_bodies() -> list[bytes]:
     from sdxl_tpu.request.fields import BY_API
     from sdxl_tpu.routes.openai_api import OWN_FIELDS
 
-    fields = {"prompt": NOT_TEXT + ["", "   "], "model": NOT_CHOICE + ["dall-e-3"], "n": NOT_NUMBER + [0, 11, -1],
+    fields = {"prompt": NOT_TEXT + ["", "   "], "model": NOT_CHOICE + ["sd3-medium", "DALL-E-3", "dall-e-3 "], "n": NOT_NUMBER + [0, 11, -1],
               "size": NOT_CHOICE + ["1x1", "64x64x64", "0x0", "-64x64", "1024x1024"],
               "response_format": NOT_CHOICE, "output_format": NOT_CHOICE, "quality": NOT_CHOICE + ["hd", "high"],
               "background": NOT_CHOICE + ["transparent"], "style": NOT_CHOICE + ["vivid"]}
@@ -222,7 +222,7 @@ def edit_bodies() -> list[tuple[bytes, str]]:
     cases += [(multipart([("prompt", "a cat"), ("image", image), ("mask", data)]), kind)
               for data in hostile_bytes()[::2]]
     for name, values in (("n", ["x", "0", "11", "1.5"]), ("size", ["x", "1x1", "64x64x1"]), ("steps", ["x", "0"]),
-                         ("strength", ["x", "2", "nan"]), ("response_format", ["x"]), ("model", ["dall-e-2"]),
+                         ("strength", ["x", "2", "nan"]), ("response_format", ["x"]), ("model", ["sd3-medium"]),
                          ("seed", ["x", "-2"]), ("image", ["not a file"]), ("unknown", ["1"])):
         cases += [(multipart([("prompt", "a cat"), ("image", image), (name, v)]), kind) for v in values]
     cases += [(multipart([("prompt", "a cat")]), kind), (multipart([("image", image)]), kind),
