@@ -187,7 +187,8 @@ def openai_bodies() -> list[bytes]:
     from sdxl_tpu.request.fields import BY_API
     from sdxl_tpu.routes.openai_api import OWN_FIELDS
 
-    fields = {"prompt": NOT_TEXT + ["", "   "], "model": NOT_CHOICE + ["sd3-medium", "DALL-E-3", "dall-e-3 "], "n": NOT_NUMBER + [0, 11, -1],
+    fields = {"prompt": NOT_TEXT + ["", "   "], "model": NOT_CHOICE + ["sd3-medium", "DALL-E-3", "dall-e-3 "],
+              "n": NOT_NUMBER + [0, 11, -1],
               "size": NOT_CHOICE + ["1x1", "64x64x64", "0x0", "-64x64", "1024x1024"],
               "response_format": NOT_CHOICE, "output_format": NOT_CHOICE, "quality": NOT_CHOICE + ["hd", "high"],
               "background": NOT_CHOICE + ["transparent"], "style": NOT_CHOICE + ["vivid"]}
