@@ -15,7 +15,7 @@ from typing import Any
 
 from ..imaging.control_image import CANNY_THRESHOLDS, PREPROCESSORS, control_image
 from .errors import RequestError
-from .fields import FIELD, MAX_WEIGHT
+from .fields import FIELD, FIELDS, MAX_WEIGHT
 from .names import RESIZE_MODES
 from .values import choice_input, json_type, not_a_choice, number_input
 
@@ -96,9 +96,9 @@ def control_requests(value: Any, size: tuple[int, int], available: Sequence[str]
     return tuple(unit for unit in units if unit is not None)
 
 
-
-FORM_NUMBERS = ("control_weight", "control_start", "control_end", "control_low", "control_high")
-FORM_FIELDS = ("control_image", "control_model", "control_module", *FORM_NUMBERS)  # (request/fields.py's)
+# The page's unit: its fields in request/fields.py's list (named control_*), the numbers among them.
+FORM_FIELDS = tuple(f.name for f in FIELDS if f.name.startswith("control_"))
+FORM_NUMBERS = tuple(name for name in FORM_FIELDS if FIELD[name].kind in ("number", "whole"))
 
 
 def form_unit(v: Mapping[str, Any], available: Sequence[str], read_file: Callable[[Any, str], bytes] | None
