@@ -10,6 +10,8 @@
 #   bash benchmarks/tpu.sh xla      # the UNet evaluation with XLA's attention everywhere (~2 min)
 #   bash benchmarks/tpu.sh ab       # one UNet evaluation before and after a change, one call (BEFORE=, AFTER=:
 #                                   # tpu_quick.py unet options), the after profiled, its output in dB against before (~6 min)
+#   bash benchmarks/tpu.sh launch   # what a program's start costs the chip: 10 UNet evaluations chained one program
+#                                   # each, against one program, and with the weights packed in one buffer (~7 min)
 #   bash benchmarks/tpu.sh bench    # the pipeline: 1 image and 4 images a call, 1024x1024, 20 steps (~9 min;
 #                                   # CONTROLNETS=1: each call with that many random ControlNets; BENCH_ARGS=
 #                                   # "--compare-progress --compare-previews": the stepwise loop's costs too)
@@ -80,6 +82,9 @@ case "$MODE" in
         --profile /tmp/sdxl-tpu-trace --json
     [ -z "${ATTENTION_ONLY:-}" ] || quick attention timeout "${ATTENTION_TIMEOUT:-240}" "$PY" benchmarks/tpu_quick.py \
         attention --only "$ATTENTION_ONLY" --variants "${ATTENTION_VARIANTS:-auto,einsum,splash}" --json
+    ;;
+  launch)  # why one program a step (the server's loop) costs 5 % more than the fused loop on the chip
+    quick launch "$PY" benchmarks/tpu_quick.py unet --runs 3 --launch "${CALLS:-10}" --json
     ;;
   xla)  # the same UNet evaluation with XLA's attention everywhere (after quick: against its output)
     quick unet-xla "$PY" benchmarks/tpu_quick.py unet --attention xla --against "$OUT/unet-before.npy" --json
@@ -164,7 +169,7 @@ case "$MODE" in
         2>&1 | tee "$OUT/tests.log"
     ;;
   *)
-    echo "unknown mode $MODE: quick, ab, flags, xla, bench, first-image, compile, sizes, start, reference or test"
+    echo "unknown mode $MODE: quick, launch, ab, flags, xla, bench, first-image, compile, sizes, start, reference or test"
     exit 2 ;;
 esac
 

@@ -1,7 +1,7 @@
 """Quick measurements for tuning on a chip: one UNet evaluation, or attention alone, in seconds of
 compile instead of the minutes of the whole pipeline's programs.
 
-    python benchmarks/tpu_quick.py unet [--size 1024x1024] [--images 1] [--profile DIR] [--json]
+    python benchmarks/tpu_quick.py unet [--size 1024x1024] [--images 1] [--profile DIR] [--launch N] [--json]
     python benchmarks/tpu_quick.py attention [--json]
 
 unet: SDXL base 1.0's UNet (random bf16 weights), one guided evaluation (2 rows an image, the
@@ -206,7 +206,8 @@ def unet_eval(args: argparse.Namespace) -> dict:
     t = jnp.float32(500.0)
 
     def forward(params, sample, context, pooled, time_ids, lengths):
-        return nnx.merge(graph, params)(sample, t, context, pooled, time_ids, lengths)
+        # (cast to the sample's dtype, so that --launch can feed an evaluation's output to the next)
+        return nnx.merge(graph, params)(sample, t, context, pooled, time_ids, lengths).astype(sample.dtype)
 
     inputs = (params, sample, context, pooled, time_ids, lengths)
     start = time.perf_counter()
@@ -225,6 +226,8 @@ def unet_eval(args: argparse.Namespace) -> dict:
     if args.against:
         before = np.load(args.against)
         report["psnr_db_against_before"] = psnr(before, out)
+    if args.launch:
+        report["launch"] = launch_cost(compiled, forward, inputs, args.launch)
     if args.profile:
         with jax.profiler.trace(args.profile):
             for _ in range(3):
@@ -238,6 +241,58 @@ def unet_eval(args: argparse.Namespace) -> dict:
             profile = {**profile, "per_eval_ms": profile["total_ms"] / 3,
                        "by_kind_ms_per_eval": {k: v / 3 for k, v in profile["by_kind_ms"].items()}}
         report["profile"] = profile
+    return report
+
+
+def launch_cost(compiled, forward, inputs, calls: int) -> dict:
+    """What starting a program costs the chip: `calls` evaluations dispatched back to back (each
+    fed the last one's output, none waited for: the stepwise loop's case) against the same in one
+    program (the fused loop's), ms an evaluation; and the chained calls again with the weights
+    packed into one buffer per dtype (sliced apart inside the program), in case the cost is the
+    ~2,500 weight buffers each start hands the program."""
+    params, sample, *rest = inputs
+
+    def chained(program, weights) -> float:
+        def run():
+            x = sample
+            for _ in range(calls):
+                x = program(weights, x, *rest)
+            return x
+        jax.block_until_ready(run())
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            jax.block_until_ready(run())
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) / calls * 1e3
+
+    report = {"calls": calls, "chained_ms": chained(compiled, params),
+              "weight_buffers": len(jax.tree_util.tree_leaves(params))}
+    looped = jax.jit(lambda p, x, *r: jax.lax.fori_loop(0, calls, lambda i, y: forward(p, y, *r), x))
+    start = time.perf_counter()
+    looped = looped.lower(*inputs).compile()
+    report["looped_compile_s"] = time.perf_counter() - start
+    report["looped_ms"] = timed(looped, *inputs, runs=3) / calls * 1e3
+
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    dtypes = sorted({str(leaf.dtype) for leaf in leaves})
+    packed = {d: jnp.concatenate([leaf.reshape(-1) for leaf in leaves if str(leaf.dtype) == d]) for d in dtypes}
+
+    def unpacked(buffers, *args):
+        offsets, out = dict.fromkeys(dtypes, 0), []
+        for leaf in leaves:
+            d = str(leaf.dtype)
+            out.append(jax.lax.slice(buffers[d], (offsets[d],), (offsets[d] + leaf.size,)).reshape(leaf.shape))
+            offsets[d] += leaf.size
+        return forward(jax.tree_util.tree_unflatten(tree, out), *args)
+
+    del leaves  # (the arrays themselves: only their shapes are needed now)
+    leaves = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in jax.tree_util.tree_leaves(params)]
+    start = time.perf_counter()
+    packed_program = jax.jit(unpacked).lower(packed, sample, *rest).compile()
+    report["packed_compile_s"] = time.perf_counter() - start
+    report["packed_chained_ms"] = chained(packed_program, packed)
+    report["packed_buffers"] = len(packed)
     return report
 
 
@@ -394,6 +449,9 @@ def main() -> None:
                         help="the feed-forward's GEGLU computed another way (geglu_variant)")
     parser.add_argument("--gelu", default="shipped", choices=("shipped", "xla"),
                         help="the GEGLU's GELU: the generator's own (layers.gelu) or jax.nn.gelu's exact erf")
+    parser.add_argument("--launch", type=int, default=0, metavar="N",
+                        help="unet: N evaluations chained one program each against N in one program, and "
+                             "chained with the weights packed in one buffer per dtype (launch_cost)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.gelu == "xla":

@@ -21,6 +21,12 @@ def unet_line(name: str, r: dict) -> list[str]:
              + (f", LIBTPU_INIT_ARGS={r['libtpu_init_args']!r}" if r.get("libtpu_init_args") else "")
              + f": {r['ms']:.1f} ms an evaluation, {r['tflops']:.0f} TFLOP/s, compile {r['compile_s']:.0f} s"
              + (f", {r['psnr_db_against_before']:.1f} dB against before" if "psnr_db_against_before" in r else "")]
+    launch = r.get("launch")
+    if launch:
+        lines.append(f"  {launch['calls']} evaluations: one program each {launch['chained_ms']:.1f} ms an evaluation "
+                     f"({launch['weight_buffers']} weight buffers), one program {launch['looped_ms']:.1f}, one "
+                     f"program each with the weights in {launch['packed_buffers']} buffers "
+                     f"{launch['packed_chained_ms']:.1f}")
     profile = r.get("profile") or {}
     if profile.get("by_kind_ms_per_eval"):
         total = profile["per_eval_ms"]
