@@ -165,14 +165,17 @@ class Wildcards:
         return tuple(line for n in chosen for line in self._read(n))
 
     def _read(self, name: str) -> tuple[str, ...]:
-        if name not in self._lines:
-            path = self.folder / f"{name}.txt"  # (a name from names(): a file inside the folder)
-            data = path.read_bytes()[:MAX_WILDCARD_BYTES + 1]
+        if name not in self._lines and self.folder is not None:  # (a name from names(): a file inside it)
+            try:
+                with open(self.folder / f"{name}.txt", "rb") as f:
+                    data = f.read(MAX_WILDCARD_BYTES + 1)
+            except OSError as e:
+                raise RequestError(f"The wildcard __{name}__ could not be read ({e.strerror}).") from None
             if len(data) > MAX_WILDCARD_BYTES:
                 raise RequestError(f"The wildcard __{name}__ is over {MAX_WILDCARD_BYTES >> 20} MB.")
             lines = (line.strip() for line in data.decode("utf-8", "replace").splitlines())
             self._lines[name] = tuple(line for line in lines if line and not line.startswith("#"))
-        return self._lines[name]
+        return self._lines.get(name, ())
 
 
 def draw(template: str, seed: int, wildcards: Wildcards) -> str:

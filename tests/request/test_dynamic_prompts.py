@@ -111,6 +111,12 @@ def test_wildcards_that_name_themselves_or_are_too_big_are_refused(tmp_path):
         combinations("__loop__", loop)
     with pytest.raises(RequestError, match="__big__ is over 1 MB"):
         draw("__big__", 1, loop)
+    (tmp_path / "gone.txt").write_text("x\n")
+    listed = Wildcards(tmp_path)
+    assert "gone" in listed.names()
+    (tmp_path / "gone.txt").unlink()  # (after the folder was listed)
+    with pytest.raises(RequestError, match="__gone__ could not be read"):
+        draw("__gone__", 1, listed)
 
 
 @settings(max_examples=300, deadline=None)
