@@ -49,8 +49,7 @@ def parse(template: str) -> tuple:
 
 def _parse(text: str, at: int, depth: int, *, closing: bool) -> tuple[tuple, int]:
     """Parts from `at` up to an unescaped | or } when `closing` (inside braces), else to the end."""
-    if depth > MAX_DEPTH:
-        raise RequestError(f"The prompt's {{...}} variants are nested more than {MAX_DEPTH} deep.")
+    _within_depth(depth)
     parts, plain = [], []
     while at < len(text):
         c = text[at]
@@ -181,13 +180,11 @@ class Wildcards:
 def draw(template: str, seed: int, wildcards: Wildcards) -> str:
     """The prompt an image with this seed gets: each variant drawn at random (weighted), each
     wildcard a random line of its file, from a generator seeded with the image's seed."""
-    rng = random.Random(seed)
-    return _checked(_draw(parse(template), rng, wildcards, 0))
+    return _draw(parse(template), random.Random(seed), wildcards, 0)
 
 
 def _draw(parts: tuple, rng: random.Random, wildcards: Wildcards, depth: int) -> str:
-    if depth > MAX_DEPTH:
-        raise RequestError(f"The prompt's wildcards and variants are nested more than {MAX_DEPTH} deep.")
+    _within_depth(depth)
     out = []
     for part in parts:
         if isinstance(part, str):
@@ -198,9 +195,7 @@ def _draw(parts: tuple, rng: random.Random, wildcards: Wildcards, depth: int) ->
             k = min(rng.randint(part.fewest, part.most), len(part.options))
             picked = _weighted_sample(part.options, k, rng)
             out.append(part.separator.join(_draw(p, rng, wildcards, depth + 1) for p in picked))
-        if sum(map(len, out)) > MAX_PROMPT_CHARS:
-            raise RequestError(f"The prompt made from the template is over {MAX_PROMPT_CHARS} characters.")
-    return "".join(out)
+    return _checked("".join(out))  # (each part checked already: at most MAX_PICKS times the bound)
 
 
 def _weighted_sample(options: tuple, k: int, rng: random.Random) -> list[tuple]:
@@ -223,16 +218,11 @@ def _weighted_sample(options: tuple, k: int, rng: random.Random) -> list[tuple]:
 def combinations(template: str, wildcards: Wildcards, limit: int = MAX_COMBINATIONS) -> list[str]:
     """Every prompt the template makes (combinatorial mode), in order, at most `limit` of them
     (a RequestError when there would be more)."""
-    prompts = list(itertools.islice(_every(parse(template), wildcards, 0), limit + 1))
-    if len(prompts) > limit:
-        raise RequestError(f"The prompt's template makes more than {limit} prompts; "
-                           "use fewer variants or draw at random.")
-    return prompts
+    return _listed(_every(parse(template), wildcards, 0), limit)
 
 
 def _every(parts: tuple, wildcards: Wildcards, depth: int):
-    if depth > MAX_DEPTH:
-        raise RequestError(f"The prompt's wildcards and variants are nested more than {MAX_DEPTH} deep.")
+    _within_depth(depth)
     if not parts:
         yield ""
         return
@@ -255,13 +245,18 @@ def _choices(part, wildcards: Wildcards, depth: int):
                     yield part.separator.join(texts)
 
 
-def _listed(prompts) -> list[str]:
-    """An option's prompts, listed to be combined with the others' (bounded as the whole is)."""
-    listed = list(itertools.islice(prompts, MAX_COMBINATIONS + 1))
-    if len(listed) > MAX_COMBINATIONS:
-        raise RequestError(f"The prompt's template makes more than {MAX_COMBINATIONS} prompts; "
+def _listed(prompts, limit: int = MAX_COMBINATIONS) -> list[str]:
+    """The prompts, listed: at most `limit` (the whole template's, or one option's to combine)."""
+    listed = list(itertools.islice(prompts, limit + 1))
+    if len(listed) > limit:
+        raise RequestError(f"The prompt's template makes more than {limit} prompts; "
                            "use fewer variants or draw at random.")
     return listed
+
+
+def _within_depth(depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise RequestError(f"The prompt's variants and wildcards are nested more than {MAX_DEPTH} deep.")
 
 
 def _checked(prompt: str) -> str:
