@@ -84,7 +84,8 @@ case "$MODE" in
         attention --only "$ATTENTION_ONLY" --variants "${ATTENTION_VARIANTS:-auto,einsum,splash}" --json
     ;;
   launch)  # why one program a step (the server's loop) costs 5 % more than the fused loop on the chip
-    quick launch timeout "${LAUNCH_TIMEOUT:-540}" "$PY" benchmarks/tpu_quick.py unet --runs 3 --launch "${CALLS:-10}" --json
+    quick launch timeout "${LAUNCH_TIMEOUT:-540}" "$PY" benchmarks/tpu_quick.py unet --runs 3 --launch "${CALLS:-10}" \
+        --launch-parts "${PARTS:-chained,looped,packed,callback}" --json
     ;;
   xla)  # the same UNet evaluation with XLA's attention everywhere (after quick: against its output)
     quick unet-xla "$PY" benchmarks/tpu_quick.py unet --attention xla --against "$OUT/unet-before.npy" --json

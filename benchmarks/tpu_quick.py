@@ -227,7 +227,7 @@ def unet_eval(args: argparse.Namespace) -> dict:
         before = np.load(args.against)
         report["psnr_db_against_before"] = psnr(before, out)
     if args.launch:
-        report["launch"] = launch_cost(compiled, forward, inputs, args.launch)
+        report["launch"] = launch_cost(compiled, forward, inputs, args.launch, tuple(args.launch_parts.split(",")))
     if args.profile:
         with jax.profiler.trace(args.profile):
             for _ in range(3):
@@ -244,12 +244,17 @@ def unet_eval(args: argparse.Namespace) -> dict:
     return report
 
 
-def launch_cost(compiled, forward, inputs, calls: int) -> dict:
+LAUNCH_PARTS = ("chained", "looped", "packed", "callback")
+
+
+def launch_cost(compiled, forward, inputs, calls: int, parts: tuple[str, ...] = LAUNCH_PARTS) -> dict:
     """What starting a program costs the chip: `calls` evaluations dispatched back to back (each
-    fed the last one's output, none waited for: the stepwise loop's case) against the same in one
-    program (the fused loop's), ms an evaluation; and the chained calls again with the weights
-    packed into one buffer per dtype (sliced apart inside the program), in case the cost is the
-    ~2,500 weight buffers each start hands the program."""
+    fed the last one's output, none waited for: the stepwise loop's case, "chained") against the
+    same in one program (the fused loop's, "looped"), ms an evaluation; the chained calls again
+    with the weights packed into one buffer per dtype (sliced apart inside the program, "packed"),
+    in case the cost is the ~2,500 weight buffers each start hands the program; and the one
+    program telling the host of each evaluation as it ends ("callback": per-step progress from
+    the fused loop), with when the host heard of each, from the call's start."""
     params, sample, *rest = inputs
 
     def chained(program, weights) -> float:
@@ -266,13 +271,34 @@ def launch_cost(compiled, forward, inputs, calls: int) -> dict:
             times.append(time.perf_counter() - start)
         return statistics.median(times) / calls * 1e3
 
-    report = {"calls": calls, "chained_ms": chained(compiled, params),
-              "weight_buffers": len(jax.tree_util.tree_leaves(params))}
+    report = {"calls": calls, "weight_buffers": len(jax.tree_util.tree_leaves(params))}
+    if "chained" in parts:
+        report["chained_ms"] = chained(compiled, params)
+    if "callback" in parts:
+        heard: list[float] = []
+
+        def step(p, i, y, *r):
+            jax.debug.callback(lambda _: heard.append(time.perf_counter()), i, ordered=True)
+            return forward(p, y, *r)
+
+        told = jax.jit(lambda p, x, *r: jax.lax.fori_loop(0, calls, lambda i, y: step(p, i, y, *r), x))
+        start = time.perf_counter()
+        told = told.lower(*inputs).compile()
+        report["callback_compile_s"] = time.perf_counter() - start
+        report["callback_ms"] = timed(told, *inputs, runs=3) / calls * 1e3
+        heard.clear()
+        start = time.perf_counter()
+        jax.block_until_ready(told(*inputs))
+        report["callback_heard_ms"] = [round((t - start) * 1e3, 1) for t in heard]
+    if "looped" not in parts and "packed" not in parts:
+        return report
     looped = jax.jit(lambda p, x, *r: jax.lax.fori_loop(0, calls, lambda i, y: forward(p, y, *r), x))
     start = time.perf_counter()
     looped = looped.lower(*inputs).compile()
     report["looped_compile_s"] = time.perf_counter() - start
     report["looped_ms"] = timed(looped, *inputs, runs=3) / calls * 1e3
+    if "packed" not in parts:
+        return report
 
     leaves, tree = jax.tree_util.tree_flatten(params)
     shapes = [(leaf.shape, str(leaf.dtype), leaf.size) for leaf in leaves]
@@ -452,6 +478,8 @@ def main() -> None:
     parser.add_argument("--launch", type=int, default=0, metavar="N",
                         help="unet: N evaluations chained one program each against N in one program, and "
                              "chained with the weights packed in one buffer per dtype (launch_cost)")
+    parser.add_argument("--launch-parts", default=",".join(LAUNCH_PARTS),
+                        help="which of launch_cost's measures, comma-separated: " + ", ".join(LAUNCH_PARTS))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.gelu == "xla":
