@@ -12,7 +12,7 @@ from typing import Any
 from ..request.fields import FIELDS, FORM, HISTORY
 from ..server.form import EXAMPLES
 from .page import CUSTOM, run_panel
-from .sampler_menu import CHECKPOINT_KARRAS, KARRAS
+from .sampler_menu import CHECKPOINT_KARRAS, KARRAS, schedule_menus
 
 SCRIPT = (Path(__file__).resolve().parent / "web" / "in_browser.js").read_text()
 NOT_TAKEN = "The server could not take the request (its queue is full, or it is stopping); please try again."
@@ -29,6 +29,13 @@ def browser_config(presets: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
             "fields": fields, "sampler": FORM.index("sampler"), "schedule": FORM.index("schedule"),
             "panels": {"notTaken": run_panel("refused", "⚠️ " + NOT_TAKEN), "stopped": run_panel("stopped", "Stopped.")},
             "examples": EXAMPLES}
+
+
+def offered_now(presets: Sequence[str], samplers: Sequence[str], schedules: Sequence[str]) -> str:
+    """What the page's hidden `offered` field holds, as JSON: what the menus offer now that the
+    script's rules read (the presets' names; each sampler's Schedule type menu). A front end's
+    back ends may change it, so it is a field, not part of the config."""
+    return json.dumps({"presets": list(presets), "schedules": schedule_menus(samplers, schedules)})
 
 
 def in_browser(name: str, config: Mapping[str, Any]) -> str:

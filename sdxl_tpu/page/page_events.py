@@ -17,7 +17,7 @@ from ..server.events import Done, Progress
 from ..server.uploads import Uploads
 from ..server.form import picked_item
 from .handlers import form_handler, gradio_handler
-from .in_browser import browser_config, in_browser
+from .in_browser import browser_config, in_browser, offered_now
 from .history import history_rows, restored_run
 from ..routes.internals import QueueView, forget_served
 from .page import (CUSTOM, PASTED_INTO, control_preview, form_defaults, hires_of, new_area, painted_mask,
@@ -25,7 +25,7 @@ from .page import (CUSTOM, PASTED_INTO, control_preview, form_defaults, hires_of
                    style_description)
 from .page_layout import WARMING_UP, Page, preset_names
 from .page_run import GENERATE, page_run, page_values, refused, stopped
-from .sampler_menu import fitted_schedule, menu_samplers, schedule_menu
+from .sampler_menu import menu_samplers, schedule_menu
 
 class Queued(TypedDict):
     """What a run's events share (Gradio's listeners' keywords, each with its own type)."""
@@ -180,17 +180,11 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
                      outputs=[page.preset],
                      js=in_browser("matchingPreset", browser))
 
-    def fit_schedule(sampler_name, schedule_name):  # (only the schedule types the sampler runs on)
-        menu, kept = fitted_schedule(sampler_name, schedule_name, server.offer.samplers, server.offer.schedules)
-        return gr.Dropdown(choices=menu, value=kept)
-
-    # Each change is sent with the values of its moment and answered in order (one at a time, never
-    # merged into a later one): a history row restores sampler and schedule while the answer to the
-    # change before it may still be on its way, and Gradio's default for .change (run again after the
-    # pending one, with the values that answer left) put that stale schedule back.
-    page.sampler.change(fit_schedule, inputs=[page.sampler, page.schedule], outputs=[page.schedule],
-                        **(light | Light(concurrency_limit=1, concurrency_id="schedule-menu")),
-                        trigger_mode="multiple")
+    # The Schedule type menu follows the sampler in the browser (fitted_schedule's twin): a server
+    # event's answer could land after a later change (a history row restoring sampler and schedule)
+    # and undo it.
+    page.sampler.change(None, inputs=[page.sampler, page.schedule, page.offered], outputs=[page.schedule],
+                        js=in_browser("fitSchedule", browser))
 
     # An image dropped in proposes the compiled size nearest its aspect ratio (the resize mode
     # fits it there); the person may choose another.
@@ -280,7 +274,8 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         now = {} if seen else form_defaults(offer)
         value = lambda key: {"value": now[key]} if now else {}
         menu = schedule_menu(now.get("sampler", sampler_name), offer.samplers, offer.schedules)
-        return (json.dumps(names), gr.Dropdown(choices=menu_samplers(offer.samplers), **value("sampler")),
+        return (offered_now(names, offer.samplers, offer.schedules),
+                gr.Dropdown(choices=menu_samplers(offer.samplers), **value("sampler")),
                 gr.Dropdown(choices=menu, **value("schedule")),
                 gr.Dropdown(choices=list(offer.rngs), **value("rng")),
                 gr.Dropdown(choices=[*names, CUSTOM], **value("preset")),

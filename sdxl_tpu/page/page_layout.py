@@ -4,7 +4,6 @@ limits and default from request/fields.py. What they do when used is page_events
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +13,7 @@ from ..request.fields import FIELD, FIELDS, FORM
 from ..request.styles import STYLES
 from ..server.core import Server
 from ..server.form import EXAMPLES
-from .in_browser import in_browser
+from .in_browser import in_browser, offered_now
 from .history import HISTORY_HEADERS, HISTORY_PER_PAGE
 from .page import CUSTOM, RNG_INFO, SCHEDULE_INFO, form_defaults, run_panel, size_choices, style_description
 from .page_run import GENERATE
@@ -194,7 +193,8 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                 rng = gr.Dropdown(list(offer.rngs), value=start["rng"], label=label("rng"), elem_id="rng",
                                   info=RNG_INFO)
                 gr.Markdown(f"{SCHEDULE_INFO} Presets: {preset_info(server)}", elem_id="menu-notes")
-                offered = gr.Textbox(json.dumps(preset_names(server)), visible="hidden")
+                offered = gr.Textbox(offered_now(preset_names(server), offer.samplers, offer.schedules),
+                                     visible="hidden")
         with gr.Column(min_width=0, elem_id="results"):
             panel = gr.HTML(run_panel("idle"), elem_id="progress")
             use_seed = gr.Button("♻️ Use this seed", size="sm", elem_id="use-seed")

@@ -46,6 +46,14 @@ def fitted_schedule(sampler: Any, schedule: Any, samplers: Sequence[str], schedu
     return menu, schedule if schedule in values else (values[0] if values else None)
 
 
+def schedule_menus(samplers: Sequence[str], schedules: Sequence[str]) -> dict[str, list[tuple[str, str]]]:
+    """Each menu sampler's Schedule type menu, and under "" the menu of a sampler not offered (all
+    of them): what the browser fits the menu from when the sampler changes (web/in_browser.js's
+    fitSchedule, fitted_schedule's twin)."""
+    return {"": schedule_menu(None, samplers, schedules),
+            **{name: schedule_menu(name, samplers, schedules) for name in menu_samplers(samplers)}}
+
+
 def request_pair(sampler: Any, schedule: Any) -> tuple[Any, Any]:
     """The menu's (sampler, schedule) as a request names them; anything else as it is (the
     request's check refuses what is wrong)."""

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from sdxl_tpu.page.in_browser import NOT_TAKEN, SCRIPT, browser_config
+from sdxl_tpu.page.in_browser import NOT_TAKEN, SCRIPT, browser_config, offered_now
 from sdxl_tpu.page.page import CUSTOM, matching_preset, preset_fields, run_panel
-from sdxl_tpu.page.sampler_menu import CHECKPOINT_KARRAS, KARRAS, menu_pair
+from sdxl_tpu.page.sampler_menu import CHECKPOINT_KARRAS, KARRAS, fitted_schedule, menu_pair, menu_samplers
 from sdxl_tpu.request.fields import FIELDS, FORM, HISTORY
 from sdxl_tpu.request.names import SAMPLERS, SCHEDULES
 from sdxl_tpu.request.recipes import RECIPES
@@ -28,7 +28,8 @@ def in_the_browser(calls: list[tuple[str, list]]) -> list:
     script = (f"const rules = ({SCRIPT})({json.dumps(CONFIG)});\n"
               f"const calls = {json.dumps(calls)};\n"
               "console.log(JSON.stringify(calls.map(([rule, args]) => rules[rule](...args))));")
-    done = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=60)
+    # (the script on stdin: no limit on its size, as an argument has)
+    done = subprocess.run([node, "-"], input=script, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -40,6 +41,25 @@ def test_the_menus_pair_is_menu_pair():
     assert any(s.endswith(KARRAS) for s in SAMPLERS)  # (so the translation is exercised)
 
 
+@pytest.mark.parametrize("offered", ["all", "some"])
+def test_the_schedule_menu_follows_the_sampler_as_fitted_schedule_does(offered):
+    """Every sampler (those offered, others, none) with every schedule the menus can hold, against
+    the Python rule: the menu, and the schedule kept or the first; before the page knows the model,
+    the menu is left as it is."""
+    samplers = list(SAMPLERS) if offered == "all" else [s for s in SAMPLERS if "DPM" in s or s == "DDIM"]
+    schedules = list(SCHEDULES)
+    cases = [[sampler, schedule, offered_now([], samplers, schedules)]
+             for sampler in [*menu_samplers(SAMPLERS), "DPM++ 2M Karras", "nonesuch", None, 5]
+             for schedule in [*SCHEDULES, CHECKPOINT_KARRAS, None]]
+    got = in_the_browser([("fitSchedule", case) for case in cases] + [("fitSchedule", ["Euler", "Karras", ""])])
+    for (sampler, schedule, _), update in zip(cases, got):
+        menu, kept = fitted_schedule(sampler, schedule, samplers, schedules)
+        assert update == {"__type__": "update", "choices": [list(pair) for pair in menu], "value": kept}, (sampler,
+                                                                                                         schedule)
+    assert got[-1] == {"__type__": "update"}
+    assert {u["value"] for u in got[:-1]} >= {"Checkpoint", CHECKPOINT_KARRAS, "Karras"}  # (kept and replaced)
+
+
 @pytest.mark.parametrize("offered", ["all", "none"])
 def test_the_preset_menu_follows_the_fields_as_matching_preset_does(offered):
     """Each preset's own values (as the menus show them), and each nudged, against the Python rule on
@@ -49,7 +69,7 @@ def test_the_preset_menu_follows_the_fields_as_matching_preset_does(offered):
     for steps, sampler, guidance in PRESETS.values():
         menu_sampler, menu_schedule = menu_pair(sampler, "Checkpoint")
         for nudged in [(steps, guidance), (steps + 1, guidance), (steps, guidance + 0.5)]:
-            cases.append([nudged[0], menu_sampler, menu_schedule, nudged[1], json.dumps(names)])
+            cases.append([nudged[0], menu_sampler, menu_schedule, nudged[1], offered_now(names, SAMPLERS, SCHEDULES)])
     got = in_the_browser([("matchingPreset", case) for case in cases])
     for case, name in zip(cases, got):
         steps, sampler, schedule, guidance, _ = case

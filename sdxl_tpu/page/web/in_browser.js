@@ -10,15 +10,28 @@
     return [sampler.slice(0, -config.karras.length),
             schedule === "Checkpoint" ? config.checkpointKarras : "Karras"];
   };
+  // `offered`: the page's hidden field, what the menus offer now (page/in_browser.py's offered_now), as JSON.
+  const offer = (offered) => { try { return JSON.parse(offered || "{}") || {}; } catch { return {}; } };
   // The preset whose (steps, sampler, guidance) the form holds, on the sampler as a request names it
-  // (the menus' pair translated back); `offered`: the names the menu offers now, as JSON.
+  // (the menus' pair translated back).
   const matchingPreset = (steps, sampler, schedule, guidance, offered) => {
     const named = schedule === config.checkpointKarras ? sampler + config.karras : sampler;
-    for (const name of JSON.parse(offered || "[]")) {
+    for (const name of offer(offered).presets || []) {
       const p = config.presets[name];
       if (p && p[0] === steps && p[1] === named && Math.abs(p[2] - guidance) < 1e-6) return name;
     }
     return config.custom;
+  };
+  // The Schedule type menu of the sampler chosen, the schedule kept where it runs on it, else the
+  // first (page/sampler_menu.py's fitted_schedule): in the browser, as the sampler changes, so no
+  // answer from the server can arrive after a later change and undo it.
+  const fitSchedule = (sampler, schedule, offered) => {
+    const menus = offer(offered).schedules;
+    if (!menus) return {__type__: "update"};  // (not described yet: the menu as it is)
+    const menu = (typeof sampler === "string" && Object.hasOwn(menus, sampler) && sampler) ? menus[sampler] : menus[""];
+    const values = menu.map(([, value]) => value);
+    return {__type__: "update", choices: menu,
+            value: values.includes(schedule) ? schedule : (values.length ? values[0] : null)};
   };
   // Choosing a preset sets steps, the sampler (with the schedule its old A1111 name implies) and guidance.
   const presetFill = (preset, steps, sampler, schedule, guidance) => {
@@ -47,6 +60,6 @@
   const example = (i) => config.examples[i];
   const generateIf = (ready) => { if (ready) document.querySelector("#generate").click(); };
   const randomSeed = () => -1;  // (A1111's -1: a seed drawn for the run)
-  return {menuPair, matchingPreset, presetFill, restoreHistory, failedRun, stoppedRun, example, generateIf,
-          randomSeed};
+  return {menuPair, matchingPreset, fitSchedule, presetFill, restoreHistory, failedRun, stoppedRun, example,
+          generateIf, randomSeed};
 }
