@@ -44,6 +44,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .request.errors import GenerationError, RequestError
     from .request.fields import DEFAULT_STRENGTH
     from .imaging.image_input import decode_image
+    from .a1111.dynamic_prompts import Wildcards
     from .a1111.images import save_png
     from .a1111.infotext import usable
     from .request.control import FORM_FIELDS, form_unit
@@ -78,7 +79,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                 "sampler": s["sampler"], "strength": strength, "hires": args.hires or None,
                                 "image": image,
                                 "mask": None if args.mask is None else _read(args.mask, "--mask")},
-                             controlnet=units, controlnets=controlnets)
+                             controlnet=units, controlnets=controlnets, wildcards=Wildcards(args.wildcards))
         sizes = [request.size] + ([request.hires.size] if request.hires else [])  # (a hires fix: two passes)
         options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=sizes, step_progress=False)
     except ValueError as e:

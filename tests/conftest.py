@@ -79,14 +79,25 @@ def tiny_controlnet(tmp_path_factory, tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
-def app_server(tmp_path_factory, compile_cache, tiny_controlnet):
+def wildcards_folder(tmp_path_factory):
+    """A folder of wildcard files, as people bring them (one option a line, # comments, a subfolder)."""
+    folder = tmp_path_factory.mktemp("wildcards")
+    (folder / "color.txt").write_text("# colours\nred\nblue\n{light|dark} green\n")
+    (folder / "animals").mkdir()
+    (folder / "animals" / "cat.txt").write_text("tabby\nsiamese\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory, compile_cache, tiny_controlnet, wildcards_folder):
     """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests: with
-    its MCP server on, an API key (served_app.API_KEY) for the other tools' APIs and the ControlNet
-    "edges" (tiny_controlnet)."""
+    its MCP server on, an API key (served_app.API_KEY) for the other tools' APIs, the ControlNet
+    "edges" (tiny_controlnet) and wildcards (wildcards_folder)."""
     from served_app import API_KEY, start_app
 
     yield from start_app(tmp_path_factory.mktemp("app"), compile_cache,
-                         ("--mcp", "on", "--controlnet", str(tiny_controlnet)), env_extra={"SDXL_API_KEY": API_KEY})
+                         ("--mcp", "on", "--controlnet", str(tiny_controlnet), "--wildcards", str(wildcards_folder)),
+                         env_extra={"SDXL_API_KEY": API_KEY})
 
 
 # The longest test files (2026-12-05, seconds in one process), started first: two workers take

@@ -17,7 +17,7 @@ from .controlnet_units import controlnet_args
 from ..request.fields import MAX_SEED
 from .infotext import SCHEDULE_NAMES
 from ..imaging.mask import INPAINT_AREAS, MASKED_CONTENT
-from ..request.names import RESIZE_MODES, SCHEDULES
+from ..request.names import PROMPT_MODES, RESIZE_MODES, SCHEDULES
 from ..request.request import ImageInfo
 from ..request.styles import STYLES
 from ..request.values import json_type, shown
@@ -84,6 +84,25 @@ def _default(data: Mapping[str, Any], name: str, taken: tuple, why: str) -> None
         raise RequestError(f"{name} {_json(value)} cannot be honoured here: {why}.")
 
 
+def dynamic_prompts_script(scripts: Any) -> tuple[Any, str | None]:
+    """sd-dynamic-prompts' entry of `alwayson_scripts` ("Dynamic Prompts v2.17.1": {"args":
+    [enabled, combinatorial, ...]}, its other settings as it defaults them) as the Dynamic prompts
+    field's value (None: not given, the default), and the other scripts."""
+    if not isinstance(scripts, Mapping):
+        return scripts, None
+    names = [name for name in scripts if str(name).lower().startswith("dynamic prompts")]
+    if not names:
+        return scripts, None
+    entry = scripts[names[0]]
+    args = entry.get("args") if isinstance(entry, Mapping) else None
+    if not isinstance(args, list) or not all(isinstance(a, bool) for a in args[:2]):
+        raise RequestError(f"alwayson_scripts {shown(names[0])} takes args [enabled, combinatorial, ...] "
+                           "(true or false each).")
+    enabled, combinatorial = (list(args[:2]) + [True, False][len(args[:2]):])
+    mode = PROMPT_MODES[0] if not enabled else PROMPT_MODES[2] if combinatorial else PROMPT_MODES[1]
+    return {k: v for k, v in scripts.items() if k not in names}, mode
+
+
 def generation_fields(data: Any, img2img: bool, model: str) -> tuple[dict[str, Any], int, str]:
     """A /sdapi/v1/txt2img or img2img body -> (the form's fields by API name, the images to make,
     their file format). Left out or null: A1111's defaults where they differ from ours (steps 50 is
@@ -121,7 +140,8 @@ def generation_fields(data: Any, img2img: bool, model: str) -> tuple[dict[str, A
         raise RequestError(f"styles {_json(styles)}: at most one of this server's styles ({', '.join(STYLES)}).")
     fields["style"] = styles[0] if styles else None
     fields.update(_settings(data.get("override_settings"), model))
-    units = controlnet_args(data.get("alwayson_scripts"))  # (sd-webui-controlnet's; no other extension)
+    scripts, fields["dynamic_prompts"] = dynamic_prompts_script(data.get("alwayson_scripts"))
+    units = controlnet_args(scripts)  # (sd-webui-controlnet's; no other extension)
     if units is not None:
         fields["controlnet"] = units
     image_format = FORMATS.get(str(fields.pop("samples_format", "png")).lower())

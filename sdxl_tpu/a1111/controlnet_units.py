@@ -38,8 +38,8 @@ def controlnet_args(scripts: Any) -> list[dict[str, Any]] | None:
         raise RequestError(f"alwayson_scripts must be an object, got {json_type(scripts)}.")
     others = [name for name in scripts if str(name).lower() != "controlnet"]
     if others:
-        raise RequestError(f"alwayson_scripts {shown(others[0])} is not offered here; only ControlNet is "
-                           "(sd-webui-controlnet's units).")
+        raise RequestError(f"alwayson_scripts {shown(others[0])} is not offered here; only ControlNet "
+                           "(sd-webui-controlnet's units) and Dynamic Prompts are.")
     entry = next(iter(scripts.values()))
     args = entry.get("args") if isinstance(entry, Mapping) else None
     if not isinstance(args, list):

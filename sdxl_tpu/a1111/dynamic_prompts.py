@@ -97,7 +97,7 @@ def _variants(text: str, at: int, depth: int) -> tuple[Variants, int]:
         parts, at = _parse(text, at, depth, closing=True)
         options.append((weight, parts))
         if at >= len(text):
-            raise RequestError("The prompt has a { without its closing }: write \\{ for the character itself.")
+            raise RequestError("The template has a { without its closing }: write \\{ for the character itself.")
         if text[at] == "}":
             return Variants(tuple(options), fewest, most, separator), at + 1
         at += 1  # past the |
@@ -121,13 +121,13 @@ def _count(text: str) -> tuple[int, int]:
     """`N`, `N-M`, `-M` or `N-` before $$: the fewest and most options drawn."""
     m = COUNT.match(text)
     if not m or not (m.group(1) or m.group(3)):
-        raise RequestError(f"The prompt's {{{text}$$...}} asks for a count that is not a number or a range like 1-3.")
+        raise RequestError(f"The template's {{{text}$$...}} asks for a count that is not a number or a range like 1-3.")
     fewest = int(m.group(1)) if m.group(1) else 1
     most = (int(m.group(3)) if m.group(3) else MAX_PICKS) if m.group(2) else fewest
     if fewest > most:
-        raise RequestError(f"The prompt's {{{text}$$...}} asks for at least {fewest} but at most {most} options.")
+        raise RequestError(f"The template's {{{text}$$...}} asks for at least {fewest} but at most {most} options.")
     if most > MAX_PICKS and (m.group(3) or not m.group(2)):
-        raise RequestError(f"The prompt's {{{text}$$...}} asks for more than {MAX_PICKS} options at once.")
+        raise RequestError(f"The template's {{{text}$$...}} asks for more than {MAX_PICKS} options at once.")
     return fewest, min(most, MAX_PICKS)
 
 
@@ -159,9 +159,12 @@ class Wildcards:
         if not chosen:
             known = (", ".join(f"__{n}__" for n in self.names()[:20])
                      or "none (the server was given no wildcards folder)")
-            raise RequestError(f"The prompt names the wildcard __{name}__, which the server does not have; "
+            raise RequestError(f"The template names the wildcard __{name}__, which the server does not have; "
                                f"its wildcards: {known}. Write \\_\\_ for the characters themselves.")
-        return tuple(line for n in chosen for line in self._read(n))
+        lines = tuple(line for n in chosen for line in self._read(n))
+        if not lines:
+            raise RequestError(f"The wildcard __{name}__ has no lines to choose from.")
+        return lines
 
     def _read(self, name: str) -> tuple[str, ...]:
         if name not in self._lines and self.folder is not None:  # (a name from names(): a file inside it)
@@ -221,6 +224,11 @@ def combinations(template: str, wildcards: Wildcards, limit: int = MAX_COMBINATI
     return _listed(_every(parse(template), wildcards, 0), limit)
 
 
+def first_combinations(template: str, wildcards: Wildcards, n: int) -> list[str]:
+    """The template's first `n` combinations (all of them where it makes fewer), in order."""
+    return list(itertools.islice(_every(parse(template), wildcards, 0), n))
+
+
 def _every(parts: tuple, wildcards: Wildcards, depth: int):
     _within_depth(depth)
     if not parts:
@@ -239,7 +247,8 @@ def _choices(part, wildcards: Wildcards, depth: int):
         for line in wildcards.options(part.name):
             yield from _every(parse(line), wildcards, depth + 1)
     else:
-        for k in range(part.fewest, min(part.most, len(part.options)) + 1):
+        n = len(part.options)  # (asked for more than there are: all of them, as a draw takes)
+        for k in range(min(part.fewest, n), min(part.most, n) + 1):
             for group in itertools.combinations(part.options, k):
                 for texts in itertools.product(*(_listed(_every(p, wildcards, depth + 1)) for _, p in group)):
                     yield part.separator.join(texts)
@@ -249,20 +258,40 @@ def _listed(prompts, limit: int = MAX_COMBINATIONS) -> list[str]:
     """The prompts, listed: at most `limit` (the whole template's, or one option's to combine)."""
     listed = list(itertools.islice(prompts, limit + 1))
     if len(listed) > limit:
-        raise RequestError(f"The prompt's template makes more than {limit} prompts; "
+        raise RequestError(f"The template makes more than {limit} prompts; "
                            "use fewer variants or draw at random.")
     return listed
 
 
 def _within_depth(depth: int) -> None:
     if depth > MAX_DEPTH:
-        raise RequestError(f"The prompt's variants and wildcards are nested more than {MAX_DEPTH} deep.")
+        raise RequestError(f"The template's variants and wildcards are nested more than {MAX_DEPTH} deep.")
 
 
 def _checked(prompt: str) -> str:
     if len(prompt) > MAX_PROMPT_CHARS:
-        raise RequestError(f"The prompt made from the template is over {MAX_PROMPT_CHARS} characters.")
+        raise RequestError(f"A prompt made from the template is over {MAX_PROMPT_CHARS} characters.")
     return prompt
+
+
+def checked_template(template: str, wildcards: Wildcards | None) -> None:
+    """A RequestError for what some image's draw would fail on: the template's syntax, and every
+    wildcard it can reach (each named once, its lines parsed), so a typo is refused before a run;
+    without `wildcards` (they are another server's) the syntax alone."""
+    seen: set[str] = set()
+
+    def visit(parts: tuple, depth: int) -> None:
+        _within_depth(depth)
+        for part in parts:
+            if isinstance(part, Wildcard) and wildcards is not None and part.name not in seen:
+                seen.add(part.name)
+                for line in wildcards.options(part.name):
+                    visit(parse(line), depth + 1)
+            elif isinstance(part, Variants):
+                for _, option in part.options:
+                    visit(option, depth + 1)
+
+    visit(parse(template), 0)
 
 
 def is_dynamic(prompt: str) -> bool:
@@ -270,4 +299,4 @@ def is_dynamic(prompt: str) -> bool:
     return any(not isinstance(p, str) for p in parse(prompt)) if ("{" in prompt or "__" in prompt) else False
 
 
-__all__ = ["Wildcards", "combinations", "draw", "is_dynamic", "parse"]
+__all__ = ["Wildcards", "checked_template", "combinations", "draw", "first_combinations", "is_dynamic", "parse"]

@@ -41,6 +41,7 @@ _SETTING = re.compile(r'(\w[\w \-/]{1,63}+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)'
 # sampler since 1.9 ("Sampler: DPM++ 2M, Schedule type: Karras"), and "RNG" only when it is not
 # its default (GPU) noise.
 USED = {f.infotext for f in FIELDS if f.infotext}
+TEMPLATES = ("Template", "Negative Template")  # sd-dynamic-prompts': what an image's prompts were drawn from
 # Schedule types by A1111's labels in any case, and ComfyUI's names of the same schedules
 # ("sgm_uniform"; "normal" is A1111's Uniform: the model's timesteps evenly from the last to the
 # first, sigmas interpolated in log sigma, as k-diffusion's get_sigmas makes them).
@@ -107,9 +108,17 @@ def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
     settings += [f'ControlNet {i}: "{control_text(unit)}"' for i, unit in enumerate(info.controls)]
     if stamp.loras:
         settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')
+    settings += [f"{key}: {quoted(text)}" for key, text in zip(TEMPLATES, (info.template, info.negative_template))
+                 if text]
     settings.append(f"Version: sdxl-tpu {VERSION}")
     lines.append(", ".join(settings))
     return "\n".join(lines)
+
+
+def quoted(text: str) -> str:
+    """A setting's value as A1111 writes it: as it is, or as a JSON string where a comma, a colon
+    or a line break would end it."""
+    return json.dumps(text, ensure_ascii=False) if any(c in text for c in ",:\n\"") else text
 
 
 def control_text(unit: ControlRequest) -> str:
@@ -198,7 +207,9 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
         ours = s.get("Version", "").startswith(OUR_VERSION)
         _sampler_and_schedule(s, samplers, "Checkpoint" if ours else "Automatic", fields, notes)
         _rng(s.get("RNG"), ours, fields, notes)
-    unused = [key for key in s if key not in USED]
+    notes += [f"{key}: {shown(s[key], 60)} (the image's own prompt is filled in; the template draws others)."
+              for key in TEMPLATES if key in s]
+    unused = [key for key in s if key not in USED and key not in TEMPLATES]
     if unused:
         notes.append(f"Not used here: {', '.join(shown(k, 30)[1:-1] for k in unused)}.")
     return fields, notes

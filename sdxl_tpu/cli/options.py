@@ -106,6 +106,13 @@ OPTIONS: tuple[Option, ...] = (
            "where the noise comes from (for the servers: of requests that name none, and the page's default); CPU: "
            "PyTorch's CPU generator per image seed, as AUTOMATIC1111's RNG CPU and ComfyUI draw it", env="SDXL_RNG",
            default=DEFAULT_RNG, choices=list(RNGS)),
+    option("--dynamic-prompts", ["generate"], "how {a|b}, {2$$a|b|c} and __wildcard__ in the prompts are read "
+           "(sd-dynamic-prompts'): Random, each image its own draw from its seed; Combinatorial, the combinations "
+           "in order; Off, as written", default=FIELD["dynamic_prompts"].default,
+           choices=FIELD["dynamic_prompts"].names, metavar="MODE"),
+    option("--wildcards", [*SERVERS, "generate"], "folder of wildcard files: __name__ in a prompt is a random line of "
+           "the file of that name (.txt; __dir/name__ in a subfolder); requests name files in it, never paths (a "
+           "front end: the back end's folder is used)", env="SDXL_WILDCARDS", metavar="DIR", shown_default="none"),
     option("--size", RUN, "WIDTHxHEIGHT", shown_default="1024x1024, or the preset's (bench: the architecture's)"),
     option("--images", RUN, "images in one call (the compiled batch is rounded up to the device count)", type=int,
            default=4, loads="images_per_call"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from jax.typing import DTypeLike
 
 from ..sampler.tables import MAX_ROWS, Sampler
 from ..a1111.infotext import Stamp
+from ..a1111.dynamic_prompts import Wildcards
 from ..a1111.prompts import DEFAULT_MAX_CHUNKS, MAX_CHUNKS
 from ..imaging.image_input import ImageInput
 from ..models.controlnet import ControlNetModel
@@ -218,9 +220,8 @@ class Pipeline:
                 steps: int = 20, size: Size | str = (1024, 1024), sampler: str | None = None,
                 schedule: str | None = None, rng: str | None = None, strength: float | None = None,
                 image: ImageInput | None = None, resize_mode: str | None = None, **more: Any) -> Request:
-        """A checked request for this pipeline (RequestError names what is wrong); `more`: the
-        inpainting's and the hires fix's fields (Request.of, by their API names), and `controlnet`:
-        ControlNet units by sd-webui-controlnet's field names (request/control.py)."""
+        """A checked request for this pipeline (RequestError names what is wrong); `more`: Request.of's
+        other fields by their API names (`controlnet`: units by sd-webui-controlnet's field names)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
                           sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
                           strength=strength, image=image, resize_mode=resize_mode, controlnets=list(self.controlnets),
@@ -234,8 +235,9 @@ class Pipeline:
                  mask_image: ImageInput | None = None, mask_blur: int | None = None, masked_content: str | None = None,
                  inpaint_area: str | None = None, mask_padding: int | None = None, hires: bool | None = None,
                  hires_scale: float | None = None, hires_upscaler: str | None = None, hires_steps: int | None = None,
-                 hires_strength: float | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> GenerationResult:
+                 hires_strength: float | None = None, dynamic_prompts: str | None = None,
+                 wildcards: str | os.PathLike | None = None, progress: Callable[[int, int], None] | None = None
+                 ) -> GenerationResult:
         """Generate `images_per_call` images.
 
         prompt / negative_prompt / guidance_scale: one value for every image, or one per image.
@@ -264,15 +266,13 @@ class Pipeline:
             by `hires_scale` (default 2; the larger size must be one of `sizes`) with `hires_upscaler`
             ("Latent", the default, or "Lanczos"), then denoised again there for `hires_steps` (0, the
             default: as many as the first pass) at `hires_strength` (default 0.7).
-        progress: called as progress(step, steps) after each denoising step (in this thread; with
-            step_progress=False only once, at the end of the fused loop).
-        """
-        request = self.request(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps,
-                               size=size, sampler=sampler, schedule=schedule, rng=rng, strength=strength,
-                               image=image, resize_mode=resize_mode, mask=mask_image, mask_blur=mask_blur,
-                               masked_content=masked_content, inpaint_area=inpaint_area, mask_padding=mask_padding,
-                               hires=hires, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
-                               hires_steps=hires_steps, hires_strength=hires_strength)
+        dynamic_prompts: {a|b} and __name__ (a line of `wildcards` folder's file) in the prompts, as
+            sd-dynamic-prompts: "Random" (default: each image's from its seed), "Combinatorial", "Off".
+        progress: progress(step, steps) after each step (this thread; step_progress=False: once, at the end)."""
+        fields = {name: value for name, value in locals().items()  # (the request's, by their API names)
+                  if name not in ("self", "prompt", "negative_prompt", "latents", "progress", "mask_image",
+                                  "wildcards")}
+        request = self.request(prompt, negative_prompt, **fields, mask=mask_image, wildcards=Wildcards(wildcards))
         return self.run(request, latents=latents, progress=progress)
 
     def run(self, request: Request, *, images: int | None = None, latents: np.ndarray | None = None,

@@ -192,6 +192,10 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                 style_info = gr.Markdown(style_description(FIELD["style"].default), elem_id="style-info")
                 rng = gr.Dropdown(list(offer.rngs), value=start["rng"], label=label("rng"), elem_id="rng",
                                   info=RNG_INFO)
+                field_radio("dynamic_prompts", info="{red|blue}, {2$$a|b|c}, {0.5::a|b} and wildcards in the "
+                            "prompt: Random draws each image's own from its seed, Combinatorial makes the "
+                            "combinations in order.")
+                gr.Markdown(wildcards_note(server), elem_id="wildcards-note")
                 gr.Markdown(f"{SCHEDULE_INFO} Presets: {preset_info(server)}", elem_id="menu-notes")
                 offered = gr.Textbox(offered_now(preset_names(server), offer.samplers, offer.schedules),
                                      visible="hidden")
@@ -251,6 +255,16 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
 def preset_names(server: Server) -> list[str]:
     """The presets the preset menu offers (the model's; a front end: its back ends')."""
     return list(server.offer.presets)
+
+
+def wildcards_note(server: Server, shown: int = 12) -> str:
+    """The wildcards a prompt can name here (markdown)."""
+    if server.wildcards is None:
+        return "Wildcards: the back end's."
+    names = server.wildcards.names()
+    listed = ", ".join(f"\\_\\_{name}\\_\\_" for name in names[:shown])  # (escaped: not bold)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"Wildcards: {listed}{more}." if names else "No wildcards here (the server's --wildcards folder)."
 
 
 def preset_info(server: Server) -> str:

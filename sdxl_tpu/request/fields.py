@@ -22,7 +22,8 @@ from ..imaging.hires import UPSCALERS as HIRES_UPSCALERS
 from ..imaging.mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT,
                             INPAINT_AREAS, MASKED_CONTENT, MAX_MASK_BLUR, MAX_MASK_PADDING)
 from ..imaging.control_image import CANNY_THRESHOLDS, PREPROCESSORS
-from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
+from .names import (DEFAULT_PROMPT_MODE, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, PROMPT_MODES, RESIZE_MODES,
+                    RNGS, SAMPLERS, SCHEDULES)
 
 MAX_SEED = 2**32 - 1
 RANDOM_SEED = -1  # as in AUTOMATIC1111: a seed drawn at random for each run
@@ -184,6 +185,12 @@ FIELDS: tuple[Field, ...] = (
           needs=("control_image",), about="With canny: edges weaker than this are dropped."),
     Field("control_high", "Canny high threshold", "whole", CANNY_THRESHOLDS[1], optional=True, limits=(1, 255),
           needs=("control_image",), about="With canny: edges stronger than this are kept."),
+    # Dynamic prompts (after the ControlNet unit's, for the same reason).
+    Field("dynamic_prompts", "Dynamic prompts", "choice", DEFAULT_PROMPT_MODE, api="dynamic_prompts", optional=True,
+          choices=PROMPT_MODES, kept=frozenset({HISTORY}),
+          about="How {a|b|c}, {2$$a|b|c}, {0.5::a|b} and __wildcard__ in the prompts are read, as "
+                "sd-dynamic-prompts: Random (each image draws its own prompt from its seed), Combinatorial (the "
+                "combinations in order, one an image), Off (the prompt as written)."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them

@@ -58,6 +58,12 @@ __all__ = ["ARCHITECTURES", "DEFAULT_RNG", "DEFAULT_SCHEDULE", "RNGS", "SAMPLERS
            "resolve_schedule", "schedule_used"]
 
 
+# How the prompts' dynamic syntax is read ({a|b}, __wildcard__; a1111/dynamic_prompts.py), as
+# sd-dynamic-prompts' switch and its combinatorial mode: not at all, each image drawing its own
+# prompt from its seed, or the combinations in order.
+PROMPT_MODES = ("Off", "Random", "Combinatorial")
+DEFAULT_PROMPT_MODE = "Random"
+
 # How a starting image is fitted to a compiled size (img2img): AUTOMATIC1111's resize modes (resize.py).
 RESIZE_MODES = ("Just resize", "Crop and resize", "Resize and fill")
 DEFAULT_RESIZE_MODE = RESIZE_MODES[0]  # A1111's

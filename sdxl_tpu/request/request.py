@@ -21,9 +21,12 @@ from ..imaging.image_input import image_input
 from ..imaging.mask import (DEFAULT_INPAINT_AREA, DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MASKED_CONTENT,
                             INPAINT_AREAS, MASKED_CONTENT, ONLY_MASKED, Crop, blur_mask, crop_region, fit_mask,
                             mask_input)
-from .names import DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES
+from .names import (DEFAULT_PROMPT_MODE, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, PROMPT_MODES, RESIZE_MODES,
+                    RNGS, SAMPLERS, SCHEDULES)
 from ..imaging.resize import fit_image, image_array
 from .control import ControlRequest, control_requests
+from ..a1111.dynamic_prompts import Wildcards
+from .templates import checked_prompts, made_prompts
 from .values import (choice_input, json_type, number_input, parse_size, prompt_input, schedule_input, seed_input,
                      size_input)
 
@@ -51,9 +54,14 @@ class ImageInfo:
     # ControlNet units (request/control.py), each with its control image at `size` (compared by
     # their settings: a call's images share the units' settings, each request its own images).
     controls: tuple[ControlRequest, ...] = ()
+    # Where the prompts were made from a dynamic template ({a|b}, __wildcard__): the templates
+    # (sd-dynamic-prompts' "Template" and "Negative Template"); None: written as they are.
+    template: str | None = None
+    negative_template: str | None = None
 
 
-PER_IMAGE = ("seed", "prompt", "negative_prompt", "guidance_scale")  # a Request's may differ image by image
+# What a Request's may differ in image by image (the templates: where its prompts were made from one).
+PER_IMAGE = ("seed", "prompt", "negative_prompt", "guidance_scale", "template", "negative_template")
 
 
 @dataclass
@@ -123,6 +131,7 @@ def _hires(size: tuple[int, int], sizes: Sequence[tuple[int, int]] | None, hires
                      check("hires_strength", hires_strength)))
 
 
+NO_WILDCARDS = Wildcards(None)  # (a server given no folder: each __name__ is refused, naming none)
 MAX_COUNT = 1024  # (a server makes at most its images per call in one request: engines check that)
 
 
@@ -172,6 +181,10 @@ class Request:
     crop: Crop | None = field(default=None, compare=False, repr=False)
     # ControlNet units (control.py), their control images made at `size`.
     controls: tuple[ControlRequest, ...] = field(default=(), compare=False, repr=False)
+    # How the prompts' {a|b} and __wildcard__ are read (names.PROMPT_MODES), and the server's
+    # wildcards (None: the prompts are not made here but by a front end's back end, as sent).
+    dynamic_prompts: str = DEFAULT_PROMPT_MODE
+    wildcards: Wildcards | None = field(default=NO_WILDCARDS, compare=False, repr=False)
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
@@ -182,7 +195,8 @@ class Request:
            mask_padding: Any = None, hires: Any = None, count: Any = None,
            hires_scale: Any = None, hires_upscaler: Any = None, hires_steps: Any = None, hires_strength: Any = None,
            controlnet: Any = None, controlnets: Sequence[str] = (), per_image: bool = True,
-           max_chars: int = MAX_PROMPT_CHARS) -> "Request":
+           max_chars: int = MAX_PROMPT_CHARS, dynamic_prompts: Any = None,
+           wildcards: Wildcards | None = NO_WILDCARDS) -> "Request":
         """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
         image); `sizes` and `samplers` are those available (default: all of names.SAMPLERS);
         without `per_image`, lists are refused (a form has one value per field); prompts are at
@@ -197,8 +211,10 @@ class Request:
         already, as a front end forwards it). With `hires` true, a hires fix (A1111's): `hires_scale` (default 2; the
         upscaled size must be one of `sizes`), `hires_upscaler` (Latent or Lanczos), `hires_steps` (0,
         the default: as many as the first pass) and `hires_strength` (default 0.7). `controlnet`: a
-        list of ControlNet units (control.py; `controlnets`: the names loaded). The images are
-        checked last (they cost most)."""
+        list of ControlNet units (control.py; `controlnets`: the names loaded). `dynamic_prompts`:
+        how the prompts' {a|b} and __wildcard__ are read (names.PROMPT_MODES; default Random), the
+        wildcards from `wildcards` (default: none; None: the syntax alone is checked here, the
+        prompts made by the back end they are sent to). The images are checked last (they cost most)."""
         def prompt_text(v: Any) -> str:
             text = prompt_input(v, _label("prompt"), max_chars)
             if not text:
@@ -226,7 +242,13 @@ class Request:
             size=size_input(size, sizes) if sizes is not None else parse_size(size),
             sampler=sampler, schedule=schedule,
             rng=DEFAULT_RNG if rng is None else choice_input(rng, _label("rng"), RNGS),
-            count=None if count is None else int(number_input(count, "Image count", 1, MAX_COUNT, whole=True)))
+            count=None if count is None else int(number_input(count, "Image count", 1, MAX_COUNT, whole=True)),
+            dynamic_prompts=DEFAULT_PROMPT_MODE if dynamic_prompts is None else choice_input(
+                dynamic_prompts, _label("dynamic_prompts"), PROMPT_MODES),
+            wildcards=wildcards)
+        if checked["dynamic_prompts"] != PROMPT_MODES[0]:  # (a typo'd wildcard refused now, not mid-run)
+            checked_prompts({_label("prompt"): checked["prompt"], _label("negative"): checked["negative_prompt"]},
+                            wildcards)
         inpainting = dict(mask_blur=mask_blur, masked_content=masked_content, inpaint_area=inpaint_area,
                           mask_padding=mask_padding)
         for name, value in (("strength", strength), ("mask", mask), *inpainting.items()):
@@ -294,8 +316,15 @@ class Request:
         """The request spelled out for `n` images."""
         seeds = ([(self.seed + i) % (MAX_SEED + 1) for i in range(n)] if isinstance(self.seed, int)
                  else per_image(self.seed, n, _label("seed")))
-        columns = zip(seeds, per_image(self.prompt, n, _label("prompt")),
-                      per_image(self.negative_prompt, n, _label("negative")),
-                      per_image(self.guidance_scale, n, _label("guidance")))
+        prompts, templates = self._made(self.prompt, seeds, _label("prompt"))
+        negatives, negative_templates = self._made(self.negative_prompt, seeds, _label("negative"))
+        columns = zip(seeds, prompts, negatives, per_image(self.guidance_scale, n, _label("guidance")), templates,
+                      negative_templates)
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(ImageInfo) if f.name not in PER_IMAGE}
-        return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, **shared) for s, p, q, g in columns]
+        return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, template=t, negative_template=u,
+                          **shared) for s, p, q, g, t, u in columns]
+
+    def _made(self, text: str | tuple[str, ...], seeds: list[int], name: str) -> tuple[list[str], list[str | None]]:
+        """Each image's prompt from `text` (one for all, or one each) and its template, if any."""
+        return made_prompts(per_image(text, len(seeds), name), isinstance(text, str), seeds, self.wildcards,
+                            self.dynamic_prompts)

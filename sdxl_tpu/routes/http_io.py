@@ -115,7 +115,7 @@ def checked_request(data: dict[str, Any], server: Server) -> tuple[Request, list
                              for f in FIELDS if f.api and f.api != "prompt"}
     return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers, mask_blurred=blurred,
                       count=data.get("count"), max_chars=MAX_STYLED_PROMPT_CHARS, controlnet=data.get("controlnet"),
-                      controlnets=offer.controlnets), notes
+                      controlnets=offer.controlnets, wildcards=server.wildcards), notes
 
 
 def status_of(error: BaseException) -> tuple[int, str, int | None]:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from ..a1111.dynamic_prompts import Wildcards
 from ..request.errors import RequestError
 from ..request.fields import DEFAULT_STYLE
 from ..request.recipes import RECIPES, Recipe
@@ -60,6 +61,8 @@ class Server:
         self.warmup = Warmup(self.engine, provisional(settings), on_ready=lambda ready: self.metrics.ready.set(ready))
         self._images = images
         self.uploads: Uploads | None = None  # what people upload to the page (the playground's; None: no uploads)
+        # The wildcards __name__ draws from (a front end: None, its back end's are used).
+        self.wildcards = None if settings.backend else Wildcards(settings.wildcards)
 
     @property
     def images(self) -> ImageStore:
@@ -113,7 +116,7 @@ class Server:
         """The form's fields as a client sent them (by name) as a checked Request (form.validate);
         a size offered but still compiling is refused first (StillCompiling)."""
         self.warmup.check_size(values.get("size"))
-        return validate(values, self.offer, self.uploads.read if self.uploads is not None else None)
+        return validate(values, self.offer, self.uploads.read if self.uploads is not None else None, self.wildcards)
 
     def stream(self, values: Mapping[str, Any], abandoned: Callable[[], bool] | None = None,
                queued_at: float | None = None, previews: bool = True, route: str = "page"

@@ -8,11 +8,12 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..a1111.dynamic_prompts import Wildcards
 from ..request.control import form_unit
 from ..request.errors import RequestError
 from ..request.fields import FIELD, FIELDS, FORM
 from ..a1111.prompts import CHUNK_TOKENS, NetworkTag, chunk_prompt, split_network_tags
-from ..request.request import Request
+from ..request.request import NO_WILDCARDS, Request
 from ..request.styles import apply_style, style_entry
 from ..request.values import choice_input, json_type, number_input, seed_input, text_input
 from .errors import log_refusal
@@ -41,7 +42,8 @@ def form_values(values: Sequence[Any]) -> dict[str, Any]:
     return dict(zip(FORM, values))
 
 
-def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, str], bytes] | None = None) -> Request:
+def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, str], bytes] | None = None,
+             wildcards: Wildcards | None = NO_WILDCARDS) -> Request:
     """The form's fields as a client sent them (JSON values, by name) as one checked Request with
     the style applied, for what `offer` offers. A form has one value per field: lists are refused,
     not taken per image. An optional field left out (or null) is the offer's default: its sampler,
@@ -49,7 +51,8 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     is drawn at random where it is -1 (as in A1111) or Randomize is on (the page's switch of old,
     which API clients may still send). The image is a file object of the page's upload, read by
     `read_file(value, label)` (uploads.Uploads.read; None: no image is taken); without one, the
-    strength and resize mode the form always sends are not used."""
+    strength and resize mode the form always sends are not used. `wildcards`: the server's (None:
+    a front end's prompts, made by its back end)."""
     fallback = offer.defaults()
     # Left out or null (every field but the prompt may be): the offer's default, else the field's.
     v = {f.name: fallback.get(f.name, f.default) if f.optional and values.get(f.name) is None else values.get(f.name)
@@ -80,7 +83,8 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
             given[name] = read_file(given[name], FIELD[name].label)
     request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,
                          samplers=offer.samplers, per_image=False,
-                         controlnet=form_unit(v, offer.controlnets, read_file), controlnets=offer.controlnets)
+                         controlnet=form_unit(v, offer.controlnets, read_file), controlnets=offer.controlnets,
+                         wildcards=wildcards)
     # The style wraps what the user typed (their text is what the length limit applies to).
     if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
         raise TypeError("a form's request has one prompt for all its images")  # (per_image=False)

@@ -65,7 +65,7 @@ def request_json(request: Request) -> dict[str, Any]:
     """A checked request as `POST /v1/generate` takes it (Pipeline.generate's argument names)."""
     body = {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "seed": request.seed,
             "guidance_scale": request.guidance_scale, "steps": request.steps, "size": format_size(request.size),
-            "schedule": request.schedule, "rng": request.rng}
+            "schedule": request.schedule, "rng": request.rng, "dynamic_prompts": request.dynamic_prompts}
     if request.sampler is not None:
         body["sampler"] = request.sampler
     if request.count is not None:

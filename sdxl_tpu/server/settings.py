@@ -42,6 +42,7 @@ class Settings:
     rng: str = DEFAULT_RNG  # the noise source of a request that names none (the page's default)
     api_key: str | None = None  # required on the other tools' APIs when set (tool_apis.py)
     mcp: bool = False  # /generate also an MCP tool (the app)
+    wildcards: str | None = None  # the folder of wildcard files (__name__ in a prompt)
 
 
 # SDXL's trained sizes (about a megapixel each): the first is compiled before the app is ready, the
@@ -73,6 +74,8 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
         parser.error("--drain-seconds must not be negative")
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
+    if args.wildcards and not os.path.isdir(args.wildcards):
+        parser.error(f"--wildcards must be a folder of wildcard files (text, an option a line), got {args.wildcards!r}")
     if not 1 <= args.max_prompt_chunks <= MAX_CHUNKS:
         parser.error(f"--max-prompt-chunks must be from 1 to {MAX_CHUNKS}")
     recipe = recipe_named(args.preset) if args.preset else None
@@ -91,7 +94,7 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
     return Settings(load=load, host=args.host, port=args.port, compile_cache=args.compile_cache or None,
                     queue_size=args.queue_size, image_format=args.image_format, drain_seconds=args.drain_seconds,
                     metrics=args.metrics, recipe=recipe, preview_every=args.preview_every, schedule=args.schedule,
-                    rng=args.rng, api_key=args.api_key or None)
+                    rng=args.rng, api_key=args.api_key or None, wildcards=args.wildcards or None)
 
 
 def parse_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:

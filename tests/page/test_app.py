@@ -119,11 +119,11 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, t
                                                 ("rng", True, "JAX")]
     # ... then img2img's three, added since: an image (none), its strength and resize mode;
     # inpainting's: a mask (none), its blur and masked content; the hires fix's (off); Only masked's;
-    # the ControlNet unit's (no image).
+    # the ControlNet unit's (no image); dynamic prompts'.
     later = ("image", "strength", "resize_mode", "mask", "mask_blur", "masked_content", "hires", "hires_scale",
              "hires_upscaler", "hires_steps", "hires_strength", "inpaint_area", "mask_padding", "control_image",
              "control_model", "control_module", "control_weight", "control_start", "control_end", "control_low",
-             "control_high")
+             "control_high", "dynamic_prompts")
     assert [(p["parameter_name"], p["parameter_has_default"]) for p in parameters[at + 3:]] == [
         (name, True) for name in later]
     for call in [(), ("Euler a",), ("Euler a", "Checkpoint"), ("Euler a", "Checkpoint", "CPU")]:
@@ -945,6 +945,50 @@ def test_browser_schedule_and_rng_reach_the_image_and_the_history_restores_them(
         shown = lambda: (page.locator("#sampler input").input_value(), page.locator("#schedule input").input_value())
         wait_for(lambda: shown() == ("DPM++ 2M", "Checkpoint, Karras sigmas (diffusers)"), 10,
                  lambda: f"sampler and schedule not restored: the form shows {shown()}")
+    assert compiles(app_server) == before
+
+
+def test_browser_dynamic_prompts_make_each_images_prompt_and_name_the_wildcards(app_server, browser,
+                                                                               wildcards_folder):
+    """More options shows the Dynamic prompts choice and the server's wildcards; Combinatorial
+    makes the four images from the template's combinations in order (each image's own parameters
+    say its prompt and the template); a wildcard the server lacks is refused by name, the images
+    kept; the history row restores the choice."""
+    import urllib.parse
+    from io import BytesIO
+
+    from PIL import Image
+
+    from sdxl_tpu.a1111.dynamic_prompts import Wildcards, combinations
+    from sdxl_tpu.a1111.images import read_parameters
+
+    template = "a {red|blue} __animals/cat__"
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        open_more_options(page)
+        radio, note = page.locator("#dynamic_prompts"), page.locator("#wildcards-note").inner_text()
+        assert note == "Wildcards: __animals/cat__, __color__.", note
+        assert radio.get_by_label("Random").is_checked()
+        radio.get_by_label("Combinatorial").check()
+        set_field(page, "steps", 2)
+        generate_in_page(page, template)
+        firsts = []
+        for img in page.locator("#gallery .grid-container img").all():
+            with urllib.request.urlopen(urllib.parse.urljoin(app_server["url"] + "/", img.get_attribute("src")),
+                                        timeout=30) as r:
+                text = read_parameters(Image.open(BytesIO(r.read())))
+            assert f'Template: "{template}"' in text or f"Template: {template}," in text, text
+            firsts.append(text.split("\n")[0])
+        assert firsts == combinations(template, Wildcards(wildcards_folder)), firsts
+        shown = page.locator("#gallery .grid-container img").first.get_attribute("src")
+        page.locator("#prompt textarea").fill("a __animals/dog__")
+        page.locator("#generate").click()
+        wait_for(lambda: "__animals/dog__" in page.locator("#form-note").inner_text() + page.locator(
+            "#progress").inner_text(), 30, "the missing wildcard was not named")
+        assert page.locator("#gallery .grid-container img").first.get_attribute("src") == shown
+        radio.get_by_label("Off").check()
+        page.locator("#history tbody tr").first.click()
+        wait_for(lambda: radio.get_by_label("Combinatorial").is_checked(), 10, "the history did not restore it")
     assert compiles(app_server) == before
 
 

@@ -129,3 +129,56 @@ def test_any_template_makes_a_prompt_or_a_clear_refusal(template, seed):
             assert str(e) and "\n" not in str(e)
         else:
             assert isinstance(made, (str, list))
+
+
+def test_a_request_draws_each_images_prompts_and_keeps_the_templates(wildcards):
+    """Request.of reads the prompts as templates (Random by default, as sd-dynamic-prompts): each
+    image's prompt and negative prompt from its own seed, the templates kept for its parameters
+    text (sd-dynamic-prompts' "Template" and "Negative Template", read back by the paste); Off
+    keeps the text, Combinatorial takes the combinations in order, from the first again."""
+    from sdxl_tpu.a1111.infotext import parameters_text, parse, request_fields
+    from sdxl_tpu.request.request import Request
+
+    template, negative = "a {big|small} __animals/cat__, __color__", "{blurry|dark}"
+    infos = Request.of(template, negative, seed=10, size=(64, 64), wildcards=wildcards).images(4)
+    assert [i.prompt for i in infos] == [draw(template, 10 + k, wildcards) for k in range(4)]
+    assert [i.negative_prompt for i in infos] == [draw(negative, 10 + k, wildcards) for k in range(4)]
+    assert {i.template for i in infos} == {template} and {i.negative_template for i in infos} == {negative}
+    text = parameters_text(infos[0], "model")
+    assert text.startswith(f"{infos[0].prompt}\nNegative prompt: {infos[0].negative_prompt}\n")
+    assert f'Template: "{template}", Negative Template: {negative}, Version: ' in text
+    fields, notes = request_fields(parse(text), [(64, 64)], ["Euler"])
+    assert fields["prompt"] == infos[0].prompt and any(n.startswith("Template: ") for n in notes), notes
+
+    off = Request.of(template, seed=10, size=(64, 64), dynamic_prompts="Off").images(2)
+    assert [(i.prompt, i.template) for i in off] == [(template, None)] * 2
+    assert "Template" not in parameters_text(off[0], "model")
+    plain = Request.of("a cat (red:1.2) [dog|fox]", seed=10, size=(64, 64)).images(1)[0]
+    assert (plain.prompt, plain.template) == ("a cat (red:1.2) [dog|fox]", None)  # A1111's syntax is not a template
+    each = Request.of("{a|b}-{c|d}", seed=3, size=(64, 64), dynamic_prompts="Combinatorial").images(6)
+    assert [i.prompt for i in each] == ["a-c", "a-d", "b-c", "b-d", "a-c", "a-d"]
+    lists = Request.of(["{x|y}", "plain"], seed=[1, 2], size=(64, 64), count=2).images(2)
+    assert [(i.prompt, i.template) for i in lists] == [(draw("{x|y}", 1, NONE), "{x|y}"), ("plain", None)]
+
+
+def test_a_request_refuses_what_some_draw_would_fail_on_before_any_work(tmp_path):
+    """Every wildcard a template can reach is looked up when the request is checked (a typo in a
+    wildcard's own lines too), an empty one is refused, and the message names the field."""
+    from sdxl_tpu.request.request import Request
+
+    (tmp_path / "outer.txt").write_text("fine\n{ok|__inner_typo__}\n")
+    (tmp_path / "empty.txt").write_text("# nothing here\n\n")
+    folder = Wildcards(tmp_path)
+    with pytest.raises(RequestError, match=r"^Prompt: The template names the wildcard __inner_typo__"):
+        Request.of("a __outer__", size=(64, 64), wildcards=folder)
+    with pytest.raises(RequestError, match=r"^Negative prompt: The wildcard __empty__ has no lines"):
+        Request.of("a cat", "__empty__", size=(64, 64), wildcards=folder)
+    with pytest.raises(RequestError, match=r"^Dynamic prompts 'random' is not available"):
+        Request.of("a cat", size=(64, 64), dynamic_prompts="random")
+    assert Request.of("a __outer__", size=(64, 64), wildcards=folder, dynamic_prompts="Off").prompt == "a __outer__"
+    # A front end's (no wildcards of its own: its back end makes the prompts) checks the syntax alone.
+    sent = Request.of("a __outer__", size=(64, 64), wildcards=None)
+    assert [i.prompt for i in sent.images(2)] == ["a __outer__"] * 2
+    with pytest.raises(RequestError, match="without its closing"):
+        Request.of("a {b", size=(64, 64), wildcards=None)
+    assert combinations("{3$$a|b}", NONE) == ["a, b"]  # (more asked than there are: all, as a draw takes)

@@ -34,7 +34,7 @@ def test_pipeline_generate_takes_every_field():
     and the call's own: nothing missing, nothing extra."""
     from sdxl_tpu.generate.pipeline import Pipeline
 
-    expected = {PYTHON_NAMES.get(name, name) for name in API} | {"latents", "progress"}
+    expected = {PYTHON_NAMES.get(name, name) for name in API} | {"latents", "progress", "wildcards"}
     assert keywords(Pipeline.generate) == expected, keywords(Pipeline.generate) ^ expected
     assert set(PYTHON_NAMES) <= API
 
@@ -42,12 +42,13 @@ def test_pipeline_generate_takes_every_field():
 def test_an_image_keeps_every_parameter_a_parameters_text_gives():
     """ImageInfo (what an image's infotext and history are written from) holds each field a pasted
     parameters text fills; the hires fix's settings in its Hires. (Its ControlNet units are written
-    into the text but cannot be pasted back: a text holds no control image.)"""
+    into the text but cannot be pasted back: a text holds no control image; its prompts' templates
+    are written, and the paste fills the image's own prompts.)"""
     from sdxl_tpu.imaging.hires import Hires
     from sdxl_tpu.request.request import ImageInfo
 
     pasted = {f.api for f in FIELDS if PASTED in f.kept}
-    info = {f.name for f in dataclasses.fields(ImageInfo)} - {"controls"}
+    info = {f.name for f in dataclasses.fields(ImageInfo)} - {"controls", "template", "negative_template"}
     assert {name for name in pasted if not name.startswith("hires_")} == info, \
         {name for name in pasted if not name.startswith("hires_")} ^ info
     hires = {f.name for f in dataclasses.fields(Hires)} - {"size"}
@@ -91,7 +92,8 @@ def test_a1111s_api_maps_onto_every_field():
     txt2img = {"prompt": "a cat", "negative_prompt": "dog", "seed": 3, "steps": 8, "cfg_scale": 6,
                "width": 64, "height": 64, "sampler_name": "Euler", "scheduler": "Karras",
                "override_settings": {"randn_source": "CPU"}, "enable_hr": True, "hr_scale": 1.5,
-               "hr_upscaler": "Latent", "hr_second_pass_steps": 4, "denoising_strength": 0.6}
+               "hr_upscaler": "Latent", "hr_second_pass_steps": 4, "denoising_strength": 0.6,
+               "alwayson_scripts": {"Dynamic Prompts v2.17.1": {"args": [True, True]}}}
     img2img = {"prompt": "a cat", "init_images": ["x"], "denoising_strength": 0.5, "resize_mode": 1, "mask": "y",
                "mask_blur": 2, "inpainting_fill": 1, "inpaint_full_res": True, "inpaint_full_res_padding": 8}
     given = set(generation_fields(txt2img, False, "tiny")[0]) | set(generation_fields(img2img, True, "tiny")[0])

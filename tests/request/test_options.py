@@ -145,3 +145,15 @@ def test_mcp_is_on_by_itself_on_a_space_only_and_the_api_key_reads_its_variable(
     assert parse_settings(["--model", "tiny"], env={"SDXL_API_KEY": "k1"}).api_key == "k1"
     assert parse_settings(["--model", "tiny"], env={"SDXL_API_KEY": " "}).api_key is None
     assert parse_settings(["--model", "tiny", "--api-key", "k2"], env={"SDXL_API_KEY": "k1"}).api_key == "k2"
+
+
+def test_wildcards_is_a_folder_from_the_command_line_or_its_variable(tmp_path, capsys):
+    """--wildcards (SDXL_WILDCARDS): the server's folder of wildcard files; anything but a folder
+    ends the program with one line naming the option."""
+    assert parse_settings(["--model", "tiny"], env={}).wildcards is None
+    assert parse_settings(["--model", "tiny"], env={"SDXL_WILDCARDS": str(tmp_path)}).wildcards == str(tmp_path)
+    (tmp_path / "color.txt").write_text("red\n")
+    for given in ([str(tmp_path / "color.txt")], [str(tmp_path / "nowhere")]):
+        with pytest.raises(SystemExit):
+            parse_settings(["--model", "tiny", "--wildcards", *given], env={})
+        assert "--wildcards must be a folder of wildcard files" in capsys.readouterr().err

@@ -203,6 +203,12 @@ def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
     ({"prompt": "a cat", "mask_blurred": "yes"}, 422, "The field 'mask_blurred' must be true or false, got text."),
     ({"prompt": "a cat", "format": "gif"}, 422, "The field 'format' must be one of jpeg, png, webp, got 'gif'."),
     ({"prompt": "a cat", "format": ["png"]}, 422, "The field 'format' must be one of jpeg, png, webp"),
+    ({"prompt": "a {red|blue", "seed": 1}, 422, "Prompt: The template has a { without its closing }"),
+    ({"prompt": "a cat", "negative_prompt": "__secret__"}, 422,
+     "Negative prompt: The template names the wildcard __secret__, which the server does not have; its "
+     "wildcards: none"),
+    ({"prompt": "a __cat__", "dynamic_prompts": "random"}, 422,
+     "Dynamic prompts 'random' is not available; choose one of: Off, Random, Combinatorial."),
     ({"parameters": ["a cat"]}, 422, "Parameters must be text, got a list."),
     ({"parameters": "Steps: 2, Seed: 1, Size: 64x64"}, 422, "Prompt is empty: please enter a prompt."),
     ({"parameters": "a cat\nSteps: 2, Seed: 1, Size: 64x64", "steps": 0}, 422, "Steps must be a whole number"),

@@ -25,7 +25,7 @@ from sdxl_tpu.page.page import PASTED_INTO
 from sdxl_tpu.request.fields import FEWEST_INPUTS, FIELD, FORM, MAX_PROMPT_CHARS
 from sdxl_tpu.imaging.hires import UPSCALERS
 from sdxl_tpu.imaging.mask import INPAINT_AREAS, MASKED_CONTENT
-from sdxl_tpu.request.names import RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
+from sdxl_tpu.request.names import PROMPT_MODES, RESIZE_MODES, RNGS, SAMPLERS, SCHEDULES, resolve_schedule
 
 # A valid call (1 step), from noise: no image (its strength and resize mode are checked, not used),
 # no mask (its blur and masked content likewise).
@@ -194,10 +194,18 @@ absurd_weight = st.tuples(st.text(st.sampled_from("()[]:\\ ,aBREAK"), max_size=2
 bad_number = st.one_of(st.booleans(), text, st.lists(st.integers(), max_size=2),
                        st.dictionaries(text, text, max_size=1), st.integers(max_value=-1), st.integers(min_value=2**32),
                        st.floats(-1e300, -1e-9), st.floats(1e12, 1e300))
+# Dynamic prompts a server must refuse (sd-dynamic-prompts' syntax, read by default): unclosed,
+# nested past the bound, too many picks or combinations, a wildcard it lacks or a path for one.
+hostile_template = st.one_of(
+    st.text(st.sampled_from("ab |$"), max_size=12).map(lambda t: "{" + t),
+    st.integers(13, 200).map(lambda n: "{" * n + "x" + "}" * n),
+    st.integers(101, 10**6).map(lambda n: f"{{{n}$$a|b}}"),
+    st.sampled_from(["__nope__", "a __../color__", "__/etc/passwd__", "{__color__|__missing/x__}", "__animals/dog__",
+                     "{3-1$$a|b}", "{x$$a|b}"]))
 # One field made malformed per case, so no case is a valid request (none runs the model).
 MALFORMED = {
-    "prompt": st.one_of(not_text.filter(lambda v: v is not None), control, huge_text, absurd_weight),
-    "negative": st.one_of(not_text.filter(lambda v: v is not None), huge_text, absurd_weight),
+    "prompt": st.one_of(not_text.filter(lambda v: v is not None), control, huge_text, absurd_weight, hostile_template),
+    "negative": st.one_of(not_text.filter(lambda v: v is not None), huge_text, absurd_weight, hostile_template),
     # (null, for any field but the prompt: its default, as Gradio's JavaScript client leaves it out)
     "style": st.one_of(not_text.filter(lambda v: v is not None), text.filter(lambda s: s != "(No style)")),
     "seed": st.one_of(bad_number.filter(lambda v: v != -1), st.floats(0.01, 0.99)),
@@ -248,6 +256,9 @@ MALFORMED = {
                        st.floats(1.001, 1e6), st.floats(-1e6, -0.001)) for name in ("control_start", "control_end")},
     **{name: st.one_of(bad_number, st.floats(1.01, 254.99).filter(lambda v: v != int(v)), st.integers(256, 10**6),
                        st.integers(-10**6, 0)) for name in ("control_low", "control_high")},
+    "dynamic_prompts": st.one_of(not_text.filter(lambda v: v is not None),
+                                 text.filter(lambda s: s not in PROMPT_MODES),
+                                 st.sampled_from(["random", "On", "combinatorial", "Wildcards"])),
 }
 
 
@@ -336,7 +347,7 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
 STILL_VALID = {(1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), *((i, "null") for i in range(1, 11)),
                (11, "null"), (12, "null"), (13, "null"), (14, "null"), (15, "null"),
                (16, "null"), (17, "null"), (17, "false"), (18, "null"), (19, "null"), (20, "null"),
-               (21, "null"), (22, "null"), (23, "null"), *((i, "null") for i in range(24, 32))}
+               (21, "null"), (22, "null"), (23, "null"), *((i, "null") for i in range(24, 33))}
 # (null but for the prompt: the default; no image: no strength and resize mode needed; no mask: no
 # blur, content, area or padding; no hires; no ControlNet image: the unit's fields their defaults)
 

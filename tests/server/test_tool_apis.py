@@ -66,6 +66,49 @@ def test_a1111_api_on_the_app_behind_its_key(app_server, from_generate, tiny_pip
     assert requests_total(after, "ok", "/sdapi/v1/txt2img") - requests_total(before, "ok", "/sdapi/v1/txt2img") == 1
 
 
+def test_dynamic_prompts_draw_each_image_from_its_seed_and_the_servers_wildcards(app_server, wildcards_folder,
+                                                                                tiny_pipeline):
+    """A template with variants and the server's wildcards (sd-dynamic-prompts' syntax): through
+    A1111's API each image gets the prompt its seed draws (as the module draws it from the same
+    folder), its parameters keep the template, its pixels are the pipeline's for that prompt; through
+    /generate, Combinatorial makes the combinations in order and Off keeps the text; a wildcard the
+    server does not have is refused by name, before any work."""
+    import webuiapi
+    from gradio_client import Client
+
+    from sdxl_tpu.a1111.dynamic_prompts import Wildcards, combinations, draw
+
+    template, negative = "a {red|green|blue} __animals/cat__ in __color__", "{blurry|dark}"
+    folder = Wildcards(wildcards_folder)
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=app_server["port"], sampler="Euler", steps=STEPS)
+    api.set_auth("me", API_KEY)
+    made = api.txt2img(prompt=template, negative_prompt=negative, seed=SEED, cfg_scale=5.0, width=64, height=64,
+                       batch_size=4, scheduler="Checkpoint")
+    prompts = [draw(template, SEED + i, folder) for i in range(4)]
+    negatives = [draw(negative, SEED + i, folder) for i in range(4)]
+    assert len(set(prompts)) > 1 and "__" not in "".join(prompts)  # (the seeds draw differently here)
+    for image, prompt, negative_prompt in zip(made.images, prompts, negatives, strict=True):
+        text = read_parameters(image)
+        assert text.startswith(f"{prompt}\nNegative prompt: {negative_prompt}\n"), text
+        assert f"Template: {template}, Negative Template: {negative}, Version:" in text, text  # (no comma: bare)
+    assert made.info["all_prompts"] == prompts
+    ours = tiny_pipeline.generate(template, negative, seed=SEED, guidance_scale=5.0, steps=STEPS, size=(64, 64),
+                                  sampler="Euler", wildcards=wildcards_folder)
+    for theirs, mine in zip(made.images, ours.images, strict=True):
+        np.testing.assert_array_equal(pixels(theirs), np.asarray(mine))
+
+    client = Client(app_server["url"] + "/", verbose=False)
+    for mode, expected in (("Combinatorial", combinations("{red|blue} __animals/cat__", folder)[:4]),
+                           ("Off", ["{red|blue} __animals/cat__"] * 4)):
+        gallery, _ = client.predict("{red|blue} __animals/cat__", seed=SEED, steps=1, size="64x64",
+                                    dynamic_prompts=mode, api_name="/generate")
+        assert [read_parameters(Image.open(item["image"])).split("\n")[0] for item in gallery] == expected, mode
+    with pytest.raises(RuntimeError) as refused:
+        api.txt2img(prompt="a __animals/dog__", width=64, height=64, steps=1)
+    assert refused.value.args[0] == 422 and "__animals/dog__" in refused.value.args[1], refused.value.args
+    assert "__animals/cat__" in refused.value.args[1] and "__color__" in refused.value.args[1]
+
+
 def test_openai_api_on_the_app_behind_its_key(app_server, from_generate):
     """The official openai client against the app: a wrong key is its AuthenticationError; with the
     key (Bearer) four images as base64 whose parameters are /generate's."""
