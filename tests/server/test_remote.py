@@ -96,6 +96,7 @@ def test_busy_then_broken_then_served(request_):
     assert len(fake.bodies) == 3 and all(b == fake.bodies[0] for b in fake.bodies)  # the same request each time
     assert fake.bodies[0] == {"prompt": "a cat", "negative_prompt": "blurry", "seed": 5, "guidance_scale": 5.0,
                               "steps": 2, "size": "64x64", "sampler": "Euler", "schedule": "Karras", "rng": "CPU",
+                              "dynamic_prompts": "Random",  # (the prompts are made where the back end runs)
                               "format": "jpeg"}  # (the format asked for: the back end answers in it)
 
 
@@ -188,6 +189,7 @@ def test_a_starting_image_travels_to_the_back_end_as_it_will_run():
 
     class Server:  # (what parse_request asks of a back end's server)
         offer = provisional(Settings(load=LoadOptions(model="tiny", sizes=[(64, 64)])))
+        wildcards = None  # (its own folder: none)
 
         class warmup:
             check_size = staticmethod(lambda size: None)
