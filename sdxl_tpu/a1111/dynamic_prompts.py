@@ -11,6 +11,7 @@ bounded, and a wildcard is a name looked up among the folder's files, never a pa
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import re
 from dataclasses import dataclass
@@ -136,7 +137,7 @@ class Wildcards:
     one option a line, blank lines and # comments left out. Read when first used; names are
     looked up among the files found, so no name reaches outside the folder."""
 
-    def __init__(self, folder: str | Path | None):
+    def __init__(self, folder: str | os.PathLike | None):
         self.folder = Path(folder).resolve() if folder else None
         self._names: list[str] | None = None
         self._lines: dict[str, tuple[str, ...]] = {}

@@ -42,7 +42,7 @@ def made_prompts(templates: list[str], shared: bool, seeds: list[int], wildcards
         return templates, [None] * len(seeds)
     if shared:
         made = image_prompts(templates[0], seeds, wildcards, mode)
-        return (templates, [None] * len(seeds)) if made is None else (made, templates)
+        return (templates, [None] * len(seeds)) if made is None else (made, list[str | None](templates))
     each = [image_prompts(t, [s], wildcards, mode) for t, s in zip(templates, seeds)]
     return ([t if m is None else m[0] for t, m in zip(templates, each)],
             [None if m is None else t for t, m in zip(templates, each)])
