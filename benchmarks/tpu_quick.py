@@ -244,7 +244,7 @@ def unet_eval(args: argparse.Namespace) -> dict:
     return report
 
 
-LAUNCH_PARTS = ("chained", "looped", "packed", "callback")
+LAUNCH_PARTS = ("chained", "looped", "packed", "callback", "unordered")
 
 
 def launch_cost(compiled, forward, inputs, calls: int, parts: tuple[str, ...] = LAUNCH_PARTS) -> dict:
@@ -274,22 +274,24 @@ def launch_cost(compiled, forward, inputs, calls: int, parts: tuple[str, ...] = 
     report = {"calls": calls, "weight_buffers": len(jax.tree_util.tree_leaves(params))}
     if "chained" in parts:
         report["chained_ms"] = chained(compiled, params)
-    if "callback" in parts:
+    for part, ordered in (("callback", True), ("unordered", False)):  # (unordered: XLA may move it)
+        if part not in parts:
+            continue
         heard: list[float] = []
 
-        def step(p, i, y, *r):
-            jax.debug.callback(lambda _: heard.append(time.perf_counter()), i, ordered=True)
+        def step(p, i, y, *r, ordered=ordered, heard=heard):
+            jax.debug.callback(lambda _: heard.append(time.perf_counter()), i, ordered=ordered)
             return forward(p, y, *r)
 
         told = jax.jit(lambda p, x, *r: jax.lax.fori_loop(0, calls, lambda i, y: step(p, i, y, *r), x))
         start = time.perf_counter()
         told = told.lower(*inputs).compile()
-        report["callback_compile_s"] = time.perf_counter() - start
-        report["callback_ms"] = timed(told, *inputs, runs=3) / calls * 1e3
+        report[f"{part}_compile_s"] = time.perf_counter() - start
+        report[f"{part}_ms"] = timed(told, *inputs, runs=3) / calls * 1e3
         heard.clear()
         start = time.perf_counter()
         jax.block_until_ready(told(*inputs))
-        report["callback_heard_ms"] = [round((t - start) * 1e3, 1) for t in heard]
+        report[f"{part}_heard_ms"] = [round((t - start) * 1e3, 1) for t in heard]
     if "looped" not in parts and "packed" not in parts:
         return report
     looped = jax.jit(lambda p, x, *r: jax.lax.fori_loop(0, calls, lambda i, y: forward(p, y, *r), x))

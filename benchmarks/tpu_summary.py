@@ -22,11 +22,12 @@ def unet_line(name: str, r: dict) -> list[str]:
              + f": {r['ms']:.1f} ms an evaluation, {r['tflops']:.0f} TFLOP/s, compile {r['compile_s']:.0f} s"
              + (f", {r['psnr_db_against_before']:.1f} dB against before" if "psnr_db_against_before" in r else "")]
     launch = r.get("launch")
-    if launch:
-        lines.append(f"  {launch['calls']} evaluations: one program each {launch['chained_ms']:.1f} ms an evaluation "
-                     f"({launch['weight_buffers']} weight buffers), one program {launch['looped_ms']:.1f}, one "
-                     f"program each with the weights in {launch['packed_buffers']} buffers "
-                     f"{launch['packed_chained_ms']:.1f}")
+    if launch:  # (the measures launch_cost took, ms an evaluation)
+        named = {"chained_ms": f"one program each ({launch['weight_buffers']} weight buffers)",
+                 "looped_ms": "one program", "packed_chained_ms": "one program each, the weights in one buffer",
+                 "callback_ms": "one program telling the host each step", "unordered_ms": "the same, unordered"}
+        lines.append(f"  {launch['calls']} evaluations, ms an evaluation: " + ", ".join(
+            f"{what} {launch[key]:.1f}" for key, what in named.items() if key in launch))
     profile = r.get("profile") or {}
     if profile.get("by_kind_ms_per_eval"):
         total = profile["per_eval_ms"]
