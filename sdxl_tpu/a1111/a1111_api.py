@@ -98,7 +98,7 @@ def dynamic_prompts_script(scripts: Any) -> tuple[Any, str | None]:
     if not isinstance(args, list) or not all(isinstance(a, bool) for a in args[:2]):
         raise RequestError(f"alwayson_scripts {shown(names[0])} takes args [enabled, combinatorial, ...] "
                            "(true or false each).")
-    enabled, combinatorial = (list(args[:2]) + [True, False][len(args[:2]):])
+    enabled, combinatorial = args[0] if args else True, len(args) > 1 and args[1]  # (its defaults where left out)
     mode = PROMPT_MODES[0] if not enabled else PROMPT_MODES[2] if combinatorial else PROMPT_MODES[1]
     return {k: v for k, v in scripts.items() if k not in names}, mode
 

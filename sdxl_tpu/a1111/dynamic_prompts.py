@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..request.errors import RequestError
+from ..request.fields import MAX_PROMPT_CHARS  # (a prompt made from a template: as one typed)
 
 MAX_DEPTH = 12  # nested variants and wildcards within wildcards, together
 MAX_PICKS = 100  # options drawn by one {N$$...}
-MAX_PROMPT_CHARS = 20_000  # one prompt made from a template
 MAX_COMBINATIONS = 10_000  # prompts listed in combinatorial mode
 MAX_WILDCARD_BYTES = 1 << 20  # one wildcard file
 NAME = re.compile(r"[A-Za-z0-9_\-]+(?:/[A-Za-z0-9_\-]+)*(?:/\*)?|\*")

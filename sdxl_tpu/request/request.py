@@ -212,9 +212,8 @@ class Request:
         upscaled size must be one of `sizes`), `hires_upscaler` (Latent or Lanczos), `hires_steps` (0,
         the default: as many as the first pass) and `hires_strength` (default 0.7). `controlnet`: a
         list of ControlNet units (control.py; `controlnets`: the names loaded). `dynamic_prompts`:
-        how the prompts' {a|b} and __wildcard__ are read (names.PROMPT_MODES; default Random), the
-        wildcards from `wildcards` (default: none; None: the syntax alone is checked here, the
-        prompts made by the back end they are sent to). The images are checked last (they cost most)."""
+        names.PROMPT_MODES' (default Random), from `wildcards` (None: a back end's, the syntax alone
+        checked here). The images are checked last (they cost most)."""
         def prompt_text(v: Any) -> str:
             text = prompt_input(v, _label("prompt"), max_chars)
             if not text:
@@ -312,19 +311,19 @@ class Request:
         """A call's images as the request asked for them: Only masked's pasted back into the image."""
         return images if self.crop is None else [self.crop.paste(image) for image in images]
 
+    def seeds(self, n: int) -> list[int]:
+        """The seeds of `n` images (a single seed is the first of them)."""
+        return ([(self.seed + i) % (MAX_SEED + 1) for i in range(n)] if isinstance(self.seed, int)
+                else per_image(self.seed, n, _label("seed")))
+
     def images(self, n: int) -> list[ImageInfo]:
-        """The request spelled out for `n` images."""
-        seeds = ([(self.seed + i) % (MAX_SEED + 1) for i in range(n)] if isinstance(self.seed, int)
-                 else per_image(self.seed, n, _label("seed")))
-        prompts, templates = self._made(self.prompt, seeds, _label("prompt"))
-        negatives, negative_templates = self._made(self.negative_prompt, seeds, _label("negative"))
+        """The request spelled out for `n` images (their prompts made from the templates, if any)."""
+        seeds = self.seeds(n)
+        (prompts, templates), (negatives, negative_templates) = (  # (each image's, and its template if any)
+            made_prompts(per_image(t, n, _label(name)), isinstance(t, str), seeds, self.wildcards, self.dynamic_prompts)
+            for t, name in ((self.prompt, "prompt"), (self.negative_prompt, "negative")))
         columns = zip(seeds, prompts, negatives, per_image(self.guidance_scale, n, _label("guidance")), templates,
                       negative_templates)
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(ImageInfo) if f.name not in PER_IMAGE}
         return [ImageInfo(seed=s, prompt=p, negative_prompt=q, guidance_scale=g, template=t, negative_template=u,
                           **shared) for s, p, q, g, t, u in columns]
-
-    def _made(self, text: str | tuple[str, ...], seeds: list[int], name: str) -> tuple[list[str], list[str | None]]:
-        """Each image's prompt from `text` (one for all, or one each) and its template, if any."""
-        return made_prompts(per_image(text, len(seeds), name), isinstance(text, str), seeds, self.wildcards,
-                            self.dynamic_prompts)

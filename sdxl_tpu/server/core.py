@@ -134,7 +134,7 @@ class Server:
         with self.metrics.counted(time.monotonic() if queued_at is None else queued_at, route):
             try:
                 request = self.validate_form(values)
-                yield Started([i.seed for i in request.images(self.offer.images_per_call)], request.steps,
+                yield Started(request.seeds(self.offer.images_per_call), request.steps,
                               self.engine.waits_for_compile(request))
                 yield from self._updates(request, gone, previews)
             except GeneratorExit:
