@@ -99,7 +99,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for image, info in zip(result.images, result.infos):
         path = out / f"{info.seed}.png"
-        save_png(image, info, path, model=pipe.stamp)
+        save_png(image, info, path, model=pipe.stamp_for(info))
         print(path)
     t = result.timings
     print(f"text encoding {t['text_encoding']:.3f} s, denoising {t['denoising']:.3f} s, "

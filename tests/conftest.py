@@ -89,14 +89,24 @@ def wildcards_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def app_server(tmp_path_factory, compile_cache, tiny_controlnet, wildcards_folder):
+def embeddings_folder(tmp_path_factory, tiny_checkpoint):
+    """Textual inversion embeddings for the tiny model (embedding_files.py: two that load, files
+    that do not)."""
+    from embedding_files import write_embeddings_folder
+
+    return write_embeddings_folder(tmp_path_factory.mktemp("embeddings"), tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory, compile_cache, tiny_controlnet, wildcards_folder, embeddings_folder):
     """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests: with
     its MCP server on, an API key (served_app.API_KEY) for the other tools' APIs, the ControlNet
-    "edges" (tiny_controlnet) and wildcards (wildcards_folder)."""
+    "edges" (tiny_controlnet), wildcards (wildcards_folder) and embeddings (embeddings_folder)."""
     from served_app import API_KEY, start_app
 
     yield from start_app(tmp_path_factory.mktemp("app"), compile_cache,
-                         ("--mcp", "on", "--controlnet", str(tiny_controlnet), "--wildcards", str(wildcards_folder)),
+                         ("--mcp", "on", "--controlnet", str(tiny_controlnet), "--wildcards", str(wildcards_folder),
+                          "--embeddings", str(embeddings_folder)),
                          env_extra={"SDXL_API_KEY": API_KEY})
 
 

@@ -54,10 +54,12 @@ NOT_REPRODUCIBLE = ("Not reproducible here: A1111's {what}, so RNG {rng} is used
 @dataclass(frozen=True)
 class Stamp:
     """What made an image besides its own parameters, as A1111 names it: the model, its short
-    hash where it is one file, and the LoRAs fused into it (name, scale, short hash)."""
+    hash where it is one file, the LoRAs fused into it (name, scale, short hash), and the textual
+    inversion embeddings its prompts name (name, short hash)."""
     model: str
     model_hash: str | None = None
     loras: tuple[tuple[str, float, str], ...] = ()
+    embeddings: tuple[tuple[str, str], ...] = ()
 
 
 def file_hash(path: str | os.PathLike, digits: int) -> str:
@@ -108,6 +110,8 @@ def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
     settings += [f'ControlNet {i}: "{control_text(unit)}"' for i, unit in enumerate(info.controls)]
     if stamp.loras:
         settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')
+    if stamp.embeddings:
+        settings.append('TI hashes: "' + ", ".join(f"{name}: {h}" for name, h in stamp.embeddings) + '"')
     settings += [f"{key}: {quoted(text)}" for key, text in zip(TEMPLATES, (info.template, info.negative_template))
                  if text]
     settings.append(f"Version: sdxl-tpu {VERSION}")
@@ -119,6 +123,13 @@ def quoted(text: str) -> str:
     """A setting's value as A1111 writes it: as it is, or as a JSON string where a comma, a colon
     or a line break would end it."""
     return json.dumps(text, ensure_ascii=False) if any(c in text for c in ",:\n\"") else text
+
+
+def embedding_names(ti_hashes: str) -> list[str]:
+    """The embeddings an A1111 "TI hashes" value names ("name: hash, name: hash"), each once."""
+    value = ti_hashes.strip().removeprefix('"').removesuffix('"')
+    return list(dict.fromkeys(name.strip() for name, _, _ in (part.rpartition(":") for part in value.split(","))
+                              if name.strip()))
 
 
 def control_text(unit: ControlRequest) -> str:
@@ -209,7 +220,10 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
         _rng(s.get("RNG"), ours, fields, notes)
     notes += [f"{key}: {shown(s[key], 60)} (the image's own prompt is filled in; the template draws others)."
               for key in TEMPLATES if key in s]
-    unused = [key for key in s if key not in USED and key not in TEMPLATES]
+    if names := embedding_names(s.get("TI hashes", "")):
+        notes.append(f"Embeddings: {', '.join(shown(n, 40)[1:-1] for n in names[:10])} (named in the prompt; used "
+                     "where this server has them, else read as words).")
+    unused = [key for key in s if key not in USED and key not in TEMPLATES and key != "TI hashes"]
     if unused:
         notes.append(f"Not used here: {', '.join(shown(k, 30)[1:-1] for k in unused)}.")
     return fields, notes

@@ -13,16 +13,19 @@ A chunk is 75 tokens between a start and an end token, padded with end tokens (a
 encoder whose padding token differs, with that after the first end token, as its tokenizer pads).
 When a chunk fills up, the text after its last comma moves to the next chunk if that comma is
 among its last 20 tokens. `<lora:name:weight>` tags (A1111's extra networks) are not words: they
-are taken out before anything is encoded. Host-side only: no JAX here, a front end counts tokens
-with it.
+are taken out before anything is encoded. A textual inversion embedding named in the text (its
+tokens, as A1111 finds them) takes as many positions as it has vectors, all in one chunk (the next
+one where it does not fit), its weight the text's. Host-side only: no JAX here, a front end counts
+tokens with it.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +37,7 @@ MAX_WEIGHT = 100.0      # beyond this a weight is a typo (or an attack), not a w
 UP, DOWN = 1.1, 1 / 1.1
 
 BREAK = ("BREAK", -1.0)  # the marker in a parsed prompt where a new chunk starts
+EMBEDDED = -1  # the id at a position an embedding's vector fills (never a token's; not an end token's maximum)
 
 _TOKEN = re.compile(r"""
     \\[()\[\]\\]          # an escaped bracket or backslash
@@ -142,62 +146,112 @@ def check_weights(parsed: list[tuple[str, float]], name: str = "Prompt") -> None
 
 
 @dataclass(frozen=True)
+class EmbeddingNames:
+    """Textual inversion embeddings as one tokenizer reads their names (A1111's EmbeddingDatabase):
+    a name's first token -> (its tokens, the name, its vector count), the longest names first."""
+    by_first: dict[int, list[tuple[tuple[int, ...], str, int]]] = field(default_factory=dict)
+
+    @staticmethod
+    def of(tokenizer, counts: Mapping[str, int]) -> EmbeddingNames:
+        by_first: dict[int, list[tuple[tuple[int, ...], str, int]]] = {}
+        names = list(counts)
+        ids = tokenizer(names, add_special_tokens=False, verbose=False).input_ids if names else []
+        for name, tokens in zip(names, ids):
+            if tokens:
+                by_first.setdefault(tokens[0], []).append((tuple(tokens), name, counts[name]))
+        for entries in by_first.values():
+            entries.sort(key=lambda entry: -len(entry[0]))
+        return EmbeddingNames(by_first)
+
+    def at(self, tokens: list[int], position: int) -> tuple[int, str, int] | None:
+        """The embedding whose name's tokens start at `position`: (its token count, name, vectors)."""
+        for ids, name, count in self.by_first.get(tokens[position], ()):
+            if tuple(tokens[position:position + len(ids)]) == ids:
+                return len(ids), name, count
+        return None
+
+
+@dataclass(frozen=True)
 class Chunks:
     """One prompt for one encoder, as it is encoded."""
-    ids: np.ndarray       # (chunks, 77) int32
+    ids: np.ndarray       # (chunks, 77) int32; EMBEDDED where an embedding's vector goes
     weights: np.ndarray   # (chunks, 77) float32: each token's emphasis (1 for start, end, padding)
     tokens: int           # text tokens, as A1111 counts them (a full chunk counts 75)
     cut: int              # text tokens dropped past the last chunk allowed
+    # Each embedding's vector in the chunks: (chunk, position in its 77, the embedding's name, which vector)
+    embedded: tuple[tuple[int, int, str, int], ...] = ()
 
     @property
     def count(self) -> int:
         return len(self.ids)
 
+    @property
+    def embeddings(self) -> list[str]:
+        """The embeddings used, each once, in order."""
+        return list(dict.fromkeys(name for _, _, name, _ in self.embedded))
 
-def chunk_prompt(tokenizer, text: str, max_chunks: int = DEFAULT_MAX_CHUNKS) -> Chunks:
+
+def chunk_prompt(tokenizer, text: str, max_chunks: int = DEFAULT_MAX_CHUNKS,
+                 embeddings: EmbeddingNames | None = None) -> Chunks:
     """A prompt -> its chunks of token ids and weights, as A1111's CLIP wrapper builds them;
-    at most `max_chunks` (the rest is cut and counted in `cut`); extra-network tags left out."""
+    at most `max_chunks` (the rest is cut and counted in `cut`); extra-network tags left out;
+    the `embeddings` named in it placed."""
     parsed = parse_emphasis(split_network_tags(text)[0])
     texts = [t for t, w in parsed if (t, w) != BREAK]
     tokenized = iter(tokenizer(texts, add_special_tokens=False, verbose=False).input_ids if texts else [])
     comma = tokenizer.convert_tokens_to_ids(",</w>")
-    chunks: list[tuple[list[int], list[float]]] = []
+    chunks: list[tuple[list[int], list[float], list[Any]]] = []
     ids: list[int] = []
     weights: list[float] = []
+    vectors: list[Any] = []  # per position: (embedding, vector) or None for a token
     last_comma = -1
     counted = 0
 
     def close(last: bool = False) -> None:
-        nonlocal ids, weights, last_comma, counted
+        nonlocal ids, weights, vectors, last_comma, counted
         counted += len(ids) if last else CHUNK_TOKENS
-        chunks.append((ids, weights))
-        ids, weights, last_comma = [], [], -1
+        chunks.append((ids, weights, vectors))
+        ids, weights, vectors, last_comma = [], [], [], -1
 
     for text, weight in parsed:
         if (text, weight) == BREAK:
             close()
             continue
-        for token in next(tokenized):
+        tokens, position = next(tokenized), 0
+        while position < len(tokens):
+            token = tokens[position]
+            found = embeddings.at(tokens, position) if embeddings else None
+            if found is not None:  # (A1111: a whole embedding in one chunk, no comma moved for it)
+                length, name, count = found
+                if len(ids) + count > CHUNK_TOKENS:
+                    close()
+                ids += [EMBEDDED] * count
+                weights += [weight] * count
+                vectors += [(name, j) for j in range(count)]
+                position += length
+                continue
+            position += 1
             if token == comma:
                 last_comma = len(ids)
             elif len(ids) == CHUNK_TOKENS and last_comma != -1 and len(ids) - last_comma <= COMMA_BACKTRACK:
-                moved = ids[last_comma + 1:], weights[last_comma + 1:]
-                ids, weights = ids[:last_comma + 1], weights[:last_comma + 1]
+                moved = ids[last_comma + 1:], weights[last_comma + 1:], vectors[last_comma + 1:]
+                ids, weights, vectors = ids[:last_comma + 1], weights[:last_comma + 1], vectors[:last_comma + 1]
                 close()
-                ids, weights = list(moved[0]), list(moved[1])
+                ids, weights, vectors = list(moved[0]), list(moved[1]), list(moved[2])
             if len(ids) == CHUNK_TOKENS:
                 close()
             ids.append(token)
             weights.append(weight)
+            vectors.append(None)
     if ids or not chunks:
         close(last=True)
     kept = chunks[:max_chunks]
-    cut = sum(len(i) for i, _ in chunks[max_chunks:])
+    cut = sum(len(i) for i, _, _ in chunks[max_chunks:])
     start, end = tokenizer.bos_token_id, tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end
     out_ids = np.full((len(kept), CHUNK_TOKENS + 2), pad, np.int32)
     out_weights = np.ones((len(kept), CHUNK_TOKENS + 2), np.float32)
-    for row, (chunk_ids, chunk_weights) in enumerate(kept):
+    for row, (chunk_ids, chunk_weights, _) in enumerate(kept):
         n = len(chunk_ids)
         out_ids[row, 0], out_ids[row, 1:n + 1], out_ids[row, n + 1] = start, chunk_ids, end
         if pad != end:  # A1111 pads with end tokens, then (SD2, SDXL's second encoder) with padding after the first
@@ -205,5 +259,7 @@ def chunk_prompt(tokenizer, text: str, max_chunks: int = DEFAULT_MAX_CHUNKS) -> 
         else:
             out_ids[row, n + 2:] = end
         out_weights[row, 1:n + 1] = chunk_weights
+    embedded = tuple((row, column + 1, *source) for row, (_, _, sources) in enumerate(kept)
+                     for column, source in enumerate(sources) if source is not None)
     tokens = counted if len(chunks) <= max_chunks else CHUNK_TOKENS * max_chunks
-    return Chunks(out_ids, out_weights, tokens=tokens, cut=cut)
+    return Chunks(out_ids, out_weights, tokens=tokens, cut=cut, embedded=embedded)

@@ -189,6 +189,10 @@ OPTIONS: tuple[Option, ...] = (
     option("--lora", MODEL, "LoRA fused into the weights at load, kohya or diffusers format, scale default 1; "
            "repeatable (environment: comma-separated)", env="SDXL_LORA", action="append", metavar="FILE[:SCALE]",
            default=[], shown_default="none, or the preset's", loads="loras"),
+    option("--embeddings", [*SERVERS, "generate"], "folder of textual inversion embeddings (SDXL's .safetensors with "
+           "clip_l and clip_g, as AUTOMATIC1111's embeddings folder): a prompt names one by its file's name; a file "
+           "that does not fit the model is skipped and listed (a front end: the back end's)", env="SDXL_EMBEDDINGS",
+           metavar="DIR", shown_default="none", loads="embeddings"),
     option("--controlnet", SERVERS, "ControlNet a request may use (sd-webui-controlnet's units, by this name: the "
            "folder's or file's): a diffusers-format folder or one .safetensors in diffusers' names; repeatable "
            "(environment: comma-separated)", env="SDXL_CONTROLNET", action="append", metavar="PATH", default=[],

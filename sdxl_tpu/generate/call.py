@@ -23,6 +23,7 @@ from ..request.request import GenerationResult, ImageInfo, guided
 from ..imaging.resize import fit_image, image_array
 from ..request.values import not_a_choice, schedule_input
 from ..sampler.tables import Sampler
+from ..weights.embeddings import Embeddings
 from . import sampling, starting
 from .denoising_loop import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
@@ -41,6 +42,7 @@ class Pipeline(Protocol):
     samplers: dict[str, Sampler]
     tokenizers: tuple
     max_prompt_chunks: int
+    embeddings: Embeddings  # the textual inversion embeddings its prompts may name
     force_zeros_for_empty_prompt: bool
     stepwise: bool  # one program a step (progress, previews, stop) or all steps fused
     vae_factor: int
@@ -151,7 +153,8 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
                                controlnets=[u.controlnet for u in controls])
     programs = pipe.compiled(size, names)
     slots = infos + [infos[-1]] * (pipe.images_per_call - n)
-    text = sampling.prepare(pipe.tokenizers, slots, pipe.force_zeros_for_empty_prompt, pipe.max_prompt_chunks)
+    text = sampling.prepare(pipe.tokenizers, slots, pipe.force_zeros_for_empty_prompt, pipe.max_prompt_chunks,
+                            pipe.embeddings)
     h, w, c = pipe.layout.latent_shape(size)
     if latents is not None:
         if (latents := np.asarray(latents, np.float32)).shape != (n, c, h, w):
@@ -183,7 +186,7 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
         start = time.perf_counter()
         lengths = put(text.lengths)
         context, pooled = programs["encode"](pipe.params["text_encoder"], pipe.params["text_encoder_2"],
-                                             *map(put, text[:4]), lengths, put(text.zero_negative))
+                                             *map(put, text[:6]), lengths, put(text.zero_negative))
         image, image_seconds = zeros if start_latents is None else put(pipe.filled(start_latents)), 0.0
         keep, fill = pipe.zeros((h, w, 1)), pipe.zeros((), np.int32)
         # The host's draws in diffusers' order: the image's VAE sample, the initial noise, the masked image's.

@@ -34,6 +34,7 @@ from ..request.errors import RequestError
 from ..request.request import GenerationResult, ImageInfo, Request
 from ..request.values import format_size, not_a_choice, parse_size, size_input
 from ..weights.checkpoint import Models
+from ..weights.embeddings import Embeddings
 from .call import run_call
 from .control import ControlUnit, checked_names, units_of
 from .compiling.compiled import CompiledPrograms
@@ -62,7 +63,7 @@ class Pipeline:
                  force_zeros_for_empty_prompt: bool = True, step_progress: bool = True,
                  preview_decoder: nnx.Module | None = None, max_prompt_chunks: int = DEFAULT_MAX_CHUNKS,
                  stamp: Stamp | None = None, program_store: ProgramStore | None = None,
-                 controlnets: Mapping[str, ControlNetModel] | None = None):
+                 controlnets: Mapping[str, ControlNetModel] | None = None, embeddings: Embeddings | None = None):
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
         self.images_per_call = call_batch(images_per_call, len(devices))
@@ -77,12 +78,13 @@ class Pipeline:
             raise ValueError(f"max_prompt_chunks {max_prompt_chunks}: from 1 to {MAX_CHUNKS} chunks of 75 tokens")
         # Room for the longest prompt in every program; a shorter one's chunks are masked out.
         self.max_prompt_chunks = max_prompt_chunks
+        # Textual inversion embeddings the prompts may name (their vectors are inputs of the text program).
+        self.embeddings = embeddings or Embeddings.none_for(models)
         self.layout = Layout(
             mesh=self.mesh, batch=self.images_per_call, vae_factor=2 ** (len(models.vae.config.block_out_channels) - 1),
             latent_channels=models.vae.config.latent_channels, condition_channels=models.condition_channels,
-            chunks=max_prompt_chunks,
-            context_dim=models.text_encoder.config.hidden_size + models.text_encoder_2.config.hidden_size,
-            pooled_dim=_pooled_dim(models), stepwise=step_progress)
+            chunks=max_prompt_chunks, text_widths=self.embeddings.dims, text_dtype=str(self.embeddings.dtype),
+            pooled_dim=models.pooled_dim, stepwise=step_progress)
         self.vae_factor = self.layout.vae_factor
         self.sizes = []
         for s in sizes:
@@ -210,6 +212,11 @@ class Pipeline:
 
     # -- requests -------------------------------------------------------------------------------
 
+    def stamp_for(self, info: ImageInfo) -> Stamp:
+        """What made `info`'s image besides its own parameters: the stamp, with the embeddings its prompts name."""
+        used = self.embeddings.used(self.tokenizers[0], (info.prompt, info.negative_prompt))
+        return dataclasses.replace(self.stamp, embeddings=used)
+
     @property
     def sampler(self) -> Sampler:
         """The default sampler."""
@@ -249,11 +256,9 @@ class Pipeline:
             generator, per image from its seed, as A1111's CPU source and ComfyUI draw it).
         latents: optional initial noise in diffusers' layout (images, 4, h, w), as diffusers' `latents=`.
         image: start from this image (img2img; a PIL image, an (H, W, 3) uint8 array or an image
-            file's bytes), fitted to `size` by `resize_mode` (A1111's: "Just resize", "Crop and
-            resize", "Resize and fill"; default Just resize), its latents noised to what a denoising
-            `strength` leaves (default 0.75, A1111's): int(strength * steps) of the steps run on the
-            checkpoint's schedule, as diffusers' img2img pipeline runs them, one more on A1111's
-            schedule types, as A1111 does.
+            file's bytes), fitted to `size` by `resize_mode` (A1111's; default Just resize), its
+            latents noised to what a denoising `strength` leaves (default 0.75, A1111's), as diffusers'
+            img2img pipeline on the checkpoint's schedule, as A1111 on its schedule types.
         mask_image: inpainting: repaint where this mask of the image's size is white, its edge blurred
             by `mask_blur` pixels (default 4), from `masked_content` (A1111's; default "original");
             the rest keeps the image's pixels (as diffusers' inpainting pipeline on the checkpoint's
@@ -262,6 +267,7 @@ class Pipeline:
             denoised at `size`, pasted back into the image at its own size. An inpainting UNet (9
             input channels) also takes the mask and the masked image's latents, as diffusers and
             A1111 give them.
+        An embedding of the pipeline's (textual inversion) is named in a prompt by its file's name.
         hires: a hires fix, as A1111's Hires. fix (text to image only): the images made at `size`, upscaled
             by `hires_scale` (default 2; the larger size must be one of `sizes`) with `hires_upscaler`
             ("Latent", the default, or "Lanczos"), then denoised again there for `hires_steps` (0, the
@@ -318,13 +324,5 @@ class Pipeline:
         unknown = [u.controlnet for u in controls if u.controlnet not in self.controlnets]
         if unknown:
             raise RequestError(not_a_choice("ControlNet", unknown[0], self.controlnets))
-        return run_call(self, infos, latents, init_images, masks, progress, stop, preview, preview_every,
-                        controls)
+        return run_call(self, infos, latents, init_images, masks, progress, stop, preview, preview_every, controls)
 
-
-def _pooled_dim(models: Models) -> int:
-    """The pooled prompt's width: the second text encoder's projection."""
-    dim = models.text_encoder_2.config.projection_dim
-    if dim is None:
-        raise ValueError("text_encoder_2 has no text projection (projection_dim): not an SDXL text encoder")
-    return dim

@@ -13,7 +13,7 @@ host drives it, denoising_loop.py's); which update a step makes is in the sample
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import jax
@@ -21,8 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..sampler.tables import Tables
-from ..a1111.prompts import CHUNK_TOKENS, chunk_prompt, split_network_tags
+from ..a1111.prompts import CHUNK_TOKENS, EmbeddingNames, chunk_prompt, split_network_tags
 from ..request.request import ImageInfo
+from ..weights.embeddings import Embeddings
 from . import sampler_update
 from .sampler_update import State
 
@@ -38,41 +39,52 @@ class TextInputs(NamedTuple):
     ids2: np.ndarray           # (B, 2, K, 77) int32: the same, second tokenizer
     weights1: np.ndarray       # (B, 2, K, 77) float32: each token's emphasis, first tokenizer
     weights2: np.ndarray       # (B, 2, K, 77) float32: the same, second tokenizer
+    embedded1: np.ndarray      # (B, 2, K, 77, D1): embeddings' vectors where ids1 is EMBEDDED (else 0)
+    embedded2: np.ndarray      # (B, 2, K, 77, D2): the same, second encoder
     lengths: np.ndarray        # (B, 2) int32: tokens that count, 77 per chunk used
     zero_negative: np.ndarray  # (B,) bool: use zeros for the negative embeddings
     time_ids: np.ndarray       # (B, 6) float32: SDXL's size micro-conditioning
     guidance: np.ndarray       # (B,) float32
 
 
-def tokenize(tokenizer, texts: Sequence[str], chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Texts -> ids and weights (len(texts), chunks, 77) and chunks used (len(texts),): A1111's
-    emphasis and chunks (prompts.py); the chunks a text does not use hold an empty prompt."""
+def tokenize(tokenizer, texts: Sequence[str], chunks: int, names: EmbeddingNames, vectors: Mapping[str, np.ndarray],
+             width: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Texts -> ids and weights (len(texts), chunks, 77), chunks used (len(texts),), and the vectors
+    of the embeddings named (`names`, their `vectors`) where they go (len(texts), chunks, 77, width):
+    A1111's emphasis and chunks (prompts.py); the chunks a text does not use hold an empty prompt."""
     ids = np.zeros((len(texts), chunks, MAX_TOKENS), np.int32)
     weights = np.ones((len(texts), chunks, MAX_TOKENS), np.float32)
+    embedded = np.zeros((len(texts), chunks, MAX_TOKENS, width), dtype)
     used = np.zeros(len(texts), np.int32)
     empty = chunk_prompt(tokenizer, "", 1).ids[0]
     for row, text in enumerate(texts):
-        encoded = chunk_prompt(tokenizer, text, chunks)
+        encoded = chunk_prompt(tokenizer, text, chunks, names)
         used[row] = encoded.count
         ids[row], ids[row, :encoded.count] = empty, encoded.ids
         weights[row, :encoded.count] = encoded.weights
-    return ids, weights, used
+        for chunk, position, name, j in encoded.embedded:
+            embedded[row, chunk, position] = vectors[name][j]
+    return ids, weights, used, embedded
 
 
-def prepare(tokenizers, images: Sequence[ImageInfo], force_zeros_for_empty_prompt: bool = True,
-            chunks: int = 1) -> TextInputs:
-    """Per-image parameters -> host arrays, room for `chunks` chunks per text. Like diffusers, an
-    empty negative prompt (LoRA tags alone are not text) means zero negative embeddings
-    (force_zeros_for_empty_prompt), and the micro-conditioning says the image is uncropped at its
-    own size."""
+def prepare(tokenizers, images: Sequence[ImageInfo], force_zeros_for_empty_prompt: bool, chunks: int,
+            embeddings: Embeddings) -> TextInputs:
+    """Per-image parameters -> host arrays, room for `chunks` chunks per text, the `embeddings`
+    named placed (their inputs are there, zeros, whether any is loaded or not: one program). Like
+    diffusers, an empty negative prompt (LoRA tags alone are not text) means zero negative
+    embeddings (force_zeros_for_empty_prompt), and the micro-conditioning says the image is
+    uncropped at its own size."""
     n = len(images)
     both = [t for im in images for t in (im.negative_prompt, im.prompt)]
     width, height = images[0].size
-    (ids1, weights1, used1), (ids2, weights2, used2) = (tokenize(t, both, chunks) for t in tokenizers[:2])
+    (ids1, weights1, used1, embedded1), (ids2, weights2, used2, embedded2) = (
+        tokenize(t, both, chunks, embeddings.names[i], embeddings.vectors(i), embeddings.dims[i], embeddings.dtype)
+        for i, t in enumerate(tokenizers[:2]))
     shape = (n, 2, chunks, MAX_TOKENS)
     return TextInputs(
         ids1=ids1.reshape(shape), ids2=ids2.reshape(shape),
         weights1=weights1.reshape(shape), weights2=weights2.reshape(shape),
+        embedded1=embedded1.reshape(*shape, -1), embedded2=embedded2.reshape(*shape, -1),
         lengths=(MAX_TOKENS * np.maximum(used1, used2)).reshape(n, 2).astype(np.int32),
         zero_negative=np.array([force_zeros_for_empty_prompt and not split_network_tags(im.negative_prompt)[0].strip()
                                 for im in images]),
@@ -89,8 +101,9 @@ def emphasize(hidden: jax.Array, weights: jax.Array) -> jax.Array:
 
 
 def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, weights1: jax.Array, weights2: jax.Array,
-                lengths: jax.Array, zero_negative: jax.Array):
-    """Token ids and weights (B, 2, K, 77) of both tokenizers -> context (B, 2, K * 77, D1 + D2),
+                embedded1: jax.Array, embedded2: jax.Array, lengths: jax.Array, zero_negative: jax.Array):
+    """Token ids and weights (B, 2, K, 77) of both tokenizers, and the embeddings' vectors where
+    they go (B, 2, K, 77, D) -> context (B, 2, K * 77, D1 + D2),
     its chunks side by side and zero past `lengths`, and pooled (B, 2, P) of the first chunk
     (not emphasized, as A1111 pools). The chunks are encoded one after another in a loop, and
     only those the call's longest prompt fills (the rest are zeros, as past `lengths` they are):
@@ -99,10 +112,11 @@ def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, weights1: jax.Array,
     b, _, k, t = ids1.shape
     used = jnp.clip(-(-jnp.max(lengths) // t), 1, k)
 
-    def encode(chunk):  # one chunk of every text: (B, 2, 77) arrays
-        ids1, ids2, weights1, weights2 = (a.reshape(-1, t) for a in chunk)
-        h1, _ = te1(ids1)
-        h2, pooled = te2(ids2)
+    def encode(chunk):  # one chunk of every text: (B, 2, 77) arrays, and (B, 2, 77, D) vectors
+        ids1, ids2, weights1, weights2 = (a.reshape(-1, t) for a in chunk[:4])
+        embedded1, embedded2 = (a.reshape(-1, t, a.shape[-1]) for a in chunk[4:])
+        h1, _ = te1(ids1, embedded1)
+        h2, pooled = te2(ids2, embedded2)
         h1, h2 = emphasize(h1.astype(jnp.float32), weights1), emphasize(h2.astype(jnp.float32), weights2)
         return jnp.concatenate([h1, h2], axis=-1), pooled.astype(jnp.float32)
 
@@ -112,7 +126,8 @@ def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, weights1: jax.Array,
         skip = lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
         return None, jax.lax.cond(i < used, encode, skip, chunk)
 
-    chunks = tuple(jnp.moveaxis(a, 2, 0) for a in (ids1, ids2, weights1, weights2))  # (K, B, 2, 77)
+    # (K, B, 2, 77) and (K, B, 2, 77, D): chunk first
+    chunks = tuple(jnp.moveaxis(a, 2, 0) for a in (ids1, ids2, weights1, weights2, embedded1, embedded2))
     _, (hidden, pooled) = jax.lax.scan(step, None, (jnp.arange(k), chunks))  # (K, B * 2, 77, D), (K, B * 2, P)
     context = jnp.moveaxis(hidden.reshape(k, b, 2, t, -1), 0, 2).reshape(b, 2, k * t, -1)
     pooled = pooled[0].reshape(b, 2, -1)

@@ -90,9 +90,14 @@ class CLIPEmbeddings(nnx.Module):
         self.token_embedding = Embed(c.vocab_size, c.hidden_size, p)
         self.position_embedding = Embed(c.max_position_embeddings, c.hidden_size, p)
 
-    def __call__(self, input_ids: jax.Array) -> jax.Array:
+    def __call__(self, input_ids: jax.Array, embedded: jax.Array | None = None) -> jax.Array:
+        """`embedded` (B, T, D): the vectors of textual inversion embeddings, taken where the id is
+        negative (prompts.EMBEDDED) instead of a token's row, as A1111 and diffusers place them."""
         positions = jnp.arange(input_ids.shape[1])[None, :]
-        return self.token_embedding(input_ids) + self.position_embedding(positions)
+        tokens = self.token_embedding(jnp.maximum(input_ids, 0))
+        if embedded is not None:
+            tokens = jnp.where((input_ids < 0)[..., None], embedded.astype(tokens.dtype), tokens)
+        return tokens + self.position_embedding(positions)
 
 
 class CLIPEncoder(nnx.Module):
@@ -116,14 +121,16 @@ class CLIPTextModel(nnx.Module):
         self.text_projection = (Linear(config.hidden_size, config.projection_dim, precision, bias=False)
                                 if config.projection_dim else None)
 
-    def __call__(self, input_ids: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-        """Returns (penultimate hidden states, projected pooled output or None).
+    def __call__(self, input_ids: jax.Array, embedded: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array | None]:
+        """Returns (penultimate hidden states, projected pooled output or None); `embedded`: the
+        vectors of textual inversion embeddings where an id is negative (CLIPEmbeddings).
 
         The pooled output needs the last layer, so it is only computed when there is a
         projection; text_encoder (without one) stops after the penultimate layer.
         """
         tm = self.text_model
-        x = tm.embeddings(input_ids)
+        x = tm.embeddings(input_ids, embedded)
         layers = tm.encoder.layers
         for layer in layers[:-1]:
             x = layer(x)
@@ -136,7 +143,9 @@ class CLIPTextModel(nnx.Module):
 
     def _eos_position(self, input_ids: jax.Array) -> jax.Array:
         # transformers: configs with the legacy eos_token_id 2 take the highest id (EOT is the
-        # largest in CLIP's vocabulary); others take the first occurrence of eos_token_id.
+        # largest in CLIP's vocabulary); others take the first occurrence of eos_token_id. An
+        # embedding's positions (id -1) are never the highest: pooled at the end token, as A1111
+        # pools (transformers would pool at an added token's id, the highest).
         if self.config.eos_token_id == 2:
             return jnp.argmax(input_ids, axis=-1)
         return jnp.argmax((input_ids == self.config.eos_token_id).astype(jnp.int32), axis=-1)

@@ -268,7 +268,8 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         offer = server.offer
         names = preset_names(server)
         now_offered = json.dumps([offer.samplers, offer.schedules, offer.rngs, names, offer.controlnets,
-                                  server.engine.tokenizer is not None]) if server.warmup.described else ""
+                                  offer.embeddings, server.engine.tokenizer is not None]
+                                 ) if server.warmup.described else ""
         if now_offered == seen or not now_offered:
             return *[gr.skip()] * 11,
         now = {} if seen else form_defaults(offer)

@@ -62,6 +62,8 @@ class LoadOptions:
     attention: "auto" (the best kernel per platform) or "xla".
     unet: a UNet weights file instead of the checkpoint's (e.g. SDXL-Lightning's).
     loras: LoRA files fused into the weights, "file[:scale]" or (file, scale) (kohya or diffusers).
+    embeddings: a folder of textual inversion embeddings (SDXL's .safetensors: clip_l and clip_g) the
+        prompts may name by file name, as A1111's embeddings folder.
     controlnets: ControlNets a call may use (diffusers-format folders, or .safetensors files in diffusers'
         names), each by its folder's or file's name (weights/controlnets.py).
     timestep_spacing, prediction_type: instead of the scheduler config's ("trailing"; "sample").
@@ -81,6 +83,7 @@ class LoadOptions:
     config: str | None = None
     loras: tuple[Any, ...] = ()
     controlnets: tuple[str, ...] = ()
+    embeddings: str | None = None
     timestep_spacing: str | None = None
     prediction_type: str | None = None
     preview: str = default_of("--preview")
@@ -93,7 +96,7 @@ class LoadOptions:
         set_("sizes", tuple(parse_size(s) for s in self.sizes))
         set_("loras", tuple(self.loras or ()))
         set_("controlnets", tuple(str(c) for c in self.controlnets or ()))
-        for name in ("unet", "config"):
+        for name in ("unet", "config", "embeddings"):
             if getattr(self, name) is not None:
                 set_(name, str(getattr(self, name)))
 

@@ -188,6 +188,12 @@ def sdapi_routes(server: Server) -> list[Route]:
         return JSONResponse([{"name": name, "alias": name, "path": name, "metadata": {"fused_scale": scale}}
                              for name, scale in server.offer.loras])
 
+    async def embeddings(http: HTTPRequest) -> Response:  # (A1111's answer; "shape": SDXL's 768 + 1280 a vector)
+        entry = lambda n: {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None, "shape": 2048, "vectors": n}
+        skipped = server.offer.skipped_embeddings
+        return JSONResponse({"loaded": {name: entry(n) for name, n in server.offer.embeddings},
+                             "skipped": {name: {**entry(0), "reason": why} for name, why in skipped}})
+
     async def scripts(http: HTTPRequest) -> Response:
         return JSONResponse({"txt2img": [], "img2img": []})
 
@@ -208,8 +214,8 @@ def sdapi_routes(server: Server) -> list[Route]:
         return route
 
     get = {"progress": progress, "samplers": samplers, "schedulers": schedulers, "sd-models": sd_models,
-           "prompt-styles": prompt_styles, "loras": loras, "scripts": scripts, "upscalers": upscalers,
-           "latent-upscale-modes": latent_upscale_modes}
+           "prompt-styles": prompt_styles, "loras": loras, "embeddings": embeddings, "scripts": scripts,
+           "upscalers": upscalers, "latent-upscale-modes": latent_upscale_modes}
     post = {"txt2img": txt2img, "img2img": img2img, "interrupt": interrupt, "skip": skip, "png-info": read_png_info}
     return ([Route(f"{PREFIX}/{name}", fn, methods=["GET"]) for name, fn in get.items()]
             + [Route(f"{PREFIX}/{name}", fn, methods=["POST"]) for name, fn in post.items()]

@@ -105,10 +105,10 @@ class Server:
         return self.engine.concurrency()
 
     def token_count(self, prompt: Any, style: Any = DEFAULT_STYLE) -> str:
-        """Markdown: the prompt's token count with the style applied, and what its LoRA tags do
-        here (see form.token_count)."""
+        """Markdown: the prompt's token count with the style applied, the embeddings it names and
+        what its LoRA tags do here (see form.token_count)."""
         return token_count(self.engine.tokenizer, self.offer.max_prompt_chunks, prompt, style,
-                           self.engine.no_tokenizer_message, self.offer.loras)
+                           self.engine.no_tokenizer_message, self.offer.loras, self.offer.embeddings)
 
     # -- requests ---------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ gallery image; a prompt's token count."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ from ..a1111.dynamic_prompts import Wildcards
 from ..request.control import form_unit
 from ..request.errors import RequestError
 from ..request.fields import FIELD, FIELDS, FORM
-from ..a1111.prompts import CHUNK_TOKENS, NetworkTag, chunk_prompt, split_network_tags
+from ..a1111.prompts import CHUNK_TOKENS, EmbeddingNames, NetworkTag, chunk_prompt, split_network_tags
 from ..request.request import NO_WILDCARDS, Request
 from ..request.styles import apply_style, style_entry
 from ..request.values import choice_input, json_type, number_input, seed_input, text_input
@@ -93,40 +94,57 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
 
 
 def token_count(tokenizer: Any, chunks: int, prompt: Any, style: Any, unavailable: str,
-                loras: Sequence[tuple[str, float]] = ()) -> str:
+                loras: Sequence[tuple[str, float]] = (), embeddings: Sequence[tuple[str, int]] = ()) -> str:
     """Markdown: how many of the encoder's tokens the prompt takes with the style's template
-    applied (as it will be encoded; start and end tokens not counted, as A1111 counts), and a
-    warning when it will be cut or is too long to be accepted; `unavailable` without a tokenizer.
-    A line follows for each `<lora:name:weight>` tag typed (never encoded): whether that LoRA is
-    among those fused here (`loras`: (name, scale))."""
+    applied (as it will be encoded; start and end tokens not counted, as A1111 counts; an
+    embedding's vectors counted as its tokens), and a warning when it will be cut or is too long to
+    be accepted; `unavailable` without a tokenizer. A line follows for each textual inversion
+    embedding named (`embeddings`: (name, vectors) of those here), and for each `<lora:name:weight>`
+    tag typed (never encoded): whether that LoRA is among those fused here (`loras`: (name, scale))."""
     try:
         text, tags = split_network_tags(text_input(prompt, "Prompt"))
         template = style_entry(style)[0]
     except RequestError as e:
         log_refusal("token count", e)
         return f"⚠️ {e}"
-    return "  \n".join([_count(tokenizer, chunks, text, template, unavailable), *network_lines(tags, dict(loras))])
+    count, named = _count(tokenizer, chunks, text, template, unavailable, tuple(embeddings))
+    vectors, code = dict(embeddings), lambda name: "`" + name[:60].replace("`", "'") + "`"
+    lines = [f"Embedding {code(name)}: {vectors[name]} vector{'s' if vectors[name] > 1 else ''}." for name in named]
+    if embeddings and not named:  # (what the page lists of them, under the prompt)
+        more = f" and {len(embeddings) - MAX_LISTED} more" if len(embeddings) > MAX_LISTED else ""
+        listed = ", ".join(code(name) for name, _ in embeddings[:MAX_LISTED])
+        lines = [f"Embeddings here: {listed}{more} (a name in the prompt uses one)."]
+    return "  \n".join([count, *lines[:MAX_TAG_LINES], *network_lines(tags, dict(loras))])
 
 
-def _count(tokenizer: Any, chunks: int, text: str, template: str, unavailable: str) -> str:
+@functools.lru_cache(maxsize=4)
+def _embedding_names(tokenizer: Any, embeddings: tuple[tuple[str, int], ...]) -> EmbeddingNames:
+    return EmbeddingNames.of(tokenizer, dict(embeddings))
+
+
+def _count(tokenizer: Any, chunks: int, text: str, template: str, unavailable: str,
+           embeddings: tuple[tuple[str, int], ...]) -> tuple[str, list[str]]:
+    """The count's line, and the embeddings the text names."""
     limit = CHUNK_TOKENS * chunks
     if not text:
-        return f"0 / {limit} tokens"
+        return f"0 / {limit} tokens", []
     if tokenizer is None:
-        return unavailable
+        return unavailable, []
     try:
-        encoded = chunk_prompt(tokenizer, template.replace("{prompt}", text), chunks)
+        names = _embedding_names(tokenizer, embeddings) if embeddings else None
+        encoded = chunk_prompt(tokenizer, template.replace("{prompt}", text), chunks, names)
     except Exception as e:  # (a tokenizer's surprise must not break typing)
         log_refusal("token count", e)
-        return "No token count for this text."
+        return "No token count for this text.", []
     used = f"{encoded.count} chunk{'s' if encoded.count > 1 else ''}"
     if encoded.cut:
         return (f"⚠️ **{encoded.tokens + encoded.cut} / {limit} tokens**, {used}: the prompt will be cut after "
-                f"token {limit}; the last {encoded.cut} are ignored.")
-    return f"{encoded.tokens} / {limit} tokens" + (f", {used}" if encoded.count > 1 else "")
+                f"token {limit}; the last {encoded.cut} are ignored.", encoded.embeddings)
+    return f"{encoded.tokens} / {limit} tokens" + (f", {used}" if encoded.count > 1 else ""), encoded.embeddings
 
 
 MAX_TAG_LINES = 5  # (a prompt may hold thousands of tags: the count stays a few lines)
+MAX_LISTED = 12  # the embeddings listed by name under an empty prompt
 
 
 def network_lines(tags: Sequence[NetworkTag], fused: Mapping[str, float]) -> list[str]:

@@ -102,7 +102,9 @@ class LocalEngine:
         return dataclasses.replace(
             offer, model=pipe.model_name, sizes=list(pipe.sizes), samplers=list(pipe.samplers),
             default_sampler=offer.default_sampler if self.settings.recipe else pipe.default_sampler,
-            max_prompt_chunks=pipe.max_prompt_chunks)
+            max_prompt_chunks=pipe.max_prompt_chunks,
+            embeddings=tuple((name, e.count) for name, e in pipe.embeddings.loaded.items()),
+            skipped_embeddings=tuple(pipe.embeddings.skipped.items()))
 
     def unavailable(self) -> str | None:
         return None
@@ -180,7 +182,7 @@ class LocalEngine:
     def _encode(self, result: GenerationResult, image_format: str) -> Generated:
         """A call's images as files in `image_format`, each with its parameters."""
         start = time.perf_counter()
-        parameters = [parameters_text(info, self.pipeline.stamp) for info in result.infos]
+        parameters = [parameters_text(info, self.pipeline.stamp_for(info)) for info in result.infos]
         files = encode_all(result.images, parameters, image_format)
         first = result.infos[0]  # (one request's images: one sampler, schedule and noise source)
         return Generated(files, parameters, result.seeds, first.sampler or self.pipeline.default_sampler,

@@ -15,7 +15,7 @@ from ..request.errors import RequestError
 from ..request.fields import FIELD
 from ..a1111.images import FORMATS
 from ..request.names import RNGS, SAMPLERS, SCHEDULES
-from ..a1111.prompts import MAX_CHUNKS
+from ..a1111.prompts import CHUNK_TOKENS, MAX_CHUNKS
 from ..request.recipes import RECIPES, Recipe, SAMPLING
 from ..request.values import format_size, json_type, parse_size
 from .settings import Settings
@@ -39,6 +39,8 @@ class Offer:
     default_rng: str
     loras: tuple[tuple[str, float], ...] = ()  # fused at load: (name, scale) (a back end of before: none said)
     controlnets: tuple[str, ...] = ()  # the ControlNets a request may name (request/control.py)
+    embeddings: tuple[tuple[str, int], ...] = ()  # textual inversion embeddings a prompt may name: (name, vectors)
+    skipped_embeddings: tuple[tuple[str, str], ...] = ()  # files of the embeddings folder not loaded: (name, why)
 
     def defaults(self) -> dict[str, Any]:
         """The form's values where a client gives none, by field name: the launch preset's steps,
@@ -52,7 +54,9 @@ class Offer:
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes],
                 "loras": [{"name": name, "scale": scale} for name, scale in self.loras],
-                "controlnets": list(self.controlnets)}
+                "controlnets": list(self.controlnets),
+                "embeddings": [{"name": name, "vectors": n} for name, n in self.embeddings],
+                "skipped_embeddings": [{"name": name, "reason": why} for name, why in self.skipped_embeddings]}
 
     @staticmethod
     def from_json(data: Any) -> Offer:
@@ -95,7 +99,9 @@ class Offer:
                          images_per_call=count, image_format=data["image_format"], max_prompt_chunks=chunks,
                          schedules=schedules, default_schedule=data["default_schedule"], rngs=rngs,
                          default_rng=data["default_rng"], loras=_loras(data.get("loras", [])),
-                         controlnets=_controlnets(data.get("controlnets", [])))
+                         controlnets=_controlnets(data.get("controlnets", [])),
+                         embeddings=_listed(data.get("embeddings", []), "vectors", int),
+                         skipped_embeddings=_listed(data.get("skipped_embeddings", []), "reason", str))
 
 
 def _controlnets(value: Any) -> tuple[str, ...]:
@@ -104,6 +110,21 @@ def _controlnets(value: Any) -> tuple[str, ...]:
             isinstance(name, str) and NAME.fullmatch(name) and len(name) <= 255 for name in value):
         raise ValueError("controlnets must be a list of names (letters, digits, '.', '_' and '-')")
     return tuple(value)
+
+
+def _listed(value: Any, key: str, kind: type) -> tuple[tuple[str, Any], ...]:
+    """[{name, key}] of a server's description: its embeddings (key "vectors", 1-75) or those it skipped ("reason")."""
+    def one(entry: Any) -> tuple[str, Any]:
+        name, other = (entry.get("name"), entry.get(key)) if isinstance(entry, dict) else (None, None)
+        fits = (isinstance(other, int) and 1 <= other <= CHUNK_TOKENS if kind is int
+                else isinstance(other, str) and len(other) <= 1000)
+        if not isinstance(name, str) or not 0 < len(name) <= 255 or type(other) is not kind or not fits:
+            raise ValueError(f"embeddings must be a list of {{name, {key}}}")
+        return name, other
+
+    if not isinstance(value, list) or len(value) > 10_000:
+        raise ValueError(f"embeddings must be a list of {{name, {key}}}")
+    return tuple(map(one, value))
 
 
 def _loras(value: Any) -> tuple[tuple[str, float], ...]:

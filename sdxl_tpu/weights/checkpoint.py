@@ -54,6 +54,13 @@ class Models:
                               f"{2 * latent + 1} (an inpainting UNet: latents, mask and masked image), not other "
                               "conditioning (e.g. InstructPix2Pix's 8)")
 
+    @property
+    def pooled_dim(self) -> int:
+        """The pooled prompt's width: the second text encoder's projection."""
+        if (dim := self.text_encoder_2.config.projection_dim) is None:
+            raise ValueError("text_encoder_2 has no text projection (projection_dim): not an SDXL text encoder")
+        return dim
+
 
 def _fill(model: M, path: Path, raw_config: dict[str, Any], *, weights: TensorSource | None = None,
           rename: Callable[[str], str] = lambda k: k, loras: Sequence[LoRA] = ()) -> M:

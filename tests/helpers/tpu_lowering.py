@@ -59,7 +59,7 @@ def main() -> None:
         graphs[name], state = nnx.split(network)
         params[name] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state)
     layout = Layout(mesh=mesh, batch=len(jax.devices()), vae_factor=8, latent_channels=4, condition_channels=0,
-                    chunks=3, context_dim=768 + 1280, pooled_dim=1280, stepwise=False)
+                    chunks=3, text_widths=(768, 1280), text_dtype="bfloat16", pooled_dim=1280, stepwise=False)
     report = {"devices": len(jax.devices()), "mesh": re.sub(r"\s", "", str(dict(mesh.shape))), "programs": {}}
     for name in PROGRAMS:
         fn, args = program(name, layout, SIZE, graphs, params)

@@ -22,6 +22,9 @@ from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view, ch
                         assert_progress_and_previews, free_port, generate_in_page, get, paint_a_mask, playground_page,
                         read_metrics, requests_total, steps_seen, wait_for, MASK_SRC)
 from sdxl_tpu.version import VERSION
+from sdxl_tpu.weights.embeddings import Embeddings
+
+LISTED_EMBEDDINGS = "Embeddings here: myemb, onevec (a name in the prompt uses one)."
 
 
 @pytest.fixture(scope="module")
@@ -491,7 +494,8 @@ def test_browser_a_run_as_a_person_sees_it(app_server, browser, tmp_path, viewpo
                 "#gallery").bounding_box()["y"]
         assert page.locator("#stop").is_disabled() and page.locator("#generate").is_enabled()
         assert page.locator("#seed input").input_value() == "-1"
-        assert page.locator("#token-count [data-testid=markdown]").inner_text() == "0 / 225 tokens"
+        counted = page.locator("#token-count [data-testid=markdown]").inner_text().split("\n")
+        assert counted == ["0 / 225 tokens", LISTED_EMBEDDINGS]  # (the server's --embeddings, under the prompt)
         page.locator("#examples").get_by_text("An astronaut riding a green horse").click()  # filled in the page
         wait_for(lambda: page.locator("#prompt textarea").input_value() == "An astronaut riding a green horse", 10,
                  "clicking an example did not fill the prompt")
@@ -823,13 +827,18 @@ def test_browser_the_form_tells_the_truth(app_server, browser):
         wait_for(lambda: preset.input_value() == "Quality", 10, "the preset menu does not follow the fields")
         counter = page.locator("#token-count [data-testid=markdown]")  # (not the progress tracker's timer)
         page.locator("#prompt textarea").fill("a cat")
-        wait_for(lambda: counter.inner_text().endswith("/ 225 tokens") and not counter.inner_text().startswith("0 "),
-                 10, "no token count")
+        first_line = lambda: counter.inner_text().split("\n")[0]  # noqa: E731
+        wait_for(lambda: first_line().endswith("/ 225 tokens") and not first_line().startswith("0 "), 10,
+                 "no token count")
         plain = int(counter.inner_text().split()[0])
         choose(page, "style", "Anime")
         wait_for(lambda: int(counter.inner_text().split()[0]) > plain, 10, "the style's template is not counted")
+        page.locator("#prompt textarea").fill("a cat myemb")  # an embedding: its 3 vectors counted, named
+        wait_for(lambda: counter.inner_text().split("\n")[1:] == ["Embedding myemb: 3 vectors."], 10,
+                 "an embedding named in the prompt is not said")
         page.locator("#prompt textarea").fill("")
-        wait_for(lambda: counter.inner_text() == "0 / 225 tokens", 10, "an empty prompt is not 0 tokens")
+        wait_for(lambda: counter.inner_text().split("\n") == ["0 / 225 tokens", LISTED_EMBEDDINGS], 10,
+                 "an empty prompt is not 0 tokens")
         page.get_by_text("Use via API").click()  # (the shared app serves MCP: the panel opens on its tool)
         page.get_by_text("Available MCP Tools").first.wait_for(timeout=30_000)
         page.wait_for_timeout(1000)
@@ -852,6 +861,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
     class Loaded:  # what the loader hands over once "loaded" (nothing is generated here)
         sizes, images_per_call, tokenizers = [(64, 64)], 4, (None, None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
+        embeddings = Embeddings()
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):

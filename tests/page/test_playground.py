@@ -16,6 +16,7 @@ from sdxl_tpu.request.load import LoadOptions
 from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.request.styles import STYLES, apply_style
 from sdxl_tpu.request.values import clean_text, text_input
+from sdxl_tpu.weights.embeddings import Embeddings
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
@@ -192,6 +193,7 @@ def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with
     class FakePipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
+        embeddings = Embeddings()
         model_name, samplers, default_sampler = "fake", {"Euler": None, "DDIM": None}, "DDIM"
         max_prompt_chunks = 3
 
@@ -231,8 +233,11 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
             "max_prompt_chunks": 2, "schedules": ["Checkpoint", "Karras"], "default_schedule": "Karras",
             "rngs": ["JAX", "CPU"], "default_rng": "CPU"}
     parsed = Offer.from_json(info)  # (a back end of before: no LoRAs said)
-    assert parsed.sizes == [(64, 64)] and parsed.loras == () and parsed.to_json() == {**info, "loras": [],
-                                                                                      "controlnets": []}
+    assert parsed.sizes == [(64, 64)] and parsed.loras == () and parsed.to_json() == {
+        **info, "loras": [], "controlnets": [], "embeddings": [], "skipped_embeddings": []}
+    embeddings = {"embeddings": [{"name": "easynegative", "vectors": 8}],
+                  "skipped_embeddings": [{"name": "sd15", "reason": "clip_l has shape (8, 768)"}]}
+    assert Offer.from_json({**info, **embeddings}).to_json() == {**parsed.to_json(), **embeddings}
     assert Offer.from_json({**info, "controlnets": ["canny-xl"]}).controlnets == ("canny-xl",)
     for bad in ("canny", [5], ["../x"], ["a b"]):
         with pytest.raises(ValueError, match="controlnets must be a list of names"):
@@ -255,7 +260,11 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
                        ("schedules", ["Beta"]), ("schedules", "Karras"), ("default_schedule", "Uniform"),
                        ("rngs", ["NV"]), ("default_rng", "GPU"), ("default_rng", None), ("loras", None),
                        ("loras", [["detail", 0.8]]), ("loras", [{"name": "", "scale": 1}]),
-                       ("loras", [{"name": "x", "scale": True}]), ("loras", [{"name": "x", "scale": float("nan")}])]:
+                       ("loras", [{"name": "x", "scale": True}]), ("loras", [{"name": "x", "scale": float("nan")}]),
+                       ("embeddings", {"x": 1}), ("embeddings", [{"name": "x", "vectors": 0}]),
+                       ("embeddings", [{"name": "x", "vectors": 76}]), ("embeddings", [{"name": "x", "vectors": True}]),
+                       ("embeddings", [{"name": "", "vectors": 1}]), ("skipped_embeddings", [{"name": "x"}]),
+                       ("skipped_embeddings", [{"name": "x", "reason": "y" * 1001}])]:
         with pytest.raises(ValueError):
             Offer.from_json({**info, key: value})
     with pytest.raises(ValueError, match="lacks images_per_call"):
@@ -272,6 +281,7 @@ def test_token_count_says_what_each_lora_tag_does_here(tiny_checkpoint):
     class Loaded:
         sizes, images_per_call, tokenizers = SIZES, 4, (load_tokenizers(tiny_checkpoint)[0], None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
+        embeddings = Embeddings()
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -301,6 +311,27 @@ def test_token_count_says_what_each_lora_tag_does_here(tiny_checkpoint):
         "LoRA `detail`: not loaded here (start the server with --lora to fuse it).")
 
 
+def test_token_count_counts_an_embeddings_vectors_and_names_it(tiny_checkpoint):
+    """An embedding named in the prompt counts its vectors as tokens (as A1111 counts them) and gets
+    a line; a name the server does not have is words; a prompt naming none lists those here."""
+    from sdxl_tpu import load_tokenizers
+    from sdxl_tpu.request.fields import DEFAULT_STYLE
+    from sdxl_tpu.server.form import token_count
+
+    tokenizer = load_tokenizers(tiny_checkpoint)[0]
+    count = lambda prompt, here: token_count(tokenizer, 3, prompt, DEFAULT_STYLE, "", (), here)  # noqa: E731
+    here = (("myemb", 3), ("onevec", 1))
+    words = int(count("a photo of cat", here).split(" / ")[0])
+    assert count("a photo of myemb cat", here) == f"{words + 3} / 225 tokens  \nEmbedding `myemb`: 3 vectors."
+    assert count("onevec, a photo of cat onevec", here) == (
+        f"{words + 3} / 225 tokens  \nEmbedding `onevec`: 1 vector.")  # (its two, and the comma)
+    assert count("a photo of myemb cat", ()) == count("a photo of myemb cat", (("other", 2),))
+    assert "Embedding" not in count("a photo of myemb cat", ())
+    assert count("", here) == "0 / 225 tokens  \nEmbeddings here: `myemb`, `onevec` (a name in the prompt uses one)."
+    many = count("a cat", tuple((f"e{i}", 1) for i in range(14)))
+    assert many.endswith("`e10`, `e11` and 2 more (a name in the prompt uses one).")
+
+
 def test_server_warm_up_states_and_errors():
     release = threading.Event()
 
@@ -309,6 +340,7 @@ def test_server_warm_up_states_and_errors():
         images_per_call = 4
         tokenizers = (None, None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
+        embeddings = Embeddings()
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
         max_prompt_chunks = 3
 
@@ -346,6 +378,7 @@ def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint
     class Loaded:  # the model as the server sees it once loaded: its tokenizers (nothing is generated here)
         sizes, images_per_call, tokenizers = SIZES, 4, (tokenizer, None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
+        embeddings = Embeddings()
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -413,8 +446,12 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
     class SlowPipeline:
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
+        embeddings = Embeddings()
         model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
         max_prompt_chunks = 3
+
+        def stamp_for(self, info):
+            return self.stamp
 
         def is_compiled(self, size, names=None):
             return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import hashlib
 import io
 import json
 import re
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from embedding_files import GOOD, SKIPPED
 from hostile_values import NOT_ANY, NOT_BOOL, NOT_CHOICE, NOT_JSON, NOT_NUMBER, NOT_TEXT
 from images import block_mask, encoded, hostile_files, picture
 from raw_http import AppLog, Http
@@ -107,6 +109,23 @@ def test_dynamic_prompts_draw_each_image_from_its_seed_and_the_servers_wildcards
         api.txt2img(prompt="a __animals/dog__", width=64, height=64, steps=1)
     assert refused.value.args[0] == 422 and "__animals/dog__" in refused.value.args[1], refused.value.args
     assert "__animals/cat__" in refused.value.args[1] and "__color__" in refused.value.args[1]
+
+
+def test_embeddings_listed_as_a1111_lists_them_and_named_in_the_parameters(app_server, embeddings_folder):
+    """/sdapi/v1/embeddings through webuiapi: the server's folder as A1111 answers for it (those
+    loaded with their vectors, the files skipped); an image whose prompts name two carries their
+    "TI hashes"."""
+    import webuiapi
+
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=app_server["port"], sampler="Euler", steps=1)
+    api.set_auth("me", API_KEY)
+    listed = api.get_embeddings()
+    assert {name: e["vectors"] for name, e in listed["loaded"].items()} == GOOD
+    assert set(listed["skipped"]) == set(SKIPPED) and "pickle" in listed["skipped"]["pickled"]["reason"]
+    made = api.txt2img(prompt="a photo of myemb cat", negative_prompt="onevec", seed=SEED, width=64, height=64)
+    short = {name: hashlib.sha256(next(embeddings_folder.rglob(f"{name}.safetensors")).read_bytes()).hexdigest()[:12]
+             for name in GOOD}
+    assert f'TI hashes: "myemb: {short["myemb"]}, onevec: {short["onevec"]}"' in read_parameters(made.image)
 
 
 def test_openai_api_on_the_app_behind_its_key(app_server, from_generate):

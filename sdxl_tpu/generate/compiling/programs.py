@@ -62,9 +62,15 @@ class Layout:
     # latents: latent_channels + 1), 0 for a base UNet.
     condition_channels: int
     chunks: int  # room for the longest prompt, in chunks of 77 tokens
-    context_dim: int  # both text encoders' hidden states, side by side
+    text_widths: tuple[int, int]  # each text encoder's hidden states' (their context side by side)
     pooled_dim: int
     stepwise: bool  # one denoising step per call (progress, previews, stop), else all steps in one loop
+
+    text_dtype: str = "float32"  # the token embeddings' (textual inversion vectors are given in it)
+
+    @property
+    def context_dim(self) -> int:
+        return sum(self.text_widths)
 
     @property
     def batch_sharding(self) -> NamedSharding:
@@ -130,6 +136,8 @@ class _Shapes:
         self.rep = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=layout.replicated)
         self.ids = self.batch((b, 2, layout.chunks, sampling.MAX_TOKENS), jnp.int32)
         self.weights = self.batch((b, 2, layout.chunks, sampling.MAX_TOKENS))
+        self.embedded = tuple(self.batch((b, 2, layout.chunks, sampling.MAX_TOKENS, width),
+                                         jnp.dtype(layout.text_dtype)) for width in layout.text_widths)
         self.lengths = self.batch((b, 2), jnp.int32)
         self.latents = self.batch((b, *layout.latent_shape(size)))
         self.seeds = self.batch((b,), jnp.uint32)
@@ -152,8 +160,9 @@ def _encode(s: _Shapes, graphs, params):
     te1, te2 = _network(graphs, "text_encoder"), _network(graphs, "text_encoder_2")
     fn = lambda p1, p2, *a: sampling.encode_text(te1(p1), te2(p2), *a)
     bat = P(BATCH)
-    return shard(s.layout.mesh, fn, (P(), P()) + (bat,) * 6, (bat, bat)), (
-        params["text_encoder"], params["text_encoder_2"], s.ids, s.ids, s.weights, s.weights, s.lengths, s.flags)
+    return shard(s.layout.mesh, fn, (P(), P()) + (bat,) * 8, (bat, bat)), (
+        params["text_encoder"], params["text_encoder_2"], s.ids, s.ids, s.weights, s.weights, *s.embedded, s.lengths,
+        s.flags)
 
 
 def _unit_noise(seeds, host, use_host, shape: tuple[int, int, int], stream: int | None = None) -> jax.Array:
