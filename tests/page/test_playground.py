@@ -325,7 +325,7 @@ def test_token_count_counts_an_embeddings_vectors_and_names_it(tiny_checkpoint):
     assert count("a photo of myemb cat", here) == f"{words + 3} / 225 tokens  \nEmbedding `myemb`: 3 vectors."
     assert count("onevec, a photo of cat onevec", here) == (
         f"{words + 3} / 225 tokens  \nEmbedding `onevec`: 1 vector.")  # (its two, and the comma)
-    assert count("a photo of myemb cat", ()) == count("a photo of myemb cat", (("other", 2),))
+    assert count("a photo of myemb cat", ()) == count("a photo of myemb cat", (("other", 2),)).split("  \n")[0]
     assert "Embedding" not in count("a photo of myemb cat", ())
     assert count("", here) == "0 / 225 tokens  \nEmbeddings here: `myemb`, `onevec` (a name in the prompt uses one)."
     many = count("a cat", tuple((f"e{i}", 1) for i in range(14)))
