@@ -130,6 +130,9 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                 gr.Button("🎲", scale=0, min_width=44, elem_id="random-seed").click(
                     None, outputs=[seed], js=in_browser("randomSeed", {}))
                 reuse = gr.Button("♻️", scale=0, min_width=44, elem_id="reuse-seed")
+                # (A1111's Batch count: calls in one run; beside the seed, the form's height as it was)
+                gr.Number(FIELD["batch_count"].default, label=label("batch_count"), precision=0, minimum=1,
+                          maximum=FIELD["batch_count"].bounds[1], scale=2, min_width=100, elem_id="batch_count")
             # img2img, as A1111's tab has it: the image (dropped, pasted or from the webcam), how far
             # from it, how it fits the size. Uploads are read only for a run (server/uploads.py).
             with gr.Accordion("Start from an image", open=False, elem_id="image-panel") as image_panel:

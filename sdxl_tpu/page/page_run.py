@@ -41,11 +41,12 @@ def page_run(updates: Iterable[Started | Progress | Shown | Done], values: Mappi
     seeds: list[int] = []
     for update in updates:
         if isinstance(update, Started):
-            seeds, steps = update.seeds, update.steps
+            seeds, steps = update.seeds, update.steps * update.calls  # (steps counted over all the calls)
+            made = f"{len(seeds)} images" + (f" in {update.calls} calls" if update.calls > 1 else "")
             # The run replaces the last one at once: nothing of it is shown as current.
             yield dict(gallery=[], last_seeds=seeds, last_images=[], picked=None, run_state="running",
                        run_at={"seeds": seeds, "step": 0, "steps": steps}, run=f"Generating 0/{steps}",
-                       summary=f"Generating {len(seeds)} images, {steps} steps. Seeds: {', '.join(map(str, seeds))}.",
+                       summary=f"Generating {made}, {update.steps} steps. Seeds: {', '.join(map(str, seeds))}.",
                        panel=run_panel("running", WAITS_FOR_COMPILE if update.compiling
                                        else "Generating · encoding the prompts", 0, steps))
         elif isinstance(update, Progress):

@@ -28,6 +28,7 @@ from .names import (DEFAULT_PROMPT_MODE, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAU
 MAX_SEED = 2**32 - 1
 RANDOM_SEED = -1  # as in AUTOMATIC1111: a seed drawn at random for each run
 MAX_STEPS = 50
+MAX_BATCH_COUNT = 32  # calls in one run (A1111's Batch count; its slider goes to 100)
 # A prompt past its token budget is cut, not refused (the token count says so): this bound only
 # caps the work of reading one. The largest budget (8 chunks of 75 tokens) takes about 3,000
 # characters of plain text, a few times that with A1111's brackets, weights and <lora:...> tags;
@@ -191,6 +192,11 @@ FIELDS: tuple[Field, ...] = (
           about="How {a|b|c}, {2$$a|b|c}, {0.5::a|b} and __wildcard__ in the prompts are read, as "
                 "sd-dynamic-prompts: Random (each image draws its own prompt from its seed), Combinatorial (the "
                 "combinations in order, one an image), Off (the prompt as written)."),
+    # A1111's Batch count (its API's n_iter): calls in one run (last: older callers leave it out).
+    Field("batch_count", "Batch count", "whole", 1, optional=True, limits=(1, MAX_BATCH_COUNT),
+          kept=frozenset({HISTORY}),
+          about="Calls in one run, as A1111's Batch count: each makes a call's images, the seeds following on; "
+                "progress is over them all, and Stop keeps the images of the calls that finished."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them

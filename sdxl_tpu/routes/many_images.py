@@ -1,32 +1,20 @@
 """A request for any number of images, as the APIs of other tools ask (A1111's batch_size x n_iter,
-OpenAI's n): split into the server's calls, a call's worth each, seeds following on, each run
+OpenAI's n), split into the server's calls (request/calls.py), each run
 through the engine while its HTTP caller waits (a caller who leaves stops it)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 from collections.abc import Callable
 
 from starlette.requests import Request as HTTPRequest
 
-from ..request.fields import MAX_SEED
 from ..request.request import Request
 from ..server.batcher import ShuttingDown
 from ..server.core import Server
 from ..server.engine import Generated, Report
 from ..server.events import Ended, Preview, Progress
-
-
-def split(request: Request, count: int, per_call: int) -> list[Request]:
-    """The requests of `count` images, at most `per_call` each, image i of them seeded seed + i."""
-    parts = []
-    for start in range(0, count, per_call):
-        n = min(per_call, count - start)
-        seed = (request.seed + start) % (MAX_SEED + 1) if isinstance(request.seed, int) else request.seed
-        parts.append(dataclasses.replace(request, seed=seed, count=n))
-    return parts
 
 
 async def one_call(server: Server, http: HTTPRequest, request: Request, image_format: str,
@@ -55,4 +43,4 @@ async def one_call(server: Server, http: HTTPRequest, request: Request, image_fo
     return await asyncio.to_thread(ticket.result)
 
 
-__all__ = ["one_call", "split"]
+__all__ = ["one_call"]

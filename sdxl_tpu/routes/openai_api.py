@@ -34,7 +34,8 @@ from ..a1111.images import FORMATS
 from ..imaging.resize import nearest_size
 from ..request.values import format_size, json_type
 from ..server.batcher import QueueFull
-from .many_images import one_call, split
+from ..request.calls import split
+from .many_images import one_call
 from ..server.core import Server
 from ..server.errors import log_refusal
 from .http_io import MAX_BODY_BYTES, checked_request, json_body, read_body, status_of

@@ -28,7 +28,8 @@ from ..a1111.infotext import parse as parse_parameters
 from ..a1111.png_info import png_info
 from ..request.styles import STYLES, apply_style
 from ..version import VERSION
-from .many_images import one_call, split
+from ..request.calls import split
+from .many_images import one_call
 from ..server.events import Ended, Preview, Progress
 from ..server.core import Server
 from ..server.errors import log_refusal

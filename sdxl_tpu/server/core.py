@@ -19,13 +19,14 @@ from typing import Any
 from ..a1111.dynamic_prompts import Wildcards
 from ..request.errors import RequestError
 from ..request.fields import DEFAULT_STYLE
+from ..request.calls import split
 from ..request.recipes import RECIPES, Recipe
 from ..request.request import Request
 from .drain import drain, end
 from .engine import Engine, Report, Ticket
 from .events import Done, Ended, Preview, Progress, Shown, Started
-from .files import ImageStore, final_gallery, previews_gallery, summary, temporary_store
-from .form import token_count, validate
+from .files import ImageStore, batch_done, final_gallery, previews_gallery, summary, temporary_store
+from .form import batch_count, token_count, validate
 from .metrics import Metrics
 from .offer import Offer, provisional
 from .remote_engine import RemoteEngine
@@ -123,9 +124,9 @@ class Server:
                ) -> Iterator[Started | Progress | Shown | Done]:
         """One /generate call, from the form's fields as the client sent them (see `validate_form`),
         as what the page shows while it runs, in order:
-            Started   once checked: the seeds it will make, its steps
-            Progress  after each denoising step
-            Shown     live previews of the four images (if `previews`)
+            Started   once checked: the seeds it will make, its steps, its calls (Batch count)
+            Progress  after each denoising step, counted over all its calls
+            Shown     live previews of the call's images (if `previews`), after the calls' before
             Done      the images, their seeds, the summary, what ran (events.py)
         Counted in `metrics` by `route` and outcome. `queued_at` (time.monotonic()) is when the request joined
         the queue; `abandoned()` says whether its caller has gone (so does closing the stream)."""
@@ -134,9 +135,21 @@ class Server:
         with self.metrics.counted(time.monotonic() if queued_at is None else queued_at, route):
             try:
                 request = self.validate_form(values)
-                yield Started(request.seeds(self.offer.images_per_call), request.steps,
-                              self.engine.waits_for_compile(request))
-                yield from self._updates(request, gone, previews)
+                calls, per_call = batch_count(values), self.offer.images_per_call
+                yield Started(request.seeds(calls * per_call), request.steps, self.engine.waits_for_compile(request),
+                              calls)
+                made: list[Done] = []
+                for part in split(request, calls * per_call, per_call):
+                    for update in self._updates(part, gone, previews):
+                        if isinstance(update, Progress):
+                            yield Progress(len(made) * update.steps + update.step, calls * update.steps)
+                        elif isinstance(update, Shown):
+                            yield Shown([image for done in made for image in done.gallery] + update.gallery)
+                        else:
+                            made.append(update)
+                            if len(made) < calls:  # (the finished calls' images, in view while the next runs)
+                                yield Shown([image for done in made for image in done.gallery])
+                yield made[0] if calls == 1 else batch_done(made)
             except GeneratorExit:
                 closed.set()
                 raise

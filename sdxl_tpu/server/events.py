@@ -15,11 +15,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Started:
-    """The request is checked: the seeds it will make, its denoising steps, and whether it waits
-    for a program still compiling (the first call of its kind at its size on a new server)."""
+    """The request is checked: the seeds it will make, its denoising steps (a call's), whether it
+    waits for a program still compiling (the first call of its kind at its size on a new server),
+    and the calls it makes (A1111's Batch count)."""
     seeds: list[int]
     steps: int
     compiling: bool = False
+    calls: int = 1
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 from ..a1111.images import FORMATS, encode_preview
 from ..request.values import format_size
 from .engine import Generated
+from .events import Done
 
 Gallery = list[tuple[str, str]]  # (path, caption) of each image, as Gradio's gallery takes them
 
@@ -130,3 +131,12 @@ def summary(made: Generated, size: tuple[int, int], steps: int, saving: float, h
             f"{made.sampler} (Schedule type {made.schedule}, RNG {made.rng}), "
             f"decoding {t['decoding']:.2f} s; {saving:.2f} s to save). "
             f"Seeds: {', '.join(str(s) for s in made.seeds)}.")
+
+
+def batch_done(made: list[Done]) -> Done:
+    """A run of several calls (A1111's Batch count) as one Done: their images and seeds in order,
+    the line saying how many calls, then the last call's."""
+    gallery = [image for done in made for image in done.gallery]
+    seeds = [seed for done in made for seed in done.seeds]
+    return Done(gallery, seeds, f"{len(made)} calls, {len(gallery)} images. The last call: {made[-1].summary}",
+                made[-1].ran)

@@ -93,6 +93,12 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     return dataclasses.replace(request, prompt=prompt, negative_prompt=negative)
 
 
+def batch_count(values: Mapping[str, Any]) -> int:
+    """The calls a run makes (the Batch count field; left out or null: one)."""
+    f, value = FIELD["batch_count"], values.get("batch_count")
+    return 1 if value is None else int(number_input(value, f.label, *f.bounds, whole=True))
+
+
 def token_count(tokenizer: Any, chunks: int, prompt: Any, style: Any, unavailable: str,
                 loras: Sequence[tuple[str, float]] = (), embeddings: Sequence[tuple[str, int]] = ()) -> str:
     """Markdown: how many of the encoder's tokens the prompt takes with the style's template
@@ -110,10 +116,9 @@ def token_count(tokenizer: Any, chunks: int, prompt: Any, style: Any, unavailabl
     count, named = _count(tokenizer, chunks, text, template, unavailable, tuple(embeddings))
     vectors, code = dict(embeddings), lambda name: "`" + name[:60].replace("`", "'") + "`"
     lines = [f"Embedding {code(name)}: {vectors[name]} vector{'s' if vectors[name] > 1 else ''}." for name in named]
-    if embeddings and not named:  # (what the page lists of them, under the prompt)
+    if embeddings and not named:  # (what the page lists of them, under the prompt, on the count's line)
         more = f" and {len(embeddings) - MAX_LISTED} more" if len(embeddings) > MAX_LISTED else ""
-        listed = ", ".join(code(name) for name, _ in embeddings[:MAX_LISTED])
-        lines = [f"Embeddings here: {listed}{more} (a name in the prompt uses one)."]
+        count += f" · embeddings: {', '.join(code(name) for name, _ in embeddings[:MAX_LISTED])}{more}"
     return "  \n".join([count, *lines[:MAX_TAG_LINES], *network_lines(tags, dict(loras))])
 
 

@@ -162,10 +162,10 @@ def paint_a_mask(page, at: tuple[float, float] = (0.5, 0.5)) -> str:
 
 
 def generate_in_page(page, prompt: str | None, negative: str | None = None, seconds: float = 120,
-                     keys: str | None = None) -> list[dict]:
+                     keys: str | None = None, images: int = 4) -> list[dict]:
     """Types a prompt and a negative prompt (None: leaves the field as it is) in the playground page,
     clicks Generate (or presses `keys` in the prompt box, e.g. "Control+Enter") and waits (bounded)
-    for the four final images and the line that reports them.
+    for the final images (four, or `images` with a Batch count) and the line that reports them.
     Returns what the page showed meanwhile (see WATCH_JS): dicts of t, status, captions, images, info."""
     if prompt is not None:
         page.locator("#prompt textarea").fill(prompt)
@@ -181,7 +181,7 @@ def generate_in_page(page, prompt: str | None, negative: str | None = None, seco
     while True:  # bounded: the final images replace the previews, and the timing line is new
         info = page.locator("#summary").inner_text()
         captions = page.locator("#gallery .grid-container .caption-label").all_inner_texts()
-        if info != before and "Generated 4 images" in info and len(captions) == 4 and \
+        if info != before and "Generated 4 images" in info and len(captions) == images and \
                 all(c.startswith("seed ") for c in captions):
             break
         assert time.monotonic() < deadline, f"no images after {seconds:.0f} s: {info!r} {captions}"

@@ -24,7 +24,7 @@ from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view, ch
 from sdxl_tpu.version import VERSION
 from sdxl_tpu.weights.embeddings import Embeddings
 
-LISTED_EMBEDDINGS = "Embeddings here: myemb, onevec (a name in the prompt uses one)."
+LISTED_EMBEDDINGS = "0 / 225 tokens · embeddings: myemb, onevec"  # (the app's --embeddings, under the prompt)
 
 
 @pytest.fixture(scope="module")
@@ -494,8 +494,7 @@ def test_browser_a_run_as_a_person_sees_it(app_server, browser, tmp_path, viewpo
                 "#gallery").bounding_box()["y"]
         assert page.locator("#stop").is_disabled() and page.locator("#generate").is_enabled()
         assert page.locator("#seed input").input_value() == "-1"
-        counted = page.locator("#token-count [data-testid=markdown]").inner_text().split("\n")
-        assert counted == ["0 / 225 tokens", LISTED_EMBEDDINGS]  # (the server's --embeddings, under the prompt)
+        assert page.locator("#token-count [data-testid=markdown]").inner_text() == LISTED_EMBEDDINGS
         page.locator("#examples").get_by_text("An astronaut riding a green horse").click()  # filled in the page
         wait_for(lambda: page.locator("#prompt textarea").input_value() == "An astronaut riding a green horse", 10,
                  "clicking an example did not fill the prompt")
@@ -827,7 +826,7 @@ def test_browser_the_form_tells_the_truth(app_server, browser):
         wait_for(lambda: preset.input_value() == "Quality", 10, "the preset menu does not follow the fields")
         counter = page.locator("#token-count [data-testid=markdown]")  # (not the progress tracker's timer)
         page.locator("#prompt textarea").fill("a cat")
-        first_line = lambda: counter.inner_text().split("\n")[0]  # noqa: E731
+        first_line = lambda: counter.inner_text().split(" · ")[0]  # noqa: E731
         wait_for(lambda: first_line().endswith("/ 225 tokens") and not first_line().startswith("0 "), 10,
                  "no token count")
         plain = int(counter.inner_text().split()[0])
@@ -837,7 +836,7 @@ def test_browser_the_form_tells_the_truth(app_server, browser):
         wait_for(lambda: counter.inner_text().split("\n")[1:] == ["Embedding myemb: 3 vectors."], 10,
                  "an embedding named in the prompt is not said")
         page.locator("#prompt textarea").fill("")
-        wait_for(lambda: counter.inner_text().split("\n") == ["0 / 225 tokens", LISTED_EMBEDDINGS], 10,
+        wait_for(lambda: counter.inner_text() == LISTED_EMBEDDINGS, 10,
                  "an empty prompt is not 0 tokens")
         page.get_by_text("Use via API").click()  # (the shared app serves MCP: the panel opens on its tool)
         page.get_by_text("Available MCP Tools").first.wait_for(timeout=30_000)
@@ -999,6 +998,29 @@ def test_browser_dynamic_prompts_make_each_images_prompt_and_name_the_wildcards(
         radio.get_by_label("Off").check()
         page.locator("#history tbody tr").first.click()
         wait_for(lambda: radio.get_by_label("Combinatorial").is_checked(), 10, "the history did not restore it")
+    assert compiles(app_server) == before
+
+
+def test_browser_batch_count_makes_its_calls_in_one_run(app_server, browser):
+    """Batch count 2 (A1111's): one run of two calls, the run panel counting the steps of both, then
+    the eight images with their seeds following on, the line saying two calls, and the history row
+    restoring the count; nothing compiles."""
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        set_field(page, "steps", 3)
+        set_field(page, "batch_count", 2)
+        set_field(page, "seed", 11)
+        seen = generate_in_page(page, "a lighthouse", images=8)
+        captions = page.locator("#gallery .grid-container .caption-label").all_inner_texts()
+        assert captions == [f"seed {s}" for s in range(11, 19)], captions
+        assert page.locator("#summary").inner_text().startswith("2 calls, 8 images. The last call: Generated 4")
+        shown = steps_seen(seen)
+        assert shown == sorted(shown) and shown[-1] >= 5 and any(s > 3 for s in shown), shown  # (of 6)
+        assert any("of 6" in s["status"] for s in seen), seen[-3:]
+        set_field(page, "batch_count", 1)
+        page.locator("#history tbody tr").first.click()
+        wait_for(lambda: page.locator("#batch_count input").first.input_value() == "2", 10,
+                 "the history did not restore the batch count")
     assert compiles(app_server) == before
 
 

@@ -325,11 +325,12 @@ def test_token_count_counts_an_embeddings_vectors_and_names_it(tiny_checkpoint):
     assert count("a photo of myemb cat", here) == f"{words + 3} / 225 tokens  \nEmbedding `myemb`: 3 vectors."
     assert count("onevec, a photo of cat onevec", here) == (
         f"{words + 3} / 225 tokens  \nEmbedding `onevec`: 1 vector.")  # (its two, and the comma)
-    assert count("a photo of myemb cat", ()) == count("a photo of myemb cat", (("other", 2),)).split("  \n")[0]
+    assert count("a photo of myemb cat", ()) == count("a photo of myemb cat", (("other", 2),)).split(" · ")[0]
     assert "Embedding" not in count("a photo of myemb cat", ())
-    assert count("", here) == "0 / 225 tokens  \nEmbeddings here: `myemb`, `onevec` (a name in the prompt uses one)."
+    assert count("", here) == "0 / 225 tokens · embeddings: `myemb`, `onevec`"
     many = count("a cat", tuple((f"e{i}", 1) for i in range(14)))
-    assert many.endswith("`e10`, `e11` and 2 more (a name in the prompt uses one).")
+    assert many.endswith("tokens · embeddings: `e0`, `e1`, `e2`, `e3`, `e4`, `e5`, `e6`, `e7`, `e8`, `e9`, `e10`, "
+                         "`e11` and 2 more")
 
 
 def test_server_warm_up_states_and_errors():
@@ -427,6 +428,80 @@ def test_the_length_limit_applies_to_what_the_user_typed_not_the_style():
     assert len(request.prompt) > 1000 and "x" * 1000 in request.prompt
 
 
+class SlowPipeline:
+    """A pipeline as a server sees it, each step 10 ms, each image one grey from its seed."""
+
+    sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
+    call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
+    embeddings = Embeddings()
+    model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
+    max_prompt_chunks = 3
+
+    def stamp_for(self, info):
+        return self.stamp
+
+    def is_compiled(self, size, names=None):
+        return True
+
+    def run_images(self, infos, progress=None, stop=None):
+        import time
+
+        from PIL import Image
+
+        from sdxl_tpu.request.errors import Cancelled
+        from sdxl_tpu.request.request import GenerationResult
+
+        for step in range(infos[0].steps):
+            time.sleep(0.01)
+            if stop():
+                raise Cancelled(f"stopped after step {step + 1}")
+            if progress is not None:
+                progress(step + 1, infos[0].steps)
+        width, height = infos[0].size  # each image one grey, from its seed
+        images = [Image.new("RGB", (width, height), (i.seed * 40 % 256,) * 3) for i in infos]
+        return GenerationResult(images=images, infos=list(infos),
+                                timings={"text_encoding": 0.01, "denoising": 0.1, "decoding": 0.02,
+                                         "total": 0.13})
+
+
+def test_batch_count_runs_its_calls_in_one_run_with_progress_over_all(tmp_path):
+    """Batch count 3 (A1111's): one run, three calls of four images, the seeds following on; the
+    steps counted over all of them; the finished calls' images in view while the next one runs;
+    one Done with all twelve. Stop in the second call ends the run there. Out of range: refused."""
+    from sdxl_tpu.server.events import Done, Progress, Shown, Started
+    from sdxl_tpu.server.files import ImageStore
+
+    server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES), image_format="png"),
+                    loader=lambda s: SlowPipeline(), images=ImageStore(tmp_path))
+    server.warmup.load()
+    values = dict(prompt="a cat", seed=3, steps=4, batch_count=3)
+    updates = list(server.stream(values, previews=False))
+    started, done = updates[0], updates[-1]
+    assert isinstance(started, Started) and (started.calls, started.steps, started.seeds) == (3, 4, list(range(3, 15)))
+    progress = [(u.step, u.steps) for u in updates if isinstance(u, Progress)]
+    assert progress == [(i, 12) for i in range(1, 13)]
+    shown = [len(u.gallery) for u in updates if isinstance(u, Shown)]
+    assert shown == [4, 8]  # (after the first and the second call)
+    assert isinstance(done, Done) and done.seeds == list(range(3, 15)) and len(done.gallery) == 12
+    assert [caption for _, caption in done.gallery] == [f"seed {s}" for s in range(3, 15)]
+    assert done.summary.startswith("3 calls, 12 images. The last call: Generated 4 images")
+    assert [type(u) for u in server.stream({**values, "batch_count": None}, previews=False)][-1] is Done
+    steps_seen = []
+
+    def stop_in_the_second_call() -> bool:
+        return len(steps_seen) > 5
+
+    stream = server.stream(values, abandoned=stop_in_the_second_call, previews=False)
+    with pytest.raises(Exception, match="stopped after step"):
+        for update in stream:
+            if isinstance(update, Progress):
+                steps_seen.append(update.step)
+    assert steps_seen == [1, 2, 3, 4, 5, 6]
+    for bad in (0, 33, 1.5, "many", True):
+        with pytest.raises(RequestError, match="Batch count"):
+            list(server.stream({**values, "batch_count": bad}, previews=False))
+
+
 def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
     """Server.drain: not ready at once; a request that finishes in time gets its images, one that
     would outlast the deadline is cancelled there; afterwards new work is refused. (Through
@@ -440,34 +515,7 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
     from sdxl_tpu.server.files import ImageStore
     from sdxl_tpu.a1111.images import read_parameters
     from sdxl_tpu.request.errors import Cancelled
-    from sdxl_tpu.request.request import GenerationResult
     from sdxl_tpu.server.batcher import SHUTTING_DOWN
-
-    class SlowPipeline:
-        sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
-        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
-        embeddings = Embeddings()
-        model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
-        max_prompt_chunks = 3
-
-        def stamp_for(self, info):
-            return self.stamp
-
-        def is_compiled(self, size, names=None):
-            return True
-
-        def run_images(self, infos, progress=None, stop=None):
-            for step in range(infos[0].steps):
-                time.sleep(0.01)
-                if stop():
-                    raise Cancelled(f"stopped after step {step + 1}")
-                if progress is not None:
-                    progress(step + 1, infos[0].steps)
-            width, height = infos[0].size  # each image one grey, from its seed
-            images = [Image.new("RGB", (width, height), (i.seed * 40 % 256,) * 3) for i in infos]
-            return GenerationResult(images=images, infos=list(infos),
-                                    timings={"text_encoding": 0.01, "denoising": 0.1, "decoding": 0.02,
-                                             "total": 0.13})
 
     def server_with(pipeline, folder):
         server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES), image_format="png"),

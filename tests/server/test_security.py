@@ -31,7 +31,7 @@ from sdxl_tpu.request.names import PROMPT_MODES, RESIZE_MODES, RNGS, SAMPLERS, S
 # no mask (its blur and masked content likewise).
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX", None, 0.75,
             "Just resize", None, 4, "original", False, 2.0, "Latent", 0, 0.7, "Whole picture", 32,
-            None, None, "none", 1.0, 0.0, 1.0, 100, 200, "Random"]
+            None, None, "none", 1.0, 0.0, 1.0, 100, 200, "Random", 1]
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
        "sampler": "Euler", "size": "64x64", "schedule": "Checkpoint", "rng": "JAX"}  # a run as the history keeps it
 # The page's own generation event takes the history the browser keeps as a last input.
@@ -259,6 +259,8 @@ MALFORMED = {
     "dynamic_prompts": st.one_of(not_text.filter(lambda v: v is not None),
                                  text.filter(lambda s: s not in PROMPT_MODES),
                                  st.sampled_from(["random", "On", "combinatorial", "Wildcards"])),
+    "batch_count": st.one_of(bad_number, st.floats(1.01, 31.99).filter(lambda v: v != int(v)), st.integers(33, 10**9),
+                             st.integers(-10**6, 0)),
 }
 
 
@@ -347,7 +349,7 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
 STILL_VALID = {(1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), *((i, "null") for i in range(1, 11)),
                (11, "null"), (12, "null"), (13, "null"), (14, "null"), (15, "null"),
                (16, "null"), (17, "null"), (17, "false"), (18, "null"), (19, "null"), (20, "null"),
-               (21, "null"), (22, "null"), (23, "null"), *((i, "null") for i in range(24, 33))}
+               (21, "null"), (22, "null"), (23, "null"), *((i, "null") for i in range(24, 34))}
 # (null but for the prompt: the default; no image: no strength and resize mode needed; no mask: no
 # blur, content, area or padding; no hires; no ControlNet image: the unit's fields their defaults)
 
