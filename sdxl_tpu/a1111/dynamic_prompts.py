@@ -25,6 +25,8 @@ MAX_PICKS = 100  # options drawn by one {N$$...}
 MAX_COMBINATIONS = 10_000  # prompts listed in combinatorial mode
 MAX_WILDCARD_BYTES = 1 << 20  # one wildcard file
 NAME = re.compile(r"[A-Za-z0-9_\-]+(?:/[A-Za-z0-9_\-]+)*(?:/\*)?|\*")
+# What reads as a path between __ and __ (../x, /etc/x, ./x, a\\b, C:x): refused, never looked up or left as text.
+PATH_LIKE = re.compile(r"[^\s_]\S*(?:/|\\|:)\S*|\.\S*|\S*\.\.\S*")
 COUNT = re.compile(r"\s*(\d*)\s*(-?)\s*(\d*)\s*$")
 WEIGHT = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*::")
 
@@ -65,6 +67,11 @@ def _parse(text: str, at: int, depth: int, *, closing: bool) -> tuple[tuple, int
                 plain = []
             variants, at = _variants(text, at + 1, depth + 1)
             parts.append(variants)
+        elif text.startswith("__", at) and (end := text.find("__", at + 2)) > at + 2 and PATH_LIKE.fullmatch(
+                text, at + 2, end) and not NAME.fullmatch(text, at + 2, end):
+            raise RequestError(f"The template names __{text[at + 2:end][:60]}__: a wildcard is named by its file's "
+                               "name in the server's folder (letters, digits, _ and -, a subfolder with /), never "
+                               "by a path.")
         elif text.startswith("__", at) and (end := text.find("__", at + 2)) > at + 2 and NAME.fullmatch(
                 text, at + 2, end):
             if plain:

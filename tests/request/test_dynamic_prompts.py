@@ -71,8 +71,12 @@ def test_a_wildcard_is_a_name_never_a_path(wildcards, tmp_path_factory):
     for template in ("__linked__", "__linked_dir/secret__"):
         with pytest.raises(RequestError, match="which the server does not have"):
             draw(template, 1, fresh)
-    for template in ("__../outside/secret__", "__/etc/passwd__", "__color.txt__", "__C:\\x__"):
-        assert draw(template, 1, fresh) == template.replace("\\x", "x")  # not a name: text
+    for template in ("__../outside/secret__", "__/etc/passwd__", "__C:\\x__", "a __./color__ b", "__sub/../x__"):
+        with pytest.raises(RequestError, match="never by a path"):  # (refused, in every mode that reads them)
+            draw(template, 1, fresh)
+        with pytest.raises(RequestError, match="never by a path"):
+            combinations(template, NONE)
+    assert draw("__color.txt__ at __3.5__", 1, fresh) == "__color.txt__ at __3.5__"  # not a name: text
     with pytest.raises(RequestError, match=r"__nope__, which the server does not have; its wildcards: __anim"):
         draw("__nope__", 1, fresh)
     with pytest.raises(RequestError, match="given no wildcards folder"):
