@@ -196,7 +196,7 @@ FIELDS: tuple[Field, ...] = (
     Field("batch_count", "Batch count", "whole", 1, optional=True, limits=(1, MAX_BATCH_COUNT),
           kept=frozenset({HISTORY}),
           about="Calls in one run, as A1111's Batch count: each makes a call's images, the seeds following on; "
-                "progress is over them all, and Stop keeps the images of the calls that finished."),
+                "progress is over them all; Stop ends the run, the finished calls' images staying in view."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them
