@@ -157,3 +157,15 @@ def test_wildcards_is_a_folder_from_the_command_line_or_its_variable(tmp_path, c
         with pytest.raises(SystemExit):
             parse_settings(["--model", "tiny", "--wildcards", *given], env={})
         assert "--wildcards must be a folder of wildcard files" in capsys.readouterr().err
+
+
+def test_embeddings_is_a_folder_from_the_command_line_or_its_variable(tmp_path, capsys):
+    """--embeddings (SDXL_EMBEDDINGS): the folder of textual inversion embeddings, loaded with the
+    model; anything but a folder ends the program with one line naming the option."""
+    assert parse_settings(["--model", "tiny"], env={}).load.embeddings is None
+    assert parse_settings(["--model", "tiny"], env={"SDXL_EMBEDDINGS": str(tmp_path)}).load.embeddings == str(tmp_path)
+    (tmp_path / "x.safetensors").write_bytes(b"")
+    for given in ([str(tmp_path / "x.safetensors")], [str(tmp_path / "nowhere")]):
+        with pytest.raises(SystemExit):
+            parse_settings(["--model", "tiny", "--embeddings", *given], env={})
+        assert "--embeddings must be a folder of embedding files" in capsys.readouterr().err
