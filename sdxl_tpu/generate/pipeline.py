@@ -214,7 +214,7 @@ class Pipeline:
 
     def stamp_for(self, info: ImageInfo) -> Stamp:
         """What made `info`'s image besides its own parameters: the stamp, with the embeddings its prompts name."""
-        used = self.embeddings.used(self.tokenizers[0], (info.prompt, info.negative_prompt))
+        used = self.embeddings.used(self.tokenizers[0], (info.prompt, info.negative_prompt), self.max_prompt_chunks)
         return dataclasses.replace(self.stamp, embeddings=used)
 
     @property

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..a1111.infotext import file_hash
-from ..a1111.prompts import CHUNK_TOKENS, MAX_CHUNKS, EmbeddingNames, chunk_prompt
+from ..a1111.prompts import CHUNK_TOKENS, EmbeddingNames, chunk_prompt
 from .checkpoint import Models
 from .errors import CheckpointError
 from .tensors import TensorSource
@@ -59,11 +59,12 @@ class Embeddings:
     def vectors(self, encoder: int) -> dict[str, np.ndarray]:
         return {name: e.vectors[encoder] for name, e in self.loaded.items()}
 
-    def used(self, tokenizer, texts: Sequence[str]) -> tuple[tuple[str, str], ...]:
-        """(name, short hash) of each embedding the texts name (as the first tokenizer reads them), once each."""
+    def used(self, tokenizer, texts: Sequence[str], chunks: int) -> tuple[tuple[str, str], ...]:
+        """(name, short hash) of each embedding the texts name within their first `chunks` chunks (as
+        the first tokenizer reads them: what is encoded), once each."""
         if not self.loaded:
             return ()
-        named = [name for text in texts for name in chunk_prompt(tokenizer, text, MAX_CHUNKS, self.names[0]).embeddings]
+        named = [name for text in texts for name in chunk_prompt(tokenizer, text, chunks, self.names[0]).embeddings]
         return tuple((name, self.loaded[name].hash) for name in dict.fromkeys(named))
 
 
