@@ -87,7 +87,7 @@ def load_embeddings(folder: str | os.PathLike | None, tokenizers: Sequence, mode
                 raise CheckpointError(f"another file is named {name} too")
             loaded[name] = _read(path, none.dims)
         except Exception as e:  # (whatever a broken or hostile file raises: it is skipped, the rest load)
-            skipped[name] = str(e)
+            skipped[name] = str(e) or f"unreadable ({type(e).__name__})"
             log.warning("embedding %s skipped: %s", path, e)
     counts = {name: e.count for name, e in loaded.items()}
     names = tuple(EmbeddingNames.of(t, counts) for t in tokenizers[:2])
@@ -97,9 +97,17 @@ def load_embeddings(folder: str | os.PathLike | None, tokenizers: Sequence, mode
 def _read(path: Path, dims: tuple[int, int]) -> Embedding:
     if path.suffix.lower() != ".safetensors":
         raise CheckpointError("only .safetensors embeddings are read here (a .pt or .bin file is a pickle)")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise CheckpointError(f"{path.stat().st_size} bytes: too large for an embedding")
-    source = TensorSource([path])
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise CheckpointError(f"{size} bytes: too large for an embedding")
+    with open(path, "rb") as f:  # (a header's length past the file's end: not one, read no further)
+        header = int.from_bytes(f.read(8), "little")
+    if size < 8 or not 2 <= header <= size - 8:
+        raise CheckpointError("not a safetensors file (no header of its length)")
+    try:
+        source = TensorSource([path])
+    except ValueError as e:  # (the header is not JSON)
+        raise CheckpointError(f"not a safetensors file ({e})") from None
     if sorted(source.keys()) != sorted(KEYS):
         raise CheckpointError(f"holds {', '.join(sorted(source.keys())[:5]) or 'nothing'}, not an SDXL embedding's "
                               f"{' and '.join(KEYS)}")

@@ -12,8 +12,9 @@ from safetensors.numpy import save_file
 # name -> vectors of the embeddings that load
 GOOD = {"myemb": 3, "onevec": 1}
 # name -> a word of the reason it is skipped for
-SKIPPED = {"wide": "shape", "lonely": "holds", "garbage": "", "pickled": "pickle", "long": "vectors",
-           "unequal": "vectors", "nans": "finite", "empty": "", "bomb": ""}
+SKIPPED = {"wide": "shape", "lonely": "holds", "garbage": "not a safetensors file", "pickled": "pickle",
+           "long": "vectors", "unequal": "vectors", "nans": "finite", "empty": "not a safetensors file",
+           "bomb": "not a safetensors file", "lies": "not a safetensors file"}
 
 
 def widths(checkpoint: Path) -> tuple[int, int]:
@@ -42,5 +43,6 @@ def write_embeddings_folder(folder: Path, checkpoint: Path) -> Path:
     (folder / "pickled.pt").write_bytes(b"\x80\x04\x95 not to be unpickled")
     (folder / "empty.safetensors").write_bytes(b"")
     (folder / "bomb.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"{")
+    (folder / "lies.safetensors").write_bytes((3).to_bytes(8, "little") + b"{x}")  # (a header, not JSON)
     (folder / "notes.txt").write_text("not an embedding: not read at all")
     return folder
