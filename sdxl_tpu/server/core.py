@@ -139,16 +139,18 @@ class Server:
                 yield Started(request.seeds(calls * per_call), request.steps, self.engine.waits_for_compile(request),
                               calls)
                 made: list[Done] = []
+                finished: list[tuple[str, str]] = []  # (the finished calls' images, in view while the next runs)
                 for part in split(request, calls * per_call, per_call):
                     for update in self._updates(part, gone, previews):
                         if isinstance(update, Progress):
                             yield Progress(len(made) * update.steps + update.step, calls * update.steps)
                         elif isinstance(update, Shown):
-                            yield Shown([image for done in made for image in done.gallery] + update.gallery)
+                            yield Shown(finished + update.gallery)
                         else:
                             made.append(update)
-                            if len(made) < calls:  # (the finished calls' images, in view while the next runs)
-                                yield Shown([image for done in made for image in done.gallery])
+                            finished = finished + update.gallery
+                            if len(made) < calls:
+                                yield Shown(finished)
                 yield made[0] if calls == 1 else batch_done(made)
             except GeneratorExit:
                 closed.set()
