@@ -78,8 +78,10 @@ def module_flops(model: nnx.Module, method: str, *args: Any) -> int:
 
 
 def model_flops(unet_config: dict[str, Any], vae_config: dict[str, Any], size: tuple[int, int]) -> dict[str, int]:
-    """FLOPs of one UNet evaluation and one VAE decode for one image of `size` (width, height),
-    from the components' config.json contents (the models are built abstractly: no weights)."""
+    """FLOPs of one UNet evaluation, of the part of it a call does once for all its steps (the
+    cross-attention's keys and values of the text: "unet_cross_kv") and of one VAE decode, for one
+    image of `size` (width, height), from the components' config.json contents (the models are
+    built abstractly: no weights)."""
     unet = nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(unet_config)))
     vae = nnx.eval_shape(lambda: AutoencoderKL(VAEConfig.from_dict(vae_config)))
     w, h = size
@@ -90,6 +92,7 @@ def model_flops(unet_config: dict[str, Any], vae_config: dict[str, Any], size: t
     context = f32(1, 77, c.cross_attention_dim[0])
     pooled = f32(1, c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim)
     return {"unet": module_flops(unet, "__call__", latent, f32(1), context, pooled, f32(1, 6)),
+            "unet_cross_kv": module_flops(unet, "cross_kv", context),
             "vae_decode": module_flops(vae, "decode", latent)}
 
 

@@ -223,11 +223,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     flops = model_flops(configs["unet"], configs["vae"], args.size)
     passes = 2 if args.guidance > 1 else 1  # guidance <= 1: the conditional pass alone
     evaluation = flops["unet"] + sum(controlnet_flops(c, args.size, pipe.vae_factor) for c in pipe.controlnets.values())
-    per_call = pipe.images_per_call * (passes * args.steps * evaluation + flops["vae_decode"])
+    once = flops["unet_cross_kv"]  # (of each evaluation: done once a call, not at every step)
+    per_call = pipe.images_per_call * (passes * (args.steps * (evaluation - once) + once) + flops["vae_decode"])
     achieved = per_call / median / 1e12
     peak = args.peak_tflops or _peak_tflops(jax.devices()[0])
     report["controlnets"] = len(pipe.controlnets)
     report["flops"] = {"unet_per_image_eval_tflop": flops["unet"] / 1e12,
+                       "unet_cross_kv_per_image_eval_tflop": once / 1e12,
                        "controlnets_per_image_eval_tflop": (evaluation - flops["unet"]) / 1e12,
                        "vae_decode_per_image_tflop":
                        flops["vae_decode"] / 1e12, "per_call_tflop": per_call / 1e12, "achieved_tflops": achieved,

@@ -185,8 +185,9 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     with pipe.lock:
         start = time.perf_counter()
         lengths = put(text.lengths)
-        context, pooled = programs["encode"](pipe.params["text_encoder"], pipe.params["text_encoder_2"],
-                                             *map(put, text[:6]), lengths, put(text.zero_negative))
+        context, pooled, cross_kv = programs["encode"](pipe.params["text_encoder"], pipe.params["text_encoder_2"],
+                                                       pipe.params["unet"], *map(put, text[:6]), lengths,
+                                                       put(text.zero_negative))
         image, image_seconds = zeros if start_latents is None else put(pipe.filled(start_latents)), 0.0
         keep, fill = pipe.zeros((h, w, 1)), pipe.zeros((), np.int32)
         # The host's draws in diffusers' order: the image's VAE sample, the initial noise, the masked image's.
@@ -220,7 +221,7 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
             state = state._replace(keep=pipe.zeros((h, w, 1)))
         jax.block_until_ready((context, pooled, state))
         t_text = time.perf_counter()
-        conditioning = (context, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
+        conditioning = (context, cross_kv, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
         denoise = partial(programs[names[2]], pipe.params["unet"])
         if controls:
             nets = tuple(pipe.params[controlnet_key(u.controlnet)] for u in controls)

@@ -31,6 +31,8 @@ MAX_TOKENS = CHUNK_TOKENS + 2  # one chunk: 75 tokens between start and end
 # Images larger than this on a side are decoded and encoded in tiles of the VAE's sample size
 # (diffusers' VAE tiling): the decoder's activations at 2048x2048 would be four times 1024x1024's.
 TILED_ABOVE = 1024
+# Each cross-attention's keys and values of a call's texts (sampling.cross_attention_kv).
+CrossKV = tuple[tuple[jax.Array, jax.Array], ...]
 
 
 class TextInputs(NamedTuple):
@@ -192,7 +194,15 @@ def control_residuals(control: Control, x_in: jax.Array, t: jax.Array, context: 
     return total
 
 
-def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array,
+def cross_attention_kv(unet, context: jax.Array) -> CrossKV:
+    """Context (B, 2, L, D) -> the UNet's cross-attention keys and values of each image's two
+    texts, (B, 2, L, H, D) each: projected once a call, for all its steps (UNet.cross_kv)."""
+    b = context.shape[0]
+    kv = unet.cross_kv(context.reshape(2 * b, *context.shape[2:]))
+    return jax.tree.map(lambda a: a.reshape(b, 2, *a.shape[1:]), kv)
+
+
+def denoise_step(unet, state: State, context: jax.Array, cross_kv: CrossKV, lengths: jax.Array, pooled: jax.Array,
                  time_ids: jax.Array, guidance: jax.Array, tables: Tables, i: jax.Array, guided: bool = True,
                  control: Control | None = None) -> State:
     """Step i with classifier-free guidance; latents and sampler math in float32.
@@ -211,15 +221,17 @@ def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, poo
         x_in, context, pooled = (jnp.repeat(x_in, 2, axis=0), context.reshape(2 * b, *context.shape[2:]),
                                  pooled.reshape(2 * b, -1))
         time_ids, lengths = jnp.repeat(time_ids, 2, axis=0), lengths.reshape(2 * b)
+        cross_kv = jax.tree.map(lambda a: a.reshape(2 * b, *a.shape[2:]), cross_kv)
     else:  # what diffusers does for guidance_scale <= 1: the conditional prediction alone
         context, pooled, lengths = context[:, 1], pooled[:, 1], lengths[:, 1]
+        cross_kv = jax.tree.map(lambda a: a[:, 1], cross_kv)
     residuals = None if control is None else control_residuals(control, x_in, t, context, pooled, time_ids, lengths,
                                                                i, passes)
     if state.condition.shape[-1] > 1:  # an inpainting UNet's condition (a base UNet's: one unused channel)
         condition = jnp.repeat(state.condition, len(passes), axis=0)
         x_in = jnp.concatenate([x_in, condition], axis=-1)  # beside the latents, as diffusers adds it
     with_control = {} if residuals is None else {"control": residuals}  # (a UNet without ControlNets: as it was)
-    eps = unet(x_in, t, context, pooled, time_ids, lengths, **with_control).astype(jnp.float32)
+    eps = unet(x_in, t, context, pooled, time_ids, lengths, cross_kv=cross_kv, **with_control).astype(jnp.float32)
     if not guided:
         return sampler_update.step(state, eps, i, tables)
     eps = eps.reshape(b, 2, *eps.shape[1:])
@@ -227,14 +239,14 @@ def denoise_step(unet, state: State, context: jax.Array, lengths: jax.Array, poo
     return sampler_update.step(state, eps[:, 0] + g * (eps[:, 1] - eps[:, 0]), i, tables)
 
 
-def denoise(unet, state: State, context: jax.Array, lengths: jax.Array, pooled: jax.Array, time_ids: jax.Array,
-            guidance: jax.Array, tables: Tables, steps: jax.Array, guided: bool = True,
+def denoise(unet, state: State, context: jax.Array, cross_kv: CrossKV, lengths: jax.Array, pooled: jax.Array,
+            time_ids: jax.Array, guidance: jax.Array, tables: Tables, steps: jax.Array, guided: bool = True,
             control: Control | None = None) -> State:
     """Steps steps[0] up to steps[1] in one loop on the device (all of them, unless the host gives
     each step's noise). The bounds are traced, so any step count up to the table size runs the
     same compiled program."""
-    step = lambda i, s: denoise_step(unet, s, context, lengths, pooled, time_ids, guidance, tables, i, guided,
-                                     control)
+    step = lambda i, s: denoise_step(unet, s, context, cross_kv, lengths, pooled, time_ids, guidance, tables, i,
+                                     guided, control)
     return jax.lax.fori_loop(steps[0], steps[1], step, state)
 
 

@@ -257,18 +257,26 @@ class Attention(nnx.Module):
         self.to_v = Linear(context_dim or query_dim, inner, p, bias=qkv_bias)
         self.to_out = nnx.List([Linear(inner, query_dim, p)])
 
+    def _heads(self, t: jax.Array) -> jax.Array:
+        return t.reshape(t.shape[0], t.shape[1], self.heads, self.head_dim)
+
+    def project_context(self, context: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The keys and values (B, L', H, D) of `context` (B, L', D)."""
+        return self._heads(self.to_k(context)), self._heads(self.to_v(context))
+
     def __call__(self, x: jax.Array, context: jax.Array | None = None,
-                 context_lengths: jax.Array | None = None, context_block: int | None = None) -> jax.Array:
+                 context_lengths: jax.Array | None = None, context_block: int | None = None,
+                 kv: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
         """x: (B, L, C) tokens, or (B, H, W, C) when the block owns a group norm (VAE); context
-        (B, L', D) to attend to (default x), of which the first `context_lengths` (B,) count,
-        in whole blocks of `context_block` (see attention())."""
+        (B, L', D) to attend to (default x), or its keys and values `kv` projected beforehand
+        (project_context), of which the first `context_lengths` (B,) count, in whole blocks of
+        `context_block` (see attention())."""
         spatial_shape = x.shape if x.ndim == 4 else None
         h = self.group_norm(x) if self.group_norm is not None else x
         if spatial_shape is not None:
             h = h.reshape(x.shape[0], -1, x.shape[-1])
-        context = h if context is None else context
-        split = lambda t: t.reshape(t.shape[0], t.shape[1], self.heads, self.head_dim)
-        q, k, v = split(self.to_q(h)), split(self.to_k(context)), split(self.to_v(context))
+        q = self._heads(self.to_q(h))
+        k, v = kv if kv is not None else self.project_context(h if context is None else context)
         if self.upcast:
             dtype = q.dtype
             out = attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),

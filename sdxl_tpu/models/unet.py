@@ -16,7 +16,7 @@ from jax.typing import DTypeLike
 
 from ..request.configs import check_supported, warn_unknown
 from .layers import Conv, GroupNorm, Precision, TimestepEmbedding, timestep_embedding
-from .unet_blocks import DownBlock, MidBlock, TextContext, UpBlock
+from .unet_blocks import BasicTransformerBlock, DownBlock, MidBlock, TextContext, UpBlock
 
 
 DOWN_BLOCKS = ("DownBlock2D", "CrossAttnDownBlock2D")
@@ -227,21 +227,39 @@ class UNet2DConditionModel(nnx.Module):
         self.up_blocks = nnx.List(up)
         self.conv_norm_out = GroupNorm(c.norm_num_groups, ch[0], c.norm_eps, p)
         self.conv_out = Conv(ch[0], c.out_channels, p)
+        for i, block in enumerate(self.transformer_blocks()):
+            block.cross_index = i
+
+    def transformer_blocks(self) -> list[BasicTransformerBlock]:
+        """Every BasicTransformerBlock, in the order an evaluation runs them."""
+        return [layer for block in (*self.down_blocks, self.mid_block, *self.up_blocks)
+                if block.attentions is not None for model in block.attentions for layer in model.transformer_blocks]
+
+    def cross_kv(self, encoder_hidden_states: jax.Array) -> tuple[tuple[jax.Array, jax.Array], ...]:
+        """Each transformer block's cross-attention keys and values (B, L, H, D) of the text
+        (B, L, D), for __call__'s `cross_kv`. They depend on the prompt alone, so a call projects
+        them once, not at every step: XLA hoists them out of a fused loop by itself, but not out of
+        the server's one program a step (on a TPU v5e, 4 images at 1024x1024: 17.8 ms a step,
+        2026-12-07)."""
+        states = encoder_hidden_states.astype(self.conv_in.dtype or encoder_hidden_states.dtype)
+        return tuple(block.attn2.project_context(states) for block in self.transformer_blocks())
 
     def __call__(self, sample: jax.Array, timesteps: jax.Array, encoder_hidden_states: jax.Array,
                  text_embeds: jax.Array, time_ids: jax.Array, context_lengths: jax.Array | None = None,
-                 control: ControlResiduals | None = None) -> jax.Array:
+                 control: ControlResiduals | None = None,
+                 cross_kv: tuple[tuple[jax.Array, jax.Array], ...] | None = None) -> jax.Array:
         """One UNet evaluation.
 
         sample: (B, H, W, C) latents; timesteps: (B,) or scalar; encoder_hidden_states: (B, L, D);
         text_embeds: (B, pooled_dim) pooled text embedding; time_ids: (B, 6) SDXL micro-conditioning;
         context_lengths: (B,) tokens of encoder_hidden_states that count (the rest: padding);
-        control: ControlNets' residuals (controlnet.py), added to the skips and the mid block's output.
+        control: ControlNets' residuals (controlnet.py), added to the skips and the mid block's output;
+        cross_kv: cross_kv(encoder_hidden_states), projected beforehand (None: projected here).
         """
         dtype = self.conv_in.dtype or sample.dtype
         emb = conditioning(self.config, self.time_embedding, self.add_embedding, dtype, timesteps, text_embeds,
                            time_ids)
-        context = TextContext(encoder_hidden_states.astype(dtype), context_lengths)
+        context = TextContext(encoder_hidden_states.astype(dtype), context_lengths, kv=cross_kv)
         x, skips = down_and_mid(self.down_blocks, self.mid_block, self.conv_in(sample.astype(dtype)), emb, context)
         if control is not None:
             skips = [s + r.astype(s.dtype) for s, r in zip(skips, control.down, strict=True)]

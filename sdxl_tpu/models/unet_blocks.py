@@ -17,10 +17,13 @@ from .layers import (Attention, Conv, Downsample2D, GroupNorm, LayerNorm, Linear
 
 class TextContext(NamedTuple):
     """What cross-attention attends to: the text embeddings (B, L, D) and, for prompts in chunks
-    of `chunk` tokens padded to a fixed length, how many of each row's L tokens count (B,)."""
+    of `chunk` tokens padded to a fixed length, how many of each row's L tokens count (B,); and
+    where a call projected them once for all its steps, each transformer block's keys and values
+    (`kv`, by BasicTransformerBlock.cross_index: UNet2DConditionModel.cross_kv)."""
     states: jax.Array
     lengths: jax.Array | None = None
     chunk: int = 77
+    kv: tuple[tuple[jax.Array, jax.Array], ...] | None = None
 
 
 class FeedForwardGEGLU(nnx.Module):
@@ -60,10 +63,12 @@ class BasicTransformerBlock(nnx.Module):
         self.attn2 = Attention(dim, heads, dim // heads, p, context_dim=context_dim, upcast=upcast)
         self.norm3 = LayerNorm(dim, 1e-5, p)
         self.ff = FeedForward(dim, p)
+        self.cross_index: int | None = None  # its keys and values in TextContext.kv (set by the UNet)
 
     def __call__(self, x: jax.Array, context: TextContext) -> jax.Array:
         x = x + self.attn1(self.norm1(x))
-        x = x + self.attn2(self.norm2(x), context.states, context.lengths, context.chunk)
+        kv = None if context.kv is None or self.cross_index is None else context.kv[self.cross_index]
+        x = x + self.attn2(self.norm2(x), context.states, context.lengths, context.chunk, kv=kv)
         return x + self.ff(self.norm3(x))
 
 

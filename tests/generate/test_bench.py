@@ -16,7 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 from sdxl_tpu.bench.run import build_pipeline, format_report, settled, warm_compile_argv
 from sdxl_tpu.sampler.from_config import SCHEDULER_CONFIG, sampler_named
@@ -36,12 +39,18 @@ def _flops_of_the_programs(checkpoint) -> dict[str, int]:
     (a switch, whose costliest branch a trace counts) and the bench's prompts are one chunk."""
     from sdxl_tpu import load_pipeline
     from sdxl_tpu.bench.flops import jaxpr_flops
+    from sdxl_tpu.generate import sampling
 
     pipe = load_pipeline(checkpoint, dtype="float32", sizes=[(64, 64)], max_prompt_chunks=1, warmup=False)
     assert pipe.images_per_call == 4 and pipe.stepwise
     counts = {}
     for name in ("denoise", "denoise_unguided", "decode"):
         counts[name] = jaxpr_flops(pipe.trace(name, (64, 64)).jaxpr)
+    # The cross-attention's keys and values of the texts, which the text encoders' program projects
+    # once a call for all its steps: four images' two texts.
+    context = jax.ShapeDtypeStruct((4, 2, 77, pipe.layout.context_dim), jnp.float32)
+    project = lambda p, c: sampling.cross_attention_kv(nnx.merge(pipe.graphs["unet"], p), c)
+    counts["cross_kv"] = jaxpr_flops(jax.make_jaxpr(project)(pipe.params["unet"], context))
     return counts
 
 
@@ -83,9 +92,12 @@ def test_bench_tiny_reports_consistent_figures(tmp_path, tiny_checkpoint):
     # FLOPs: what the programs that ran contain, counted from their traces (one UNet pass of four
     # images, guidance's two per step, the decode), against the bench's count from the models.
     f, programs = r["flops"], _flops_of_the_programs(tiny_checkpoint)
-    assert f["unet_per_image_eval_tflop"] * 1e12 == pytest.approx(programs["denoise_unguided"] / 4, rel=1e-6)
+    once = f["unet_cross_kv_per_image_eval_tflop"] * 1e12  # (done once a call, for every step)
+    assert once == pytest.approx(programs["cross_kv"] / 8, rel=1e-6)
+    assert f["unet_per_image_eval_tflop"] * 1e12 - once == pytest.approx(programs["denoise_unguided"] / 4, rel=1e-6)
     assert f["vae_decode_per_image_tflop"] * 1e12 == pytest.approx(programs["decode"] / 4, rel=1e-6)
-    assert f["per_call_tflop"] * 1e12 == pytest.approx(steps * programs["denoise"] + programs["decode"], rel=1e-6)
+    assert f["per_call_tflop"] * 1e12 == pytest.approx(steps * programs["denoise"] + programs["decode"]
+                                                       + programs["cross_kv"], rel=1e-6)
     assert 0 < f["achieved_tflops"] and f["peak_tflops_per_device"] is None and f["utilisation"] is None  # a CPU
 
     compiled = r["memory_bytes"]["compiled"]

@@ -168,8 +168,8 @@ def test_emphasis_and_long_prompts_match_a_pytorch_reference(tiny_pipeline, tiny
     k = tiny_pipeline.max_prompt_chunks
     text = sampling.prepare(tiny_pipeline.tokenizers, infos, True, k, tiny_pipeline.embeddings)
     encode = tiny_pipeline.compiled((64, 64))["encode"]
-    context, pooled = encode(tiny_pipeline.params["text_encoder"], tiny_pipeline.params["text_encoder_2"],
-                             *text[:7], text.zero_negative)
+    context, pooled, _ = encode(tiny_pipeline.params["text_encoder"], tiny_pipeline.params["text_encoder_2"],
+                                tiny_pipeline.params["unet"], *text[:7], text.zero_negative)
     context, pooled = np.asarray(context), np.asarray(pooled)
     assert context.shape[:3] == (4, 2, k * 77)
     for i, pair in enumerate(texts):

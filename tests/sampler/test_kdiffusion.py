@@ -34,10 +34,10 @@ def toy_eps(x, t, lib):
 @functools.cache
 def our_loop():
     """sampling.denoise over a toy UNet, unguided, jitted once for every sampler and schedule."""
-    unet = lambda x, t, context, pooled, time_ids, lengths: toy_eps(x, t, jnp)
+    unet = lambda x, t, context, pooled, time_ids, lengths, cross_kv: toy_eps(x, t, jnp)
     b = SHAPE[0]
     return jax.jit(lambda state, tables, bounds: sampling.denoise(
-        unet, state, jnp.zeros((b, 2, 77, 8)), jnp.full((b, 2), 77), jnp.zeros((b, 2, 4)), jnp.zeros((b, 6)),
+        unet, state, jnp.zeros((b, 2, 77, 8)), (), jnp.full((b, 2), 77), jnp.zeros((b, 2, 4)), jnp.zeros((b, 6)),
         jnp.ones((b,)), tables, bounds, guided=False))
 
 

@@ -253,10 +253,10 @@ def test_the_denoising_loop_applies_every_step_in_order():
     rows[:steps, 0] = 1.0  # a: keep x
     rows[:steps, 1] = 10.0 ** np.arange(steps)  # b: add 10^i eps
     tables = Tables(np.ones(MAX_ROWS, np.float32), np.ones(MAX_ROWS, np.float32), rows, np.float32(1.0))
-    unet = lambda x, t, context, pooled, time_ids, context_lengths: jnp.ones_like(x)
+    unet = lambda x, t, context, pooled, time_ids, context_lengths, cross_kv: jnp.ones_like(x)
     b = 2
     state = sampler_update.init(jnp.zeros((b, 2, 2, 4)), jnp.arange(b, dtype=jnp.uint32), tables)
-    out = jax.jit(lambda s, t, n: sampling.denoise(unet, s, jnp.zeros((b, 2, 77, 8)), jnp.full((b, 2), 77),
+    out = jax.jit(lambda s, t, n: sampling.denoise(unet, s, jnp.zeros((b, 2, 77, 8)), (), jnp.full((b, 2), 77),
                                                    jnp.zeros((b, 2, 4)), jnp.zeros((b, 6)), jnp.full((b,), 5.0), t,
                                                    n))
     np.testing.assert_allclose(np.asarray(out(state, tables, np.array([0, steps], np.int32)).x), 111.0)  # steps 0, 1, 2

@@ -93,8 +93,8 @@ def test_the_text_encoders_equal_diffusers_load_textual_inversion(pipe, referenc
     text = sampling.prepare(pipe.tokenizers, infos * pipe.images_per_call, True, pipe.max_prompt_chunks,
                             pipe.embeddings)
     encode = pipe.compiled((64, 64), ["encode"])["encode"]
-    context, pooled = encode(pipe.params["text_encoder"], pipe.params["text_encoder_2"], *text[:7],
-                             text.zero_negative)
+    context, pooled, _ = encode(pipe.params["text_encoder"], pipe.params["text_encoder_2"], pipe.params["unet"],
+                                *text[:7], text.zero_negative)
     context, pooled = np.asarray(context), np.asarray(pooled)
     with torch.no_grad():
         want, want_negative, want_pooled, want_negative_pooled = (

@@ -157,12 +157,17 @@ def _network(graphs: Graphs, name: str) -> Callable:
 
 
 def _encode(s: _Shapes, graphs, params):
-    te1, te2 = _network(graphs, "text_encoder"), _network(graphs, "text_encoder_2")
-    fn = lambda p1, p2, *a: sampling.encode_text(te1(p1), te2(p2), *a)
+    """Token ids -> the context, pooled, and the UNet's cross-attention keys and values of it."""
+    te1, te2, unet = _network(graphs, "text_encoder"), _network(graphs, "text_encoder_2"), _network(graphs, "unet")
+
+    def fn(p1, p2, pu, *a):
+        context, pooled = sampling.encode_text(te1(p1), te2(p2), *a)
+        return context, pooled, sampling.cross_attention_kv(unet(pu), context)
+
     bat = P(BATCH)
-    return shard(s.layout.mesh, fn, (P(), P()) + (bat,) * 8, (bat, bat)), (
-        params["text_encoder"], params["text_encoder_2"], s.ids, s.ids, s.weights, s.weights, *s.embedded, s.lengths,
-        s.flags)
+    return shard(s.layout.mesh, fn, (P(), P(), P()) + (bat,) * 8, (bat, bat, bat)), (
+        params["text_encoder"], params["text_encoder_2"], params["unet"], s.ids, s.ids, s.weights, s.weights,
+        *s.embedded, s.lengths, s.flags)
 
 
 def _unit_noise(seeds, host, use_host, shape: tuple[int, int, int], stream: int | None = None) -> jax.Array:
@@ -223,9 +228,12 @@ def _denoise(s: _Shapes, graphs, params, guided: bool, controlnets: tuple[str, .
     one's parameters, control images and scale tables after the step (sampling.Control)."""
     layout, unet, bat = s.layout, _network(graphs, "unet"), P(BATCH)
     condition = cast(jax.Array, s.batch((layout.batch, *layout.condition_shape(s.size))))  # (its shape: eval_shape)
-    initial = jax.eval_shape(partial(sampler_update.init, condition=condition, noise_rows=layout.noise_rows), s.latents,
-                             s.seeds, s.tables)
-    state = jax.tree.map(lambda x: s.batch(x.shape, x.dtype), initial)
+    context = s.batch((layout.batch, 2, layout.chunks * sampling.MAX_TOKENS, layout.context_dim))
+    # The state's and the text's cross-attention keys' and values' shapes, in one trace.
+    state, cross_kv = jax.tree.map(lambda x: s.batch(x.shape, x.dtype), jax.eval_shape(
+        lambda latents, seeds, tables, p, c: (
+            sampler_update.init(latents, seeds, tables, condition=condition, noise_rows=layout.noise_rows),
+            sampling.cross_attention_kv(unet(p), c)), s.latents, s.seeds, s.tables, params["unet"], context))
     loop = partial(sampling.denoise_step if layout.stepwise else sampling.denoise, guided=guided)
     nets = [_network(graphs, controlnet_key(name)) for name in controlnets]
 
@@ -236,11 +244,10 @@ def _denoise(s: _Shapes, graphs, params, guided: bool, controlnets: tuple[str, .
             control = sampling.Control(tuple(net(q) for net, q in zip(nets, nets_p, strict=True)), images, scales)
         return loop(unet(p), *a, control=control)
 
-    tokens = layout.chunks * sampling.MAX_TOKENS
-    args = (params["unet"], state, s.batch((layout.batch, 2, tokens, layout.context_dim)), s.lengths,
-            s.batch((layout.batch, 2, layout.pooled_dim)), s.batch((layout.batch, 6)), s.batch((layout.batch,)),
-            s.tables, s.rep((), jnp.int32) if layout.stepwise else s.rep((2,), jnp.int32))
-    specs = (P(),) + (bat,) * 6 + (P(), P())
+    args = (params["unet"], state, context, cross_kv, s.lengths, s.batch((layout.batch, 2, layout.pooled_dim)),
+            s.batch((layout.batch, 6)), s.batch((layout.batch,)), s.tables,
+            s.rep((), jnp.int32) if layout.stepwise else s.rep((2,), jnp.int32))
+    specs = (P(),) + (bat,) * 7 + (P(), P())
     if controlnets:
         states = tuple(params[controlnet_key(name)] for name in controlnets)
         images = tuple(s.batch((layout.batch, s.size[1], s.size[0], 3), jnp.uint8) for _ in controlnets)
