@@ -9,7 +9,7 @@ pooled output, taken at the EOS token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -48,23 +48,39 @@ class CLIPTextConfig:
             raise ValueError(f"text encoder config: missing key {e.args[0]!r}") from None
 
 
+class EncoderShape(Protocol):
+    """What an encoder layer reads off its config: the text's (CLIPTextConfig) or the image's
+    (clip_vision.CLIPVisionConfig), whose layers are the same but not causal."""
+
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def hidden_act(self) -> str: ...
+    @property
+    def layer_norm_eps(self) -> float: ...
+
+
 class CLIPAttention(nnx.Module):
-    def __init__(self, c: CLIPTextConfig, p: Precision):
+    def __init__(self, c: EncoderShape, p: Precision, causal: bool = True):
         d = c.hidden_size
-        self.heads, self.attention_kernel = c.num_attention_heads, p.attention
+        self.heads, self.attention_kernel, self.causal = c.num_attention_heads, p.attention, causal
         self.q_proj, self.k_proj = Linear(d, d, p), Linear(d, d, p)
         self.v_proj, self.out_proj = Linear(d, d, p), Linear(d, d, p)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, n, d = x.shape
         split = lambda t: t.reshape(b, n, self.heads, d // self.heads)
-        out = attention(split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)), is_causal=True,
+        out = attention(split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)), is_causal=self.causal,
                         kernel=self.attention_kernel)
         return self.out_proj(out.reshape(b, n, d))
 
 
 class CLIPMLP(nnx.Module):
-    def __init__(self, c: CLIPTextConfig, p: Precision):
+    def __init__(self, c: EncoderShape, p: Precision):
         self.fc1 = Linear(c.hidden_size, c.intermediate_size, p)
         self.fc2 = Linear(c.intermediate_size, c.hidden_size, p)
         self.act = ACTIVATIONS[c.hidden_act]
@@ -74,9 +90,9 @@ class CLIPMLP(nnx.Module):
 
 
 class CLIPEncoderLayer(nnx.Module):
-    def __init__(self, c: CLIPTextConfig, p: Precision):
+    def __init__(self, c: EncoderShape, p: Precision, causal: bool = True):
         self.layer_norm1 = LayerNorm(c.hidden_size, c.layer_norm_eps, p)
-        self.self_attn = CLIPAttention(c, p)
+        self.self_attn = CLIPAttention(c, p, causal)
         self.layer_norm2 = LayerNorm(c.hidden_size, c.layer_norm_eps, p)
         self.mlp = CLIPMLP(c, p)
 

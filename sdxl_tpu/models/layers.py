@@ -266,26 +266,32 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, context: jax.Array | None = None,
                  context_lengths: jax.Array | None = None, context_block: int | None = None,
-                 kv: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+                 kv: tuple[jax.Array, jax.Array] | None = None,
+                 image_kv: tuple[jax.Array, jax.Array, jax.Array] | None = None) -> jax.Array:
         """x: (B, L, C) tokens, or (B, H, W, C) when the block owns a group norm (VAE); context
         (B, L', D) to attend to (default x), or its keys and values `kv` projected beforehand
         (project_context), of which the first `context_lengths` (B,) count, in whole blocks of
-        `context_block` (see attention())."""
+        `context_block` (see attention()). `image_kv`: an IP-Adapter's keys and values (B, T, H, D)
+        and scale (B,): the same queries attend to them too, unmasked, and the result, times the
+        scale, joins the text's before to_out, as diffusers' IPAdapterAttnProcessor2_0 adds it."""
         spatial_shape = x.shape if x.ndim == 4 else None
         h = self.group_norm(x) if self.group_norm is not None else x
         if spatial_shape is not None:
             h = h.reshape(x.shape[0], -1, x.shape[-1])
         q = self._heads(self.to_q(h))
         k, v = kv if kv is not None else self.project_context(h if context is None else context)
-        if self.upcast:
-            dtype = q.dtype
-            out = attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
-                            kernel=self.attention_kernel, kv_lengths=context_lengths,
-                            kv_block=context_block).astype(dtype)
-        else:
-            out = attention(q, k, v, kernel=self.attention_kernel, kv_lengths=context_lengths,
-                            kv_block=context_block)
+        out = self._attend(q, k, v, context_lengths, context_block)
+        if image_kv is not None:
+            k_image, v_image, scale = image_kv
+            out = out + scale.astype(out.dtype)[:, None, None, None] * self._attend(q, k_image, v_image, None, None)
         out = self.to_out[0](out.reshape(out.shape[0], out.shape[1], -1))
         if spatial_shape is not None:
             out = out.reshape(spatial_shape)
         return x + out if self.residual else out
+
+    def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array | None,
+                block: int | None) -> jax.Array:
+        if not self.upcast:
+            return attention(q, k, v, kernel=self.attention_kernel, kv_lengths=lengths, kv_block=block)
+        return attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+                         kernel=self.attention_kernel, kv_lengths=lengths, kv_block=block).astype(q.dtype)

@@ -16,7 +16,7 @@ from jax.typing import DTypeLike
 
 from ..request.configs import check_supported, warn_unknown
 from .layers import Conv, GroupNorm, Precision, TimestepEmbedding, timestep_embedding
-from .unet_blocks import BasicTransformerBlock, DownBlock, MidBlock, TextContext, UpBlock
+from .unet_blocks import BasicTransformerBlock, DownBlock, ImagePrompt, MidBlock, TextContext, UpBlock
 
 
 DOWN_BLOCKS = ("DownBlock2D", "CrossAttnDownBlock2D")
@@ -247,19 +247,21 @@ class UNet2DConditionModel(nnx.Module):
     def __call__(self, sample: jax.Array, timesteps: jax.Array, encoder_hidden_states: jax.Array,
                  text_embeds: jax.Array, time_ids: jax.Array, context_lengths: jax.Array | None = None,
                  control: ControlResiduals | None = None,
-                 cross_kv: tuple[tuple[jax.Array, jax.Array], ...] | None = None) -> jax.Array:
+                 cross_kv: tuple[tuple[jax.Array, jax.Array], ...] | None = None,
+                 image_prompt: ImagePrompt | None = None) -> jax.Array:
         """One UNet evaluation.
 
         sample: (B, H, W, C) latents; timesteps: (B,) or scalar; encoder_hidden_states: (B, L, D);
         text_embeds: (B, pooled_dim) pooled text embedding; time_ids: (B, 6) SDXL micro-conditioning;
         context_lengths: (B,) tokens of encoder_hidden_states that count (the rest: padding);
         control: ControlNets' residuals (controlnet.py), added to the skips and the mid block's output;
-        cross_kv: cross_kv(encoder_hidden_states), projected beforehand (None: projected here).
+        cross_kv: cross_kv(encoder_hidden_states), projected beforehand (None: projected here);
+        image_prompt: an IP-Adapter's keys and values and scales (ip_adapter.IPAdapter), or None.
         """
         dtype = self.conv_in.dtype or sample.dtype
         emb = conditioning(self.config, self.time_embedding, self.add_embedding, dtype, timesteps, text_embeds,
                            time_ids)
-        context = TextContext(encoder_hidden_states.astype(dtype), context_lengths, kv=cross_kv)
+        context = TextContext(encoder_hidden_states.astype(dtype), context_lengths, kv=cross_kv, image=image_prompt)
         x, skips = down_and_mid(self.down_blocks, self.mid_block, self.conv_in(sample.astype(dtype)), emb, context)
         if control is not None:
             skips = [s + r.astype(s.dtype) for s, r in zip(skips, control.down, strict=True)]

@@ -15,15 +15,25 @@ from .layers import (Attention, Conv, Downsample2D, GroupNorm, LayerNorm, Linear
                      gelu)
 
 
+class ImagePrompt(NamedTuple):
+    """An IP-Adapter's image tokens as each transformer block's cross-attention sees them: keys and
+    values (B, T, H, D) by BasicTransformerBlock.cross_index (ip_adapter.IPAdapter), and each row's
+    scale (B,): an array, so that a new scale (0: off) is a new value, not a new program."""
+    kv: tuple[tuple[jax.Array, jax.Array], ...]
+    scale: jax.Array
+
+
 class TextContext(NamedTuple):
     """What cross-attention attends to: the text embeddings (B, L, D) and, for prompts in chunks
     of `chunk` tokens padded to a fixed length, how many of each row's L tokens count (B,); and
     where a call projected them once for all its steps, each transformer block's keys and values
-    (`kv`, by BasicTransformerBlock.cross_index: UNet2DConditionModel.cross_kv)."""
+    (`kv`, by BasicTransformerBlock.cross_index: UNet2DConditionModel.cross_kv); and an
+    IP-Adapter's image prompt (`image`), if any."""
     states: jax.Array
     lengths: jax.Array | None = None
     chunk: int = 77
     kv: tuple[tuple[jax.Array, jax.Array], ...] | None = None
+    image: ImagePrompt | None = None
 
 
 class FeedForwardGEGLU(nnx.Module):
@@ -68,7 +78,9 @@ class BasicTransformerBlock(nnx.Module):
     def __call__(self, x: jax.Array, context: TextContext) -> jax.Array:
         x = x + self.attn1(self.norm1(x))
         kv = None if context.kv is None or self.cross_index is None else context.kv[self.cross_index]
-        x = x + self.attn2(self.norm2(x), context.states, context.lengths, context.chunk, kv=kv)
+        image = (None if context.image is None or self.cross_index is None
+                 else (*context.image.kv[self.cross_index], context.image.scale))
+        x = x + self.attn2(self.norm2(x), context.states, context.lengths, context.chunk, kv=kv, image_kv=image)
         return x + self.ff(self.norm3(x))
 
 

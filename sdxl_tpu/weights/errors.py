@@ -9,3 +9,7 @@ class CheckpointError(ValueError):
 
 class PreviewDecoderError(CheckpointError):
     """The TAESD preview decoder asked for could not be loaded (the message says what to do)."""
+
+
+class IPAdapterError(CheckpointError):
+    """An IP-Adapter file, or the image encoder it needs, that cannot be used (the message says why)."""
