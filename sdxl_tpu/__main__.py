@@ -55,9 +55,11 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .request.request import Request
     from .request.values import schedule_input
     from .weights.errors import CheckpointError
+    from .weights.upscalers import find_upscalers
 
     try:  # the request is checked before anything is loaded
-        pasted = usable(_pasted(args.parameters), {"image": args.image, "mask": args.mask})
+        upscalers = tuple(find_upscalers(args.upscalers).found) if args.upscalers else ()
+        pasted = usable(_pasted(args.parameters, upscalers), {"image": args.image, "mask": args.mask})
         args.hires = args.hires or bool(pasted.get("hires"))  # (a switch: fill_defaults leaves it)
         given = {f.name: pasted.get(f.api) if f.api else None for f in _PASTED}
         args = fill_defaults(parser, args, "generate", given=given)
@@ -79,7 +81,8 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                 "sampler": s["sampler"], "strength": strength, "hires": args.hires or None,
                                 "image": image,
                                 "mask": None if args.mask is None else _read(args.mask, "--mask")},
-                             controlnet=units, controlnets=controlnets, wildcards=Wildcards(args.wildcards))
+                             controlnet=units, controlnets=controlnets, upscalers=upscalers,
+                             wildcards=Wildcards(args.wildcards))
         sizes = [request.size] + ([request.hires.size] if request.hires else [])  # (a hires fix: two passes)
         options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=sizes, step_progress=False)
     except ValueError as e:
@@ -111,7 +114,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 _PASTED = [f for f in FIELDS if PASTED in f.kept]
 
 
-def _pasted(text: str | None) -> dict:
+def _pasted(text: str | None, upscalers: tuple[str, ...]) -> dict:
     """The request fields of --parameters (any size: the CLI compiles the one asked for); what
     it says that is not used is noted on stderr."""
     if text is None:
@@ -123,7 +126,7 @@ def _pasted(text: str | None) -> dict:
     size = parsed.settings.get("Size", "")
     width, _, height = size.partition("x")
     sizes = [(int(width), int(height))] if width.isdigit() and height.isdigit() and len(size) <= 13 else []
-    fields, notes = request_fields(parsed, sizes, list(SAMPLERS))
+    fields, notes = request_fields(parsed, sizes, list(SAMPLERS), upscalers)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return fields

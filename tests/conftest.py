@@ -98,15 +98,25 @@ def embeddings_folder(tmp_path_factory, tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
-def app_server(tmp_path_factory, compile_cache, tiny_controlnet, wildcards_folder, embeddings_folder):
+def upscalers_folder(tmp_path_factory):
+    """An upscaler model (upscaler_files.GENERAL: a small random Real-ESRGAN compact net) and a file that is not one."""
+    from upscaler_files import write_upscalers_folder
+
+    return write_upscalers_folder(tmp_path_factory.mktemp("upscalers"))
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory, compile_cache, tiny_controlnet, wildcards_folder, embeddings_folder,
+               upscalers_folder):
     """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests: with
     its MCP server on, an API key (served_app.API_KEY) for the other tools' APIs, the ControlNet
-    "edges" (tiny_controlnet), wildcards (wildcards_folder) and embeddings (embeddings_folder)."""
+    "edges" (tiny_controlnet), wildcards (wildcards_folder), embeddings (embeddings_folder) and an
+    upscaler model (upscalers_folder)."""
     from served_app import API_KEY, start_app
 
     yield from start_app(tmp_path_factory.mktemp("app"), compile_cache,
                          ("--mcp", "on", "--controlnet", str(tiny_controlnet), "--wildcards", str(wildcards_folder),
-                          "--embeddings", str(embeddings_folder)),
+                          "--embeddings", str(embeddings_folder), "--upscalers", str(upscalers_folder)),
                          env_extra={"SDXL_API_KEY": API_KEY})
 
 

@@ -19,6 +19,7 @@ import os
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from ..version import VERSION
@@ -181,11 +182,12 @@ def parse(text: str) -> Parameters:
     return Parameters("\n".join(prompt).strip(), "\n".join(negative or []).strip(), settings)
 
 
-def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
-                   samplers: list[str]) -> tuple[dict[str, Any], list[str]]:
+def request_fields(parsed: Parameters, sizes: list[tuple[int, int]], samplers: list[str],
+                   upscalers: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """The request fields a pasted text gives (prompt, negative_prompt, steps, sampler, schedule,
     guidance_scale, seed, size, rng), and a note for everything it says that is not used: unknown
-    keys, values out of range, a size, sampler or schedule this server does not offer (or a
+    keys, values out of range, a size, sampler, schedule or hires upscaler model (`upscalers`: the
+    server's) this server does not offer (or a
     sampler does not run on), noise it cannot reproduce, LoRA tags.
 
     Given a settings line, the schedule and the noise source are always filled, as the text's
@@ -213,7 +215,7 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]],
     take("CFG scale", lambda v: {"guidance_scale": float(number_input(_number(v), "CFG scale", *GUIDANCE_RANGE))})
     take("Seed", lambda v: {"seed": seed_input(_number(v))})  # (-1: a random seed, as in A1111)
     take("Size", lambda v: {"size": _size(v, sizes)})
-    _image_settings(s, take)
+    _image_settings(s, take, (*UPSCALERS, *upscalers))
     if s:
         ours = s.get("Version", "").startswith(OUR_VERSION)
         _sampler_and_schedule(s, samplers, "Checkpoint" if ours else "Automatic", fields, notes)
@@ -243,7 +245,7 @@ def usable(pasted: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def _image_settings(s: dict[str, str], take) -> None:
+def _image_settings(s: dict[str, str], take, upscalers: Sequence[str]) -> None:
     """img2img's, inpainting's and the hires fix's settings, as A1111 writes them (with a hires fix
     "Denoising strength" is the hires pass's)."""
     hires = "Hires upscale" in s
@@ -258,7 +260,7 @@ def _image_settings(s: dict[str, str], take) -> None:
     if hires:
         take("Hires upscale", lambda v: {"hires": True, "hires_scale": float(number("Hires upscale", *SCALE_RANGE)(v))})
         take("Hires steps", lambda v: {"hires_steps": int(number("Hires steps", 0, MAX_STEPS, True)(v))})
-        take("Hires upscaler", lambda v: {"hires_upscaler": choice_input(v, "Hires upscaler", UPSCALERS)})
+        take("Hires upscaler", lambda v: {"hires_upscaler": choice_input(v, "Hires upscaler", upscalers)})
 
 
 def _sampler_and_schedule(s: dict[str, str], samplers: list[str], unnamed: str, fields: dict[str, Any],

@@ -136,8 +136,9 @@ OPTIONS: tuple[Option, ...] = (
            "--hires-scale, denoise again at the larger size", action="store_true"),
     option("--hires-scale", ["generate"], "the hires fix's upscale", type=float, metavar="FACTOR",
            shown_default=f"{hires.DEFAULT_SCALE:g} with --hires"),
-    option("--hires-upscaler", ["generate"], "how the hires fix upscales: the latents or the pixels (AUTOMATIC1111's)",
-           choices=list(hires.UPSCALERS), metavar="UPSCALER", shown_default=f"{hires.DEFAULT_UPSCALER} with --hires"),
+    option("--hires-upscaler", ["generate"], "how the hires fix upscales: the latents, the pixels, or the pixels "
+           f"with an upscaler model of --upscalers, by name (A1111's: {', '.join(hires.UPSCALERS)}, R-ESRGAN 4x+, ...)",
+           metavar="UPSCALER", shown_default=f"{hires.DEFAULT_UPSCALER} with --hires"),
     option("--hires-steps", ["generate"], "the hires pass's steps (0: as many as --steps)", type=int, metavar="N",
            shown_default="0 with --hires"),
     option("--hires-strength", ["generate"], "the hires pass's denoising strength, 0-1", type=float, metavar="STRENGTH",
@@ -193,6 +194,11 @@ OPTIONS: tuple[Option, ...] = (
            "clip_l and clip_g, as AUTOMATIC1111's embeddings folder): a prompt names one by its file's name; a file "
            "that does not fit the model is skipped and listed (a front end: the back end's)", env="SDXL_EMBEDDINGS",
            metavar="DIR", shown_default="none", loads="embeddings"),
+    option("--upscalers", [*SERVERS, "generate"], "folder of upscaler models for the hires fix and Extras "
+           "(ESRGAN's and Real-ESRGAN's .pth or .safetensors, as AUTOMATIC1111's ESRGAN and RealESRGAN folders), "
+           "each named as A1111 names it (RealESRGAN_x4plus: R-ESRGAN 4x+; another file: its name); a file that "
+           "is not one is skipped and logged", env="SDXL_UPSCALERS", metavar="DIR", shown_default="none",
+           loads="upscalers"),
     option("--controlnet", SERVERS, "ControlNet a request may use (sd-webui-controlnet's units, by this name: the "
            "folder's or file's): a diffusers-format folder or one .safetensors in diffusers' names; repeatable "
            "(environment: comma-separated)", env="SDXL_CONTROLNET", action="append", metavar="PATH", default=[],

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding
 from PIL import Image
 
 from ..request.errors import GenerationError, RequestError
-from ..imaging.hires import Hires, latent_upscale
+from ..imaging.hires import UPSCALERS, Hires, latent_upscale
 from ..request.request import GenerationResult, ImageInfo, guided
 from ..imaging.resize import fit_image, image_array
 from ..request.values import not_a_choice, schedule_input
@@ -27,6 +27,7 @@ from ..weights.embeddings import Embeddings
 from . import sampling, starting
 from .denoising_loop import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
+from .upscaling import ModelUpscalers
 from .compiling.programs import Layout, Params, Program, Size, controlnet_key
 from .control import ControlUnit, scale_table
 
@@ -43,6 +44,7 @@ class Pipeline(Protocol):
     tokenizers: tuple
     max_prompt_chunks: int
     embeddings: Embeddings  # the textual inversion embeddings its prompts may name
+    upscalers: ModelUpscalers  # the hires fix's upscaler models
     force_zeros_for_empty_prompt: bool
     stepwise: bool  # one program a step (progress, previews, stop) or all steps fused
     vae_factor: int
@@ -101,6 +103,8 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
                              f"{unit.images.dtype}")
     if first.sampler not in pipe.samplers:
         raise RequestError(not_a_choice("Sampler", first.sampler, pipe.samplers))
+    if first.hires is not None and first.hires.upscaler not in (offered := (*UPSCALERS, *pipe.upscalers.names)):
+        raise RequestError(not_a_choice("Hires upscaler", first.hires.upscaler, offered))
     # What ran, as its parameters will say: Automatic resolved to the sampler's schedule.
     infos = [dataclasses.replace(info, schedule=schedule_input(first.sampler, first.schedule)) for info in infos]
     hires = first.hires
@@ -117,8 +121,10 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
         h, w, _ = pipe.layout.latent_shape(hires.size)
         if hires.upscaler == "Latent":
             upscaled, begin = latent_upscale(out, h, w), None
-        else:
-            pixels = np.stack([image_array(fit_image(Image.fromarray(im), hires.size)) for im in out])
+        else:  # the image upscaled by Lanczos, or by a model then Lanczos (A1111's resize_image)
+            model = None if hires.upscaler == "Lanczos" else pipe.upscalers[hires.upscaler]
+            pixels = np.stack([image_array(fit_image(Image.fromarray(im), hires.size) if model is None
+                                           else model.resize(Image.fromarray(im), hires.size)) for im in out])
             upscaled, begin = None, starting.prepare(pixels, None, second, pipe.vae_factor)
         after = (lambda step, steps: progress(first.steps + step, total)) if progress else None
         out, more = run_pass(pipe, second, start_latents=upscaled, begin=begin, progress=after, stop=stop,

@@ -21,6 +21,8 @@ from ..models.layers import Precision
 from ..weights.checkpoint import Checkpoint, Models, config_root, is_single_file
 from ..weights.controlnets import load_controlnet
 from ..weights.embeddings import load_embeddings
+from ..weights.upscalers import find_upscalers
+from .upscaling import ModelUpscalers
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
 from .compiling.compilation import enable_compile_cache
@@ -85,12 +87,14 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     controlnets = {named: load_controlnet(path, precision) for named, path in zip(o.controlnet_names, o.controlnets)}
     tokenizers = load_tokenizers(root)
     embeddings = load_embeddings(o.embeddings, tokenizers, models)
+    upscalers = find_upscalers(o.upscalers) if o.upscalers else None
     pipe = Pipeline(models, tokenizers, samplers, default_sampler=default_sampler, sizes=o.sizes,
                     images_per_call=o.images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
                     step_progress=o.step_progress, preview_decoder=taesd, max_prompt_chunks=o.max_prompt_chunks,
                     program_store=ProgramStore.beside(compile_cache), controlnets=controlnets,
-                    embeddings=embeddings)
+                    embeddings=embeddings, upscalers=upscalers and ModelUpscalers(upscalers.found, upscalers.skipped,
+                                                                                  precision))
     with_weights(pipe, lambda: checkpoint.fill(models), first)
     # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
     # hashing them is quick).

@@ -35,6 +35,7 @@ from ..request.request import GenerationResult, ImageInfo, Request
 from ..request.values import format_size, not_a_choice, parse_size, size_input
 from ..weights.checkpoint import Models
 from ..weights.embeddings import Embeddings
+from .upscaling import ModelUpscalers
 from .call import run_call
 from .control import ControlUnit, checked_names, units_of
 from .compiling.compiled import CompiledPrograms
@@ -63,7 +64,8 @@ class Pipeline:
                  force_zeros_for_empty_prompt: bool = True, step_progress: bool = True,
                  preview_decoder: nnx.Module | None = None, max_prompt_chunks: int = DEFAULT_MAX_CHUNKS,
                  stamp: Stamp | None = None, program_store: ProgramStore | None = None,
-                 controlnets: Mapping[str, ControlNetModel] | None = None, embeddings: Embeddings | None = None):
+                 controlnets: Mapping[str, ControlNetModel] | None = None, embeddings: Embeddings | None = None,
+                 upscalers: ModelUpscalers | None = None):
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
         self.images_per_call = call_batch(images_per_call, len(devices))
@@ -78,8 +80,8 @@ class Pipeline:
             raise ValueError(f"max_prompt_chunks {max_prompt_chunks}: from 1 to {MAX_CHUNKS} chunks of 75 tokens")
         # Room for the longest prompt in every program; a shorter one's chunks are masked out.
         self.max_prompt_chunks = max_prompt_chunks
-        # Textual inversion embeddings the prompts may name (their vectors are inputs of the text program).
-        self.embeddings = embeddings or Embeddings.none_for(models)
+        # Textual inversion embeddings the prompts may name (inputs of the text program); the hires fix's upscalers.
+        self.embeddings, self.upscalers = embeddings or Embeddings.none_for(models), upscalers or ModelUpscalers()
         self.layout = Layout(
             mesh=self.mesh, batch=self.images_per_call, vae_factor=2 ** (len(models.vae.config.block_out_channels) - 1),
             latent_channels=models.vae.config.latent_channels, condition_channels=models.condition_channels,
@@ -232,7 +234,7 @@ class Pipeline:
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
                           sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
                           strength=strength, image=image, resize_mode=resize_mode, controlnets=list(self.controlnets),
-                          **more)
+                          upscalers=self.upscalers.names, **more)
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,

@@ -7,6 +7,8 @@ to its upscalers: [0, 1], blue-green-red (A1111 flips every spandrel model's inp
 from __future__ import annotations
 
 import functools
+import threading
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -17,6 +19,8 @@ from PIL import Image
 
 from ..imaging.upscale import BATCH, OVERLAP, TILE, Tiling, resize_with, upscale_by, upscale_tiled
 from ..models.esrgan import UpscalerNet
+from ..models.layers import Precision
+from ..weights.upscalers import UpscalerFile
 
 
 def _tiles(graphdef: Any, bgr: bool, state: Any, tiles: jax.Array) -> jax.Array:
@@ -62,3 +66,30 @@ class TiledUpscaler:
     def resize(self, image: Image.Image, size: tuple[int, int]) -> Image.Image:
         """Hires fix's upscale to `size` (width, height), as A1111's resize_image does with an upscaler."""
         return resize_with(image.convert("RGB"), size, self.apply)
+
+
+class ModelUpscalers:
+    """A server's upscaler models by A1111's name (weights/upscalers.find_upscalers' `found`), each
+    read and compiled when first used (or warmed), then kept; `skipped`: the folder's files not
+    offered, and why."""
+
+    def __init__(self, files: Mapping[str, UpscalerFile] | None = None, skipped: Mapping[str, str] | None = None,
+                 precision: Precision | None = None):
+        self.files, self.skipped, self.precision = dict(files or {}), dict(skipped or {}), precision
+        self._made: dict[str, TiledUpscaler] = {}
+        self._lock = threading.Lock()  # (two calls asking for one model read and compile it once)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.files)
+
+    def __getitem__(self, name: str) -> TiledUpscaler:
+        with self._lock:
+            if name not in self._made:
+                self._made[name] = TiledUpscaler(self.files[name].load(self.precision), name)
+            return self._made[name]
+
+    def warm(self) -> None:
+        """Read and compile every model now, so that no request waits for it."""
+        for name in self.files:
+            self[name].warm()

@@ -184,11 +184,12 @@ def form_defaults(offer: Offer) -> dict[str, Any]:
 PASTED_INTO = tuple(f.name for f in FIELDS if PASTED in f.kept or f.restored is not None)
 
 
-def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str]) -> tuple[dict[str, Any], str]:
+def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[str],
+                upscalers: Sequence[str] = ()) -> tuple[dict[str, Any], str]:
     """A pasted A1111 parameters text -> the form fields it fills (by name; its seed turns
     Randomize off) and a line of Markdown saying what was filled and what was not used."""
     try:
-        fields, notes = request_fields(parse(text), list(sizes), list(samplers))
+        fields, notes = request_fields(parse(text), list(sizes), list(samplers), upscalers)
     except RequestError as e:
         return {}, f"⚠️ {e}"
     if not fields["prompt"] and not fields["negative_prompt"] and not set(fields) - {"prompt", "negative_prompt",
@@ -208,14 +209,14 @@ def pasted_form(text: Any, sizes: Sequence[tuple[int, int]], samplers: Sequence[
 
 
 def hires_of(path: str, sizes: Sequence[tuple[int, int]], samplers: Sequence[str],
-             scale: Any) -> tuple[dict[str, Any], str]:
+             scale: Any, upscalers: Sequence[str] = ()) -> tuple[dict[str, Any], str]:
     """A result's ✨ Hires fix (A1111's): the form filled from the parameters of the image at `path`
     (one this server wrote), with the hires fix on at `scale` (or, where that reaches no compiled
     size, the first that does), and a note; or no fields and a note saying why it cannot run here."""
     from PIL import Image
 
     with Image.open(path) as made:
-        form, note = pasted_form(read_parameters(made), sizes, samplers)
+        form, note = pasted_form(read_parameters(made), sizes, samplers, upscalers)
     if "size" not in form:
         return {}, note if note.startswith("⚠️") else "⚠️ That image's size is not offered here."
     reach = scales_to(parse_size(form["size"]), sizes)

@@ -10,6 +10,7 @@ from typing import Any, Literal, TypedDict
 import gradio as gr
 from gradio.utils import get_upload_folder
 
+from ..imaging.hires import UPSCALERS as HIRES_UPSCALERS
 from ..request.recipes import RECIPES
 from ..server.core import Server
 from ..server.errors import log_refusal
@@ -156,7 +157,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         path = picked_item(paths, index if isinstance(index, int) else 0)
         if not isinstance(path, str) or not server.images.holds([path]):
             return *(gr.skip() for _ in hires_into), gr.skip(), False
-        form, note = hires_of(path, server.warmup.ready_sizes, server.offer.samplers, scale)
+        form, note = hires_of(path, server.warmup.ready_sizes, server.offer.samplers, scale, server.offer.upscalers)
         return *(form.get(c.elem_id, gr.skip()) for c in hires_into), note, bool(form)
 
     hires_ready = gr.Checkbox(False, visible="hidden")  # (in the browser: the click below reads it)
@@ -241,7 +242,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     pasted_into = [page.inputs[name] for name in PASTED_INTO]
 
     def fill_from_pasted(text):
-        filled, notes = pasted_form(text, server.offer.sizes, server.offer.samplers)
+        filled, notes = pasted_form(text, server.offer.sizes, server.offer.samplers, server.offer.upscalers)
         if not filled:
             log_refusal("paste parameters", notes)
         return *[filled.get(name, gr.skip()) for name in PASTED_INTO], notes
@@ -268,10 +269,10 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         offer = server.offer
         names = preset_names(server)
         now_offered = json.dumps([offer.samplers, offer.schedules, offer.rngs, names, offer.controlnets,
-                                  offer.embeddings, server.engine.tokenizer is not None]
+                                  offer.embeddings, offer.upscalers, server.engine.tokenizer is not None]
                                  ) if server.warmup.described else ""
         if now_offered == seen or not now_offered:
-            return *[gr.skip()] * 11,
+            return *[gr.skip()] * 12,
         now = {} if seen else form_defaults(offer)
         value = lambda key: {"value": now[key]} if now else {}
         menu = schedule_menu(now.get("sampler", sampler_name), offer.samplers, offer.schedules)
@@ -282,7 +283,8 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
                 gr.Dropdown(choices=[*names, CUSTOM], **value("preset")),
                 now.get("steps", gr.skip()), now.get("guidance", gr.skip()),
                 server.token_count(prompt_text, style_name), gr.Accordion(visible=bool(offer.controlnets)),
-                gr.Dropdown(choices=list(offer.controlnets), value=next(iter(offer.controlnets), None)), now_offered)
+                gr.Dropdown(choices=list(offer.controlnets), value=next(iter(offer.controlnets), None)),
+                gr.Radio(choices=[*HIRES_UPSCALERS, *offer.upscalers]), now_offered)
 
     def refresh(seen: str, prompt_text: Any, style_name: Any, state: Any, sampler_name: Any = None):
         sizes = size_choices(server.warmup.ready_sizes)
@@ -297,7 +299,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     # (`offered` first: the preset menu's match, run when steps or guidance change, reads it)
     refreshed = [page.status, timer := gr.Timer(2.0, active=refreshing()), page.run, page.size, page.offered,
                  page.sampler, page.schedule, page.rng, page.preset, page.steps, page.guidance, page.tokens,
-                 page.control_panel, page.inputs["control_model"], seen_offer]
+                 page.control_panel, page.inputs["control_model"], page.inputs["hires_upscaler"], seen_offer]
     timer.tick(refresh, inputs=[seen_offer, page.prompt, page.style, run_state, page.sampler], outputs=refreshed,
                **light)
     # After a reload, the last run's images while the server still keeps their files (it checks

@@ -64,6 +64,7 @@ class LoadOptions:
     loras: LoRA files fused into the weights, "file[:scale]" or (file, scale) (kohya or diffusers).
     embeddings: a folder of textual inversion embeddings (SDXL's .safetensors: clip_l and clip_g) the
         prompts may name by file name, as A1111's embeddings folder.
+    upscalers: a folder of upscaler models (ESRGAN, Real-ESRGAN) the hires fix may name, as A1111's.
     controlnets: ControlNets a call may use (diffusers-format folders, or .safetensors files in diffusers'
         names), each by its folder's or file's name (weights/controlnets.py).
     timestep_spacing, prediction_type: instead of the scheduler config's ("trailing"; "sample").
@@ -84,6 +85,7 @@ class LoadOptions:
     loras: tuple[Any, ...] = ()
     controlnets: tuple[str, ...] = ()
     embeddings: str | None = None
+    upscalers: str | None = None
     timestep_spacing: str | None = None
     prediction_type: str | None = None
     preview: str = default_of("--preview")
@@ -96,7 +98,7 @@ class LoadOptions:
         set_("sizes", tuple(parse_size(s) for s in self.sizes))
         set_("loras", tuple(self.loras or ()))
         set_("controlnets", tuple(str(c) for c in self.controlnets or ()))
-        for name in ("unet", "config", "embeddings"):
+        for name in ("unet", "config", "embeddings", "upscalers"):
             if getattr(self, name) is not None:
                 set_(name, str(getattr(self, name)))
 

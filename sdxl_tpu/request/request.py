@@ -107,9 +107,9 @@ def _one_or_each(value: Any, name: str, check: Callable[[Any], Any], per_image: 
     return check(value)
 
 
-def _hires(size: tuple[int, int], sizes: Sequence[tuple[int, int]] | None, hires_scale: Any, hires_upscaler: Any,
-           hires_steps: Any, hires_strength: Any) -> Hires:
-    """A checked hires fix from `size`, its upscaled size one of `sizes` (None: any)."""
+def _hires(size: tuple[int, int], sizes: Sequence[tuple[int, int]] | None, upscalers: Sequence[str],
+           hires_scale: Any, hires_upscaler: Any, hires_steps: Any, hires_strength: Any) -> Hires:
+    """A checked hires fix from `size` to one of `sizes` (None: any), by Latent, Lanczos or one of `upscalers`."""
     check = lambda name, v, whole=False: number_input(v, _label(name), *FIELD[name].bounds, whole=whole)
     scale = DEFAULT_SCALE if hires_scale is None else float(check("hires_scale", hires_scale))
     target = upscaled_size(size, scale)
@@ -125,7 +125,7 @@ def _hires(size: tuple[int, int], sizes: Sequence[tuple[int, int]] | None, hires
                                else f"no upscale of {at} reaches one."))
     return Hires(scale=scale, size=target,
                  upscaler=DEFAULT_UPSCALER if hires_upscaler is None else choice_input(
-                     hires_upscaler, _label("hires_upscaler"), UPSCALERS),
+                     hires_upscaler, _label("hires_upscaler"), (*UPSCALERS, *upscalers)),
                  steps=0 if hires_steps is None else int(check("hires_steps", hires_steps, True)),
                  strength=DEFAULT_HIRES_STRENGTH if hires_strength is None else float(
                      check("hires_strength", hires_strength)))
@@ -194,8 +194,8 @@ class Request:
            mask_blur: Any = None, masked_content: Any = None, mask_blurred: bool = False, inpaint_area: Any = None,
            mask_padding: Any = None, hires: Any = None, count: Any = None,
            hires_scale: Any = None, hires_upscaler: Any = None, hires_steps: Any = None, hires_strength: Any = None,
-           controlnet: Any = None, controlnets: Sequence[str] = (), per_image: bool = True,
-           max_chars: int = MAX_PROMPT_CHARS, dynamic_prompts: Any = None,
+           controlnet: Any = None, controlnets: Sequence[str] = (), upscalers: Sequence[str] = (),
+           per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS, dynamic_prompts: Any = None,
            wildcards: Wildcards | None = NO_WILDCARDS) -> "Request":
         """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
         image); `sizes` and `samplers` are those available (default: all of names.SAMPLERS);
@@ -209,8 +209,9 @@ class Request:
         around it, default 32, cropped and fitted to the size, the results pasted back into the
         image at its own size), as A1111's (`mask_blurred`: the mask comes blurred by mask_blur
         already, as a front end forwards it). With `hires` true, a hires fix (A1111's): `hires_scale` (default 2; the
-        upscaled size must be one of `sizes`), `hires_upscaler` (Latent or Lanczos), `hires_steps` (0,
-        the default: as many as the first pass) and `hires_strength` (default 0.7). `controlnet`: a
+        upscaled size must be one of `sizes`), `hires_upscaler` (Latent, Lanczos or one of the
+        `upscalers` models), `hires_steps` (0, the default: as many as the first pass) and
+        `hires_strength` (default 0.7). `controlnet`: a
         list of ControlNet units (control.py; `controlnets`: the names loaded). `dynamic_prompts`:
         names.PROMPT_MODES' (default Random), from `wildcards` (None: a back end's, the syntax alone
         checked here). The images are checked last (they cost most)."""
@@ -264,7 +265,7 @@ class Request:
         if hires:
             if image is not None:
                 raise RequestError(f"{_label('hires')} applies to text to image, not to a starting image.")
-            checked["hires"] = _hires(checked["size"], sizes, **given)
+            checked["hires"] = _hires(checked["size"], sizes, upscalers, **given)
         # (a mode without an image is checked, then unused: the command line always has one)
         mode = DEFAULT_RESIZE_MODE if resize_mode is None else choice_input(resize_mode, _label("resize_mode"),
                                                                             RESIZE_MODES)

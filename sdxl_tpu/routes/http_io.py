@@ -100,7 +100,8 @@ def checked_request(data: dict[str, Any], server: Server) -> tuple[Request, list
     at random. The Schedule type is checked with the sampler that runs."""
     offer, notes = server.offer, []
     if "parameters" in data:
-        pasted, notes = request_fields(parse_parameters(data.pop("parameters")), offer.sizes, offer.samplers)
+        pasted, notes = request_fields(parse_parameters(data.pop("parameters")), offer.sizes, offer.samplers,
+                                       offer.upscalers)
         data = {**usable(pasted, data), **data}
     if "prompt" not in data:
         raise Refused(422, "The field 'prompt' is required.")
@@ -115,7 +116,7 @@ def checked_request(data: dict[str, Any], server: Server) -> tuple[Request, list
                              for f in FIELDS if f.api and f.api != "prompt"}
     return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers, mask_blurred=blurred,
                       count=data.get("count"), max_chars=MAX_STYLED_PROMPT_CHARS, controlnet=data.get("controlnet"),
-                      controlnets=offer.controlnets, wildcards=server.wildcards), notes
+                      controlnets=offer.controlnets, upscalers=offer.upscalers, wildcards=server.wildcards), notes
 
 
 def status_of(error: BaseException) -> tuple[int, str, int | None]:

@@ -22,6 +22,7 @@ from .asgi_io import client_address, send_json
 from ..server.core import Server
 from .openai_api import openai_routes
 from .sdapi import PREFIX as SDAPI
+from .extras import extras_routes
 from .sdapi import sdapi_routes
 
 log = logging.getLogger("sdxl_tpu.http")
@@ -36,7 +37,7 @@ CHALLENGES = [(b"www-authenticate", b'Bearer realm="sdxl-tpu"'), (b"www-authenti
 
 def tool_api_routes(server: Server) -> list[Route]:
     """AUTOMATIC1111's and OpenAI's routes of `server`."""
-    return [*sdapi_routes(server), *openai_routes(server)]
+    return [*sdapi_routes(server), *extras_routes(server), *openai_routes(server)]
 
 
 def carries_key(authorization: str, key: str) -> bool:

@@ -143,6 +143,11 @@ class Engine(Protocol):
         its caller has gone; its images as files in `image_format` (None: the server's)."""
         ...
 
+    def upscale(self, image: Any, upscaler: str, scale: float) -> Any:
+        """A PIL `image` upscaled by `scale` with `upscaler` (Lanczos or a model the offer names), as
+        A1111's Extras does (blocking; RequestError where it cannot)."""
+        ...
+
     def close(self, stop_running: bool) -> None:
         """Accept nothing more; cancel what runs if `stop_running`."""
         ...

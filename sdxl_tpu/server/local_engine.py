@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from PIL import Image
 
 from ..generate.compiling.compilation import CompileCounter, before_jax_starts, enable_compile_cache, gpu_unused
 from ..generate.loading import load
@@ -20,6 +21,7 @@ from ..a1111.infotext import parameters_text
 from ..request.names import schedule_used
 from ..request.request import GenerationResult, Request, guided
 from ..request.values import format_size
+from ..imaging.upscale import upscale_by
 from .batcher import Batcher, Job
 from .engine import Generated, Report, Ticket
 from .offer import Offer, provisional
@@ -104,10 +106,20 @@ class LocalEngine:
             default_sampler=offer.default_sampler if self.settings.recipe else pipe.default_sampler,
             max_prompt_chunks=pipe.max_prompt_chunks,
             embeddings=tuple((name, e.count) for name, e in pipe.embeddings.loaded.items()),
-            skipped_embeddings=tuple(pipe.embeddings.skipped.items()))
+            skipped_embeddings=tuple(pipe.embeddings.skipped.items()), upscalers=pipe.upscalers.names)
 
     def unavailable(self) -> str | None:
         return None
+
+    def upscale(self, image: Any, upscaler: str, scale: float) -> Any:
+        if upscaler == "Lanczos":
+            return upscale_by(image, scale, lambda im: im.resize((int(im.width * scale), int(im.height * scale)),
+                                                                 resample=Image.Resampling.LANCZOS))
+        if self.pipeline is None or upscaler not in self.pipeline.upscalers.names:
+            raise RequestError(f"No upscaler {upscaler!r} here.")
+        model = self.pipeline.upscalers[upscaler]
+        with self.pipeline.lock:  # (the device runs one call at a time; an upscale waits for the call it meets)
+            return model.upscale(image, scale)
 
     @property
     def tokenizer(self) -> Any:
@@ -143,6 +155,11 @@ class LocalEngine:
             self._stored_loaded = True
             self.pipeline.load_stored(self.unfinished)
         self.pipeline.warmup([size])
+        if not self.unfinished:  # (then the upscaler models, which the hires fix's second pass waits for)
+            try:
+                self.pipeline.upscalers.warm()
+            except Exception:  # (a model that fails here fails again, with its message, when a request asks)
+                logging.getLogger("sdxl_tpu").exception("an upscaler model did not compile")
 
     def compiles(self) -> int:
         return self._compiles.compiles

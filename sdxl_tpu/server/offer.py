@@ -12,6 +12,7 @@ from typing import Any
 
 from ..request.control import NAME
 from ..request.errors import RequestError
+from ..imaging.hires import UPSCALERS
 from ..request.fields import FIELD
 from ..a1111.images import FORMATS
 from ..request.names import RNGS, SAMPLERS, SCHEDULES
@@ -41,6 +42,7 @@ class Offer:
     controlnets: tuple[str, ...] = ()  # the ControlNets a request may name (request/control.py)
     embeddings: tuple[tuple[str, int], ...] = ()  # textual inversion embeddings a prompt may name: (name, vectors)
     skipped_embeddings: tuple[tuple[str, str], ...] = ()  # files of the embeddings folder not loaded: (name, why)
+    upscalers: tuple[str, ...] = ()  # upscaler models the hires fix and Extras may name (A1111's names)
 
     def defaults(self) -> dict[str, Any]:
         """The form's values where a client gives none, by field name: the launch preset's steps,
@@ -54,7 +56,7 @@ class Offer:
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes],
                 "loras": [{"name": name, "scale": scale} for name, scale in self.loras],
-                "controlnets": list(self.controlnets),
+                "controlnets": list(self.controlnets), "upscalers": list(self.upscalers),
                 "embeddings": [{"name": name, "vectors": n} for name, n in self.embeddings],
                 "skipped_embeddings": [{"name": name, "reason": why} for name, why in self.skipped_embeddings]}
 
@@ -101,7 +103,8 @@ class Offer:
                          default_rng=data["default_rng"], loras=_loras(data.get("loras", [])),
                          controlnets=_controlnets(data.get("controlnets", [])),
                          embeddings=_listed(data.get("embeddings", []), "vectors", int),
-                         skipped_embeddings=_listed(data.get("skipped_embeddings", []), "reason", str))
+                         skipped_embeddings=_listed(data.get("skipped_embeddings", []), "reason", str),
+                         upscalers=_upscalers(data.get("upscalers", [])))
 
 
 def _controlnets(value: Any) -> tuple[str, ...]:
@@ -109,6 +112,15 @@ def _controlnets(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or len(value) > 64 or not all(
             isinstance(name, str) and NAME.fullmatch(name) and len(name) <= 255 for name in value):
         raise ValueError("controlnets must be a list of names (letters, digits, '.', '_' and '-')")
+    return tuple(value)
+
+
+def _upscalers(value: Any) -> tuple[str, ...]:
+    """The upscaler models a server's description names (A1111's names: any text but Latent and Lanczos's)."""
+    if not isinstance(value, list) or len(value) > 1000 or not all(
+            isinstance(name, str) and 0 < len(name) <= 255 and name.isprintable() and name not in UPSCALERS
+            for name in value) or len(set(value)) != len(value):
+        raise ValueError("upscalers must be a list of distinct names")
     return tuple(value)
 
 

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..request.errors import RequestError
 from ..request.request import Request
 from ..weights.hub import load_tokenizer
 from .engine import Report, Ticket
@@ -109,6 +110,9 @@ class RemoteEngine:
 
         threading.Thread(target=ask_the_back_end, name="sdxl-remote", daemon=True).start()
         return ticket
+
+    def upscale(self, image: Any, upscaler: str, scale: float) -> Any:
+        raise RequestError("This front end does not upscale images itself: ask a back end's /sdapi/v1 directly.")
 
     def close(self, stop_running: bool) -> None:
         pass

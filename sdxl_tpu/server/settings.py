@@ -78,6 +78,8 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
         parser.error(f"--wildcards must be a folder of wildcard files (text, an option a line), got {args.wildcards!r}")
     if args.embeddings and not os.path.isdir(args.embeddings):
         parser.error(f"--embeddings must be a folder of embedding files (.safetensors), got {args.embeddings!r}")
+    if args.upscalers and not os.path.isdir(args.upscalers):
+        parser.error(f"--upscalers must be a folder of upscaler models (.pth, .safetensors), got {args.upscalers!r}")
     if not 1 <= args.max_prompt_chunks <= MAX_CHUNKS:
         parser.error(f"--max-prompt-chunks must be from 1 to {MAX_CHUNKS}")
     recipe = recipe_named(args.preset) if args.preset else None

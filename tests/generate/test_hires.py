@@ -12,7 +12,11 @@ import pytest
 import torch
 from PIL import Image
 
+from upscaler_files import GENERAL
+
 from sdxl_tpu.generate.call import run_pass
+from sdxl_tpu.generate.upscaling import ModelUpscalers
+from sdxl_tpu.weights.upscalers import find_upscalers
 from sdxl_tpu.request.errors import RequestError
 from sdxl_tpu.imaging.hires import latent_upscale, scales_to
 from sdxl_tpu.a1111.infotext import parameters_text
@@ -32,9 +36,19 @@ def _images(result) -> np.ndarray:
     return np.stack([np.asarray(im) for im in result.images])
 
 
-@pytest.mark.parametrize("upscaler", ["Latent", "Lanczos"])
-def test_hires_fix_is_the_first_pass_upscaled_then_denoised_again(tiny_pipeline, upscaler):
-    pipe, seen = tiny_pipeline, []
+@pytest.fixture
+def with_upscalers(tiny_pipeline, upscalers_folder):
+    """tiny_pipeline with the upscaler model of upscalers_folder (its own again afterwards)."""
+    found = find_upscalers(upscalers_folder)
+    assert list(found.found) == [GENERAL] and list(found.skipped) == ["notes"]
+    before, tiny_pipeline.upscalers = tiny_pipeline.upscalers, ModelUpscalers(found.found, found.skipped)
+    yield tiny_pipeline
+    tiny_pipeline.upscalers = before
+
+
+@pytest.mark.parametrize("upscaler", ["Latent", "Lanczos", GENERAL])
+def test_hires_fix_is_the_first_pass_upscaled_then_denoised_again(with_upscalers, upscaler):
+    pipe, seen = with_upscalers, []
     request = pipe.request("a lighthouse in a storm", "blurry", seed=21, steps=4, size=(64, 64), rng="CPU",
                            hires=True, hires_scale=1.5, hires_upscaler=upscaler, hires_steps=6, hires_strength=0.5)
     result = pipe.run(request, progress=lambda step, steps: seen.append((step, steps)))
@@ -54,7 +68,9 @@ def test_hires_fix_is_the_first_pass_upscaled_then_denoised_again(tiny_pipeline,
         np.testing.assert_array_equal(_images(result), out)
     else:
         first = pipe.run(dataclasses.replace(request, hires=None))
-        starts = [fit_image(im, (96, 96)) for im in first.images]
+        # Lanczos, or the model until the image is at least the size, then Lanczos (A1111's resize_image)
+        starts = [fit_image(im, (96, 96)) if upscaler == "Lanczos" else pipe.upscalers[upscaler].resize(im, (96, 96))
+                  for im in first.images]
         again = pipe.run_images([dataclasses.replace(i, **second) for i in infos],
                                 init_images=np.stack([np.asarray(s) for s in starts]))
         np.testing.assert_array_equal(_images(result), _images(again))

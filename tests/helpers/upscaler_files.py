@@ -128,3 +128,15 @@ def write_torch_zip(path, obj, storages: dict[str, bytes], prefix: str = "archiv
         for key, data in storages.items():
             archive.writestr(f"{prefix}/data/{key}", data)
         archive.writestr(f"{prefix}/version", "3\n")
+
+
+GENERAL = "R-ESRGAN General 4xV3"  # A1111's name of realesr-general-x4v3.pth
+
+
+def write_upscalers_folder(folder):
+    """A server's --upscalers folder: Real-ESRGAN's compact general net (a small random one, 4x) as
+    realesr-general-x4v3.pth (GENERAL), as its release wraps it ("params"), and a file that is not one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"params": compact(3, nf=8, nc=2).state_dict()}, folder / "realesr-general-x4v3.pth")
+    (folder / "notes.pth").write_text("not a model\n")
+    return folder

@@ -18,10 +18,12 @@ import pytest
 from images import picture
 from parameters_texts import A1111, a1111_jpeg, comfyui_png
 from reference import psnr, read_with_third_parties
+from upscaler_files import GENERAL
 from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view, chromium,  # app_server: conftest
                         assert_progress_and_previews, free_port, generate_in_page, get, paint_a_mask, playground_page,
                         read_metrics, requests_total, steps_seen, wait_for, MASK_SRC)
 from sdxl_tpu.version import VERSION
+from sdxl_tpu.generate.upscaling import ModelUpscalers
 from sdxl_tpu.weights.embeddings import Embeddings
 
 LISTED_EMBEDDINGS = "0 / 225 tokens · embeddings: myemb, onevec"  # (the app's --embeddings, under the prompt)
@@ -861,6 +863,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
         sizes, images_per_call, tokenizers = [(64, 64)], 4, (None, None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
+        upscalers = ModelUpscalers()
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -1237,6 +1240,8 @@ def test_browser_hires_fix_of_a_result(app_server, browser, tmp_path):
             "#form-note").inner_text()
         page.locator("#hires-panel").get_by_text("Hires. fix").first.click()
         assert page.locator("#hires input[type=checkbox]").is_checked()
+        # The server's upscaler model (--upscalers) is a Hires upscaler beside A1111's two, by A1111's name.
+        assert page.locator("#hires_upscaler label").all_inner_texts() == ["Latent", "Lanczos", GENERAL]
         url = page.evaluate("() => document.querySelector('#gallery .grid-container img').src")
     with urllib.request.urlopen(url, timeout=30) as response:
         image = Image.open(io.BytesIO(response.read()))

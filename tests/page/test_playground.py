@@ -16,6 +16,7 @@ from sdxl_tpu.request.load import LoadOptions
 from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.request.styles import STYLES, apply_style
 from sdxl_tpu.request.values import clean_text, text_input
+from sdxl_tpu.generate.upscaling import ModelUpscalers
 from sdxl_tpu.weights.embeddings import Embeddings
 
 SIZES = [(64, 64), (96, 64)]
@@ -194,6 +195,7 @@ def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with
         sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
+        upscalers = ModelUpscalers()
         model_name, samplers, default_sampler = "fake", {"Euler": None, "DDIM": None}, "DDIM"
         max_prompt_chunks = 3
 
@@ -234,11 +236,12 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
             "rngs": ["JAX", "CPU"], "default_rng": "CPU"}
     parsed = Offer.from_json(info)  # (a back end of before: no LoRAs said)
     assert parsed.sizes == [(64, 64)] and parsed.loras == () and parsed.to_json() == {
-        **info, "loras": [], "controlnets": [], "embeddings": [], "skipped_embeddings": []}
+        **info, "loras": [], "controlnets": [], "embeddings": [], "skipped_embeddings": [], "upscalers": []}
     embeddings = {"embeddings": [{"name": "easynegative", "vectors": 8}],
                   "skipped_embeddings": [{"name": "sd15", "reason": "clip_l has shape (8, 768)"}]}
     assert Offer.from_json({**info, **embeddings}).to_json() == {**parsed.to_json(), **embeddings}
     assert Offer.from_json({**info, "controlnets": ["canny-xl"]}).controlnets == ("canny-xl",)
+    assert Offer.from_json({**info, "upscalers": ["R-ESRGAN 4x+"]}).to_json()["upscalers"] == ["R-ESRGAN 4x+"]
     for bad in ("canny", [5], ["../x"], ["a b"]):
         with pytest.raises(ValueError, match="controlnets must be a list of names"):
             Offer.from_json({**info, "controlnets": bad})
@@ -264,7 +267,9 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
                        ("embeddings", {"x": 1}), ("embeddings", [{"name": "x", "vectors": 0}]),
                        ("embeddings", [{"name": "x", "vectors": 76}]), ("embeddings", [{"name": "x", "vectors": True}]),
                        ("embeddings", [{"name": "", "vectors": 1}]), ("skipped_embeddings", [{"name": "x"}]),
-                       ("skipped_embeddings", [{"name": "x", "reason": "y" * 1001}])]:
+                       ("skipped_embeddings", [{"name": "x", "reason": "y" * 1001}]), ("upscalers", "R-ESRGAN 4x+"),
+                       ("upscalers", ["Lanczos"]), ("upscalers", ["a", "a"]), ("upscalers", [""]), ("upscalers", [5]),
+                       ("upscalers", ["x" * 256]), ("upscalers", ["a\nb"])]:
         with pytest.raises(ValueError):
             Offer.from_json({**info, key: value})
     with pytest.raises(ValueError, match="lacks images_per_call"):
@@ -282,6 +287,7 @@ def test_token_count_says_what_each_lora_tag_does_here(tiny_checkpoint):
         sizes, images_per_call, tokenizers = SIZES, 4, (load_tokenizers(tiny_checkpoint)[0], None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
+        upscalers = ModelUpscalers()
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -342,6 +348,7 @@ def test_server_warm_up_states_and_errors():
         tokenizers = (None, None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
+        upscalers = ModelUpscalers()
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
         max_prompt_chunks = 3
 
@@ -380,6 +387,7 @@ def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint
         sizes, images_per_call, tokenizers = SIZES, 4, (tokenizer, None)
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
+        upscalers = ModelUpscalers()
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -434,6 +442,7 @@ class SlowPipeline:
     sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
     call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
     embeddings = Embeddings()
+    upscalers = ModelUpscalers()
     model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
     max_prompt_chunks = 3
 

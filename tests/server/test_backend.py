@@ -64,7 +64,8 @@ def test_ready_after_warm_up_and_describes_itself(backend):
                                 "preset": None, "presets": ["Quality", "Balanced", "Fast"], "images_per_call": 4,
                                 "image_format": "webp", "max_prompt_chunks": 3, "schedules": list(SCHEDULES),
                                 "default_schedule": "Checkpoint", "rngs": list(RNGS), "default_rng": "JAX",
-                                "loras": [], "controlnets": ["edges"], "embeddings": [], "skipped_embeddings": []}
+                                "loras": [], "controlnets": ["edges"], "embeddings": [], "skipped_embeddings": [],
+                                "upscalers": []}
 
 
 def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):

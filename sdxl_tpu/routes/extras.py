@@ -1,0 +1,99 @@
+"""AUTOMATIC1111's Extras for one image (`POST /sdapi/v1/extra-single-image`, its
+ExtrasSingleImageRequest): an image upscaled by Lanczos or one of the server's upscaler models
+(`--upscalers`), by a factor or to a size (covered, then cropped to it at its centre), as its
+postprocessing_upscale does. Face restoration and a second upscaler are not offered here: a request
+that turns them on is refused by name. The image is decoded by its content; the answer is a PNG."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import math
+from typing import Any
+
+from PIL import Image
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..imaging.hires import SCALE_RANGE
+from ..imaging.image_input import decode_image, from_base64
+from ..request.errors import RequestError
+from ..request.values import choice_input, number_input
+from ..server.core import Server
+from ..server.errors import log_refusal
+from .http_io import error_response, json_body, read_body, status_of
+
+log = logging.getLogger("sdxl_tpu.routes.extras")
+NONE = "None"  # A1111's upscaler that leaves the image as it is
+MAX_SIDE = 8192  # of what an upscale makes (A1111's upscaling_resize_w/h go to 8192)
+MAX_PIXELS = 4096 * 4096  # of what an upscale makes: a 1024x1024 image times 4
+OFF = {"gfpgan_visibility": 0, "codeformer_visibility": 0, "extras_upscaler_2_visibility": 0, "upscaler_2": NONE}
+
+
+def extras_plan(data: dict[str, Any], size: tuple[int, int], upscalers: tuple[str, ...]
+                ) -> tuple[str, float, tuple[int, int] | None]:
+    """(upscaler, scale, crop) of an Extras request for an image of `size`: the factor A1111's
+    postprocessing_upscale applies (resize_mode 1: the larger ratio to upscaling_resize_w/h, then,
+    with upscaling_crop, a crop to that size), checked so that what it makes stays within MAX_PIXELS."""
+    for key, off in OFF.items():
+        if data.get(key) not in (None, off, str(off)) and not (key == "upscaler_2" and data.get(key) == ""):
+            raise RequestError(f"{key} is not offered here (no face restoration or second upscaler): leave it "
+                               f"at {off!r}.")
+    upscaler = choice_input(data.get("upscaler_1", NONE), "upscaler_1", (NONE, "Lanczos", *upscalers))
+    mode = number_input(data.get("resize_mode", 0), "resize_mode", 0, 1, whole=True)
+    crop = None
+    if mode == 0:
+        scale = float(number_input(data.get("upscaling_resize", 2), "upscaling_resize", *SCALE_RANGE))
+    else:
+        width, height = (int(number_input(data.get(f"upscaling_resize_{k}", 512), f"upscaling_resize_{k}", 64,
+                                          MAX_SIDE, whole=True)) for k in ("w", "h"))
+        scale = max(width / size[0], height / size[1])
+        crop_given = data.get("upscaling_crop", True)
+        if not isinstance(crop_given, bool):
+            raise RequestError("upscaling_crop must be true or false.")
+        crop = (width, height) if crop_given else None
+    made = math.ceil(size[0] * scale) * math.ceil(size[1] * scale)
+    if upscaler != NONE and (made > MAX_PIXELS or max(size) * scale > MAX_SIDE):
+        raise RequestError(f"Upscaling {size[0]}x{size[1]} by {scale:g} would make {made:,} pixels; this server "
+                           f"makes at most {MAX_PIXELS:,} (4096x4096).")
+    return upscaler, scale, crop
+
+
+def centre_crop(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """A1111's crop after an upscale to cover `size`: the image pasted at the centre of a black canvas of `size`."""
+    canvas = Image.new("RGB", size)
+    canvas.paste(image, box=(size[0] // 2 - image.width // 2, size[1] // 2 - image.height // 2))
+    return canvas
+
+
+def extras_routes(server: Server) -> list[Route]:
+    async def extra_single_image(http: HTTPRequest) -> Response:
+        try:
+            data = json_body(await read_body(http))
+            if not isinstance(data.get("image"), str):
+                raise RequestError("image must be an image file as base64 text (PNG, JPEG or WebP).")
+            image = decode_image(from_base64(data["image"], "Image"), "Image")
+            upscaler, scale, crop = extras_plan(data, image.size, server.offer.upscalers)
+            if upscaler != "None":
+                image = await asyncio.to_thread(server.engine.upscale, image, upscaler, scale)
+            if crop is not None and image.size != crop:
+                image = centre_crop(image, crop)
+        except Exception as e:  # noqa: BLE001 (every failure is an answer)
+            status, message, retry = status_of(e)
+            if status == 500:
+                log.exception("an Extras upscale failed")
+            elif isinstance(e, RequestError):
+                log_refusal(http.url.path, e)
+            return error_response(status, message, retry)
+        out = io.BytesIO()
+        image.save(out, format="PNG")
+        return JSONResponse({"html_info": f"<p>Postprocess upscale by: {scale:g}, Postprocess upscaler: {upscaler}</p>",
+                             "image": base64.b64encode(out.getvalue()).decode("ascii")})
+
+    return [Route("/sdapi/v1/extra-single-image", extra_single_image, methods=["POST"])]
+
+
+__all__ = ["MAX_PIXELS", "centre_crop", "extras_plan", "extras_routes"]
