@@ -16,6 +16,7 @@ from ..request.errors import RequestError
 from .controlnet_units import controlnet_args
 from ..request.fields import MAX_SEED
 from .infotext import SCHEDULE_NAMES
+from .xyz_plot import SCRIPT_NAME
 from ..imaging.mask import INPAINT_AREAS, MASKED_CONTENT
 from ..request.names import PROMPT_MODES, RESIZE_MODES, SCHEDULES
 from ..request.request import ImageInfo
@@ -45,8 +46,6 @@ ONLY_DEFAULT: dict[str, tuple[tuple, str]] = {
     "s_tmax": ((0, None), "sampler churn is not offered"),
     "s_noise": ((1, None), "the samplers add their noise unscaled"),
     "s_min_uncond": ((0, None), "negative guidance minimum sigma is not offered"),
-    "script_name": ((None, ""), "scripts are not offered"),
-    "script_args": (([], None), "scripts are not offered"),
     "refiner_checkpoint": ((None, ""), "a refiner is not offered"),
     "hr_checkpoint_name": ((None, "", "Use same checkpoint"), "the hires pass runs the loaded model"),
     "hr_sampler_name": ((None, "", "Use same sampler"), "the hires pass runs the first pass's sampler"),
@@ -82,6 +81,18 @@ def _default(data: Mapping[str, Any], name: str, taken: tuple, why: str) -> None
     if value is not None and not any(value == t and isinstance(value, bool) == isinstance(t, bool)
                                      for t in taken if t is not None):
         raise RequestError(f"{name} {_json(value)} cannot be honoured here: {why}.")
+
+
+def script_named(data: Mapping[str, Any]) -> str | None:
+    """The script a body runs (script_name): None, or the X/Y/Z plot (the one script offered here)."""
+    name, args = data.get("script_name"), data.get("script_args")
+    if name in (None, ""):
+        if args not in (None, []):
+            raise RequestError("script_args come with a script_name (the one offered: x/y/z plot).")
+        return None
+    if not isinstance(name, str) or name.strip().lower() != SCRIPT_NAME:
+        raise RequestError(f"script_name {_json(name)} is not offered; scripts: {SCRIPT_NAME}.")
+    return SCRIPT_NAME
 
 
 def dynamic_prompts_script(scripts: Any) -> tuple[Any, str | None]:
@@ -239,4 +250,5 @@ def info_json(infos: Sequence[ImageInfo], texts: Sequence[str], model: str, mode
         "is_using_inpainting_conditioning": False, "version": version})
 
 
-__all__ = ["FORMATS", "MAX_IMAGES", "ONLY_DEFAULT", "SCHEDULER_NAMES", "generation_fields", "info_json"]
+__all__ = ["FORMATS", "MAX_IMAGES", "ONLY_DEFAULT", "SCHEDULER_NAMES", "generation_fields", "info_json",
+           "script_named"]

@@ -36,15 +36,14 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..request.errors import RequestError
 from ..a1111.images import encode_preview
 from ..request.values import shown
 from ..server.batcher import ShuttingDown
 from ..server.core import Server
 from ..server.engine import Generated
 from ..server.events import Accepted, BackendEvent, Ended, Failed, Keepalive, Preview, Progress, Result
-from ..server.errors import configure_logging, log_refusal
-from .http_io import RETRY_AFTER, error_response, parse_request, read_body, status_of
+from ..server.errors import configure_logging
+from .http_io import RETRY_AFTER, error_response, logged_status, parse_request, read_body
 from .internals import DrainingServer
 from ..server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, serve_metrics_apart
 from ..server.settings import Settings
@@ -97,12 +96,7 @@ class Generation:
                 server.metrics.count_images(len(made.files), made.timings["encoding"])
                 put(Result(await asyncio.to_thread(result_json, made, notes)))
         except Exception as e:
-            status, message, retry = status_of(e)
-            if status == 500:
-                log.exception("a generation failed")
-            elif isinstance(e, RequestError):
-                log_refusal("/v1/generate", e)
-            put(Failed(status, message, retry))
+            put(Failed(*logged_status(e, "/v1/generate", log, "a generation")))
 
     async def next_event(self, watch_disconnect: bool) -> BackendEvent:
         """The next event; with `watch_disconnect`, the caller leaving sets `gone` meanwhile."""

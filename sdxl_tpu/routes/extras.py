@@ -23,8 +23,7 @@ from ..imaging.image_input import decode_image, from_base64
 from ..request.errors import RequestError
 from ..request.values import choice_input, number_input
 from ..server.core import Server
-from ..server.errors import log_refusal
-from .http_io import error_response, json_body, read_body, status_of
+from .http_io import error_response, json_body, logged_status, read_body
 
 log = logging.getLogger("sdxl_tpu.routes.extras")
 NONE = "None"  # A1111's upscaler that leaves the image as it is
@@ -82,12 +81,7 @@ def extras_routes(server: Server) -> list[Route]:
             if crop is not None and image.size != crop:
                 image = centre_crop(image, crop)
         except Exception as e:  # noqa: BLE001 (every failure is an answer)
-            status, message, retry = status_of(e)
-            if status == 500:
-                log.exception("an Extras upscale failed")
-            elif isinstance(e, RequestError):
-                log_refusal(http.url.path, e)
-            return error_response(status, message, retry)
+            return error_response(*logged_status(e, http.url.path, log, "an Extras upscale"))
         out = io.BytesIO()
         image.save(out, format="PNG")
         return JSONResponse({"html_info": f"<p>Postprocess upscale by: {scale:g}, Postprocess upscaler: {upscaler}</p>",

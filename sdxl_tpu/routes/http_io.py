@@ -4,6 +4,7 @@ the back end's fields as one checked Request, refusals and the status of what st
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from starlette.requests import ClientDisconnect
@@ -21,6 +22,7 @@ from ..request.styles import MAX_STYLED_PROMPT_CHARS
 from ..request.values import json_type, shown
 from ..server.batcher import QueueFull, ShuttingDown, StillCompiling
 from ..server.core import Server
+from ..server.errors import log_refusal
 
 # A generation's JSON keys: the form's fields by their API names (request/fields.py), an A1111
 # parameters text, whether a mask comes blurred already (a front end forwards its requests' masks
@@ -117,6 +119,17 @@ def checked_request(data: dict[str, Any], server: Server) -> tuple[Request, list
     return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers, mask_blurred=blurred,
                       count=data.get("count"), max_chars=MAX_STYLED_PROMPT_CHARS, controlnet=data.get("controlnet"),
                       controlnets=offer.controlnets, upscalers=offer.upscalers, wildcards=server.wildcards), notes
+
+
+def logged_status(error: BaseException, path: str, log: logging.Logger, what: str) -> tuple[int, str, int | None]:
+    """status_of(error), logged as every route logs what stopped a request: a failure of ours (500)
+    with its traceback ("`what` failed"), a refusal in one line (called in the `except` block)."""
+    status, message, retry = status_of(error)
+    if status == 500:
+        log.exception("%s failed", what)
+    elif isinstance(error, RequestError):
+        log_refusal(path, error)
+    return status, message, retry
 
 
 def status_of(error: BaseException) -> tuple[int, str, int | None]:

@@ -38,7 +38,7 @@ from ..request.calls import split
 from .many_images import one_call
 from ..server.core import Server
 from ..server.errors import log_refusal
-from .http_io import MAX_BODY_BYTES, checked_request, json_body, read_body, status_of
+from .http_io import MAX_BODY_BYTES, checked_request, json_body, logged_status, read_body
 
 log = logging.getLogger("sdxl_tpu.routes.openai_api")
 
@@ -153,12 +153,8 @@ def openai_routes(server: Server) -> list[Route]:
             log_refusal(http.url.path, e)
             return error_answer(e.status, str(e), e.param)
         except Exception as e:  # noqa: BLE001 (every failure is an answer)
-            status, message, retry = status_of(e)
+            status, message, retry = logged_status(e, http.url.path, log, "an OpenAI API generation")
             status = 429 if isinstance(e, QueueFull) else status  # (OpenAI's "slow down")
-            if status == 500:
-                log.exception("an OpenAI API generation failed")
-            elif isinstance(e, RequestError):
-                log_refusal(http.url.path, e)
             return error_answer(400 if status == 422 else status, message, retry_after=retry)
         return JSONResponse(result)
 

@@ -19,7 +19,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..a1111.a1111_api import SCHEDULER_NAMES, SETTINGS_TAKEN, generation_fields, info_json
+from ..a1111.a1111_api import SCHEDULER_NAMES, SETTINGS_TAKEN, generation_fields, info_json, script_named
+from ..a1111.xyz_plot import SCRIPT_NAME
 from ..a1111.controlnet_units import model_list, module_list
 from ..request.errors import Cancelled, RequestError
 from ..imaging.image_input import from_base64
@@ -30,10 +31,10 @@ from ..request.styles import STYLES, apply_style
 from ..version import VERSION
 from ..request.calls import split
 from .many_images import one_call
+from .xyz_runs import plot_generate
 from ..server.events import Ended, Preview, Progress
 from ..server.core import Server
-from ..server.errors import log_refusal
-from .http_io import RETRY_AFTER, checked_request, error_response, json_body, read_body, status_of
+from .http_io import RETRY_AFTER, checked_request, error_response, json_body, logged_status, read_body
 
 log = logging.getLogger("sdxl_tpu.routes.sdapi")
 PREFIX = "/sdapi/v1"
@@ -106,12 +107,7 @@ def sdapi_routes(server: Server) -> list[Route]:
             with server.metrics.counted(time.monotonic(), http.url.path):
                 answer = await _generate(server, jobs, http, data, img2img)
         except Exception as e:  # noqa: BLE001 (every failure is an answer)
-            status, message, retry = status_of(e)
-            if status == 500:
-                log.exception("an A1111 API generation failed")
-            elif isinstance(e, RequestError):
-                log_refusal(http.url.path, e)
-            return error_response(status, message, retry)
+            return error_response(*logged_status(e, http.url.path, log, "an A1111 API generation"))
         return JSONResponse(answer)
 
     async def txt2img(http: HTTPRequest) -> Response:
@@ -196,11 +192,13 @@ def sdapi_routes(server: Server) -> list[Route]:
                              "skipped": {name: {**entry(0), "reason": why} for name, why in skipped}})
 
     async def scripts(http: HTTPRequest) -> Response:
-        return JSONResponse({"txt2img": [], "img2img": []})
+        return JSONResponse({"txt2img": [SCRIPT_NAME], "img2img": [SCRIPT_NAME]})
 
-    async def upscalers(http: HTTPRequest) -> Response:  # (the hires fix's pixel upscaler)
-        return JSONResponse([{"name": "Lanczos", "model_name": None, "model_path": None, "model_url": None,
-                              "scale": 4}])
+    async def upscalers(http: HTTPRequest) -> Response:  # (the hires fix's and Extras' pixel upscalers)
+        entry = lambda name, model, scale: {"name": name, "model_name": model, "model_path": None, "model_url": None,
+                                            "scale": scale}  # (no path: the server's files are its own)
+        return JSONResponse([entry("None", None, 4), entry("Lanczos", None, 4),
+                             *(entry(name, name, 4) for name in server.offer.upscalers)])
 
     async def latent_upscale_modes(http: HTTPRequest) -> Response:
         return JSONResponse([{"name": "Latent"}])
@@ -230,6 +228,10 @@ async def _generate(server: Server, jobs: Jobs, http: HTTPRequest, data: dict[st
     """One txt2img or img2img body, its images made a call's worth at a time."""
     fields, count, image_format = generation_fields(data, img2img, server.offer.model)
     style = fields.pop("style", None)
+    if script_named(data) is not None:
+        if count != 1:
+            raise RequestError("The X/Y/Z plot makes one image a cell: leave batch_size and n_iter at 1.")
+        return await plot_generate(server, jobs, http, data, fields, image_format, style, img2img)
     if style is not None:
         fields["prompt"], fields["negative_prompt"] = apply_style(style, fields["prompt"], fields["negative_prompt"])
     request, _ = await asyncio.to_thread(checked_request, fields, server)

@@ -140,3 +140,13 @@ def read_with_third_parties(data: bytes, tmp_path) -> dict:
         assert isinstance(comment, bytes)  # (typed BYTE, piexif gives a tuple and A1111's reader fails)
         out["user_comment"] = piexif.helper.UserComment.load(comment)
     return out
+
+
+# A small SDXL-shaped UNet's diffusers config (three levels, cross-attention at two, SDXL's
+# text_time conditioning of a 32-wide pooled text): what the ControlNet's and the IP-Adapter's
+# parity tests build both sides from.
+SMALL_UNET = dict(down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                  up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+                  block_out_channels=[32, 64, 64], layers_per_block=2, transformer_layers_per_block=[1, 1, 2],
+                  attention_head_dim=[2, 4, 4], cross_attention_dim=48, norm_num_groups=16, use_linear_projection=True,
+                  addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from reference import fill_zeros, nchw_to_nhwc, perturb_norms, rel_l2
+from reference import SMALL_UNET, fill_zeros, nchw_to_nhwc, perturb_norms, rel_l2
 from sdxl_tpu.models.controlnet import ControlNetConfig, guess_mode_ramp
 from sdxl_tpu.models.layers import Precision
 from sdxl_tpu.models.unet import ControlResiduals
@@ -18,11 +18,7 @@ from sdxl_tpu.weights.controlnets import load_controlnet
 
 TOL = 1e-4
 F32 = Precision()
-UNET = dict(down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-            up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-            block_out_channels=[32, 64, 64], layers_per_block=2, transformer_layers_per_block=[1, 1, 2],
-            attention_head_dim=[2, 4, 4], cross_attention_dim=48, norm_num_groups=16, use_linear_projection=True,
-            addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8)
+UNET = SMALL_UNET
 POOLED, LATENT = 32, (16, 16)
 # The ControlNet's own settings beside the UNet's copied config: SDXL's full ControlNet, the "mid" and
 # "small" variants' shapes (fewer transformer layers, none in a block; a mid block without attention),

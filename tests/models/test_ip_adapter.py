@@ -15,7 +15,7 @@ import pytest
 import torch
 from flax import nnx
 from PIL import Image
-from reference import nchw_to_nhwc, perturb_norms, rel_l2
+from reference import SMALL_UNET, nchw_to_nhwc, perturb_norms, rel_l2
 from safetensors.torch import save_file
 from upscaler_files import write_torch_zip
 
@@ -29,11 +29,7 @@ from sdxl_tpu.weights.ip_adapter import check_image_encoder, load_image_encoder,
 
 TOL = 1e-4
 F32 = Precision()
-UNET = dict(down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-            up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-            block_out_channels=[32, 64, 64], layers_per_block=2, transformer_layers_per_block=[1, 1, 2],
-            attention_head_dim=[2, 4, 4], cross_attention_dim=48, norm_num_groups=16, use_linear_projection=True,
-            addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8)
+UNET = SMALL_UNET
 POOLED, LATENT = 32, (16, 16)
 # ViT-H/14 and ViT-bigG/14 at a small width: 4 x 4 patches and the class token.
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=56,

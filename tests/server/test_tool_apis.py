@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from embedding_files import GOOD, SKIPPED
+from upscaler_files import GENERAL
 from hostile_values import NOT_ANY, NOT_BOOL, NOT_CHOICE, NOT_JSON, NOT_NUMBER, NOT_TEXT
 from images import block_mask, encoded, hostile_files, picture
 from raw_http import AppLog, Http
@@ -128,6 +129,80 @@ def test_embeddings_listed_as_a1111_lists_them_and_named_in_the_parameters(app_s
     assert f'TI hashes: "myemb: {short["myemb"]}, onevec: {short["onevec"]}"' in read_parameters(made.image)
 
 
+def test_upscalers_as_a1111_lists_and_runs_them(app_server, upscalers_folder):
+    """/sdapi/v1/upscalers and /sdapi/v1/extra-single-image through webuiapi: the server's upscaler
+    model by A1111's name (no file path said), an Extras upscale whose pixels are the model's own
+    (read here from the same file), by a factor and to a size, Lanczos as A1111's, the parts not
+    offered refused by name; and a hires fix through it, named in the parameters."""
+    import webuiapi
+
+    from sdxl_tpu.generate.upscaling import TiledUpscaler
+    from sdxl_tpu.imaging.upscale import upscale_by
+    from sdxl_tpu.weights.upscalers import load_upscaler
+
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=app_server["port"], sampler="Euler", steps=STEPS)
+    api.set_auth("me", API_KEY)
+    listed = api.get_upscalers()
+    assert [u["name"] for u in listed] == ["None", "Lanczos", GENERAL]
+    assert all(u["model_path"] is None for u in listed)
+    image = picture(80, 56)
+    made = api.extra_single_image(image, upscaler_1=GENERAL, upscaling_resize=2).image
+    model = TiledUpscaler(load_upscaler(upscalers_folder / "realesr-general-x4v3.pth"), GENERAL)
+    assert made.size == (160, 112)
+    np.testing.assert_array_equal(pixels(made), pixels(model.upscale(image, 2)))
+    cropped = api.extra_single_image(image, resize_mode=1, upscaling_resize_w=128, upscaling_resize_h=128,
+                                     upscaler_1=GENERAL).image
+    assert cropped.size == (128, 128)  # (covered: 80x56 times 128 / 56, then cut at the centre)
+    lanczos = api.extra_single_image(image, upscaler_1="Lanczos", upscaling_resize=1.5).image
+    np.testing.assert_array_equal(pixels(lanczos), pixels(upscale_by(image, 1.5, lambda im: im.resize(
+        (int(im.width * 1.5), int(im.height * 1.5)), resample=Image.Resampling.LANCZOS))))
+    assert pixels(api.extra_single_image(image, upscaler_1="None").image).tolist() == pixels(image).tolist()
+    for given, named in (({"gfpgan_visibility": 1}, "gfpgan_visibility"), ({"upscaler_1": "4x-UltraSharp"},
+                                                                           "upscaler_1"),
+                         ({"upscaler_1": GENERAL, "upscaling_resize": 4, "image": picture(2048, 1100)}, "4096x4096")):
+        with pytest.raises(RuntimeError) as refused:
+            api.extra_single_image(**{"image": image, **given})
+        assert refused.value.args[0] == 422 and named in refused.value.args[1], refused.value.args
+    hires = api.txt2img(prompt=PROMPT, seed=SEED, width=64, height=64, enable_hr=True, hr_scale=1.5,
+                        hr_upscaler=GENERAL, hr_second_pass_steps=2, denoising_strength=0.5)
+    assert hires.image.size == (96, 96)
+    assert f"Hires upscaler: {GENERAL}," in read_parameters(hires.image)
+
+
+def test_xyz_plot_through_a1111s_script_args(app_server, tiny_pipeline):
+    """A1111's X/Y/Z plot through webuiapi (script_name "x/y/z plot", script_args in A1111's order):
+    steps 1 and 2 across, CFG 3 and 7 down, the cells made in calls that share what they can; the
+    answer the grid (A1111's order: x fastest), each cell's pixels those of the same image made on
+    its own, the grid's parameters naming the axes as A1111 writes them; then the cells themselves
+    with include_lone_images. A script that is not offered, or args it cannot read, are refused."""
+    import webuiapi
+
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=app_server["port"], sampler="Euler", steps=STEPS)
+    api.set_auth("me", API_KEY)
+    assert api.get_scripts() == {"txt2img": ["x/y/z plot"], "img2img": ["x/y/z plot"]}
+    args = [4, "1,2", None, 6, "3, 7", None, 0, "", None, True, True, False, False, False, False, False, 0, False]
+    made = api.txt2img(prompt=PROMPT, seed=SEED, width=64, height=64, scheduler="Checkpoint",
+                       script_name="x/y/z plot", script_args=args)
+    assert len(made.images) == 5  # the grid, then the four cells (include_lone_images)
+    grid, cells = made.images[0], made.images[1:]
+    assert grid.width > 2 * 64 and grid.height > 2 * 64  # (the labels' margins)
+    text = read_parameters(grid)
+    assert "Script: X/Y/Z plot, X Type: Steps, X Values: \"1,2\", Y Type: CFG Scale, Y Values: \"3, 7\"" in text, text
+    for cell, (steps, cfg) in zip(cells, [(1, 3.0), (2, 3.0), (1, 7.0), (2, 7.0)], strict=True):
+        alone = tiny_pipeline.generate(PROMPT, "", seed=SEED, guidance_scale=cfg, steps=steps, size=(64, 64),
+                                       sampler="Euler").images[0]
+        np.testing.assert_array_equal(pixels(cell), np.asarray(alone))
+        assert f"Steps: {steps}," in read_parameters(cell) and f"CFG scale: {cfg:g}," in read_parameters(cell)
+        # The grid holds each cell's image, in A1111's order (x fastest), below the column labels.
+    np.testing.assert_array_equal(pixels(grid)[-64:, -64:], pixels(cells[3]))
+    for script, script_args, said_text in (("prompt matrix", [], "not offered"),
+                                           ("x/y/z plot", [4, "1-"], "script_args"),
+                                           ("x/y/z plot", [99, "1", None] + [0, "", None] * 2, "X")):
+        with pytest.raises(RuntimeError) as refused:
+            api.txt2img(prompt=PROMPT, width=64, height=64, script_name=script, script_args=script_args)
+        assert refused.value.args[0] == 422 and said_text in refused.value.args[1], refused.value.args
+
+
 def test_openai_api_on_the_app_behind_its_key(app_server, from_generate):
     """The official openai client against the app: a wrong key is its AuthenticationError; with the
     key (Bearer) four images as base64 whose parameters are /generate's."""
@@ -220,6 +295,19 @@ def a1111_bodies(img2img: bool) -> list[bytes]:
                                    {"ADetailer": {"args": [True]}, "controlnet": {"args": []}}]}
     bodies = [{**base, name: value} for name, values in fields.items() for value in values]
     bodies += [{**base, name: value} for name in ONLY_DEFAULT for value in ("x", 12345, {"a": [1]})]
+    # The X/Y/Z plot: another script, args without one, and script_args whose every place is wrong.
+    plot = {**base, "script_name": "x/y/z plot"}
+    good = [4, "1,2", None, 0, "", None, 0, "", None]
+    bodies += [{**base, "script_name": value} for value in NOT_CHOICE + ["prompt matrix"]]
+    bodies += [{**base, "script_args": [4, "1"]}, {**plot, "batch_size": 2, "script_args": good}]
+    bodies += [{**plot, "script_args": value} for value in NOT_ANY + [None, [], good[:8], good + [0] * 10]]
+    bodies += [{**plot, "script_args": [*good[:i], value, *good[i + 1:]]}
+               for i, values in ((0, [v for v in NOT_CHOICE if type(v) is not int] + [-1, 999]),  # (5: img2img's CFG) (1, NOT_TEXT + ["0-", "1-5 (+0)", "x", "1-100000"]),
+                                 (9, NOT_BOOL))
+               for value in values]
+    bodies += [{**plot, "script_args": [7, "dog,cat", None] + good[3:]},  # (S/R: "dog" is not in "a cat")
+               {**plot, "script_args": [4, "1-64", None, 6, "1-64", None] + good[6:]},  # (4096 cells)
+               {**plot, "script_args": [9, "Euler,Nope", None] + good[3:]}]
     if not img2img:  # (A1111's img2img has no hires fix: it ignores these)
         hires = {"hr_upscaler": NOT_CHOICE, "hr_scale": NOT_NUMBER + [1.1, 3, 0.5], "enable_hr": NOT_BOOL,
                  "hr_second_pass_steps": NOT_NUMBER + [-1, 10**6], "denoising_strength": NOT_NUMBER + [-1, 2]}
@@ -356,8 +444,31 @@ def said(data: bytes) -> str:
     return error["message"] if isinstance(error, dict) else error
 
 
+def extras_bodies() -> list[bytes]:
+    """Bodies for /sdapi/v1/extra-single-image that must be refused: broken JSON, hostile images, and
+    a good image with each field it reads wrong (what A1111 would take but this server does not offer
+    included: face restoration, a second upscaler, an upscale past its most pixels)."""
+    as_text = lambda image: base64.b64encode(encoded(image, "PNG")).decode("ascii")
+    good = as_text(picture(64, 48))
+    bodies = NOT_JSON + [json.dumps({"image": value}).encode() for value in hostile_images() + NOT_TEXT]
+    fields = {"upscaler_1": NOT_CHOICE, "resize_mode": NOT_NUMBER + [2, -1, 0.5],
+              "upscaling_resize": NOT_NUMBER + [0.5, 4.5, 100], "gfpgan_visibility": [1, 0.5, "x", [0]],
+              "codeformer_visibility": [1, 0.2, "1"], "upscaler_2": ["Lanczos", "nope", 5],
+              "extras_upscaler_2_visibility": [0.3, 1, "x"]}
+    bodies += [json.dumps({"image": good, "upscaler_1": "Lanczos", name: value}).encode()
+               for name, values in fields.items() for value in values]
+    to_size = {"upscaling_resize_w": NOT_NUMBER + [0, 63, 10**6], "upscaling_resize_h": NOT_NUMBER + [0, 8193],
+               "upscaling_crop": NOT_BOOL}
+    bodies += [json.dumps({"image": good, "upscaler_1": "Lanczos", "resize_mode": 1, name: value}).encode()
+               for name, values in to_size.items() for value in values]
+    big = as_text(Image.new("RGB", (2048, 2048), (9, 9, 9)))
+    bodies += [json.dumps({"image": big, "upscaler_1": "Lanczos", "upscaling_resize": 2.5}).encode()]
+    return bodies
+
+
 @pytest.mark.parametrize("route", ["/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/sdapi/v1/options",
-                                   "/sdapi/v1/png-info", "/v1/images/generations", "/v1/images/edits"])
+                                   "/sdapi/v1/png-info", "/sdapi/v1/extra-single-image", "/v1/images/generations",
+                                   "/v1/images/edits"])
 def test_fuzz_the_tool_apis(app_server, route):
     """At least 300 malformed or hostile bodies on each route of the other tools' APIs (a few
     without the key): each a 4xx whose message says what is wrong, never a 5xx, no file of the
@@ -375,6 +486,8 @@ def test_fuzz_the_tool_apis(app_server, route):
         bodies = NOT_JSON + [json.dumps({"image": value}).encode() for value in images + NOT_TEXT]
         bodies += [json.dumps({"image": "data:image/png;base64," + value}).encode()  # (as A1111's clients send them)
                    for value in images if isinstance(value, str)]
+    elif route == "/sdapi/v1/extra-single-image":
+        bodies = extras_bodies()
     elif route == "/v1/images/generations":
         bodies = openai_bodies()
     else:

@@ -1,0 +1,114 @@
+"""AUTOMATIC1111's X/Y/Z plot through /sdapi/v1/txt2img and img2img (`script_name: "x/y/z plot"`,
+`script_args` in A1111's order: a1111/xyz_plot.py): the plot's cells packed into full calls (cells
+that differ only in seed, prompts, guidance or style share one), progress over the whole plot,
+Interrupt stopping it between calls, and the answer as A1111's: the grid (then each z value's grid,
+with include_sub_grids) first, then, with include_lone_images, every cell's image; `info` with each
+image's parameters text, the grid's first."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import io
+from typing import Any
+
+from PIL import Image
+from starlette.requests import Request as HTTPRequest
+
+from ..a1111.a1111_api import MAX_IMAGES, info_json
+from ..a1111.images import encode_all
+from ..a1111.infotext import quoted
+from ..a1111.xyz_plot import calls, cells, script_plot
+from ..imaging.grid import xyz_grids
+from ..request.errors import Cancelled
+from ..request.fields import FIELD, FIELDS
+from ..request.styles import apply_style
+from ..server.core import Server
+from ..version import VERSION
+from .http_io import checked_request
+from .many_images import one_call
+
+BY_API = {f.api: f.name for f in FIELDS if f.api}
+
+
+async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict[str, Any], fields: dict[str, Any],
+                        image_format: str, style: str | None, img2img: bool) -> dict[str, Any]:
+    """The plot of `data`'s script_args over the request `fields` (by API name, its style not yet applied)."""
+    offer = server.offer
+    plot = script_plot(data.get("script_args"), img2img=img2img, samplers=offer.samplers, sizes=offer.sizes,
+                       max_cells=MAX_IMAGES)
+    base = {BY_API.get(k, k): v for k, v in fields.items()}
+    plot_cells = cells(plot, {**base, "style": style}, max_cells=MAX_IMAGES)
+    batches = calls(plot_cells, offer.images_per_call)
+    made: dict[int, tuple[Image.Image, str, Any]] = {}
+    jobs.begin(len(batches))
+    try:
+        for done, call in enumerate(batches):
+            jobs.next_call(done)
+            if jobs.interrupted:
+                break
+            request = await asyncio.to_thread(checked_request, _call_fields(fields, style, call), server)
+            request = request[0]
+            try:
+                out = await one_call(server, http, request, "png", jobs.report, lambda: jobs.interrupted)
+            except Cancelled:
+                if jobs.interrupted:  # (A1111 answers with what it made)
+                    break
+                raise
+            infos = [dataclasses.replace(i, sampler=out.sampler, schedule=out.schedule)
+                     for i in request.images(len(call.cells))]
+            for cell, file, text, info in zip(call.cells, out.files, out.parameters, infos):
+                made[cell.index] = (Image.open(io.BytesIO(file)).convert("RGB"), text, info)
+            server.metrics.count_images(len(out.files), out.timings.get("encoding", 0.0))
+    finally:
+        jobs.end()
+    if len(made) < len(plot_cells):  # interrupted: the cells made, no grid
+        return _answer(data, [made[i] for i in sorted(made)], [], offer.model, image_format, style)
+    ordered = [made[i] for i in range(len(plot_cells))]
+    grids = await asyncio.to_thread(xyz_grids, [im for im, _, _ in ordered], plot.x.labels, plot.y.labels,
+                                    plot.z.labels, draw_legend=plot.draw_legend, margin_size=plot.margin_size,
+                                    include_sub_grids=plot.include_sub_grids)
+    lone = ordered if plot.include_lone_images else []
+    return _answer(data, lone, grids, offer.model, image_format, style, ordered[0], plot)
+
+
+def _call_fields(fields: dict[str, Any], style: str | None, call: Any) -> dict[str, Any]:
+    """One call's request fields by API name: what its cells share over the request's, and per image
+    (lists) the seed, prompts and guidance, each cell's style applied to its prompts."""
+    api = lambda name: FIELD[name].api or name  # noqa: E731 (every field a cell sets has one)
+    shared = {api(name): value for name, value in call.fields.items() if name != "style"}
+    each: dict[str, list] = {"prompt": [], "negative_prompt": [], "seed": [], "guidance_scale": []}
+    for cell in call.cells:
+        own = {**fields, **shared, **{api(n): v for n, v in cell.fields.items() if n != "style"}}
+        prompt, negative = own["prompt"], own.get("negative_prompt", "")
+        if (cell_style := cell.fields.get("style", style)) is not None:
+            prompt, negative = apply_style(cell_style, prompt, negative)
+        for key, value in (("prompt", prompt), ("negative_prompt", negative), ("seed", own.get("seed", -1)),
+                           ("guidance_scale", own.get("guidance_scale"))):
+            each[key].append(value)
+    if any(v is None for v in each["guidance_scale"]):  # (left out: the server's default, for every image)
+        del each["guidance_scale"]
+    return {**fields, **shared, **each, "count": len(call.cells)}
+
+
+def _answer(data: dict[str, Any], images: list, grids: list[Image.Image], model: str, image_format: str,
+            style: str | None, first: Any = None, plot: Any = None) -> dict[str, Any]:
+    """A1111's answer: the grids (their parameters text the first cell's, with the plot's axes), then the images."""
+    texts = [text for _, text, _ in images]
+    infos = [info for _, _, info in images]
+    files = [im for im, _, _ in images]
+    if grids:
+        axes = ", ".join(f"{n} Type: {a.type.label}, {n} Values: {quoted(a.text)}"
+                         for n, a in zip("XYZ", (plot.x, plot.y, plot.z)) if a.type.label != "Nothing")
+        grid_text = f"{first[1]}, Script: X/Y/Z plot, {axes}"
+        texts, infos, files = [grid_text] * len(grids) + texts, [first[2]] * len(grids) + infos, [*grids, *files]
+    encoded = encode_all(files, texts, "png")
+    send = data.get("send_images", True) is not False
+    info = info_json(infos, texts, model, None, [style] if style else [], VERSION) if infos else "{}"
+    echoed = {k: v for k, v in data.items() if k not in ("init_images", "mask")}
+    return {"images": [base64.b64encode(f).decode("ascii") for f in encoded] if send else [], "parameters": echoed,
+            "info": info}
+
+
+__all__ = ["plot_generate"]
