@@ -302,8 +302,8 @@ def a1111_bodies(img2img: bool) -> list[bytes]:
     bodies += [{**base, "script_args": [4, "1"]}, {**plot, "batch_size": 2, "script_args": good}]
     bodies += [{**plot, "script_args": value} for value in NOT_ANY + [None, [], good[:8], good + [0] * 10]]
     bodies += [{**plot, "script_args": [*good[:i], value, *good[i + 1:]]}
-               for i, values in ((0, [v for v in NOT_CHOICE if type(v) is not int] + [-1, 999]),  # (5: img2img's CFG) (1, NOT_TEXT + ["0-", "1-5 (+0)", "x", "1-100000"]),
-                                 (9, NOT_BOOL))
+               for i, values in ((0, [v for v in NOT_CHOICE if type(v) is not int] + [-1, 999]),  # (5: a type)
+                                 (1, NOT_TEXT + ["0-", "1-5 (+0)", "x", "1-100000"]), (9, NOT_BOOL))
                for value in values]
     bodies += [{**plot, "script_args": [7, "dog,cat", None] + good[3:]},  # (S/R: "dog" is not in "a cat")
                {**plot, "script_args": [4, "1-64", None, 6, "1-64", None] + good[6:]},  # (4096 cells)
