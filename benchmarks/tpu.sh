@@ -25,6 +25,8 @@
 #                                   # weights' transfer, the first stored UNet program's read (runtime_start.py) (~5 min)
 #   bash benchmarks/tpu.sh reference  # side by side with diffusers' Flax SDXL pipeline: SIDE=ours, then
 #                                   # SIDE=reference in a second call (IMAGES="1 4"; ~5 and ~8 min an image count)
+#   bash benchmarks/tpu.sh upscale  # the upscaler models (R-ESRGAN 4x+, General 4xV3), 1024x1024 -> 4096x4096 in tiles,
+#                                   # BATCHES="4,8" tiles a batch (benchmarks/upscaler.py) (~4 min)
 #   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
 #
 # Results: JSON files, log.txt (environment and logs) and summary.txt under $OUT (default benchmarks/out);
@@ -164,13 +166,17 @@ case "$MODE" in
       grep -v "are deprecated" "$work/$side.log" 2>/dev/null | tail -n 5 >> "$OUT/log.txt"
     done
     ;;
+  upscale)
+    quick upscale "$PY" benchmarks/upscaler.py --size "${SIZE:-1024}" --batches "${BATCHES:-4,8}" --json
+    ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
     JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/generate/test_tpu.py \
         2>&1 | tee "$OUT/tests.log"
     ;;
   *)
-    echo "unknown mode $MODE: quick, launch, ab, flags, xla, bench, first-image, compile, sizes, start, reference or test"
+    echo "unknown mode $MODE: quick, launch, ab, flags, xla, bench, first-image, compile, sizes, start, reference," \
+         "upscale or test"
     exit 2 ;;
 esac
 

@@ -79,6 +79,10 @@ def main(out: Path) -> None:
                 print(f"{path.stem}: {row['program']:<18} attention {row['attention']:<5} lowered "
                       f"{row['lower_s']:6.1f} s, compiled {row['compile_s']:6.1f} s "
                       f"({r['size']}, {r['images']} a call)")
+        elif "rows" in r and r["rows"] and "tiles_a_batch" in r["rows"][0]:  # upscaler.py's
+            for row in r["rows"]:
+                print(f"{path.stem}: {row['model']:<22} {row['size']}px -> {row['out'][1]}px, {row['tiles_a_batch']} "
+                      f"tiles a batch: {row['s_an_image']:.3f} s an image (compile {row['compile_s']:.0f} s)")
         elif "cold" in r or "this start" in r:  # first_image.py's
             from first_image import format_report
 
