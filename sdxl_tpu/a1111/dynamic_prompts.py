@@ -166,8 +166,8 @@ class Wildcards:
             chosen = [name] if name in self.names() else []
         if not chosen:
             known = (", ".join(f"__{n}__" for n in self.names()[:20])
-                     or "none (the server was given no wildcards folder)")
-            raise RequestError(f"The template names the wildcard __{name}__, which the server does not have; "
+                     or "none (no wildcards folder was given)")
+            raise RequestError(f"The template names the wildcard __{name}__, which is not in the wildcards folder; "
                                f"its wildcards: {known}. Write \\_\\_ for the characters themselves.")
         lines = tuple(line for n in chosen for line in self._read(n))
         if not lines:

@@ -48,8 +48,7 @@ async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict
             jobs.next_call(done)
             if jobs.interrupted:
                 break
-            request = await asyncio.to_thread(checked_request, _call_fields(fields, style, call), server)
-            request = request[0]
+            request, _ = await asyncio.to_thread(checked_request, _call_fields(fields, style, call), server)
             try:
                 out = await one_call(server, http, request, "png", jobs.report, lambda: jobs.interrupted)
             except Cancelled:

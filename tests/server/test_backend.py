@@ -206,7 +206,7 @@ def test_progress_and_previews_are_streamed_as_server_sent_events(backend):
     ({"prompt": "a cat", "format": ["png"]}, 422, "The field 'format' must be one of jpeg, png, webp"),
     ({"prompt": "a {red|blue", "seed": 1}, 422, "Prompt: The template has a { without its closing }"),
     ({"prompt": "a cat", "negative_prompt": "__secret__"}, 422,
-     "Negative prompt: The template names the wildcard __secret__, which the server does not have; its "
+     "Negative prompt: The template names the wildcard __secret__, which is not in the wildcards folder; its "
      "wildcards: none"),
     ({"prompt": "a __cat__", "dynamic_prompts": "random"}, 422,
      "Dynamic prompts 'random' is not available; choose one of: Off, Random, Combinatorial."),
