@@ -19,7 +19,7 @@ import pytest
 
 from served_app import free_port, get, read_metrics, requests_total, start_app
 
-WARMUP_CALLS, SOAK_CALLS, SAMPLE_EVERY = 20, 90, 5
+WARMUP_CALLS, SOAK_CALLS = 20, 90
 
 
 @pytest.fixture(scope="module")
@@ -54,25 +54,28 @@ def test_disk_and_memory_stay_flat_over_many_calls(served):
         gallery, _ = client.predict("a photo of a cat", "blurry", "(No style)", i, False, 5.0, 1, "64x64",
                                     api_name="/generate")
         assert len(gallery) == 4
-        if i >= WARMUP_CALLS and i % SAMPLE_EVERY == 0:
+        if i >= WARMUP_CALLS:
             rss[i] = _rss_bytes(pid)
         if i in (WARMUP_CALLS, SOAK_CALLS):
             disk.append(_disk(cache))
     (files_warm, bytes_warm), (files_end, bytes_end) = disk
-    growth = [(rss[i] - rss[i - SAMPLE_EVERY]) / SAMPLE_EVERY / 1024 for i in sorted(rss)[1:]]  # KiB a call
+    # RSS after each call of the soak; its growth over every run of 5 calls (KiB a call). The
+    # allocator swings RSS both ways (a call's buffers given back to the system or kept: up to 18 MiB
+    # on a CPU, whose "device" memory is the process's own, since the text's keys and values live
+    # through a call, 2026-12-07); the median over all the runs ignores the swings, a leak moves it.
+    calls = sorted(rss)
+    growth = statistics.median((rss[i + 5] - rss[i]) / 5 / 1024 for i in calls[:-5])
     print(f"after {WARMUP_CALLS} calls: {files_warm} files, {bytes_warm:,} bytes, RSS "
           f"{rss[WARMUP_CALLS] / 2**20:.1f} MiB; after {SOAK_CALLS}: {files_end} files, {bytes_end:,} bytes, RSS "
-          f"{rss[SOAK_CALLS] / 2**20:.1f} MiB; RSS growth, KiB a call, every {SAMPLE_EVERY} calls: "
-          + " ".join(f"{g:+.0f}" for g in growth))
+          f"{rss[SOAK_CALLS] / 2**20:.1f} MiB; growth {growth:+.1f} KiB a call; RSS (MiB) a call: "
+          + " ".join(f"{rss[i] / 2**20:.1f}" for i in calls))
     # Disk: only what the last couple of seconds wrote is still there (4 images a call, ~2 kB each);
     # before the sweep it grew by every call's images, for good.
     assert files_end <= 4 * 20 and bytes_end <= 4 * 20 * 8_000
     # Memory: flat after warm-up. Holding on to each call's images (4 x 12 kB of pixels) grows
-    # RSS steadily; the allocator adds one-off jumps of either sign (+3.6 MiB and +18 MiB in some
-    # runs), which the median of the per-interval growth ignores. Measured 2026-12-02: a median of
-    # 4 KiB a call as served; 22-37 KiB with a deliberate leak of every image PIL saves (a
-    # sitecustomize keeping a copy of each).
-    assert statistics.median(growth) <= 12, growth
+    # RSS steadily: 22-37 KiB a call with a deliberate leak of every image PIL saves (a
+    # sitecustomize keeping a copy of each, 2026-12-02).
+    assert growth <= 12, growth
     # The newest images are still served.
     with urllib.request.urlopen(gallery[0]["image"]["url"], timeout=10) as response:
         assert response.status == 200 and response.read(3) == b"\xff\xd8\xff"  # a JPEG
