@@ -132,6 +132,12 @@ def upscale_by(image: Image.Image, scale: float, apply: Callable[[Image.Image], 
     return image if image.size == dest else image.resize(dest, resample=Image.Resampling.LANCZOS)
 
 
+def lanczos_by(image: Image.Image, scale: float) -> Image.Image:
+    """A1111's "Lanczos" upscaler (UpscalerLanczos): Upscaler.upscale with Lanczos as the model."""
+    return upscale_by(image, scale, lambda im: im.resize((int(im.width * scale), int(im.height * scale)),
+                                                         resample=Image.Resampling.LANCZOS))
+
+
 def resize_with(image: Image.Image, size: tuple[int, int],
                 apply: Callable[[Image.Image], Image.Image]) -> Image.Image:
     """A1111's resize_image ("Just resize") with a model upscaler, as hires fix uses it: upscale_by the

@@ -37,8 +37,8 @@ def extras_plan(data: dict[str, Any], size: tuple[int, int], upscalers: tuple[st
     """(upscaler, scale, crop) of an Extras request for an image of `size`: the factor A1111's
     postprocessing_upscale applies (resize_mode 1: the larger ratio to upscaling_resize_w/h, then,
     with upscaling_crop, a crop to that size), checked so that what it makes stays within MAX_PIXELS."""
-    for key, off in OFF.items():
-        if data.get(key) not in (None, off, str(off)) and not (key == "upscaler_2" and data.get(key) == ""):
+    for key, off in OFF.items():  # (left out, empty or at A1111's value that turns it off)
+        if data.get(key) not in (None, "", off, str(off)):
             raise RequestError(f"{key} is not offered here (no face restoration or second upscaler): leave it "
                                f"at {off!r}.")
     upscaler = choice_input(data.get("upscaler_1", NONE), "upscaler_1", (NONE, "Lanczos", *upscalers))

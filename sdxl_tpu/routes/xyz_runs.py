@@ -41,7 +41,7 @@ async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict
     base = {BY_API.get(k, k): v for k, v in fields.items()}
     plot_cells = cells(plot, {**base, "style": style}, max_cells=MAX_IMAGES)
     batches = calls(plot_cells, offer.images_per_call)
-    made: dict[int, tuple[Image.Image, str, Any]] = {}
+    made: dict[int, tuple[bytes, str, Any]] = {}  # each cell's file, its parameters text, its ImageInfo
     jobs.begin(len(batches))
     try:
         for done, call in enumerate(batches):
@@ -50,7 +50,7 @@ async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict
                 break
             request, _ = await asyncio.to_thread(checked_request, _call_fields(fields, style, call), server)
             try:
-                out = await one_call(server, http, request, "png", jobs.report, lambda: jobs.interrupted)
+                out = await one_call(server, http, request, image_format, jobs.report, lambda: jobs.interrupted)
             except Cancelled:
                 if jobs.interrupted:  # (A1111 answers with what it made)
                     break
@@ -58,18 +58,27 @@ async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict
             infos = [dataclasses.replace(i, sampler=out.sampler, schedule=out.schedule)
                      for i in request.images(len(call.cells))]
             for cell, file, text, info in zip(call.cells, out.files, out.parameters, infos):
-                made[cell.index] = (Image.open(io.BytesIO(file)).convert("RGB"), text, info)
+                made[cell.index] = (file, text, info)
             server.metrics.count_images(len(out.files), out.timings.get("encoding", 0.0))
     finally:
         jobs.end()
+    ordered = [made[i] for i in sorted(made)]
     if len(made) < len(plot_cells):  # interrupted: the cells made, no grid
-        return _answer(data, [made[i] for i in sorted(made)], [], offer.model, image_format, style)
-    ordered = [made[i] for i in range(len(plot_cells))]
-    grids = await asyncio.to_thread(xyz_grids, [im for im, _, _ in ordered], plot.x.labels, plot.y.labels,
-                                    plot.z.labels, draw_legend=plot.draw_legend, margin_size=plot.margin_size,
-                                    include_sub_grids=plot.include_sub_grids)
-    lone = ordered if plot.include_lone_images else []
-    return _answer(data, lone, grids, offer.model, image_format, style, ordered[0], plot)
+        return _answer(data, ordered, offer.model, style)
+    # The grids, their parameters the first cell's with the plot's axes (A1111's), in the cells' format.
+    axes = ", ".join(f"{n} Type: {a.type.label}, {n} Values: {quoted(a.text)}"
+                     for n, a in zip("XYZ", (plot.x, plot.y, plot.z)) if a.type.label != "Nothing")
+    grid_text, first_info = f"{ordered[0][1]}, Script: X/Y/Z plot, {axes}", ordered[0][2]
+
+    def grid_files() -> list[bytes]:
+        grids = xyz_grids([Image.open(io.BytesIO(file)).convert("RGB") for file, _, _ in ordered], plot.x.labels,
+                          plot.y.labels, plot.z.labels, draw_legend=plot.draw_legend, margin_size=plot.margin_size,
+                          include_sub_grids=plot.include_sub_grids)
+        return encode_all(grids, [grid_text] * len(grids), image_format)
+
+    grids = await asyncio.to_thread(grid_files)
+    return _answer(data, [(grid, grid_text, first_info) for grid in grids]
+                   + (ordered if plot.include_lone_images else []), offer.model, style)
 
 
 def _call_fields(fields: dict[str, Any], style: str | None, call: Any) -> dict[str, Any]:
@@ -91,22 +100,14 @@ def _call_fields(fields: dict[str, Any], style: str | None, call: Any) -> dict[s
     return {**fields, **shared, **each, "count": len(call.cells)}
 
 
-def _answer(data: dict[str, Any], images: list, grids: list[Image.Image], model: str, image_format: str,
-            style: str | None, first: Any = None, plot: Any = None) -> dict[str, Any]:
-    """A1111's answer: the grids (their parameters text the first cell's, with the plot's axes), then the images."""
-    texts = [text for _, text, _ in images]
-    infos = [info for _, _, info in images]
-    files = [im for im, _, _ in images]
-    if grids:
-        axes = ", ".join(f"{n} Type: {a.type.label}, {n} Values: {quoted(a.text)}"
-                         for n, a in zip("XYZ", (plot.x, plot.y, plot.z)) if a.type.label != "Nothing")
-        grid_text = f"{first[1]}, Script: X/Y/Z plot, {axes}"
-        texts, infos, files = [grid_text] * len(grids) + texts, [first[2]] * len(grids) + infos, [*grids, *files]
-    encoded = encode_all(files, texts, "png")
+def _answer(data: dict[str, Any], images: list[tuple[bytes, str, Any]], model: str,
+            style: str | None) -> dict[str, Any]:
+    """A1111's answer of `images` (each file, its parameters text and its ImageInfo), in order."""
+    texts, infos = [text for _, text, _ in images], [info for _, _, info in images]
     send = data.get("send_images", True) is not False
     info = info_json(infos, texts, model, None, [style] if style else [], VERSION) if infos else "{}"
     echoed = {k: v for k, v in data.items() if k not in ("init_images", "mask")}
-    return {"images": [base64.b64encode(f).decode("ascii") for f in encoded] if send else [], "parameters": echoed,
+    return {"images": [base64.b64encode(f).decode("ascii") for f, _, _ in images] if send else [], "parameters": echoed,
             "info": info}
 
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from PIL import Image
 
 from ..generate.compiling.compilation import CompileCounter, before_jax_starts, enable_compile_cache, gpu_unused
 from ..generate.loading import load
@@ -21,7 +20,7 @@ from ..a1111.infotext import parameters_text
 from ..request.names import schedule_used
 from ..request.request import GenerationResult, Request, guided
 from ..request.values import format_size
-from ..imaging.upscale import upscale_by
+from ..imaging.upscale import lanczos_by
 from .batcher import Batcher, Job
 from .engine import Generated, Report, Ticket
 from .offer import Offer, provisional
@@ -113,8 +112,7 @@ class LocalEngine:
 
     def upscale(self, image: Any, upscaler: str, scale: float) -> Any:
         if upscaler == "Lanczos":
-            return upscale_by(image, scale, lambda im: im.resize((int(im.width * scale), int(im.height * scale)),
-                                                                 resample=Image.Resampling.LANCZOS))
+            return lanczos_by(image, scale)
         if self.pipeline is None or upscaler not in self.pipeline.upscalers.names:
             raise RequestError(f"No upscaler {upscaler!r} here.")
         model = self.pipeline.upscalers[upscaler]
