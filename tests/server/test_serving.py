@@ -25,9 +25,12 @@ WARMUP_CALLS, SOAK_CALLS = 20, 90
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, compile_cache):
     """One app for the module's tests, in order: the soak, then SIGTERM (which ends it). Images
-    stay downloadable for 2 s here (an hour by default), so a short run shows the sweep."""
+    stay downloadable for 2 s here (an hour by default), so a short run shows the sweep. glibc's
+    malloc keeps what it frees (no trim, no mmap'd blocks, one arena): RSS is then the most the
+    process ever held, which a leak raises and a call's buffers, freed and taken again, do not."""
     metrics_port = free_port()
-    for app in start_app(tmp_path_factory.mktemp("served"), compile_cache,
+    keep = {"MALLOC_TRIM_THRESHOLD_": str(2**40), "MALLOC_MMAP_THRESHOLD_": str(2**25), "MALLOC_ARENA_MAX": "1"}
+    for app in start_app(tmp_path_factory.mktemp("served"), compile_cache, env_extra=keep,
                          extra_args=("--keep-images", "2", "--metrics", f"127.0.0.1:{metrics_port}")):
         yield {**app, "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}
 
@@ -59,10 +62,10 @@ def test_disk_and_memory_stay_flat_over_many_calls(served):
         if i in (WARMUP_CALLS, SOAK_CALLS):
             disk.append(_disk(cache))
     (files_warm, bytes_warm), (files_end, bytes_end) = disk
-    # RSS after each call of the soak; its growth over every run of 5 calls (KiB a call). The
-    # allocator swings RSS both ways (a call's buffers given back to the system or kept: up to 18 MiB
-    # on a CPU, whose "device" memory is the process's own, since the text's keys and values live
-    # through a call, 2026-12-07); the median over all the runs ignores the swings, a leak moves it.
+    # RSS after each call of the soak; its growth over every run of 5 calls (KiB a call), the median
+    # of them. A call's buffers (16 MiB of the text's keys and values on a CPU, whose "device" memory
+    # is the process's own, 2026-12-07) swung RSS by as much both ways while malloc gave them back;
+    # with the served app's malloc keeping what it frees (`served`), RSS is flat unless memory leaks.
     calls = sorted(rss)
     growth = statistics.median((rss[i + 5] - rss[i]) / 5 / 1024 for i in calls[:-5])
     print(f"after {WARMUP_CALLS} calls: {files_warm} files, {bytes_warm:,} bytes, RSS "
