@@ -17,7 +17,9 @@ from typing import Any
 from ..request.errors import RequestError
 from ..request.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, MAX_SEED, RANDOM_SEED
 from ..request.request import PER_IMAGE, random_seed
+from ..request.styles import apply_style
 from ..request.values import json_type, number_input, schedule_input, seed_input, shown
+from .infotext import quoted
 from .xyz_axes import MAX_VALUES, NOTHING, Axis, axis
 
 MAX_CELLS = 64  # in one plot, unless its caller says (one /sdapi/v1 request's images: a1111_api.MAX_IMAGES)
@@ -186,3 +188,30 @@ def calls(plot_cells: Sequence[Cell], per_call: int) -> list[Call]:
         groups.setdefault(shared, []).append(cell)
     return [Call(dict(shared), tuple(group[i:i + per_call]))
             for shared, group in groups.items() for i in range(0, len(group), per_call)]
+
+
+def call_fields(fields: Mapping[str, Any], style: str | None, call: Call) -> dict[str, Any]:
+    """One call's request fields by API name (Request.of's): what its cells share over the request's
+    `fields` (by API name), and per image (lists) the seed, prompts and guidance, each cell's style
+    (else `style`) applied to its prompts; `count` its cells."""
+    api = lambda name: FIELD[name].api or name  # noqa: E731 (every field a cell sets has one)
+    shared = {api(name): value for name, value in call.fields.items() if name != "style"}
+    each: dict[str, list] = {"prompt": [], "negative_prompt": [], "seed": [], "guidance_scale": []}
+    for cell in call.cells:
+        own = {**fields, **shared, **{api(n): v for n, v in cell.fields.items() if n != "style"}}
+        prompt, negative = own["prompt"], own.get("negative_prompt", "")
+        if (cell_style := cell.fields.get("style", style)) is not None:
+            prompt, negative = apply_style(cell_style, prompt, negative)
+        for key, value in (("prompt", prompt), ("negative_prompt", negative), ("seed", own.get("seed", -1)),
+                           ("guidance_scale", own.get("guidance_scale"))):
+            each[key].append(value)
+    if any(v is None for v in each["guidance_scale"]):  # (left out: the default, for every image)
+        del each["guidance_scale"]
+    return {**fields, **shared, **each, "count": len(call.cells)}
+
+
+def grid_parameters(plot: Plot, first: str) -> str:
+    """The grids' parameters text, A1111's: the first cell's (`first`) with the plot's axes."""
+    axes = ", ".join(f"{n} Type: {a.type.label}, {n} Values: {quoted(a.text)}"
+                     for n, a in zip("XYZ", (plot.x, plot.y, plot.z)) if a.type.label != "Nothing")
+    return f"{first}, Script: X/Y/Z plot, {axes}"

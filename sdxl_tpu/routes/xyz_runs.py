@@ -18,12 +18,10 @@ from starlette.requests import Request as HTTPRequest
 
 from ..a1111.a1111_api import MAX_IMAGES, info_json
 from ..a1111.images import encode_all
-from ..a1111.infotext import quoted
-from ..a1111.xyz_plot import calls, cells, script_plot
+from ..a1111.xyz_plot import call_fields, calls, cells, grid_parameters, script_plot
 from ..imaging.grid import xyz_grids
 from ..request.errors import Cancelled
-from ..request.fields import FIELD, FIELDS
-from ..request.styles import apply_style
+from ..request.fields import FIELDS
 from ..server.core import Server
 from ..version import VERSION
 from .http_io import checked_request
@@ -48,7 +46,7 @@ async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict
             jobs.next_call(done)
             if jobs.interrupted:
                 break
-            request, _ = await asyncio.to_thread(checked_request, _call_fields(fields, style, call), server)
+            request, _ = await asyncio.to_thread(checked_request, call_fields(fields, style, call), server)
             try:
                 out = await one_call(server, http, request, image_format, jobs.report, lambda: jobs.interrupted)
             except Cancelled:
@@ -66,9 +64,7 @@ async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict
     if len(made) < len(plot_cells):  # interrupted: the cells made, no grid
         return _answer(data, ordered, offer.model, style)
     # The grids, their parameters the first cell's with the plot's axes (A1111's), in the cells' format.
-    axes = ", ".join(f"{n} Type: {a.type.label}, {n} Values: {quoted(a.text)}"
-                     for n, a in zip("XYZ", (plot.x, plot.y, plot.z)) if a.type.label != "Nothing")
-    grid_text, first_info = f"{ordered[0][1]}, Script: X/Y/Z plot, {axes}", ordered[0][2]
+    grid_text, first_info = grid_parameters(plot, ordered[0][1]), ordered[0][2]
 
     def grid_files() -> list[bytes]:
         grids = xyz_grids([Image.open(io.BytesIO(file)).convert("RGB") for file, _, _ in ordered], plot.x.labels,
@@ -79,25 +75,6 @@ async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict
     grids = await asyncio.to_thread(grid_files)
     return _answer(data, [(grid, grid_text, first_info) for grid in grids]
                    + (ordered if plot.include_lone_images else []), offer.model, style)
-
-
-def _call_fields(fields: dict[str, Any], style: str | None, call: Any) -> dict[str, Any]:
-    """One call's request fields by API name: what its cells share over the request's, and per image
-    (lists) the seed, prompts and guidance, each cell's style applied to its prompts."""
-    api = lambda name: FIELD[name].api or name  # noqa: E731 (every field a cell sets has one)
-    shared = {api(name): value for name, value in call.fields.items() if name != "style"}
-    each: dict[str, list] = {"prompt": [], "negative_prompt": [], "seed": [], "guidance_scale": []}
-    for cell in call.cells:
-        own = {**fields, **shared, **{api(n): v for n, v in cell.fields.items() if n != "style"}}
-        prompt, negative = own["prompt"], own.get("negative_prompt", "")
-        if (cell_style := cell.fields.get("style", style)) is not None:
-            prompt, negative = apply_style(cell_style, prompt, negative)
-        for key, value in (("prompt", prompt), ("negative_prompt", negative), ("seed", own.get("seed", -1)),
-                           ("guidance_scale", own.get("guidance_scale"))):
-            each[key].append(value)
-    if any(v is None for v in each["guidance_scale"]):  # (left out: the server's default, for every image)
-        del each["guidance_scale"]
-    return {**fields, **shared, **each, "count": len(call.cells)}
 
 
 def _answer(data: dict[str, Any], images: list[tuple[bytes, str, Any]], model: str,
