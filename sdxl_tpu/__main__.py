@@ -51,6 +51,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .request.load import LoadOptions, controlnet_name
     from .cli.options import load_values
     from .cli.parsing import fill_defaults
+    from .cli.xyz import plan, plot_of, run as run_plot
     from .request.recipes import recipe_named, settle
     from .request.request import Request
     from .request.values import schedule_input
@@ -76,25 +77,31 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                           lambda path, label: _read(path, "--control-image"))
         # Each field's option is named as the form names it (test_fields checks it); these few are
         # settled by the recipe, or are files to read.
-        request = Request.of(**{**{f.api: getattr(args, f.name) for f in FIELDS if f.api},
-                                "guidance_scale": s["guidance"], "steps": s["steps"], "size": s["size"],
-                                "sampler": s["sampler"], "strength": strength, "hires": args.hires or None,
-                                "image": image,
-                                "mask": None if args.mask is None else _read(args.mask, "--mask")},
-                             controlnet=units, controlnets=controlnets, upscalers=upscalers,
-                             wildcards=Wildcards(args.wildcards))
-        sizes = [request.size] + ([request.hires.size] if request.hires else [])  # (a hires fix: two passes)
+        fields = {**{f.api: getattr(args, f.name) for f in FIELDS if f.api},
+                  "guidance_scale": s["guidance"], "steps": s["steps"], "size": s["size"], "sampler": s["sampler"],
+                  "strength": strength, "hires": args.hires or None, "image": image,
+                  "mask": None if args.mask is None else _read(args.mask, "--mask")}
+        more = dict(controlnet=units, controlnets=controlnets, upscalers=upscalers, wildcards=Wildcards(args.wildcards))
+        request = Request.of(**fields, **more)
+        if args.images < 1:
+            raise RequestError("--images must be at least 1")
+        plot = plot_of(args, img2img=image is not None)  # an X/Y/Z plot: its calls' requests checked now too
+        plotted = None if plot is None else plan(plot, fields, more, args.images)
+        requests = [request] if plotted is None else [r for _, r in plotted.calls]
+        sizes = plotted.sizes if plotted else [request.size] + ([request.hires.size] if request.hires else [])
         options = LoadOptions.of(load_values(args, "generate"), recipe).replace(sizes=sizes, step_progress=False)
     except ValueError as e:
         return _fail(str(e))
-    if args.images < 1:
-        return _fail("--images must be at least 1")
     try:
         if args.compile_cache:
             enable_compile_cache(args.compile_cache)
         pipe = load(options, warmup=False, compile_cache=args.compile_cache)  # (compiles what the run needs)
-        if request.sampler is None:  # the checkpoint's own sampler: its schedule is checked now it is known
-            schedule_input(pipe.default_sampler, request.schedule)
+        for r in requests:  # the checkpoint's own sampler: its schedule is checked now it is known
+            if r.sampler is None:
+                schedule_input(pipe.default_sampler, r.schedule)
+        if plotted is not None:
+            run_plot(pipe, plotted, Path(args.out))
+            return 0
         result = pipe.run(request, images=args.images)
     except (CheckpointError, ValueError, GenerationError, OSError) as e:
         return _fail(str(e))

@@ -25,6 +25,7 @@ from ..imaging.mask import (DEFAULT_MASK_BLUR, DEFAULT_MASK_PADDING, DEFAULT_MAS
 from ..request.names import (ARCHITECTURES, DEFAULT_RESIZE_MODE, DEFAULT_RNG, DEFAULT_SCHEDULE, RESIZE_MODES, RNGS,
                              SAMPLERS, SCHEDULES)
 from ..a1111.prompts import DEFAULT_MAX_CHUNKS
+from ..a1111.xyz_axes import AXIS_TYPES
 from ..request.fields import FIELD
 from ..request.recipes import RECIPES
 
@@ -162,6 +163,16 @@ OPTIONS: tuple[Option, ...] = (
                                   ("control_low", "canny's low threshold", "N"),
                                   ("control_high", "canny's high threshold", "N"))),
     option("--out", ["generate"], "where the PNGs are written", default="outputs"),
+    # --- generate's X/Y/Z plot (AUTOMATIC1111's script: cli/xyz.py) ---
+    option("--x-type", ["generate"], "make an X/Y/Z plot: what its X axis varies, by AUTOMATIC1111's label ("
+           + ", ".join(t.label for t in AXIS_TYPES[1:]) + ")", metavar="TYPE"),
+    option("--x-values", ["generate"], "the X axis's values in AUTOMATIC1111's syntax: comma-separated (\"quoted, "
+           "with commas\"), ranges 1-5, 1-10 (+2), 10-1 (-3), 5-20 [4], 1.5-3 (+0.5)", metavar="VALUES"),
+    *(option(f"--{n}-{what}", ["generate"], f"the plot's {n.upper()} axis: as --x-{what}", metavar=what.upper())
+      for n in "yz" for what in ("type", "values")),
+    option("--no-legend", ["generate"], "the plot's grid without its labels", action="store_false", dest="draw_legend"),
+    option("--sub-grids", ["generate"], "with a Z axis, also each Z value's grid, each a file", action="store_true"),
+    option("--margin-size", ["generate"], "pixels between the grid's cells", type=int, default=0, metavar="PIXELS"),
     # --- the model ---
     option("--preset", [*SERVERS, "generate"],
            "settings that go together (weights, sampler, spacing, steps, guidance, size), e.g. 'Lightning 4-step' or "
