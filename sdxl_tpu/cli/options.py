@@ -214,6 +214,14 @@ OPTIONS: tuple[Option, ...] = (
            "folder's or file's): a diffusers-format folder or one .safetensors in diffusers' names; repeatable "
            "(environment: comma-separated)", env="SDXL_CONTROLNET", action="append", metavar="PATH", default=[],
            shown_default="none", loads="controlnets"),
+    option("--ip-adapter", [*SERVERS, "generate"], "IP-Adapter for SDXL (an image as a prompt: ip-adapter_sdxl, "
+           "ip-adapter-plus_sdxl_vit-h, ... as .safetensors or .bin) a ControlNet unit may name by its file's name, "
+           "as sd-webui-controlnet's; needs --image-encoder", env="SDXL_IP_ADAPTER", metavar="FILE",
+           shown_default="none", loads="ip_adapter"),
+    option("--image-encoder", [*SERVERS, "generate"], "the CLIP image encoder --ip-adapter was trained with: a "
+           "transformers folder (config.json, model.safetensors), h94/IP-Adapter's sdxl_models/image_encoder "
+           "(ViT-bigG) for ip-adapter_sdxl, models/image_encoder (ViT-H) for the vit-h ones",
+           env="SDXL_IMAGE_ENCODER", metavar="DIR", shown_default="none", loads="image_encoder"),
     option("--spacing", MODEL, "timestep spacing instead of the scheduler config's (few-step models: trailing)",
            env="SDXL_SPACING", choices=SPACINGS, loads="timestep_spacing"),
     option("--prediction-type", MODEL, "what the UNet predicts, instead of the scheduler config's (SDXL-Lightning's "

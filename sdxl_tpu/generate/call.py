@@ -20,6 +20,7 @@ from PIL import Image
 from ..request.errors import GenerationError, RequestError
 from ..imaging.hires import UPSCALERS, Hires, latent_upscale
 from ..request.request import GenerationResult, ImageInfo, guided
+from ..imaging.clip_image import normalized
 from ..imaging.resize import fit_image, image_array
 from ..request.values import not_a_choice, schedule_input
 from ..sampler.tables import Sampler
@@ -66,9 +67,10 @@ class Pipeline(Protocol):
     def compiled(self, size: Size, names: Sequence[str] | None = None) -> dict[str, Program]: ...
 
     controlnets: dict  # name -> ControlNetConfig
+    ip_adapter: str | None  # the IP-Adapter's name (a unit naming it gives an image prompt), if one is loaded
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
-                      controlnets: Sequence[str] = ()) -> tuple[str, ...]: ...
+                      controlnets: Sequence[str] = (), image_prompt: bool = False) -> tuple[str, ...]: ...
 
     def filled(self, per_image: np.ndarray) -> np.ndarray: ...
 
@@ -96,11 +98,20 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
     if first.hires is not None and controls:
         raise RequestError("ControlNet with a hires fix is not supported yet: make the image, then upscale it "
                            "with img2img")
-    for unit in controls:
-        if unit.images.shape != (n, first.size[1], first.size[0], 3) or unit.images.dtype != np.uint8:
-            raise ValueError(f"ControlNet {unit.controlnet!r}: its images must be (n, H, W, 3) uint8 at the call's "
-                             f"size, {(n, first.size[1], first.size[0], 3)}; got {unit.images.shape} "
-                             f"{unit.images.dtype}")
+    # The IP-Adapter's unit, if any: its images are image prompts, the encoder's crops (clip_image.py).
+    prompts = [u for u in controls if u.controlnet == pipe.ip_adapter]
+    if len(prompts) > 1:
+        raise RequestError("one IP-Adapter unit a call: its image prompt is one image")
+    image_prompt = prompts[0] if prompts else None
+    controls = tuple(u for u in controls if u is not image_prompt)
+    side = pipe.layout.image_prompt_size
+    for unit in (*controls, *prompts):
+        shape = (n, side, side, 3) if unit is image_prompt else (n, first.size[1], first.size[0], 3)
+        if unit.images.shape != shape or unit.images.dtype != np.uint8:
+            raise ValueError(f"{unit.controlnet!r}: its images must be {shape} uint8 (n, H, W, 3: the call's size, or "
+                             f"the image encoder's for an IP-Adapter); got {unit.images.shape} {unit.images.dtype}")
+        if unit is image_prompt and unit.guess_mode:
+            raise RequestError(f"IP-Adapter {unit.controlnet!r}: guess mode is a ControlNet's")
     if first.sampler not in pipe.samplers:
         raise RequestError(not_a_choice("Sampler", first.sampler, pipe.samplers))
     if first.hires is not None and first.hires.upscaler not in (offered := (*UPSCALERS, *pipe.upscalers.names)):
@@ -114,7 +125,7 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
     begin = None if init_images is None else starting.prepare(init_images, masks, infos, pipe.vae_factor)
     out, timings = run_pass(pipe, infos, latents=latents, begin=begin, progress=told, stop=stop, preview=preview,
                             preview_every=preview_every, decode=hires is None or hires.upscaler != "Latent",
-                            controls=controls)
+                            controls=controls, image_prompt=image_prompt)
     if hires is not None:
         second = [dataclasses.replace(i, size=hires.size, steps=hires.steps or i.steps, strength=hires.strength,
                                       hires=None) for i in infos]
@@ -146,17 +157,18 @@ def _hires_steps(pipe: Pipeline, info: ImageInfo, hires: Hires) -> int:
 def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | None = None,
              begin: starting.Start | None = None, start_latents: np.ndarray | None = None,
              progress: Progress | None = None, stop: Callable[[], bool] | None = None, preview: Callable | None = None,
-             preview_every: int = 0, decode: bool = True,
-             controls: tuple[ControlUnit, ...] = ()) -> tuple[np.ndarray, dict[str, float]]:
+             preview_every: int = 0, decode: bool = True, controls: tuple[ControlUnit, ...] = (),
+             image_prompt: ControlUnit | None = None) -> tuple[np.ndarray, dict[str, float]]:
     """One pass of the denoising loop for `infos` (all of one size, steps, sampler, schedule and
     strength): from noise, from given initial `latents` (diffusers' layout), from starting images
-    (`begin`: encoded first) or from their latents (`start_latents`, (n, h, w, C)). Returns the
+    (`begin`: encoded first) or from their latents (`start_latents`, (n, h, w, C)); guided by
+    ControlNets (`controls`) and an IP-Adapter's image (`image_prompt`). Returns the
     decoded images (n, H, W, 3) uint8 (or with `decode` False the final latents) and its timings."""
     n, first = len(infos), infos[0]
     size, steps, strength, schedule = first.size, first.steps, first.strength, first.schedule
     # Only what this pass runs (all of them, where the pipeline was warmed up: nothing compiles then).
     names = pipe.call_programs(guided=guided(infos), given_latents=latents is not None, image=begin is not None,
-                               controlnets=[u.controlnet for u in controls])
+                               controlnets=[u.controlnet for u in controls], image_prompt=image_prompt is not None)
     programs = pipe.compiled(size, names)
     slots = infos + [infos[-1]] * (pipe.images_per_call - n)
     text = sampling.prepare(pipe.tokenizers, slots, pipe.force_zeros_for_empty_prompt, pipe.max_prompt_chunks,
@@ -194,6 +206,10 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
         context, pooled, cross_kv = programs["encode"](pipe.params["text_encoder"], pipe.params["text_encoder_2"],
                                                        pipe.params["unet"], *map(put, text[:6]), lengths,
                                                        put(text.zero_negative))
+        image_kv = ()
+        if image_prompt is not None:  # (its keys and values, once a call, as the text's)
+            image_kv = programs["image_prompt"](pipe.params["image_encoder"], pipe.params["ip_adapter"],
+                                                put(pipe.filled(normalized(image_prompt.images))))
         image, image_seconds = zeros if start_latents is None else put(pipe.filled(start_latents)), 0.0
         keep, fill = pipe.zeros((h, w, 1)), pipe.zeros((), np.int32)
         # The host's draws in diffusers' order: the image's VAE sample, the initial noise, the masked image's.
@@ -225,18 +241,22 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
             # On the checkpoint's schedule diffusers re-imposes the known latents on a base UNet only
             # (A1111's CFGDenoiser, on its schedule types, on any UNet).
             state = state._replace(keep=pipe.zeros((h, w, 1)))
-        jax.block_until_ready((context, pooled, state))
+        jax.block_until_ready((context, pooled, state, image_kv))
         t_text = time.perf_counter()
         conditioning = (context, cross_kv, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
-        denoise = partial(programs[names[2]], pipe.params["unet"])
+        denoise, extra = partial(programs[names[2]], pipe.params["unet"]), ()
+        if image_prompt is not None:  # (its scale per row: one "residual", the same for both passes)
+            extra += (image_kv, put(scale_table(image_prompt, 1, True, step_ends, pipe.images_per_call)[..., 0]))
         if controls:
             nets = tuple(pipe.params[controlnet_key(u.controlnet)] for u in controls)
             images = tuple(put(pipe.filled(u.images)) for u in controls)
             scales = tuple(put(scale_table(u, pipe.controlnets[u.controlnet].residuals,
                                            pipe.controlnets[u.controlnet].global_pool_conditions, step_ends,
                                            pipe.images_per_call)) for u in controls)
-            plain = denoise  # (the ControlNets' arguments come after the step's)
-            denoise = lambda *a: plain(*a, nets, images, scales)  # noqa: E731
+            extra += (nets, images, scales)
+        if extra:
+            plain = denoise  # (the image prompt's and the ControlNets' arguments come after the step's)
+            denoise = lambda *a: plain(*a, *extra)  # noqa: E731
         if pipe.stepwise:
             on_device = partial(programs["preview"], pipe.params["taesd"]) if "preview" in programs else None
             previews = Previews(on_device, n, len(step_ends), preview, preview_every)  # (the steps that run)

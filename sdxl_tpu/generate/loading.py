@@ -21,12 +21,15 @@ from ..models.layers import Precision
 from ..weights.checkpoint import Checkpoint, Models, config_root, is_single_file
 from ..weights.controlnets import load_controlnet
 from ..weights.embeddings import load_embeddings
+from ..weights.errors import IPAdapterError
+from ..weights.ip_adapter import ImagePromptModels, load_image_prompt
 from ..weights.upscalers import find_upscalers
 from .upscaling import ModelUpscalers
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
 from .compiling.compilation import enable_compile_cache
 from .compiling.programs import Device
+from .control import checked_names
 from .compiling.stored_programs import ProgramStore
 from .pipeline import Pipeline
 
@@ -85,6 +88,7 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     name += "".join(f" + {lora}" + (f":{scale:g}" if scale != 1 else "") for lora, scale, _ in loras)
     precision = Precision.of(compute_dtype_for(o.dtype, o.compute_dtype), o.dtype, attention=o.attention)
     controlnets = {named: load_controlnet(path, precision) for named, path in zip(o.controlnet_names, o.controlnets)}
+    image_prompt = _image_prompt(o, models, precision)
     tokenizers = load_tokenizers(root)
     embeddings = load_embeddings(o.embeddings, tokenizers, models)
     upscalers = find_upscalers(o.upscalers) if o.upscalers else None
@@ -94,7 +98,8 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
                     step_progress=o.step_progress, preview_decoder=taesd, max_prompt_chunks=o.max_prompt_chunks,
                     program_store=ProgramStore.beside(compile_cache), controlnets=controlnets,
                     embeddings=embeddings, upscalers=upscalers and ModelUpscalers(upscalers.found, upscalers.skipped,
-                                                                                  precision))
+                                                                                  precision),
+                    image_prompt=image_prompt)
     with_weights(pipe, lambda: checkpoint.fill(models), first)
     # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
     # hashing them is quick).
@@ -103,6 +108,19 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     if warmup:
         pipe.warmup()
     return pipe
+
+
+def _image_prompt(o: LoadOptions, models: Models, precision: Precision) -> ImagePromptModels | None:
+    """The IP-Adapter and its image encoder `o` names, if any, checked against the UNet and each other."""
+    if o.ip_adapter is None:
+        if o.image_encoder is not None:
+            raise IPAdapterError("an image encoder serves an IP-Adapter: give the IP-Adapter too (--ip-adapter)")
+        return None
+    name = o.ip_adapter_names[0]
+    if name in o.controlnet_names:
+        raise IPAdapterError(f"IP-Adapter {name!r}: a ControlNet has that name too; rename one of the files")
+    checked_names({name: None})
+    return load_image_prompt(name, o.ip_adapter, o.image_encoder, models.unet, precision)
 
 
 def with_weights(pipe: Pipeline, weights: Callable[[], Models], first: Callable[[Pipeline], object] | None = None

@@ -35,13 +35,15 @@ from ..request.request import GenerationResult, ImageInfo, Request
 from ..request.values import format_size, not_a_choice, parse_size, size_input
 from ..weights.checkpoint import Models
 from ..weights.embeddings import Embeddings
+from ..weights.ip_adapter import ImagePromptModels
 from .upscaling import ModelUpscalers
 from .call import run_call
 from .control import ControlUnit, checked_names, units_of
 from .compiling.compiled import CompiledPrograms
-from .compiling.programs import (BATCH, NETWORKS, PROGRAMS, Device, Layout, Program, Size, controlled, controlnet_key,
-                                 program)
+from .compiling.programs import (BATCH, NETWORKS, PROGRAMS, Device, Layout, Program, Size, controlled,
+                                 controlnet_key, denoise_name, program)
 from .compiling.stored_programs import ProgramStore
+from .networks import Networks
 
 def call_batch(images: int, devices: int) -> int:
     """The compiled batch for `images` per call: rounded up so every device gets as many."""
@@ -65,7 +67,7 @@ class Pipeline:
                  preview_decoder: nnx.Module | None = None, max_prompt_chunks: int = DEFAULT_MAX_CHUNKS,
                  stamp: Stamp | None = None, program_store: ProgramStore | None = None,
                  controlnets: Mapping[str, ControlNetModel] | None = None, embeddings: Embeddings | None = None,
-                 upscalers: ModelUpscalers | None = None):
+                 upscalers: ModelUpscalers | None = None, image_prompt: ImagePromptModels | None = None):
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
         self.images_per_call = call_batch(images_per_call, len(devices))
@@ -86,7 +88,8 @@ class Pipeline:
             mesh=self.mesh, batch=self.images_per_call, vae_factor=2 ** (len(models.vae.config.block_out_channels) - 1),
             latent_channels=models.vae.config.latent_channels, condition_channels=models.condition_channels,
             chunks=max_prompt_chunks, text_widths=self.embeddings.dims, text_dtype=str(self.embeddings.dtype),
-            pooled_dim=models.pooled_dim, stepwise=step_progress)
+            pooled_dim=models.pooled_dim, stepwise=step_progress,
+            image_prompt_size=image_prompt.encoder.config.image_size if image_prompt else 0)
         self.vae_factor = self.layout.vae_factor
         self.sizes = []
         for s in sizes:
@@ -96,54 +99,39 @@ class Pipeline:
             self.sizes.append((w, h))
         self.lock = threading.Lock()
         self.batch_sharding, self.replicated = self.layout.batch_sharding, self.layout.replicated
-        # Each nnx module splits into its (static) graph and its arrays; the arrays are replicated.
-        # Abstract networks (Checkpoint.abstract()) give abstract parameters: enough to compile the
-        # programs while the weights are read, which take_weights then gives.
-        self.graphs: dict[str, nnx.GraphDef] = {}
-        self.params: dict[str, nnx.State] = {}
+        # Each network's graph and replicated parameters (networks.py; abstract ones until take_weights).
+        self.networks = Networks(self.replicated)
+        self.graphs, self.params = self.networks.graphs, self.networks.params
         for name in NETWORKS:
-            self.graphs[name], state = nnx.split(getattr(models, name))
-            self.params[name] = self._replicate(state)
-        self._abstract = self._abstract_networks()
+            self.networks.add(name, getattr(models, name))
         # Live previews: TAESD on the device when given, else the linear approximation on the host.
         self.preview_decoder = "taesd" if preview_decoder is not None else "approx"
         if preview_decoder is not None:
-            self.graphs["taesd"], state = nnx.split(preview_decoder)
-            self.params["taesd"] = jax.device_put(state, self.replicated)
+            self.networks.add("taesd", preview_decoder)
         # ControlNets a call may use, by name (models/controlnet.py): each adds its program to the
         # denoising step it joins (programs.controlled), compiled when a call first asks for it.
         self.controlnets = {}
         for name, net in checked_names(controlnets or {}).items():
-            self.graphs[controlnet_key(name)], state = nnx.split(net)
-            self.params[controlnet_key(name)] = self._replicate(state)
+            self.networks.add(controlnet_key(name), net)
             self.controlnets[name] = net.config
+        # An IP-Adapter a call's unit may name (its image's keys and values: the image_prompt program).
+        self.ip_adapter = None if image_prompt is None else image_prompt.name
+        if image_prompt is not None:
+            self.networks.add("image_encoder", image_prompt.encoder)
+            self.networks.add("ip_adapter", image_prompt.adapter)
         self._compiled = CompiledPrograms(self.layout, self.graphs, self.params, program_store)
         self.program_store = program_store
         # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
         self.step_index = [jax.device_put(np.int32(i), self.replicated) for i in range(MAX_ROWS)]
 
-    def _replicate(self, state: nnx.State) -> nnx.State:
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated)
-                            if isinstance(x, jax.ShapeDtypeStruct) else jax.device_put(x, self.replicated), state)
-
     @property
     def has_weights(self) -> bool:
-        return not self._abstract
-
-    def _abstract_networks(self) -> bool:
-        return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(self.params))
+        return not self.networks.abstract
 
     def take_weights(self, models: Models) -> None:
         """The weights of `models`, networks of the shapes this pipeline was built for (its
         abstract ones, filled): what it computes with from now on; compiled programs are kept."""
-        for name in NETWORKS:
-            _, state = nnx.split(getattr(models, name))
-            have, given = jax.tree.structure(self.params[name]), jax.tree.structure(state)
-            shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]  # noqa: E731
-            if have != given or shapes(self.params[name]) != shapes(state):
-                raise ValueError(f"{name}: the weights given are not of the networks this pipeline was built for")
-            self.params[name] = self._replicate(state)
-        self._abstract = self._abstract_networks()
+        self.networks.take(models)
 
     # -- the sharded programs -------------------------------------------------------------------
 
@@ -154,19 +142,21 @@ class Pipeline:
 
     @property
     def programs(self) -> tuple[str, ...]:
-        """The programs of a size (programs.PROGRAMS, TAESD's preview where it has one, and each
-        ControlNet's guided denoising step: ready before a call asks; two or more ControlNets at
-        once compile when first asked for)."""
+        """The programs of a size (programs.PROGRAMS, TAESD's preview where it has one, an
+        IP-Adapter's, and each ControlNet's guided denoising step: ready before a call asks; two or
+        more ControlNets at once, or with the IP-Adapter, compile when first asked for)."""
         return (PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
+                + (("image_prompt", denoise_name(image_prompt=True)) if self.ip_adapter else ())
                 + tuple(controlled("denoise", [name]) for name in self.controlnets))
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
-                      controlnets: Sequence[str] = ()) -> tuple[str, ...]:
+                      controlnets: Sequence[str] = (), image_prompt: bool = False) -> tuple[str, ...]:
         """The programs one pass of a call runs: `guided` (a guidance scale above 1), from
-        `given_latents` (diffusers' latents=) or from an `image`, with `controlnets` (by name); the
-        defaults: text to image."""
-        denoise = controlled("denoise" if guided else "denoise_unguided", controlnets)
+        `given_latents` (diffusers' latents=) or from an `image`, with `controlnets` (by name) and an
+        `image_prompt` (the IP-Adapter's); the defaults: text to image. The denoising step's is third."""
+        denoise = denoise_name(guided, image_prompt, controlnets)
         return ("encode", "init" if given_latents else "noise", denoise, "decode",
+                *(("image_prompt",) if image_prompt else ()),
                 *(("encode_image",) if image or self.layout.condition_channels else ()),
                 *(("preview",) if self.preview_decoder == "taesd" and self.stepwise else ()))
 
@@ -220,6 +210,15 @@ class Pipeline:
         return dataclasses.replace(self.stamp, embeddings=used)
 
     @property
+    def ip_adapters(self) -> tuple[str, ...]:
+        return () if self.ip_adapter is None else (self.ip_adapter,)
+
+    @property
+    def unit_models(self) -> tuple[str, ...]:
+        """What a call's ControlNet units may name: its ControlNets and its IP-Adapter."""
+        return (*self.controlnets, *self.ip_adapters)
+
+    @property
     def sampler(self) -> Sampler:
         """The default sampler."""
         return self.samplers[self.default_sampler]
@@ -233,8 +232,8 @@ class Pipeline:
         other fields by their API names (`controlnet`: units by sd-webui-controlnet's field names)."""
         return Request.of(prompt, negative_prompt, seed=seed, guidance_scale=guidance_scale, steps=steps, size=size,
                           sizes=self.sizes, sampler=sampler, samplers=list(self.samplers), schedule=schedule, rng=rng,
-                          strength=strength, image=image, resize_mode=resize_mode, controlnets=list(self.controlnets),
-                          upscalers=self.upscalers.names, **more)
+                          strength=strength, image=image, resize_mode=resize_mode, controlnets=self.unit_models,
+                          ip_adapters=self.ip_adapters, upscalers=self.upscalers.names, **more)
 
     def generate(self, prompt: str | Sequence[str], negative_prompt: str | Sequence[str] = "", *,
                  seed: int | Sequence[int] | None = None, guidance_scale: float | Sequence[float] = 5.0,
@@ -323,8 +322,7 @@ class Pipeline:
         if not self.has_weights:
             raise RuntimeError("this pipeline was built from abstract networks and has no weights yet (take_weights)")
         controls = tuple(controls) or units_of(infos)
-        unknown = [u.controlnet for u in controls if u.controlnet not in self.controlnets]
-        if unknown:
-            raise RequestError(not_a_choice("ControlNet", unknown[0], self.controlnets))
+        if unknown := [u.controlnet for u in controls if u.controlnet not in self.unit_models]:
+            raise RequestError(not_a_choice("ControlNet", unknown[0], self.unit_models))
         return run_call(self, infos, latents, init_images, masks, progress, stop, preview, preview_every, controls)
 

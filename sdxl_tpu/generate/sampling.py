@@ -23,6 +23,7 @@ import numpy as np
 from ..sampler.tables import Tables
 from ..a1111.prompts import CHUNK_TOKENS, EmbeddingNames, chunk_prompt, split_network_tags
 from ..request.request import ImageInfo
+from ..models.unet_blocks import ImagePrompt
 from ..weights.embeddings import Embeddings
 from . import sampler_update
 from .sampler_update import State
@@ -194,6 +195,31 @@ def control_residuals(control: Control, x_in: jax.Array, t: jax.Array, context: 
     return total
 
 
+class ImagePromptInput(NamedTuple):
+    """An IP-Adapter's image for a denoising step: each cross-attention's keys and values of each
+    image's (negative, prompt) image tokens (B, 2, T, H, D) (image_prompt_kv), and its scale
+    (B, 2, rows) per image, pass and table row (control.scale_table's), indexed by the step on the
+    device: a new image, scale, start or end is a new value, not a new program."""
+    kv: CrossKV
+    scales: jax.Array
+
+
+def image_prompt_kv(encoder, adapter, pixels: jax.Array) -> CrossKV:
+    """Image prompts (B, S, S, 3), as the encoder takes them (imaging/clip_image.py) -> the
+    adapter's keys and values of each image's negative and prompt tokens, as diffusers' encode_image
+    makes them: the negative from zero image embeddings (plain), or from a zero image's hidden
+    states (plus; one zero image for all)."""
+    b = pixels.shape[0]
+    if adapter.config.plus:
+        hidden = encoder(jnp.concatenate([jnp.zeros_like(pixels[:1]), pixels])).penultimate
+        features = jnp.concatenate([jnp.broadcast_to(hidden[:1], hidden[1:].shape), hidden[1:]])
+    else:
+        embeds = encoder(pixels).image_embeds
+        features = jnp.concatenate([jnp.zeros_like(embeds), embeds])
+    kv = adapter.block_kv(adapter.tokens(features))  # (2B, T, H, D): the negatives, then the prompts
+    return jax.tree.map(lambda a: jnp.moveaxis(a.reshape(2, b, *a.shape[1:]), 0, 1), kv)
+
+
 def cross_attention_kv(unet, context: jax.Array) -> CrossKV:
     """Context (B, 2, L, D) -> the UNet's cross-attention keys and values of each image's two
     texts, (B, 2, L, H, D) each: projected once a call, for all its steps (UNet.cross_kv)."""
@@ -204,7 +230,7 @@ def cross_attention_kv(unet, context: jax.Array) -> CrossKV:
 
 def denoise_step(unet, state: State, context: jax.Array, cross_kv: CrossKV, lengths: jax.Array, pooled: jax.Array,
                  time_ids: jax.Array, guidance: jax.Array, tables: Tables, i: jax.Array, guided: bool = True,
-                 control: Control | None = None) -> State:
+                 control: Control | None = None, image: ImagePromptInput | None = None) -> State:
     """Step i with classifier-free guidance; latents and sampler math in float32.
 
     Each image's unconditional and conditional pass run side by side in one UNet batch
@@ -212,26 +238,30 @@ def denoise_step(unet, state: State, context: jax.Array, cross_kv: CrossKV, leng
     image's guidance <= 1, as distilled models run) the conditional pass alone: half the batch.
     Cross-attention sees each text's own chunks (`lengths`), as if prompt and negative prompt
     were encoded apart (A1111's default when their lengths differ). ControlNets (`control`) see
-    the latents alone, without an inpainting UNet's condition, as diffusers gives them.
+    the latents alone, without an inpainting UNet's condition, as diffusers gives them; an
+    IP-Adapter's image (`image`) only the UNet sees, each pass its own tokens, as diffusers'.
     """
     b = state.x.shape[0]
     x_in, t = sampler_update.model_input(state, i, tables)
     passes = (0, 1) if guided else (1,)
+    by_pass = ((lambda a: a.reshape(2 * b, *a.shape[2:])) if guided else (lambda a: a[:, 1]))  # (B, 2, ...)
     if guided:
-        x_in, context, pooled = (jnp.repeat(x_in, 2, axis=0), context.reshape(2 * b, *context.shape[2:]),
-                                 pooled.reshape(2 * b, -1))
-        time_ids, lengths = jnp.repeat(time_ids, 2, axis=0), lengths.reshape(2 * b)
-        cross_kv = jax.tree.map(lambda a: a.reshape(2 * b, *a.shape[2:]), cross_kv)
-    else:  # what diffusers does for guidance_scale <= 1: the conditional prediction alone
-        context, pooled, lengths = context[:, 1], pooled[:, 1], lengths[:, 1]
-        cross_kv = jax.tree.map(lambda a: a[:, 1], cross_kv)
+        x_in, time_ids = jnp.repeat(x_in, 2, axis=0), jnp.repeat(time_ids, 2, axis=0)
+    # (guidance_scale <= 1: the conditional prediction alone, as diffusers makes it)
+    context, pooled, lengths = by_pass(context), by_pass(pooled), by_pass(lengths)
+    cross_kv = jax.tree.map(by_pass, cross_kv)
+    extra = {}  # (a UNet without ControlNets or an image prompt: as it was)
+    if image is not None:
+        scale = jnp.stack([image.scales[:, k, i] for k in passes], axis=1).reshape(-1)
+        extra["image_prompt"] = ImagePrompt(jax.tree.map(by_pass, image.kv), scale)
     residuals = None if control is None else control_residuals(control, x_in, t, context, pooled, time_ids, lengths,
                                                                i, passes)
     if state.condition.shape[-1] > 1:  # an inpainting UNet's condition (a base UNet's: one unused channel)
         condition = jnp.repeat(state.condition, len(passes), axis=0)
         x_in = jnp.concatenate([x_in, condition], axis=-1)  # beside the latents, as diffusers adds it
-    with_control = {} if residuals is None else {"control": residuals}  # (a UNet without ControlNets: as it was)
-    eps = unet(x_in, t, context, pooled, time_ids, lengths, cross_kv=cross_kv, **with_control).astype(jnp.float32)
+    if residuals is not None:
+        extra["control"] = residuals
+    eps = unet(x_in, t, context, pooled, time_ids, lengths, cross_kv=cross_kv, **extra).astype(jnp.float32)
     if not guided:
         return sampler_update.step(state, eps, i, tables)
     eps = eps.reshape(b, 2, *eps.shape[1:])
@@ -241,12 +271,12 @@ def denoise_step(unet, state: State, context: jax.Array, cross_kv: CrossKV, leng
 
 def denoise(unet, state: State, context: jax.Array, cross_kv: CrossKV, lengths: jax.Array, pooled: jax.Array,
             time_ids: jax.Array, guidance: jax.Array, tables: Tables, steps: jax.Array, guided: bool = True,
-            control: Control | None = None) -> State:
+            control: Control | None = None, image: ImagePromptInput | None = None) -> State:
     """Steps steps[0] up to steps[1] in one loop on the device (all of them, unless the host gives
     each step's noise). The bounds are traced, so any step count up to the table size runs the
     same compiled program."""
     step = lambda i, s: denoise_step(unet, s, context, cross_kv, lengths, pooled, time_ids, guidance, tables, i,
-                                     guided, control)
+                                     guided, control, image)
     return jax.lax.fori_loop(steps[0], steps[1], step, state)
 
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..imaging.clip_image import IP_ADAPTER_MODULES, image_prompt
 from ..imaging.control_image import CANNY_THRESHOLDS, PREPROCESSORS, control_image
 from .errors import RequestError
 from .fields import FIELD, FIELDS, MAX_WEIGHT
@@ -38,11 +39,13 @@ class ControlRequest:
     end: float
     guess_mode: bool
     thresholds: tuple[int, int] | None  # Canny's (low, high); None for the other preprocessors
+    # An IP-Adapter's unit: its image a prompt, (224, 224, 3) uint8 as the image encoder sees it.
     resize_mode: str = DEFAULT_RESIZE  # how the image was fitted to the size (names.RESIZE_MODES)
     image: Any = field(default=None, compare=False, repr=False)
 
 
-def _unit(value: Any, i: int, size: tuple[int, int], available: Sequence[str]) -> ControlRequest | None:
+def _unit(value: Any, i: int, size: tuple[int, int], available: Sequence[str],
+          ip_adapters: Sequence[str]) -> ControlRequest | None:
     label = f"ControlNet unit {i}"
     if not isinstance(value, Mapping):
         raise RequestError(f"{label} must be an object with model and image, got {json_type(value)}.")
@@ -59,7 +62,12 @@ def _unit(value: Any, i: int, size: tuple[int, int], available: Sequence[str]) -
         raise RequestError(f"{label} needs a model and an image.")
     if not isinstance(value["model"], str) or value["model"] not in available:
         raise RequestError(f"{label}: " + not_a_choice("ControlNet", value["model"], available))
-    module = choice_input(value.get("module", "none"), f"{label} module", PREPROCESSORS)
+    module = choice_input(value.get("module", "none"), f"{label} module", PREPROCESSORS + IP_ADAPTER_MODULES)
+    adapter = value["model"] in ip_adapters
+    if adapter != (module in IP_ADAPTER_MODULES) and module != "none":
+        raise RequestError(f"{label}: module {module} is " + ("a ControlNet's preprocessor; the IP-Adapter "
+                           f"{value['model']} takes {', '.join(IP_ADAPTER_MODULES)} or none" if adapter else
+                           f"an IP-Adapter's; {value['model']} is a ControlNet"))
     number = lambda key, default, low, high, whole=False: (  # noqa: E731
         default if value.get(key) is None else number_input(value[key], f"{label} {key}", low, high, whole=whole))
     weight = float(number("weight", 1.0, 0.0, MAX_WEIGHT))
@@ -67,8 +75,9 @@ def _unit(value: Any, i: int, size: tuple[int, int], available: Sequence[str]) -
     if start >= end:
         raise RequestError(f"{label}: guidance_start ({start}) must be below guidance_end ({end}).")
     guess_mode = value.get("guess_mode", False)
-    if not isinstance(guess_mode, bool):
-        raise RequestError(f"{label} guess_mode must be true or false, got {json_type(guess_mode)}.")
+    if not isinstance(guess_mode, bool) or (guess_mode and adapter):
+        raise RequestError(f"{label} guess_mode must be true or false, got {json_type(guess_mode)}." if not adapter
+                           else f"{label}: guess mode is a ControlNet's, not the IP-Adapter's.")
     thresholds = None
     if module == "canny":
         thresholds = (int(number("threshold_a", CANNY_THRESHOLDS[0], 1, 255, True)),
@@ -78,22 +87,26 @@ def _unit(value: Any, i: int, size: tuple[int, int], available: Sequence[str]) -
     if not isinstance(preprocessed, bool):
         raise RequestError(f"{label} preprocessed must be true or false, got {json_type(preprocessed)}.")
     low, high = thresholds or CANNY_THRESHOLDS
-    image = control_image(value["image"], size, "none" if preprocessed else module, resize_mode=mode, low=low,
-                          high=high)
+    image = image_prompt(value["image"], f"{label} image") if adapter else control_image(
+        value["image"], size, "none" if preprocessed else module, resize_mode=mode, low=low, high=high)
     return ControlRequest(value["model"], module, weight, start, end, guess_mode, thresholds, mode, image=image)
 
 
-def control_requests(value: Any, size: tuple[int, int], available: Sequence[str]) -> tuple[ControlRequest, ...]:
+def control_requests(value: Any, size: tuple[int, int], available: Sequence[str],
+                     ip_adapters: Sequence[str] = ()) -> tuple[ControlRequest, ...]:
     """The enabled units of `value` (a list of unit objects, or None), each checked and its image
-    made at `size`; `available`: the ControlNets loaded, by name."""
+    made at `size` (an IP-Adapter's: as its image encoder takes it); `available`: the ControlNets
+    and IP-Adapters loaded, by name; `ip_adapters`: which of them are IP-Adapters (one a call)."""
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
         raise RequestError(f"ControlNet must be a list of units, got {json_type(value)}.")
     if len(value) > MAX_UNITS:
         raise RequestError(f"ControlNet takes at most {MAX_UNITS} units, got {len(value)}.")
-    units = (_unit(given, i, size, available) for i, given in enumerate(value))
-    return tuple(unit for unit in units if unit is not None)
+    units = tuple(unit for i, given in enumerate(value) if (unit := _unit(given, i, size, available, ip_adapters)))
+    if sum(unit.model in ip_adapters for unit in units) > 1:
+        raise RequestError("ControlNet: one IP-Adapter unit a request (its image prompt is one image).")
+    return units
 
 
 # The page's unit: its fields in request/fields.py's list (named control_*), the numbers among them.

@@ -67,6 +67,8 @@ class LoadOptions:
     upscalers: a folder of upscaler models (ESRGAN, Real-ESRGAN) the hires fix may name, as A1111's.
     controlnets: ControlNets a call may use (diffusers-format folders, or .safetensors files in diffusers'
         names), each by its folder's or file's name (weights/controlnets.py).
+    ip_adapter: an IP-Adapter file a call's ControlNet units may name (by its file's name, as
+        sd-webui-controlnet names one), with `image_encoder`, the CLIP image encoder's folder it takes.
     timestep_spacing, prediction_type: instead of the scheduler config's ("trailing"; "sample").
     preview: how live previews are decoded: "approx", "taesd" or a TAESD checkpoint.
     max_prompt_chunks: room for the longest prompt, in chunks of 75 tokens.
@@ -84,6 +86,8 @@ class LoadOptions:
     config: str | None = None
     loras: tuple[Any, ...] = ()
     controlnets: tuple[str, ...] = ()
+    ip_adapter: str | None = None
+    image_encoder: str | None = None
     embeddings: str | None = None
     upscalers: str | None = None
     timestep_spacing: str | None = None
@@ -98,7 +102,7 @@ class LoadOptions:
         set_("sizes", tuple(parse_size(s) for s in self.sizes))
         set_("loras", tuple(self.loras or ()))
         set_("controlnets", tuple(str(c) for c in self.controlnets or ()))
-        for name in ("unet", "config", "embeddings", "upscalers"):
+        for name in ("unet", "config", "embeddings", "upscalers", "ip_adapter", "image_encoder"):
             if getattr(self, name) is not None:
                 set_(name, str(getattr(self, name)))
 
@@ -111,6 +115,16 @@ class LoadOptions:
     def controlnet_names(self) -> tuple[str, ...]:
         """The ControlNets a call may name."""
         return tuple(map(controlnet_name, self.controlnets))
+
+    @property
+    def ip_adapter_names(self) -> tuple[str, ...]:
+        """The IP-Adapter a call's units may name (none, or one)."""
+        return () if self.ip_adapter is None else (controlnet_name(self.ip_adapter),)
+
+    @property
+    def unit_models(self) -> tuple[str, ...]:
+        """What a ControlNet unit may name: the ControlNets and the IP-Adapter."""
+        return self.controlnet_names + self.ip_adapter_names
 
     def replace(self, **changes: Any) -> LoadOptions:
         return dataclasses.replace(self, **changes)

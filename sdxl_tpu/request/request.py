@@ -192,9 +192,9 @@ class Request:
            sampler: Any = None, samplers: Sequence[str] | None = None, schedule: Any = None, rng: Any = None,
            strength: Any = None, image: Any = None, resize_mode: Any = None, mask: Any = None,
            mask_blur: Any = None, masked_content: Any = None, mask_blurred: bool = False, inpaint_area: Any = None,
-           mask_padding: Any = None, hires: Any = None, count: Any = None,
-           hires_scale: Any = None, hires_upscaler: Any = None, hires_steps: Any = None, hires_strength: Any = None,
-           controlnet: Any = None, controlnets: Sequence[str] = (), upscalers: Sequence[str] = (),
+           mask_padding: Any = None, hires: Any = None, count: Any = None, hires_scale: Any = None,
+           hires_upscaler: Any = None, hires_steps: Any = None, hires_strength: Any = None, controlnet: Any = None,
+           controlnets: Sequence[str] = (), ip_adapters: Sequence[str] = (), upscalers: Sequence[str] = (),
            per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS, dynamic_prompts: Any = None,
            wildcards: Wildcards | None = NO_WILDCARDS) -> "Request":
         """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
@@ -211,8 +211,8 @@ class Request:
         already, as a front end forwards it). With `hires` true, a hires fix (A1111's): `hires_scale` (default 2; the
         upscaled size must be one of `sizes`), `hires_upscaler` (Latent, Lanczos or one of the
         `upscalers` models), `hires_steps` (0, the default: as many as the first pass) and
-        `hires_strength` (default 0.7). `controlnet`: a
-        list of ControlNet units (control.py; `controlnets`: the names loaded). `dynamic_prompts`:
+        `hires_strength` (default 0.7). `controlnet`: a list of ControlNet units (control.py;
+        `controlnets`: the names loaded, `ip_adapters` those of them that are IP-Adapters). `dynamic_prompts`:
         names.PROMPT_MODES' (default Random), from `wildcards` (None: a back end's, the syntax alone
         checked here). The images are checked last (they cost most)."""
         def prompt_text(v: Any) -> str:
@@ -272,7 +272,7 @@ class Request:
         if hires and controlnet:
             raise RequestError(f"{_label('hires')} with ControlNet is not supported yet: make the image, then upscale "
                                "it with img2img.")
-        checked["controls"] = control_requests(controlnet, checked["size"], controlnets)
+        checked["controls"] = control_requests(controlnet, checked["size"], controlnets, ip_adapters)
         if image is None:
             return Request(**checked)
         checked["strength"] = DEFAULT_STRENGTH if strength is None else float(number("strength")(strength))

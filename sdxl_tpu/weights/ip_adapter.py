@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from flax import nnx
@@ -236,3 +236,24 @@ def check_image_encoder(adapter: IPAdapterConfig, encoder: CLIPVisionConfig) -> 
     if have != adapter.image_embed_dim:
         raise IPAdapterError(f"the IP-Adapter takes an image encoder's {what} {adapter.image_embed_dim} wide; this "
                              f"image encoder's are {have} wide (the wrong encoder for this adapter)")
+
+
+class ImagePromptModels(NamedTuple):
+    """An IP-Adapter and its image encoder, as a Pipeline takes them; `name`: what a call's unit names it by."""
+    name: str
+    adapter: IPAdapter
+    encoder: CLIPVisionModelWithProjection
+
+
+def load_image_prompt(name: str, adapter: str | Path, encoder: str | Path | None, unet,
+                      precision: Precision = Precision()) -> ImagePromptModels:
+    """The IP-Adapter file `adapter` for `unet` and the image encoder folder `encoder` it takes,
+    checked against each other (IPAdapterError says what is wrong)."""
+    if encoder is None:
+        raise IPAdapterError(f"IP-Adapter {Path(adapter).name}: give its image encoder too (--image-encoder: "
+                             "h94/IP-Adapter's sdxl_models/image_encoder for ip-adapter_sdxl, models/image_encoder "
+                             "for the vit-h adapters)")
+    loaded = load_ip_adapter(adapter, unet, precision)
+    image_encoder = load_image_encoder(encoder, precision)
+    check_image_encoder(loaded.config, image_encoder.config)
+    return ImagePromptModels(name, loaded, image_encoder)

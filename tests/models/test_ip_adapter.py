@@ -16,7 +16,7 @@ import torch
 from flax import nnx
 from PIL import Image
 from reference import SMALL_UNET, nchw_to_nhwc, perturb_norms, rel_l2
-from safetensors.torch import save_file
+from ip_adapter_files import VISION, adapter_state, write_adapter
 from upscaler_files import write_torch_zip
 
 from sdxl_tpu import CompileCounter
@@ -31,56 +31,6 @@ TOL = 1e-4
 F32 = Precision()
 UNET = SMALL_UNET
 POOLED, LATENT = 32, (16, 16)
-# ViT-H/14 and ViT-bigG/14 at a small width: 4 x 4 patches and the class token.
-VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=56,
-              patch_size=14, projection_dim=24)
-# The plus adapter's resampler as diffusers builds it from a file: heads of 64, 4 layers, feed-forward 4x.
-PLUS = dict(hidden=128, heads=2, queries=6, depth=4)
-
-
-def _randn(gen, *shape, scale=None):
-    return torch.randn(shape, generator=gen) * (scale if scale is not None else shape[-1] ** -0.5)
-
-
-def _norm(gen, prefix: str, dim: int) -> dict[str, torch.Tensor]:
-    return {f"{prefix}.weight": 1 + _randn(gen, dim, scale=0.1), f"{prefix}.bias": _randn(gen, dim, scale=0.1)}
-
-
-def _adapter_state(unet, plus: bool, embed_dim: int, seed: int = 3) -> dict[str, dict[str, torch.Tensor]]:
-    """A random IP-Adapter for diffusers' `unet`, in the original IP-Adapter's names and numbering
-    (attention processors counted in diffusers' attn_processors order, the cross-attentions 1, 3, 5...)."""
-    gen = torch.Generator().manual_seed(seed)
-    width = UNET["cross_attention_dim"]
-    if plus:
-        h, inner = PLUS["hidden"], PLUS["heads"] * 64
-        proj = {"latents": _randn(gen, 1, PLUS["queries"], h), "proj_in.weight": _randn(gen, h, embed_dim),
-                "proj_in.bias": _randn(gen, h, scale=0.1), "proj_out.weight": _randn(gen, width, h),
-                "proj_out.bias": _randn(gen, width, scale=0.1), **_norm(gen, "norm_out", width)}
-        for i in range(PLUS["depth"]):
-            proj.update({**_norm(gen, f"layers.{i}.0.norm1", h), **_norm(gen, f"layers.{i}.0.norm2", h),
-                         f"layers.{i}.0.to_q.weight": _randn(gen, inner, h),
-                         f"layers.{i}.0.to_kv.weight": _randn(gen, 2 * inner, h),
-                         f"layers.{i}.0.to_out.weight": _randn(gen, h, inner), **_norm(gen, f"layers.{i}.1.0", h),
-                         f"layers.{i}.1.1.weight": _randn(gen, 4 * h, h),
-                         f"layers.{i}.1.3.weight": _randn(gen, h, 4 * h)})
-    else:
-        proj = {"proj.weight": _randn(gen, 4 * width, embed_dim), "proj.bias": _randn(gen, 4 * width, scale=0.1),
-                **_norm(gen, "norm", width)}
-    layers = {}
-    cross = [name[:-len(".processor")] for name in unet.attn_processors if name.endswith("attn2.processor")]
-    for j, name in enumerate(cross):
-        inner = unet.get_submodule(name).to_k.out_features
-        for part in ("to_k_ip", "to_v_ip"):
-            layers[f"{2 * j + 1}.{part}.weight"] = _randn(gen, inner, width)
-    return {"image_proj": proj, "ip_adapter": layers}
-
-
-def _write(state, path):
-    if path.suffix == ".bin":
-        torch.save(state, path)
-    else:
-        save_file({f"{part}.{k}": v.contiguous() for part, d in state.items() for k, v in d.items()}, str(path))
-    return path
 
 
 def _reference_unet(tmp_path):
@@ -133,8 +83,8 @@ def test_unet_with_ip_adapter_matches_diffusers(kind, suffix, tmp_path):
     theirs_unet = _reference_unet(tmp_path)
     ours_unet = load_unet(tmp_path / "unet", F32)
     embed_dim = VISION["hidden_size"] if plus else VISION["projection_dim"]
-    state = _adapter_state(theirs_unet, plus, embed_dim)
-    ours_adapter = load_ip_adapter(_write(state, tmp_path / f"ip-adapter{suffix}"), ours_unet)
+    state = adapter_state(theirs_unet, plus, embed_dim)
+    ours_adapter = load_ip_adapter(write_adapter(state, tmp_path / f"ip-adapter{suffix}"), ours_unet)
     assert ours_adapter.config.plus == plus
     theirs_unet._load_ip_adapter_weights([state], low_cpu_mem_usage=False)
 
@@ -206,7 +156,7 @@ def test_preprocessing_matches_clip_image_processor():
 
 def _hostile(tmp_path, unet, case: str):
     """A file that is not a usable IP-Adapter for `unet` (diffusers'), and a word its refusal says."""
-    state = _adapter_state(unet, False, 24)
+    state = adapter_state(unet, False, 24)
     path = tmp_path / f"{case}.safetensors"
     if case == "pickle_runs_code":
         import os
@@ -218,25 +168,25 @@ def _hostile(tmp_path, unet, case: str):
         write_torch_zip(path.with_suffix(".bin"), {"image_proj": Evil()}, {})
         return path.with_suffix(".bin"), "posix.system"
     if case == "not_an_adapter":
-        return _write({"unet": {"conv_in.weight": torch.zeros(2, 2)}}, path), "not an IP-Adapter"
+        return write_adapter({"unet": {"conv_in.weight": torch.zeros(2, 2)}}, path), "not an IP-Adapter"
     if case == "faceid":
         state["image_proj"] = {"proj.0.weight": torch.zeros(8, 4), "norm.weight": torch.zeros(4)}
-        return _write(state, path), "FaceID"
+        return write_adapter(state, path), "FaceID"
     if case == "sd15_adapter":
         state["ip_adapter"] = {k: v for k, v in state["ip_adapter"].items() if int(k.split(".")[0]) < 20}
-        return _write(state, path), "cross-attentions"
+        return write_adapter(state, path), "cross-attentions"
     if case == "wrong_shape":
         state["ip_adapter"]["5.to_v_ip.weight"] = torch.zeros(3, 48)
-        return _write(state, path), "wrong shape: ip_adapter.5.to_v_ip.weight"
+        return write_adapter(state, path), "wrong shape: ip_adapter.5.to_v_ip.weight"
     if case == "missing":
         del state["ip_adapter"]["7.to_k_ip.weight"]
-        return _write(state, path), "missing: ip_adapter.7.to_k_ip.weight"
+        return write_adapter(state, path), "missing: ip_adapter.7.to_k_ip.weight"
     if case == "other_width":
         state["image_proj"] = {"proj.weight": torch.zeros(4 * 32, 24), "proj.bias": torch.zeros(4 * 32),
                                "norm.weight": torch.zeros(32), "norm.bias": torch.zeros(32)}
-        return _write(state, path), "32 wide"
+        return write_adapter(state, path), "32 wide"
     if case == "truncated":
-        _write(state, path)
+        write_adapter(state, path)
         path.write_bytes(path.read_bytes()[:1000])
         return path, "not a readable .safetensors"
     if case == "bin_of_a_list":

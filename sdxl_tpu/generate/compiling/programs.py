@@ -40,10 +40,14 @@ NETWORKS = ("text_encoder", "text_encoder_2", "unet", "vae")
 # whose every image has guidance <= 1 (distilled models): half the UNet batch. (And "preview", with TAESD.)
 # encode_image: an image's latents (img2img), sampled with JAX's noise or the host's.
 PROGRAMS = ("encode", "encode_image", "noise", "init", "denoise", "denoise_unguided", "decode")
+# With an IP-Adapter: its image's keys and values (image_prompt), and each denoising step with them.
+IMAGE_PROMPT = "_ip"  # (the denoising step's name's suffix)
+IP_PROGRAMS = ("image_prompt", "denoise" + IMAGE_PROMPT, "denoise_unguided" + IMAGE_PROMPT)
 # Their compile's length on one TPU v5e at 1024x1024 (2026-12-05: the denoising steps 124-128 s, the
 # decoder 114, TAESD's preview smaller, the text encoders 36, the image encoder 14, the rest 0.1-1.5):
 # traced in this order, each compile starting once its program is, a size's compiles end soonest.
-SLOWEST_FIRST = ("denoise", "denoise_unguided", "decode", "preview", "encode", "encode_image", "noise", "init")
+SLOWEST_FIRST = ("denoise_ip", "denoise", "denoise_unguided_ip", "denoise_unguided", "decode", "preview", "encode",
+                 "image_prompt", "encode_image", "noise", "init")
 
 
 def slowest_first(names: Sequence[str]) -> list[str]:
@@ -67,6 +71,7 @@ class Layout:
     stepwise: bool  # one denoising step per call (progress, previews, stop), else all steps in one loop
 
     text_dtype: str = "float32"  # the token embeddings' (textual inversion vectors are given in it)
+    image_prompt_size: int = 0  # an IP-Adapter's image encoder's input, each way (0: none)
 
     @property
     def context_dim(self) -> int:
@@ -103,9 +108,16 @@ def shard(mesh: Mesh, fn: Callable, in_specs: tuple[Specs, ...], out_specs: Spec
 
 
 def controlled(name: str, controlnets: Sequence[str]) -> str:
-    """The program `name` (denoise or denoise_unguided) with these ControlNets (the pipeline's, by
-    name) adding their residuals: one program per combination, e.g. "denoise+canny+depth"."""
+    """The program `name` (denoise or denoise_unguided, _ip with an image prompt) with these
+    ControlNets (the pipeline's, by name) adding their residuals: one program per combination, e.g.
+    "denoise+canny+depth"."""
     return "+".join([name, *controlnets])
+
+
+def denoise_name(guided: bool = True, image_prompt: bool = False, controlnets: Sequence[str] = ()) -> str:
+    """The denoising step's program: with guidance, an IP-Adapter's image, these ControlNets."""
+    return controlled(("denoise" if guided else "denoise_unguided") + (IMAGE_PROMPT if image_prompt else ""),
+                      controlnets)
 
 
 def controlnet_key(name: str) -> str:
@@ -118,7 +130,9 @@ def program(name: str, layout: Layout, size: Size, graphs: Graphs,
     """The jitted program `name` for `size`, and abstract arguments to lower or trace it with."""
     base, *controlnets = name.split("+")
     if base not in _BUILDERS or (controlnets and not base.startswith("denoise")):
-        raise ValueError(f"no program {name!r}; programs: {', '.join([*PROGRAMS, 'preview'])}")
+        raise ValueError(f"no program {name!r}; programs: {', '.join([*PROGRAMS, 'preview', *IP_PROGRAMS])}")
+    if (base == "image_prompt" or base.endswith(IMAGE_PROMPT)) and "ip_adapter" not in graphs:
+        raise ValueError(f"no program {name!r}: no IP-Adapter is loaded")
     if missing := [c for c in controlnets if controlnet_key(c) not in graphs]:
         raise ValueError(f"no ControlNet {missing[0]!r} for program {name!r}")
     if controlnets:
@@ -150,6 +164,8 @@ class _Shapes:
         self.mask = self.batch((b, *layout.latent_shape(size)[:2], 1))
         self.keep = self.batch((b, *layout.latent_shape(size)[:2], 1))
         self.codes = self.batch((b,), jnp.int32)
+        side = layout.image_prompt_size  # (an IP-Adapter's image prompts, as its encoder takes them)
+        self.prompt_pixels = self.batch((b, side, side, 3))
 
 
 def _network(graphs: Graphs, name: str) -> Callable:
@@ -223,9 +239,19 @@ def _init(s: _Shapes, graphs, params):
     return shard(s.layout.mesh, fn, (bat, bat, P(), bat, bat), bat), (s.latents, s.seeds, s.tables, s.mask, s.latents)
 
 
-def _denoise(s: _Shapes, graphs, params, guided: bool, controlnets: tuple[str, ...] = ()):
-    """One step (stepwise: the last argument is the step) or all of them; with `controlnets`, each
-    one's parameters, control images and scale tables after the step (sampling.Control)."""
+def _image_prompt(s: _Shapes, graphs, params):
+    """An IP-Adapter's image prompts -> its keys and values of every image's two passes."""
+    encoder, adapter, bat = _network(graphs, "image_encoder"), _network(graphs, "ip_adapter"), P(BATCH)
+    fn = lambda pe, pa, pixels: sampling.image_prompt_kv(encoder(pe), adapter(pa), pixels)
+    return shard(s.layout.mesh, fn, (P(), P(), bat), bat), (params["image_encoder"], params["ip_adapter"],
+                                                             s.prompt_pixels)
+
+
+
+def _denoise(s: _Shapes, graphs, params, guided: bool, image_prompt: bool = False, controlnets: tuple[str, ...] = ()):
+    """One step (stepwise: the last argument is the step) or all of them; with an `image_prompt`,
+    its keys and values and scale tables after the step (sampling.ImagePromptInput); with
+    `controlnets`, each one's parameters, control images and scale tables after those (sampling.Control)."""
     layout, unet, bat = s.layout, _network(graphs, "unet"), P(BATCH)
     condition = cast(jax.Array, s.batch((layout.batch, *layout.condition_shape(s.size))))  # (its shape: eval_shape)
     context = s.batch((layout.batch, 2, layout.chunks * sampling.MAX_TOKENS, layout.context_dim))
@@ -238,16 +264,24 @@ def _denoise(s: _Shapes, graphs, params, guided: bool, controlnets: tuple[str, .
     nets = [_network(graphs, controlnet_key(name)) for name in controlnets]
 
     def fn(p, *a):
-        control = None
+        control = image = None
         if nets:
             *a, nets_p, images, scales = a
             control = sampling.Control(tuple(net(q) for net, q in zip(nets, nets_p, strict=True)), images, scales)
-        return loop(unet(p), *a, control=control)
+        if image_prompt:
+            *a, kv, scales = a
+            image = sampling.ImagePromptInput(kv, scales)
+        return loop(unet(p), *a, control=control, image=image)
 
     args = (params["unet"], state, context, cross_kv, s.lengths, s.batch((layout.batch, 2, layout.pooled_dim)),
             s.batch((layout.batch, 6)), s.batch((layout.batch,)), s.tables,
             s.rep((), jnp.int32) if layout.stepwise else s.rep((2,), jnp.int32))
     specs = (P(),) + (bat,) * 7 + (P(), P())
+    if image_prompt:
+        fn_kv, kv_args = _image_prompt(s, graphs, params)
+        kv = jax.tree.map(lambda x: s.batch(x.shape, x.dtype), jax.eval_shape(fn_kv, *kv_args))
+        args += (kv, s.batch((layout.batch, 2, MAX_ROWS)))
+        specs += (bat, bat)
     if controlnets:
         states = tuple(params[controlnet_key(name)] for name in controlnets)
         images = tuple(s.batch((layout.batch, s.size[1], s.size[0], 3), jnp.uint8) for _ in controlnets)
@@ -277,5 +311,7 @@ def _preview(s: _Shapes, graphs, params):
 
 
 _BUILDERS = {"encode": _encode, "encode_image": _encode_image, "noise": _noise, "init": _init,
-             "denoise": partial(_denoise, guided=True),
-             "denoise_unguided": partial(_denoise, guided=False), "decode": _decode, "preview": _preview}
+             "denoise": partial(_denoise, guided=True), "denoise_unguided": partial(_denoise, guided=False),
+             "denoise" + IMAGE_PROMPT: partial(_denoise, guided=True, image_prompt=True),
+             "denoise_unguided" + IMAGE_PROMPT: partial(_denoise, guided=False, image_prompt=True),
+             "image_prompt": _image_prompt, "decode": _decode, "preview": _preview}
