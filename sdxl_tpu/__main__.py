@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 from pathlib import Path
 
 from .request.fields import FIELDS, PASTED
@@ -70,9 +70,11 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.image is None and strength is not None:
             raise RequestError("--strength applies to a starting image: give --image too.")
         image = None if args.image is None else decode_image(_read(args.image, "--image"), "--image")
-        if args.control_image is not None and not args.controlnet:
-            raise RequestError("--control-image guides through a ControlNet: give --controlnet too.")
-        controlnets = tuple(map(controlnet_name, args.controlnet))
+        if args.control_image is not None and not args.controlnet and not args.ip_adapter:
+            raise RequestError("--control-image guides through a ControlNet or an IP-Adapter: give --controlnet "
+                               "or --ip-adapter too.")
+        ip_adapters = () if args.ip_adapter is None else (controlnet_name(args.ip_adapter),)
+        controlnets = (*map(controlnet_name, args.controlnet), *ip_adapters)
         units = form_unit({name: getattr(args, name) for name in FORM_FIELDS}, controlnets,
                           lambda path, label: _read(path, "--control-image"))
         # Each field's option is named as the form names it (test_fields checks it); these few are
@@ -81,7 +83,8 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                   "guidance_scale": s["guidance"], "steps": s["steps"], "size": s["size"], "sampler": s["sampler"],
                   "strength": strength, "hires": args.hires or None, "image": image,
                   "mask": None if args.mask is None else _read(args.mask, "--mask")}
-        more = dict(controlnet=units, controlnets=controlnets, upscalers=upscalers, wildcards=Wildcards(args.wildcards))
+        more: dict[str, Any] = dict(controlnet=units, controlnets=controlnets, ip_adapters=ip_adapters,
+                                    upscalers=upscalers, wildcards=Wildcards(args.wildcards))
         request = Request.of(**fields, **more)
         if args.images < 1:
             raise RequestError("--images must be at least 1")

@@ -79,6 +79,20 @@ def tiny_controlnet(tmp_path_factory, tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
+def tiny_ip_adapter(tmp_path_factory, tiny_checkpoint):
+    """A random plain IP-Adapter for the tiny UNet, "ip-adapter_sdxl" (.safetensors, as published),
+    and its random image encoder's folder (ip_adapter_files.py): (adapter, encoder)."""
+    from diffusers import UNet2DConditionModel
+    from ip_adapter_files import VISION, adapter_state, write_adapter, write_image_encoder
+
+    root = tmp_path_factory.mktemp("ip_adapter")
+    write_image_encoder(root / "image_encoder", image_size=224)
+    state = adapter_state(UNet2DConditionModel.from_pretrained(tiny_checkpoint / "unet"), False,
+                          VISION["projection_dim"])
+    return write_adapter(state, root / "ip-adapter_sdxl.safetensors"), root / "image_encoder"
+
+
+@pytest.fixture(scope="session")
 def wildcards_folder(tmp_path_factory):
     """A folder of wildcard files, as people bring them (one option a line, # comments, a subfolder)."""
     folder = tmp_path_factory.mktemp("wildcards")
@@ -106,17 +120,19 @@ def upscalers_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def app_server(tmp_path_factory, compile_cache, tiny_controlnet, wildcards_folder, embeddings_folder,
+def app_server(tmp_path_factory, compile_cache, tiny_controlnet, tiny_ip_adapter, wildcards_folder, embeddings_folder,
                upscalers_folder):
     """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests: with
     its MCP server on, an API key (served_app.API_KEY) for the other tools' APIs, the ControlNet
-    "edges" (tiny_controlnet), wildcards (wildcards_folder), embeddings (embeddings_folder) and an
-    upscaler model (upscalers_folder)."""
+    "edges" (tiny_controlnet), the IP-Adapter "ip-adapter_sdxl" (tiny_ip_adapter), wildcards
+    (wildcards_folder), embeddings (embeddings_folder) and an upscaler model (upscalers_folder)."""
     from served_app import API_KEY, start_app
 
+    adapter, encoder = tiny_ip_adapter
     yield from start_app(tmp_path_factory.mktemp("app"), compile_cache,
                          ("--mcp", "on", "--controlnet", str(tiny_controlnet), "--wildcards", str(wildcards_folder),
-                          "--embeddings", str(embeddings_folder), "--upscalers", str(upscalers_folder)),
+                          "--embeddings", str(embeddings_folder), "--upscalers", str(upscalers_folder),
+                          "--ip-adapter", str(adapter), "--image-encoder", str(encoder)),
                          env_extra={"SDXL_API_KEY": API_KEY})
 
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..imaging.clip_image import IP_ADAPTER_MODULES
 from ..imaging.control_image import PREPROCESSORS
 from ..request.errors import RequestError
 from ..request.names import RESIZE_MODES
@@ -89,14 +90,16 @@ def _unit(unit: Any, i: int) -> dict[str, Any]:
 
 
 def module_list() -> dict[str, Any]:
-    """GET /controlnet/module_list: the preprocessors offered, with sd-webui-controlnet's detail."""
+    """GET /controlnet/module_list: the preprocessors offered (an IP-Adapter's too), with
+    sd-webui-controlnet's detail."""
     sliders = {"canny": [{"name": "Preprocessor resolution", "value": 512, "min": 64, "max": 2048},
                          {"name": "Canny Low Threshold", "value": 100, "min": 1, "max": 255},
                          {"name": "Canny High Threshold", "value": 200, "min": 1, "max": 255}]}
-    return {"module_list": list(PREPROCESSORS),
-            "module_detail": {m: {"model_free": False, "sliders": sliders.get(m, [])} for m in PREPROCESSORS}}
+    modules = PREPROCESSORS + IP_ADAPTER_MODULES
+    return {"module_list": list(modules),
+            "module_detail": {m: {"model_free": False, "sliders": sliders.get(m, [])} for m in modules}}
 
 
 def model_list(names: Sequence[str]) -> dict[str, Any]:
-    """GET /controlnet/model_list: the ControlNets loaded."""
+    """GET /controlnet/model_list: the ControlNets and the IP-Adapter loaded."""
     return {"model_list": list(names)}

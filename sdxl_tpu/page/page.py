@@ -14,6 +14,7 @@ import numpy as np
 
 from ..request.errors import RequestError
 from ..request.fields import BY_API, FIELD, FIELDS, PASTED, restoring
+from ..imaging.clip_image import image_prompt as clip_image_prompt
 from ..imaging.control_image import control_image
 from ..imaging.image_input import decode_image
 from ..request.control import DEFAULT_RESIZE
@@ -105,18 +106,21 @@ NOTHING_FOUND = ("No generation parameters found in this image (read: AUTOMATIC1
                  "Fooocus', InvokeAI's, NovelAI's and ours).")
 
 
-def control_preview(value: Any, module: Any, low: Any, high: Any, size: Any, uploads: Any) -> Any:
+def control_preview(value: Any, module: Any, low: Any, high: Any, size: Any, uploads: Any,
+                    image_prompt: bool = False) -> Any:
     """What the ControlNet will see of the page's ControlNet image (`value`, an upload) at `size`, as
-    an RGB image: fitted as a unit's default (Crop and resize), through the preprocessor; None where
-    it cannot be made yet (no image, a value out of range: the run says what is wrong)."""
+    an RGB image: fitted as a unit's default (Crop and resize), through the preprocessor; with an
+    IP-Adapter (`image_prompt`), the image encoder's centre crop; None where it cannot be made yet
+    (no image, a value out of range: the run says what is wrong)."""
     from PIL import Image
 
     if uploads is None or value is None:
         return None
     try:
         low, high = (int(number_input(v, "Canny threshold", 1, 255, whole=True)) for v in (low, high))
-        return Image.fromarray(control_image(uploads.read(value, "ControlNet image"), parse_size(size), module,
-                                             resize_mode=DEFAULT_RESIZE, low=low, high=high))
+        data = uploads.read(value, "ControlNet image")
+        return Image.fromarray(clip_image_prompt(data, "ControlNet image") if image_prompt else control_image(
+            data, parse_size(size), module, resize_mode=DEFAULT_RESIZE, low=low, high=high))
     except (RequestError, ValueError, TypeError):
         return None
 

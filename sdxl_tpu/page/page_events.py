@@ -219,14 +219,16 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
                         outputs=[page.mask, page.inputs["resize_mode"], page.form_note], **light)
 
     # The ControlNet image as the ControlNet will see it: at the size, through the preprocessor.
-    controls = [page.inputs[name] for name in ("control_image", "control_module", "control_low", "control_high")]
+    # (An IP-Adapter's image: what its image encoder sees.)
+    controls = [page.inputs[name] for name in ("control_image", "control_module", "control_low", "control_high",
+                                               "control_model")]
 
-    def show_control(value, module, low, high, size_now):  # (kept as one of the page's uploads, as a mask is)
-        made = control_preview(value, module, low, high, size_now, server.uploads)
+    def show_control(value, module, low, high, model, size_now):  # (kept as one of the page's uploads, as a mask is)
+        made = control_preview(value, module, low, high, size_now, server.uploads, model in server.offer.ip_adapters)
         return None if made is None else uploads().add(made, get_upload_folder())
 
     for source, event in ((controls[0], "change"), (controls[1], "change"), (controls[2], "release"),
-                          (controls[3], "release"), (page.size, "change")):
+                          (controls[3], "release"), (controls[4], "change"), (page.size, "change")):
         getattr(source, event)(show_control, inputs=[*controls, page.size], outputs=[page.control_preview], **light)
 
     def read_png_info(value):

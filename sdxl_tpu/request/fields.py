@@ -168,10 +168,11 @@ FIELDS: tuple[Field, ...] = (
     # (request/control.py), which these make one of.
     Field("control_image", "ControlNet image", "image", optional=True,
           about="Guide the images with this image through a loaded ControlNet (edges, a depth map, a pose you "
-                "made...): an uploaded file, as the image is; fitted to the size by Crop and resize. Left out: "
-                "no ControlNet."),
+                "made...): an uploaded file, as the image is; fitted to the size by Crop and resize. Through the "
+                "IP-Adapter: the image as a prompt, its centre as the image encoder sees it. Left out: none."),
     Field("control_model", "ControlNet", "choice", optional=True, needs=("control_image",),
-          about="Which of the loaded ControlNets (GET /controlnet/model_list); left out: the first."),
+          about="Which of the loaded ControlNets, or the IP-Adapter (GET /controlnet/model_list); left out: the "
+                "first."),
     Field("control_module", "Preprocessor", "choice", "none", optional=True, choices=PREPROCESSORS,
           needs=("control_image",),
           about="What the ControlNet image becomes first: none (used as it is), canny (its edges), invert (white "

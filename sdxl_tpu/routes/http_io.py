@@ -118,7 +118,8 @@ def checked_request(data: dict[str, Any], server: Server) -> tuple[Request, list
                              for f in FIELDS if f.api and f.api != "prompt"}
     return Request.of(data["prompt"], **given, sizes=offer.sizes, samplers=offer.samplers, mask_blurred=blurred,
                       count=data.get("count"), max_chars=MAX_STYLED_PROMPT_CHARS, controlnet=data.get("controlnet"),
-                      controlnets=offer.controlnets, upscalers=offer.upscalers, wildcards=server.wildcards), notes
+                      controlnets=offer.controlnets, ip_adapters=offer.ip_adapters, upscalers=offer.upscalers,
+                      wildcards=server.wildcards), notes
 
 
 def logged_status(error: BaseException, path: str, log: logging.Logger, what: str) -> tuple[int, str, int | None]:

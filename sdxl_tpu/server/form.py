@@ -85,7 +85,7 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,
                          samplers=offer.samplers, per_image=False,
                          controlnet=form_unit(v, offer.controlnets, read_file), controlnets=offer.controlnets,
-                         upscalers=offer.upscalers, wildcards=wildcards)
+                         ip_adapters=offer.ip_adapters, upscalers=offer.upscalers, wildcards=wildcards)
     # The style wraps what the user typed (their text is what the length limit applies to).
     if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
         raise TypeError("a form's request has one prompt for all its images")  # (per_image=False)

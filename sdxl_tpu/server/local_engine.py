@@ -103,7 +103,7 @@ class LocalEngine:
         return dataclasses.replace(
             offer, model=pipe.model_name, sizes=list(pipe.sizes), samplers=list(pipe.samplers),
             default_sampler=offer.default_sampler if self.settings.recipe else pipe.default_sampler,
-            max_prompt_chunks=pipe.max_prompt_chunks,
+            max_prompt_chunks=pipe.max_prompt_chunks, controlnets=pipe.unit_models, ip_adapters=pipe.ip_adapters,
             embeddings=tuple((name, e.count) for name, e in pipe.embeddings.loaded.items()),
             skipped_embeddings=tuple(pipe.embeddings.skipped.items()), upscalers=pipe.upscalers.names)
 

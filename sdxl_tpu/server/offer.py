@@ -39,7 +39,8 @@ class Offer:
     rngs: list[str]
     default_rng: str
     loras: tuple[tuple[str, float], ...] = ()  # fused at load: (name, scale) (a back end of before: none said)
-    controlnets: tuple[str, ...] = ()  # the ControlNets a request may name (request/control.py)
+    controlnets: tuple[str, ...] = ()  # the ControlNets and IP-Adapter a request's units may name (request/control.py)
+    ip_adapters: tuple[str, ...] = ()  # which of those are IP-Adapters
     embeddings: tuple[tuple[str, int], ...] = ()  # textual inversion embeddings a prompt may name: (name, vectors)
     skipped_embeddings: tuple[tuple[str, str], ...] = ()  # files of the embeddings folder not loaded: (name, why)
     upscalers: tuple[str, ...] = ()  # upscaler models the hires fix and Extras may name (A1111's names)
@@ -56,7 +57,8 @@ class Offer:
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "sizes": [format_size(s) for s in self.sizes],
                 "loras": [{"name": name, "scale": scale} for name, scale in self.loras],
-                "controlnets": list(self.controlnets), "upscalers": list(self.upscalers),
+                "controlnets": list(self.controlnets), "ip_adapters": list(self.ip_adapters),
+                "upscalers": list(self.upscalers),
                 "embeddings": [{"name": name, "vectors": n} for name, n in self.embeddings],
                 "skipped_embeddings": [{"name": name, "reason": why} for name, why in self.skipped_embeddings]}
 
@@ -101,7 +103,8 @@ class Offer:
                          images_per_call=count, image_format=data["image_format"], max_prompt_chunks=chunks,
                          schedules=schedules, default_schedule=data["default_schedule"], rngs=rngs,
                          default_rng=data["default_rng"], loras=_loras(data.get("loras", [])),
-                         controlnets=_controlnets(data.get("controlnets", [])),
+                         controlnets=(controlnets := _controlnets(data.get("controlnets", []))),
+                         ip_adapters=_ip_adapters(data.get("ip_adapters", []), controlnets),
                          embeddings=_listed(data.get("embeddings", []), "vectors", int),
                          skipped_embeddings=_listed(data.get("skipped_embeddings", []), "reason", str),
                          upscalers=_upscalers(data.get("upscalers", [])))
@@ -112,6 +115,13 @@ def _controlnets(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or len(value) > 64 or not all(
             isinstance(name, str) and NAME.fullmatch(name) and len(name) <= 255 for name in value):
         raise ValueError("controlnets must be a list of names (letters, digits, '.', '_' and '-')")
+    return tuple(value)
+
+
+def _ip_adapters(value: Any, controlnets: tuple[str, ...]) -> tuple[str, ...]:
+    """Which of a server's unit models are IP-Adapters (one at most)."""
+    if not isinstance(value, list) or len(value) > 1 or not all(name in controlnets for name in value):
+        raise ValueError("ip_adapters must be a list of at most one of the controlnets' names")
     return tuple(value)
 
 
@@ -164,7 +174,7 @@ def provisional(settings: Settings) -> Offer:
                  images_per_call=load.images_per_call, image_format=settings.image_format,
                  max_prompt_chunks=load.max_prompt_chunks, schedules=list(SCHEDULES),
                  default_schedule=settings.schedule, rngs=list(RNGS), default_rng=settings.rng,
-                 loras=load.fused_loras, controlnets=load.controlnet_names)
+                 loras=load.fused_loras, controlnets=load.unit_models, ip_adapters=load.ip_adapter_names)
 
 
 def offered_presets(recipe: Recipe | None) -> list[str]:

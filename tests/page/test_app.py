@@ -1287,6 +1287,42 @@ def test_browser_controlnet_panel(app_server, browser, client, tmp_path):
     assert compiles(app_server) == before
 
 
+def test_browser_ip_adapter_in_the_controlnet_panel(app_server, browser, client, tmp_path):
+    """A person picks the IP-Adapter in the ControlNet panel (as in sd-webui-controlnet's) and drops
+    a picture in: the preview shows its centre as the image encoder sees it (224 x 224); they run:
+    four images whose parameters name the adapter, unlike the same run without it. Nothing recompiles."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from sdxl_tpu.a1111.images import read_parameters
+
+    start = tmp_path / "prompt.png"
+    picture(300, 200).save(start)
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        page.locator("#control-panel").get_by_text("ControlNet").first.click()
+        choose(page, "control_model", "ip-adapter_sdxl")
+        page.locator("#control_image input[type=file]").set_input_files(str(start))
+        shown = ("() => { const i = document.querySelector('#control-preview img'); "
+                 "return i && i.complete ? i.naturalWidth : 0 }")
+        wait_for(lambda: page.evaluate(shown) == 224, 30, "the image prompt's preview is not the encoder's crop")
+        preview_src = page.evaluate("() => document.querySelector('#control-preview img').src")
+        urls = seeded_run(page, "a lighthouse", "#control-panel", artifact(tmp_path, "ip-adapter-1280x800.png"))
+    with urllib.request.urlopen(preview_src, timeout=30) as response:
+        preview = np.asarray(Image.open(io.BytesIO(response.read())).convert("RGB"))
+    assert preview.shape == (224, 224, 3)
+    files = [Image.open(io.BytesIO(data)) for data in fetched(urls)]
+    texts = [read_parameters(f) for f in files]
+    assert len(files) == 4 and all('ControlNet 0: "Module: none, Model: ip-adapter_sdxl, Weight: 1,' in t
+                                   for t in texts), texts
+    gallery, _ = _generate(client, "a lighthouse", "", seed=5, steps=3)  # (the same run without the adapter)
+    plain = np.asarray(Image.open(gallery[0]["image"]).convert("RGB"))
+    assert psnr(np.asarray(files[0].convert("RGB")), plain) < 30
+    assert compiles(app_server) == before
+
+
 def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, tiny_pipeline):
     """A person opens "Start from an image", drops a picture in (the panel shows it, served back as
     plain PNG pixels; the size menu proposes the size nearest its shape), sets the strength and the

@@ -213,7 +213,8 @@ def test_generate_with_a_controlnet(main, tiny_controlnet, tmp_path, capsys):
     assert not np.array_equal(np.asarray(plain), np.asarray(guided))
     (tmp_path / "page.png").write_bytes(b"<svg onload=alert(1)>")
     for args, message in [
-        (["--control-image", str(checks)], "--control-image guides through a ControlNet: give --controlnet too."),
+        (["--control-image", str(checks)],
+         "--control-image guides through a ControlNet or an IP-Adapter: give --controlnet or --ip-adapter too."),
         ([*unit, "--control-weight", "3"], "Control weight must be a number between 0 and 2."),
         ([*unit, "--control-start", "0.6", "--control-end", "0.5"],
          "ControlNet unit 0: guidance_start (0.6) must be below guidance_end (0.5)."),
@@ -227,6 +228,31 @@ def test_generate_with_a_controlnet(main, tiny_controlnet, tmp_path, capsys):
         assert main([*common, *args, "--out", str(tmp_path / "bad")]) == 2, args
         assert capsys.readouterr().err.strip().startswith("error: " + message), args
     assert not (tmp_path / "bad").exists()
+
+
+def test_generate_with_an_ip_adapter(main, tiny_ip_adapter, tmp_path, capsys):
+    """--ip-adapter and --image-encoder, the image prompt given as the ControlNet unit's image with
+    --control-model naming the adapter: the parameters name it, the image differs from the same call's
+    without; an adapter without its encoder is one line, as is an encoder alone."""
+    adapter, encoder = tiny_ip_adapter
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (120, 90, 3), np.uint8)).save(tmp_path / "prompt.png")
+    common = ["generate", "a cat", "--seed", "3", "--steps", "2", "--size", "64x64", "--model", "tiny",
+              "--dtype", "float32", "--ip-adapter", str(adapter)]
+    assert main([*common, "--image-encoder", str(encoder), "--control-image", str(tmp_path / "prompt.png"),
+                 "--control-model", "ip-adapter_sdxl", "--control-weight", "0.6", "--out", str(tmp_path / "ip")]) == 0
+    assert main([*common, "--image-encoder", str(encoder), "--out", str(tmp_path / "plain")]) == 0
+    guided, plain = Image.open(tmp_path / "ip" / "3.png"), Image.open(tmp_path / "plain" / "3.png")
+    assert 'ControlNet 0: "Module: none, Model: ip-adapter_sdxl, Weight: 0.6,' in guided.info["parameters"]
+    assert not np.array_equal(np.asarray(plain), np.asarray(guided))
+    for args, message in (([], "IP-Adapter ip-adapter_sdxl.safetensors: give its image encoder too (--image-encoder"),
+                          (["--control-image", str(tmp_path / "prompt.png"), "--control-module", "canny",
+                            "--image-encoder", str(encoder)], "ControlNet unit 0: module canny is a ControlNet's")):
+        capsys.readouterr()
+        assert main([*common, *args, "--out", str(tmp_path / "bad")]) == 2, args
+        assert capsys.readouterr().err.strip().startswith("error: " + message), args
+    capsys.readouterr()
+    assert main([*common[:-2], "--image-encoder", str(encoder), "--out", str(tmp_path / "bad")]) == 2
+    assert "an image encoder serves an IP-Adapter: give the IP-Adapter too" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [

@@ -29,11 +29,14 @@ A1111, OPENAI = "/sdapi/v1/txt2img", "/v1/images/generations"
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory, compile_cache, tiny_controlnet):
-    """One back end for the module, with the ControlNet "edges"; its last test stops it (SIGTERM)."""
+def backend(tmp_path_factory, compile_cache, tiny_controlnet, tiny_ip_adapter):
+    """One back end for the module, with the ControlNet "edges" and the IP-Adapter "ip-adapter_sdxl";
+    its last test stops it (SIGTERM)."""
+    adapter, encoder = tiny_ip_adapter
     yield from start_backend(tmp_path_factory.mktemp("backend"), compile_cache,
                              extra_args=("--queue-size", str(QUEUE_SIZE), "--image-format", "webp",
-                                         "--drain-seconds", "60", "--controlnet", str(tiny_controlnet)))
+                                         "--drain-seconds", "60", "--controlnet", str(tiny_controlnet),
+                                         "--ip-adapter", str(adapter), "--image-encoder", str(encoder)))
 
 
 def post(backend, body: bytes | str | dict, headers: dict[str, str] | None = None,
@@ -64,7 +67,8 @@ def test_ready_after_warm_up_and_describes_itself(backend):
                                 "preset": None, "presets": ["Quality", "Balanced", "Fast"], "images_per_call": 4,
                                 "image_format": "webp", "max_prompt_chunks": 3, "schedules": list(SCHEDULES),
                                 "default_schedule": "Checkpoint", "rngs": list(RNGS), "default_rng": "JAX",
-                                "loras": [], "controlnets": ["edges"], "embeddings": [], "skipped_embeddings": [],
+                                "loras": [], "controlnets": ["edges", "ip-adapter_sdxl"],
+                                "ip_adapters": ["ip-adapter_sdxl"], "embeddings": [], "skipped_embeddings": [],
                                 "upscalers": []}
 
 
@@ -311,7 +315,12 @@ def test_fuzz_the_controlnet_units(backend):
                 decode_image(data)
             except RequestError:
                 units.append({**good, "image": base64.b64encode(data).decode()})
-    lists = [5, "x", {}, [5], [good] * 4, [{"enabled": True}], [None]]
+    # The IP-Adapter's unit: ControlNet-only settings, the image decoder's refusals, two image prompts.
+    prompt_unit = {"model": "ip-adapter_sdxl", "image": image, "module": "ip-adapter_clip_sdxl"}
+    units += [{**prompt_unit, "module": "canny"}, {**prompt_unit, "guess_mode": True},
+              {**good, "module": "ip-adapter_clip_h"},
+              *({**prompt_unit, "image": unit["image"]} for unit in units if unit["image"] != image)]
+    lists = [5, "x", {}, [5], [good] * 4, [{"enabled": True}], [None], [prompt_unit, prompt_unit]]
     bodies = [(("/v1/generate", {"prompt": "a cat", "steps": 1, "controlnet": [unit]}), "ControlNet")
               for unit in units]
     bodies += [(("/v1/generate", {"prompt": "a cat", "steps": 1, "controlnet": value}), "ControlNet")
@@ -333,7 +342,7 @@ def test_fuzz_the_controlnet_units(backend):
     for name, key in (("model_list", "model_list"), ("module_list", "module_list"), ("version", "version")):
         status, text = get(f"{backend['url']}/controlnet/{name}")
         assert status == 200 and key in json.loads(text)
-    assert json.loads(get(backend["url"] + "/controlnet/model_list")[1])["model_list"] == ["edges"]
+    assert json.loads(get(backend["url"] + "/controlnet/model_list")[1])["model_list"] == ["edges", "ip-adapter_sdxl"]
     assert get(backend["url"] + "/healthz")[0] == 200
 
 
@@ -444,7 +453,7 @@ def test_controlnet_units_through_the_json_and_a1111_apis(backend):
         assert status == 200, answer
         images[name] = Image.open(io.BytesIO(base64.b64decode(json.loads(answer)["images"][0])))
     api = webuiapi.WebUIApi(host="127.0.0.1", port=backend["port"], sampler="Euler", steps=3)
-    assert api.controlnet_model_list() == ["edges"]
+    assert api.controlnet_model_list() == ["edges", "ip-adapter_sdxl"]
     # (alwayson_scripts given: webuiapi puts the units into its default dict, which every later call
     # of this process would then send)
     made = api.txt2img(prompt="a lighthouse", seed=5, cfg_scale=5.0, width=64, height=64, scheduler="Checkpoint",
@@ -465,6 +474,47 @@ def test_controlnet_units_through_the_json_and_a1111_apis(backend):
                       ({**unit, "image": "<svg onload=alert(1)>"}, "ControlNet image")):
         status, _, answer = post(backend, {**common, "controlnet": [bad]})
         assert status == 422 and said in json.loads(answer)["error"], answer
+
+
+def test_ip_adapter_units_through_the_json_and_a1111_apis(backend):
+    """The IP-Adapter's unit in POST /v1/generate, and as sd-webui-controlnet's client sends one
+    (its ip-adapter module, the model with a hash): the same image, unlike the image without it or
+    with another image prompt; the parameters name the unit; the lists name the adapter and its
+    modules; nothing compiles (the warm-up had the image prompt's programs)."""
+    import webuiapi
+    from PIL import Image
+
+    from sdxl_tpu.a1111.images import read_parameters
+
+    before = metrics(backend)
+    common = {"prompt": "a lighthouse", "seed": 5, "steps": 3, "size": "64x64", "guidance_scale": 5.0,
+              "sampler": "Euler", "count": 1, "format": "png"}
+    photo = picture(300, 200)
+    unit = {"model": "ip-adapter_sdxl", "image": base64.b64encode(encoded(photo, "PNG")).decode(),
+            "module": "ip-adapter_clip_sdxl", "weight": 0.8}
+    images = {}
+    other = {**unit, "image": base64.b64encode(encoded(Image.new("RGB", (64, 64), (20, 200, 40)), "PNG")).decode()}
+    for name, body in (("json", {**common, "controlnet": [unit]}), ("none", common),
+                       ("other", {**common, "controlnet": [other]})):
+        status, _, answer = post(backend, body)
+        assert status == 200, answer
+        images[name] = Image.open(io.BytesIO(base64.b64decode(json.loads(answer)["images"][0])))
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=backend["port"], sampler="Euler", steps=3)
+    assert api.controlnet_model_list() == ["edges", "ip-adapter_sdxl"]
+    assert "ip-adapter_clip_sdxl_plus_vith" in api.controlnet_module_list()
+    made = api.txt2img(prompt="a lighthouse", seed=5, cfg_scale=5.0, width=64, height=64, scheduler="Checkpoint",
+                       alwayson_scripts={}, controlnet_units=[
+        webuiapi.ControlNetUnit(image=photo, module="ip-adapter_clip_sdxl", model="ip-adapter_sdxl [7d943a46]",
+                                weight=0.8, resize_mode="Crop and Resize")])
+    text = read_parameters(images["json"])
+    assert 'ControlNet 0: "Module: ip-adapter_clip_sdxl, Model: ip-adapter_sdxl, Weight: 0.8,' in text
+    assert made.info["infotexts"][0] == text
+    pixels = {name: np.asarray(image.convert("RGB")) for name, image in images.items()}
+    np.testing.assert_array_equal(np.asarray(made.image.convert("RGB")), pixels["json"])
+    assert psnr(pixels["json"], pixels["none"]) < 30 and psnr(pixels["json"], pixels["other"]) < 40
+    after = metrics(backend)
+    assert (after["sdxl_compiles_total"], after["sdxl_programs_loaded_total"]) == (
+        before["sdxl_compiles_total"], before["sdxl_programs_loaded_total"])
 
 
 def test_openai_images_api_through_its_client(backend, tiny_pipeline):
