@@ -83,8 +83,12 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                   "guidance_scale": s["guidance"], "steps": s["steps"], "size": s["size"], "sampler": s["sampler"],
                   "strength": strength, "hires": args.hires or None, "image": image,
                   "mask": None if args.mask is None else _read(args.mask, "--mask")}
+        if args.refiner_switch_at is not None and args.refiner is None:
+            raise RequestError("--refiner-switch-at says where the refiner takes over: give --refiner too.")
+        switch_at = args.refiner_switch_at if args.refiner_switch_at is not None else 0.8 if args.refiner else None
         more: dict[str, Any] = dict(controlnet=units, controlnets=controlnets, ip_adapters=ip_adapters,
-                                    upscalers=upscalers, wildcards=Wildcards(args.wildcards))
+                                    upscalers=upscalers, wildcards=Wildcards(args.wildcards),
+                                    refiner_switch_at=switch_at)
         request = Request.of(**fields, **more)
         if args.images < 1:
             raise RequestError("--images must be at least 1")

@@ -55,12 +55,13 @@ NOT_REPRODUCIBLE = ("Not reproducible here: A1111's {what}, so RNG {rng} is used
 @dataclass(frozen=True)
 class Stamp:
     """What made an image besides its own parameters, as A1111 names it: the model, its short
-    hash where it is one file, the LoRAs fused into it (name, scale, short hash), and the textual
-    inversion embeddings its prompts name (name, short hash)."""
+    hash where it is one file, the LoRAs fused into it (name, scale, short hash), the textual
+    inversion embeddings its prompts name (name, short hash), and its refiner."""
     model: str
     model_hash: str | None = None
     loras: tuple[tuple[str, float, str], ...] = ()
     embeddings: tuple[tuple[str, str], ...] = ()
+    refiner: str | None = None  # the refiner loaded (named where an image's steps switched to it)
 
 
 def file_hash(path: str | os.PathLike, digits: int) -> str:
@@ -108,6 +109,8 @@ def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
             settings.append(f"Hires steps: {info.hires.steps}")
         settings.append(f"Hires upscaler: {info.hires.upscaler}")
     settings.append(f"RNG: {info.rng}")
+    if info.refiner_switch_at is not None and stamp.refiner:  # (A1111's extra parameters, after RNG)
+        settings += [f"Refiner: {stamp.refiner}", f"Refiner switch at: {info.refiner_switch_at:g}"]
     settings += [f'ControlNet {i}: "{control_text(unit)}"' for i, unit in enumerate(info.controls)]
     if stamp.loras:
         settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')

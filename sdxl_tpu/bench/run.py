@@ -25,7 +25,7 @@ from flax import nnx
 from ..generate.compiling.compilation import enable_compile_cache
 from ..generate.loading import compute_dtype_for, load
 from ..generate.pipeline import Pipeline
-from ..generate.compiling.programs import Device
+from ..generate.compiling.layout import Device
 from ..generate.compiling.stored_programs import ProgramStore
 from ..models.layers import Precision
 from ..models.taesd import AutoencoderTiny, TAESDConfig

@@ -214,6 +214,9 @@ OPTIONS: tuple[Option, ...] = (
            "folder's or file's): a diffusers-format folder or one .safetensors in diffusers' names; repeatable "
            "(environment: comma-separated)", env="SDXL_CONTROLNET", action="append", metavar="PATH", default=[],
            shown_default="none", loads="controlnets"),
+    option("--refiner", ["generate"], "SDXL refiner (a diffusers folder) run last", metavar="DIR", loads="refiner"),
+    option("--refiner-switch-at", ["generate"], "where --refiner takes over: a fraction of the timesteps, 0-1",
+           type=float, metavar="FRACTION", shown_default="0.8 with --refiner"),
     option("--ip-adapter", [*SERVERS, "generate"], "IP-Adapter for SDXL (an image as a prompt: ip-adapter_sdxl, "
            "ip-adapter-plus_sdxl_vit-h, ... as .safetensors or .bin) a ControlNet unit may name by its file's name, "
            "as sd-webui-controlnet's; needs --image-encoder", env="SDXL_IP_ADAPTER", metavar="FILE",

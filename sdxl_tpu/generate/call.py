@@ -25,12 +25,15 @@ from ..imaging.resize import fit_image, image_array
 from ..request.values import not_a_choice, schedule_input
 from ..sampler.tables import Sampler
 from ..weights.embeddings import Embeddings
+from ..weights.refiner import RefinerModels
 from . import sampling, starting
 from .denoising_loop import HostNoise, denoise_fused, denoise_stepwise
 from .preview import Previews
 from .upscaling import ModelUpscalers
-from .compiling.programs import Layout, Params, Program, Size, controlnet_key
+from .compiling.layout import Layout, Size
+from .compiling.programs import REFINER_PROGRAMS, Params, Program, controlnet_key
 from .control import ControlUnit, scale_table
+from .refining import refiner_switch, refiner_time_ids
 
 Progress = Callable[[int, int], None]
 
@@ -68,9 +71,11 @@ class Pipeline(Protocol):
 
     controlnets: dict  # name -> ControlNetConfig
     ip_adapter: str | None  # the IP-Adapter's name (a unit naming it gives an image prompt), if one is loaded
+    refiner: RefinerModels | None  # the refiner a call's steps after its switch run on, if one is loaded
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
-                      controlnets: Sequence[str] = (), image_prompt: bool = False) -> tuple[str, ...]: ...
+                      controlnets: Sequence[str] = (), image_prompt: bool = False,
+                      refiner: bool = False) -> tuple[str, ...]: ...
 
     def filled(self, per_image: np.ndarray) -> np.ndarray: ...
 
@@ -85,16 +90,19 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
         raise ValueError(f"a call makes 1 to {pipe.images_per_call} images, not {n}")
     infos = [dataclasses.replace(info, sampler=info.sampler or pipe.default_sampler) for info in infos]
     first = infos[0]
-    shared = lambda i: (i.size, i.steps, i.sampler, i.schedule, i.strength, i.hires)
+    shared = lambda i: (i.size, i.steps, i.sampler, i.schedule, i.strength, i.hires, i.refiner_switch_at)
     if any(shared(i) != shared(first) for i in infos):
         raise ValueError("the images of one call must share their size, step count, sampler, schedule, "
-                         "denoising strength and hires fix")
+                         "denoising strength, hires fix and refiner switch")
     if (init_images is None) != (first.strength is None):
         raise ValueError("images that start from an image need their denoising strength, and only they")
     if (masks is not None and init_images is None) or (init_images is not None and latents is not None):
         raise ValueError("masks come with init_images, and init_images without latents")
     if first.hires is not None and (init_images is not None or latents is not None):
         raise ValueError("a hires fix starts from noise")
+    if first.refiner_switch_at is not None and (pipe.refiner is None or controls or first.hires):
+        raise RequestError("this server has no refiner" if pipe.refiner is None else
+                           "the refiner with a hires fix, ControlNet or an IP-Adapter is not supported yet")
     if first.hires is not None and controls:
         raise RequestError("ControlNet with a hires fix is not supported yet: make the image, then upscale it "
                            "with img2img")
@@ -167,8 +175,11 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     n, first = len(infos), infos[0]
     size, steps, strength, schedule = first.size, first.steps, first.strength, first.schedule
     # Only what this pass runs (all of them, where the pipeline was warmed up: nothing compiles then).
+    refiner, switch_at = pipe.refiner, first.refiner_switch_at
+    refine = refiner is not None and switch_at is not None
     names = pipe.call_programs(guided=guided(infos), given_latents=latents is not None, image=begin is not None,
-                               controlnets=[u.controlnet for u in controls], image_prompt=image_prompt is not None)
+                               controlnets=[u.controlnet for u in controls], image_prompt=image_prompt is not None,
+                               refiner=refine)
     programs = pipe.compiled(size, names)
     slots = infos + [infos[-1]] * (pipe.images_per_call - n)
     text = sampling.prepare(pipe.tokenizers, slots, pipe.force_zeros_for_empty_prompt, pipe.max_prompt_chunks,
@@ -257,14 +268,31 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
         if extra:
             plain = denoise  # (the image prompt's and the ControlNets' arguments come after the step's)
             denoise = lambda *a: plain(*a, *extra)  # noqa: E731
+        switch, refined, r_conditioning = step_ends[-1], denoise, conditioning  # (the rows the refiner runs: none)
+        if refiner is not None and switch_at is not None:  # its text's keys and values; each pass's size numbers
+            r_context, r_pooled, r_kv = programs[REFINER_PROGRAMS[0]](
+                pipe.params["text_encoder"], pipe.params["refiner/text_encoder_2"], pipe.params["refiner/unet"],
+                *map(put, text[:6]), lengths, put(text.zero_negative & refiner.force_zeros_for_empty_prompt))
+            r_conditioning = (r_context, r_kv, lengths, r_pooled, put(refiner_time_ids(text.time_ids)),
+                              *conditioning[5:])
+            refined = partial(programs[names[-1]], pipe.params["refiner/unet"])
+            switch = refiner_switch(host_tables.timesteps, step_ends, switch_at, sampler.num_train_timesteps)
+
+        def rows(s, first: int, end: int):  # rows first to end: the model's before the switch, the refiner's after
+            if first < switch:
+                s = denoise(s, *conditioning, np.array([first, min(end, switch)], np.int32))
+            if end > switch:
+                s = refined(s, *r_conditioning, np.array([max(first, switch), end], np.int32))
+            return s
+
         if pipe.stepwise:
             on_device = partial(programs["preview"], pipe.params["taesd"]) if "preview" in programs else None
             previews = Previews(on_device, n, len(step_ends), preview, preview_every)  # (the steps that run)
-            state = denoise_stepwise(lambda s, i: denoise(s, *conditioning, pipe.step_index[i]),
+            state = denoise_stepwise(lambda s, i: denoise(s, *conditioning, pipe.step_index[i]) if i < switch else
+                                     refined(s, *r_conditioning, pipe.step_index[i]),
                                      state, step_ends, host, previews, progress, stop)
         else:
-            state = denoise_fused(lambda s, first, end: denoise(s, *conditioning, np.array([first, end], np.int32)),
-                                  state, step_ends, host, progress)
+            state = denoise_fused(rows, state, step_ends, host, progress)
         t_denoise = time.perf_counter()
         if decode:
             out, finite = programs["decode"](pipe.params["vae"], state.x)

@@ -23,12 +23,13 @@ from ..weights.controlnets import load_controlnet
 from ..weights.embeddings import load_embeddings
 from ..weights.errors import IPAdapterError
 from ..weights.ip_adapter import ImagePromptModels, load_image_prompt
+from ..weights.refiner import load_refiner
 from ..weights.upscalers import find_upscalers
 from .upscaling import ModelUpscalers
 from ..weights.hub import load_tokenizers, resolve_file
 from ..weights.tensors import read_json
 from .compiling.compilation import enable_compile_cache
-from .compiling.programs import Device
+from .compiling.layout import Device
 from .control import checked_names
 from .compiling.stored_programs import ProgramStore
 from .pipeline import Pipeline
@@ -89,6 +90,8 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     precision = Precision.of(compute_dtype_for(o.dtype, o.compute_dtype), o.dtype, attention=o.attention)
     controlnets = {named: load_controlnet(path, precision) for named, path in zip(o.controlnet_names, o.controlnets)}
     image_prompt = _image_prompt(o, models, precision)
+    refiner = None if o.refiner is None else load_refiner(o.refiner, precision, models.vae.config.latent_channels,
+                                                          models.text_encoder_2.config.hidden_size)
     tokenizers = load_tokenizers(root)
     embeddings = load_embeddings(o.embeddings, tokenizers, models)
     upscalers = find_upscalers(o.upscalers) if o.upscalers else None
@@ -99,12 +102,13 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
                     program_store=ProgramStore.beside(compile_cache), controlnets=controlnets,
                     embeddings=embeddings, upscalers=upscalers and ModelUpscalers(upscalers.found, upscalers.skipped,
                                                                                   precision),
-                    image_prompt=image_prompt)
+                    image_prompt=image_prompt, refiner=refiner)
     with_weights(pipe, lambda: checkpoint.fill(models), first)
     # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
     # hashing them is quick).
     pipe.stamp = Stamp(model_name, file_hash(resolve_file(o.model), 10) if single else None,
-                       loras=tuple((lora, scale, file_hash(resolve_file(path), 12)) for lora, scale, path in loras))
+                       loras=tuple((lora, scale, file_hash(resolve_file(path), 12)) for lora, scale, path in loras),
+                       refiner=refiner.name if refiner else None)
     if warmup:
         pipe.warmup()
     return pipe

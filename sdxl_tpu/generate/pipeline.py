@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import threading
 import time
@@ -32,23 +31,20 @@ from ..imaging.image_input import ImageInput
 from ..models.controlnet import ControlNetModel
 from ..request.errors import RequestError
 from ..request.request import GenerationResult, ImageInfo, Request
-from ..request.values import format_size, not_a_choice, parse_size, size_input
+from ..request.values import format_size, not_a_choice, size_input
 from ..weights.checkpoint import Models
 from ..weights.embeddings import Embeddings
 from ..weights.ip_adapter import ImagePromptModels
+from ..weights.refiner import RefinerModels
 from .upscaling import ModelUpscalers
 from .call import run_call
 from .control import ControlUnit, checked_names, units_of
 from .compiling.compiled import CompiledPrograms
-from .compiling.programs import (BATCH, NETWORKS, PROGRAMS, Device, Layout, Program, Size, controlled,
-                                 controlnet_key, denoise_name, program)
+from .compiling.layout import BATCH, Device, Layout, Size, call_batch
+from .compiling.programs import (NETWORKS, PROGRAMS, REFINER_PROGRAMS, Program, controlled, controlnet_key,
+                                 denoise_name, program)
 from .compiling.stored_programs import ProgramStore
 from .networks import Networks
-
-def call_batch(images: int, devices: int) -> int:
-    """The compiled batch for `images` per call: rounded up so every device gets as many."""
-    return math.ceil(images / devices) * devices
-
 
 class Pipeline:
     """SDXL compiled for a fixed set of image sizes and images per call, replicated on `mesh`.
@@ -67,7 +63,8 @@ class Pipeline:
                  preview_decoder: nnx.Module | None = None, max_prompt_chunks: int = DEFAULT_MAX_CHUNKS,
                  stamp: Stamp | None = None, program_store: ProgramStore | None = None,
                  controlnets: Mapping[str, ControlNetModel] | None = None, embeddings: Embeddings | None = None,
-                 upscalers: ModelUpscalers | None = None, image_prompt: ImagePromptModels | None = None):
+                 upscalers: ModelUpscalers | None = None, image_prompt: ImagePromptModels | None = None,
+                 refiner: RefinerModels | None = None):
         devices = list(devices or jax.devices())
         self.mesh = Mesh(np.array(devices), (BATCH,))
         self.images_per_call = call_batch(images_per_call, len(devices))
@@ -76,8 +73,7 @@ class Pipeline:
         self.default_sampler = default_sampler or next(iter(self.samplers))
         self.tokenizers, self.model_name = tokenizers, model_name
         self.stamp = stamp or Stamp(model_name)  # what its images' parameters say made them
-        self.force_zeros_for_empty_prompt = force_zeros_for_empty_prompt
-        self.stepwise = step_progress
+        self.force_zeros_for_empty_prompt, self.stepwise = force_zeros_for_empty_prompt, step_progress
         if not 1 <= max_prompt_chunks <= MAX_CHUNKS:
             raise ValueError(f"max_prompt_chunks {max_prompt_chunks}: from 1 to {MAX_CHUNKS} chunks of 75 tokens")
         # Room for the longest prompt in every program; a shorter one's chunks are masked out.
@@ -89,14 +85,10 @@ class Pipeline:
             latent_channels=models.vae.config.latent_channels, condition_channels=models.condition_channels,
             chunks=max_prompt_chunks, text_widths=self.embeddings.dims, text_dtype=str(self.embeddings.dtype),
             pooled_dim=models.pooled_dim, stepwise=step_progress,
-            image_prompt_size=image_prompt.encoder.config.image_size if image_prompt else 0)
+            image_prompt_size=image_prompt.encoder.config.image_size if image_prompt else 0,
+            refiner_pooled_dim=refiner.text_encoder_2.config.projection_dim or 0 if refiner else 0)
         self.vae_factor = self.layout.vae_factor
-        self.sizes = []
-        for s in sizes:
-            w, h = parse_size(s)
-            if w <= 0 or h <= 0 or w % self.vae_factor or h % self.vae_factor:
-                raise ValueError(f"size {w}x{h}: width and height must be positive multiples of {self.vae_factor}")
-            self.sizes.append((w, h))
+        self.sizes = self.layout.checked_sizes(sizes)
         self.lock = threading.Lock()
         self.batch_sharding, self.replicated = self.layout.batch_sharding, self.layout.replicated
         # Each network's graph and replicated parameters (networks.py; abstract ones until take_weights).
@@ -119,6 +111,10 @@ class Pipeline:
         if image_prompt is not None:
             self.networks.add("image_encoder", image_prompt.encoder)
             self.networks.add("ip_adapter", image_prompt.adapter)
+        self.refiner = refiner  # (the steps after a call's switch run on it: REFINER_PROGRAMS)
+        if refiner is not None:
+            self.networks.add("refiner/unet", refiner.unet)
+            self.networks.add("refiner/text_encoder_2", refiner.text_encoder_2)
         self._compiled = CompiledPrograms(self.layout, self.graphs, self.params, program_store)
         self.program_store = program_store
         # Row indices live on the devices already, so the stepwise loop transfers nothing per step.
@@ -147,16 +143,20 @@ class Pipeline:
         more ControlNets at once, or with the IP-Adapter, compile when first asked for)."""
         return (PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
                 + (("image_prompt", denoise_name(image_prompt=True)) if self.ip_adapter else ())
+                + (REFINER_PROGRAMS[:2] if self.refiner else ())
                 + tuple(controlled("denoise", [name]) for name in self.controlnets))
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
-                      controlnets: Sequence[str] = (), image_prompt: bool = False) -> tuple[str, ...]:
+                      controlnets: Sequence[str] = (), image_prompt: bool = False,
+                      refiner: bool = False) -> tuple[str, ...]:
         """The programs one pass of a call runs: `guided` (a guidance scale above 1), from
-        `given_latents` (diffusers' latents=) or from an `image`, with `controlnets` (by name) and an
-        `image_prompt` (the IP-Adapter's); the defaults: text to image. The denoising step's is third."""
+        `given_latents` (diffusers' latents=) or from an `image`, with `controlnets` (by name), an
+        `image_prompt` (the IP-Adapter's) and the `refiner`; the defaults: text to image. The
+        denoising step's is third (the refiner's: last)."""
         denoise = denoise_name(guided, image_prompt, controlnets)
         return ("encode", "init" if given_latents else "noise", denoise, "decode",
                 *(("image_prompt",) if image_prompt else ()),
+                *((REFINER_PROGRAMS[0], REFINER_PROGRAMS[1 if guided else 2]) if refiner else ()),
                 *(("encode_image",) if image or self.layout.condition_channels else ()),
                 *(("preview",) if self.preview_decoder == "taesd" and self.stepwise else ()))
 
@@ -244,8 +244,8 @@ class Pipeline:
                  inpaint_area: str | None = None, mask_padding: int | None = None, hires: bool | None = None,
                  hires_scale: float | None = None, hires_upscaler: str | None = None, hires_steps: int | None = None,
                  hires_strength: float | None = None, dynamic_prompts: str | None = None,
-                 wildcards: str | os.PathLike | None = None, progress: Callable[[int, int], None] | None = None
-                 ) -> GenerationResult:
+                 wildcards: str | os.PathLike | None = None, refiner_switch_at: float | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Generate `images_per_call` images.
 
         prompt / negative_prompt / guidance_scale: one value for every image, or one per image.
@@ -275,6 +275,8 @@ class Pipeline:
             default: as many as the first pass) at `hires_strength` (default 0.7).
         dynamic_prompts: {a|b} and __name__ (a line of `wildcards` folder's file) in the prompts, as
             sd-dynamic-prompts: "Random" (default: each image's from its seed), "Combinatorial", "Off".
+        refiner_switch_at: the steps after this fraction of the training timesteps run on the refiner
+            (A1111's "Refiner switch at", diffusers' denoising_end/denoising_start; None: none).
         progress: progress(step, steps) after each step (this thread; step_progress=False: once, at the end)."""
         fields = {name: value for name, value in locals().items()  # (the request's, by their API names)
                   if name not in ("self", "prompt", "negative_prompt", "latents", "progress", "mask_image",

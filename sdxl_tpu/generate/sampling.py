@@ -111,16 +111,18 @@ def encode_text(te1, te2, ids1: jax.Array, ids2: jax.Array, weights1: jax.Array,
     (not emphasized, as A1111 pools). The chunks are encoded one after another in a loop, and
     only those the call's longest prompt fills (the rest are zeros, as past `lengths` they are):
     the program holds one copy of each encoder (a branch per chunk count held K copies, and their
-    compile took longer than the UNet's on a TPU)."""
+    compile took longer than the UNet's on a TPU). Without `te1` (a refiner's), the second's alone."""
     b, _, k, t = ids1.shape
     used = jnp.clip(-(-jnp.max(lengths) // t), 1, k)
 
     def encode(chunk):  # one chunk of every text: (B, 2, 77) arrays, and (B, 2, 77, D) vectors
         ids1, ids2, weights1, weights2 = (a.reshape(-1, t) for a in chunk[:4])
         embedded1, embedded2 = (a.reshape(-1, t, a.shape[-1]) for a in chunk[4:])
-        h1, _ = te1(ids1, embedded1)
         h2, pooled = te2(ids2, embedded2)
-        h1, h2 = emphasize(h1.astype(jnp.float32), weights1), emphasize(h2.astype(jnp.float32), weights2)
+        h2 = emphasize(h2.astype(jnp.float32), weights2)
+        if te1 is None:  # (a refiner's: the second encoder's alone)
+            return h2, pooled.astype(jnp.float32)
+        h1 = emphasize(te1(ids1, embedded1)[0].astype(jnp.float32), weights1)
         return jnp.concatenate([h1, h2], axis=-1), pooled.astype(jnp.float32)
 
     def step(_, indexed):
@@ -246,7 +248,9 @@ def denoise_step(unet, state: State, context: jax.Array, cross_kv: CrossKV, leng
     passes = (0, 1) if guided else (1,)
     by_pass = ((lambda a: a.reshape(2 * b, *a.shape[2:])) if guided else (lambda a: a[:, 1]))  # (B, 2, ...)
     if guided:
-        x_in, time_ids = jnp.repeat(x_in, 2, axis=0), jnp.repeat(time_ids, 2, axis=0)
+        x_in = jnp.repeat(x_in, 2, axis=0)
+    # SDXL's size numbers: the same for both passes (B, 6), or a refiner's each its own (B, 2, 5)
+    time_ids = by_pass(time_ids) if time_ids.ndim == 3 else jnp.repeat(time_ids, len(passes), axis=0)
     # (guidance_scale <= 1: the conditional prediction alone, as diffusers makes it)
     context, pooled, lengths = by_pass(context), by_pass(pooled), by_pass(lengths)
     cross_kv = jax.tree.map(by_pass, cross_kv)

@@ -67,6 +67,7 @@ class LoadOptions:
     upscalers: a folder of upscaler models (ESRGAN, Real-ESRGAN) the hires fix may name, as A1111's.
     controlnets: ControlNets a call may use (diffusers-format folders, or .safetensors files in diffusers'
         names), each by its folder's or file's name (weights/controlnets.py).
+    refiner: an SDXL refiner (a diffusers-format folder) a call may hand its last steps to.
     ip_adapter: an IP-Adapter file a call's ControlNet units may name (by its file's name, as
         sd-webui-controlnet names one), with `image_encoder`, the CLIP image encoder's folder it takes.
     timestep_spacing, prediction_type: instead of the scheduler config's ("trailing"; "sample").
@@ -86,6 +87,7 @@ class LoadOptions:
     config: str | None = None
     loras: tuple[Any, ...] = ()
     controlnets: tuple[str, ...] = ()
+    refiner: str | None = None
     ip_adapter: str | None = None
     image_encoder: str | None = None
     embeddings: str | None = None
@@ -102,7 +104,7 @@ class LoadOptions:
         set_("sizes", tuple(parse_size(s) for s in self.sizes))
         set_("loras", tuple(self.loras or ()))
         set_("controlnets", tuple(str(c) for c in self.controlnets or ()))
-        for name in ("unet", "config", "embeddings", "upscalers", "ip_adapter", "image_encoder"):
+        for name in ("unet", "config", "embeddings", "upscalers", "ip_adapter", "image_encoder", "refiner"):
             if getattr(self, name) is not None:
                 set_(name, str(getattr(self, name)))
 

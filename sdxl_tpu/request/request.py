@@ -54,10 +54,10 @@ class ImageInfo:
     # ControlNet units (request/control.py), each with its control image at `size` (compared by
     # their settings: a call's images share the units' settings, each request its own images).
     controls: tuple[ControlRequest, ...] = ()
-    # Where the prompts were made from a dynamic template ({a|b}, __wildcard__): the templates
-    # (sd-dynamic-prompts' "Template" and "Negative Template"); None: written as they are.
+    # The dynamic templates the prompts were made from (sd-dynamic-prompts' "Template"); None: as written.
     template: str | None = None
     negative_template: str | None = None
+    refiner_switch_at: float | None = None  # the fraction of the steps after which the refiner runs (None: none)
 
 
 # What a Request's may differ in image by image (the templates: where its prompts were made from one).
@@ -179,12 +179,12 @@ class Request:
     mask: Any = field(default=None, compare=False, repr=False)
     # Only masked: the whole image and mask the fitted ones were cropped from, to paste results back.
     crop: Crop | None = field(default=None, compare=False, repr=False)
-    # ControlNet units (control.py), their control images made at `size`.
-    controls: tuple[ControlRequest, ...] = field(default=(), compare=False, repr=False)
+    controls: tuple[ControlRequest, ...] = field(default=(), compare=False, repr=False)  # (control.py's, at `size`)
     # How the prompts' {a|b} and __wildcard__ are read (names.PROMPT_MODES), and the server's
     # wildcards (None: the prompts are not made here but by a front end's back end, as sent).
     dynamic_prompts: str = DEFAULT_PROMPT_MODE
     wildcards: Wildcards | None = field(default=NO_WILDCARDS, compare=False, repr=False)
+    refiner_switch_at: float | None = None  # (ImageInfo's)
 
     @staticmethod
     def of(prompt: Any, negative_prompt: Any = "", *, seed: Any = None, guidance_scale: Any = 5.0,
@@ -196,25 +196,24 @@ class Request:
            hires_upscaler: Any = None, hires_steps: Any = None, hires_strength: Any = None, controlnet: Any = None,
            controlnets: Sequence[str] = (), ip_adapters: Sequence[str] = (), upscalers: Sequence[str] = (),
            per_image: bool = True, max_chars: int = MAX_PROMPT_CHARS, dynamic_prompts: Any = None,
-           wildcards: Wildcards | None = NO_WILDCARDS) -> "Request":
-        """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that
-        image); `sizes` and `samplers` are those available (default: all of names.SAMPLERS);
-        without `per_image`, lists are refused (a form has one value per field); prompts are at
-        most `max_chars` characters. From an image (img2img): `image` (image_input.image_input's
-        forms: a PIL image, an array, a file's bytes or base64), fitted to the size by `resize_mode`
-        (A1111's; default Just resize), and `strength`, its denoising strength from 0 to 1 (default
-        A1111's 0.75); without an image, no strength. Inpainting: `mask` (the same forms, the image's
-        size; mask.mask_input), `mask_blur` (default 4), `masked_content` (default original),
-        `inpaint_area` (Whole picture, or Only masked: the mask's region and `mask_padding` pixels
-        around it, default 32, cropped and fitted to the size, the results pasted back into the
-        image at its own size), as A1111's (`mask_blurred`: the mask comes blurred by mask_blur
-        already, as a front end forwards it). With `hires` true, a hires fix (A1111's): `hires_scale` (default 2; the
-        upscaled size must be one of `sizes`), `hires_upscaler` (Latent, Lanczos or one of the
-        `upscalers` models), `hires_steps` (0, the default: as many as the first pass) and
-        `hires_strength` (default 0.7). `controlnet`: a list of ControlNet units (control.py;
-        `controlnets`: the names loaded, `ip_adapters` those of them that are IP-Adapters). `dynamic_prompts`:
+           wildcards: Wildcards | None = NO_WILDCARDS, refiner_switch_at: Any = None) -> "Request":
+        """Check everything; `seed=None` or -1 draws a random seed (a per-image -1, one for that image);
+        `sizes` and `samplers` are those available (default: all of names.SAMPLERS); without
+        `per_image`, lists are refused (a form has one value per field); prompts are at most
+        `max_chars` characters. From an image (img2img): `image` (image_input.image_input's forms: a
+        PIL image, an array, a file's bytes or base64), fitted to the size by `resize_mode` (A1111's;
+        default Just resize), and `strength`, its denoising strength from 0 to 1 (default A1111's
+        0.75). Inpainting: `mask` (the same forms, the image's size; mask.mask_input), `mask_blur`
+        (default 4), `masked_content` (default original), `inpaint_area` (Whole picture, or Only
+        masked: the mask's region and `mask_padding` pixels around it, default 32, cropped and fitted
+        to the size, the results pasted back), as A1111's (`mask_blurred`: the mask comes blurred by
+        mask_blur already, as a front end forwards it). With `hires` true, A1111's hires fix:
+        `hires_scale` (default 2; the upscaled size must be one of `sizes`), `hires_upscaler` (Latent,
+        Lanczos or one of the `upscalers` models), `hires_steps` (0: as many as the first pass) and
+        `hires_strength` (default 0.7). `controlnet`: ControlNet units (control.py; `controlnets`:
+        the names loaded, `ip_adapters` those that are IP-Adapters). `dynamic_prompts`:
         names.PROMPT_MODES' (default Random), from `wildcards` (None: a back end's, the syntax alone
-        checked here). The images are checked last (they cost most)."""
+        checked here). `refiner_switch_at`: where a refiner takes over, 0 to 1. The images are checked last."""
         def prompt_text(v: Any) -> str:
             text = prompt_input(v, _label("prompt"), max_chars)
             if not text:
@@ -245,7 +244,8 @@ class Request:
             count=None if count is None else int(number_input(count, "Image count", 1, MAX_COUNT, whole=True)),
             dynamic_prompts=DEFAULT_PROMPT_MODE if dynamic_prompts is None else choice_input(
                 dynamic_prompts, _label("dynamic_prompts"), PROMPT_MODES),
-            wildcards=wildcards)
+            wildcards=wildcards, refiner_switch_at=None if refiner_switch_at is None else float(number_input(
+                refiner_switch_at, "Refiner switch at", 0.0, 1.0)))
         if checked["dynamic_prompts"] != PROMPT_MODES[0]:  # (a typo'd wildcard refused now, not mid-run)
             checked_prompts({_label("prompt"): checked["prompt"], _label("negative"): checked["negative_prompt"]},
                             wildcards)

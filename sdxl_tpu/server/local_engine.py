@@ -13,7 +13,8 @@ import jax
 
 from ..generate.compiling.compilation import CompileCounter, before_jax_starts, enable_compile_cache, gpu_unused
 from ..generate.loading import load
-from ..generate.pipeline import Pipeline, call_batch
+from ..generate.compiling.layout import call_batch
+from ..generate.pipeline import Pipeline
 from ..request.errors import CompileError, GenerationError, RequestError
 from ..a1111.images import encode_all
 from ..a1111.infotext import parameters_text

@@ -33,7 +33,8 @@ def text_encoder_config(vocab_size: int, *, projection: bool, hidden: int = 32, 
 
 
 def unet_config(cross_attention_dim: int, pooled_dim: int, *, channels=(32, 64, 64), transformer_layers=(1, 1, 2),
-                heads=(2, 2, 4), groups: int = 16, time_dim: int = 8, sample_size: int = 32) -> dict[str, Any]:
+                heads=(2, 2, 4), groups: int = 16, time_dim: int = 8, sample_size: int = 32,
+                time_ids: int = 6) -> dict[str, Any]:
     return {
         "_class_name": "UNet2DConditionModel", "_diffusers_version": DIFFUSERS_VERSION,
         "act_fn": "silu", "addition_embed_type": "text_time", "addition_embed_type_num_heads": 64,
@@ -47,7 +48,7 @@ def unet_config(cross_attention_dim: int, pooled_dim: int, *, channels=(32, 64, 
         "layers_per_block": 2, "mid_block_only_cross_attention": None, "mid_block_scale_factor": 1,
         "mid_block_type": "UNetMidBlock2DCrossAttn", "norm_eps": 1e-05, "norm_num_groups": groups,
         "num_attention_heads": None, "num_class_embeds": None, "only_cross_attention": False,
-        "out_channels": 4, "projection_class_embeddings_input_dim": pooled_dim + 6 * time_dim,
+        "out_channels": 4, "projection_class_embeddings_input_dim": pooled_dim + time_ids * time_dim,
         "resnet_out_scale_factor": 1.0, "resnet_skip_time_act": False, "resnet_time_scale_shift": "default",
         "reverse_transformer_layers_per_block": None, "sample_size": sample_size, "time_cond_proj_dim": None,
         "time_embedding_act_fn": None, "time_embedding_dim": None, "time_embedding_type": "positional",
@@ -97,6 +98,33 @@ def architecture_configs(architecture: str, vocab_size: int = 49408) -> dict[str
     else:
         raise ValueError(f"unknown architecture {architecture!r}; use tiny, small or sdxl")
     return {"text_encoder": te1, "text_encoder_2": te2, "unet": unet, "vae": vae, "size": size}
+
+
+def refiner_configs(architecture: str, vocab_size: int = 49408) -> dict[str, Any]:
+    """An architecture's refiner, as SDXL refiner 1.0 is SDXL base's: the second text encoder alone
+    (its hidden states are the context), a UNet conditioned on five numbers (the size, the crop
+    and an aesthetic score), the same VAE. Tiny: the tiny base's text encoder 2 and VAE, its UNet
+    with other widths; sdxl: SDXL refiner 1.0's."""
+    base = architecture_configs(architecture, vocab_size)
+    te2 = base["text_encoder_2"]
+    if architecture == "sdxl":
+        unet = unet_config(1280, 1280, channels=(384, 768, 1536, 1536), transformer_layers=(4, 4, 4, 4),
+                           heads=(6, 12, 24, 24), groups=32, time_dim=256, sample_size=128, time_ids=5)
+        unet.update(down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+                    up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"])
+    else:
+        width = te2["hidden_size"]
+        unet = unet_config(width, te2["projection_dim"], channels=(32, 48, 48), heads=(2, 2, 2), time_ids=5,
+                           time_dim=base["unet"]["addition_time_embed_dim"], sample_size=base["unet"]["sample_size"])
+        unet["cross_attention_dim"] = width
+    return {"text_encoder_2": te2, "unet": unet, "vae": base["vae"]}
+
+
+def refiner_model_index() -> dict[str, Any]:
+    """SDXL refiner 1.0's model index: an img2img pipeline without the first text encoder."""
+    index = model_index()
+    return {**index, "_class_name": "StableDiffusionXLImg2ImgPipeline", "force_zeros_for_empty_prompt": False,
+            "requires_aesthetics_score": True, "text_encoder": [None, None], "tokenizer": [None, None]}
 
 
 def model_index() -> dict[str, Any]:

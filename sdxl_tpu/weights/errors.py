@@ -13,3 +13,7 @@ class PreviewDecoderError(CheckpointError):
 
 class IPAdapterError(CheckpointError):
     """An IP-Adapter file, or the image encoder it needs, that cannot be used (the message says why)."""
+
+
+class RefinerError(CheckpointError):
+    """A refiner that cannot be used with the model (the message says why)."""

@@ -9,6 +9,7 @@ defined in architectures.py; this module writes them out as checkpoints.
 from __future__ import annotations
 
 import json
+import shutil
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from ..models.layers import Precision
 from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..models.vae import AutoencoderKL, VAEConfig
 from ..sampler.from_config import SCHEDULER_CONFIG
-from .architectures import DIFFUSERS_VERSION, architecture_configs, model_index
+from .architectures import DIFFUSERS_VERSION, architecture_configs, model_index, refiner_configs, refiner_model_index
 from .tensors import torch_shapes
 from .tiny_tokenizers import write_tokenizers
 
@@ -82,6 +83,27 @@ def write_checkpoint(directory: str | os.PathLike, architecture: str = "tiny", *
     scheduler_config = {**SCHEDULER_CONFIG, "_diffusers_version": DIFFUSERS_VERSION}
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler_config, indent=2))
     (root / "model_index.json").write_text(json.dumps(model_index(), indent=2))
+    return root
+
+
+def write_refiner(directory: str | os.PathLike, architecture: str = "tiny", *, seed: int = 1) -> Path:
+    """Write a random refiner of `architecture` (architectures.refiner_configs) in diffusers format
+    to `directory`, as stabilityai/stable-diffusion-xl-refiner-1.0 lays it out; its path."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    vocab = write_tokenizers(root)
+    for name in ("tokenizer",):  # (the refiner has the second tokenizer alone)
+        shutil.rmtree(root / name, ignore_errors=True)
+    configs = refiner_configs(architecture, vocab_size=vocab)
+    networks = abstract_networks({**architecture_configs(architecture, vocab_size=vocab), **configs})
+    for name in configs:
+        filename = "model.safetensors" if name.startswith("text") else "diffusion_pytorch_model.safetensors"
+        _write_component(root / name, configs[name], random_weights(networks[name], rng), filename)
+    (root / "scheduler").mkdir(exist_ok=True)
+    scheduler_config = {**SCHEDULER_CONFIG, "_diffusers_version": DIFFUSERS_VERSION}
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler_config, indent=2))
+    (root / "model_index.json").write_text(json.dumps(refiner_model_index(), indent=2))
     return root
 
 

@@ -20,7 +20,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sdxl_tpu.generate.compiling.programs import BATCH, PROGRAMS, Layout, program
+from sdxl_tpu.generate.compiling.layout import BATCH, Layout
+from sdxl_tpu.generate.compiling.programs import PROGRAMS, program
 from sdxl_tpu.models.layers import Precision
 from sdxl_tpu.weights.architectures import architecture_configs
 from sdxl_tpu.weights.tiny import abstract_networks

@@ -309,3 +309,20 @@ def test_parameters_text_fills_what_is_not_given(main, tmp_path, capsys):
     assert Image.open(tmp_path / "42.png").info["parameters"] == (
         "a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler a, Schedule type: Checkpoint, CFG scale: 3, "
         f"Seed: 42, Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")
+
+
+def test_generate_with_a_refiner(main, tmp_path, capsys):
+    """--refiner hands the last steps to it (at 0.8 unless --refiner-switch-at says): the parameters say
+    so, as A1111's; a switch without a refiner is one line, before anything loads."""
+    from sdxl_tpu.weights.tiny import write_refiner
+
+    refiner = write_refiner(tmp_path / "sdxl-tiny-refiner")
+    common = ["generate", "a cat", "--seed", "3", "--steps", "3", "--size", "64x64", "--model", "tiny",
+              "--dtype", "float32"]
+    assert main([*common, "--refiner", str(refiner), "--out", str(tmp_path / "refined")]) == 0
+    text = Image.open(tmp_path / "refined" / "3.png").info["parameters"]
+    assert "Refiner: sdxl-tiny-refiner, Refiner switch at: 0.8," in text
+    capsys.readouterr()
+    assert main([*common, "--refiner-switch-at", "0.5", "--out", str(tmp_path / "bad")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --refiner-switch-at says where the refiner takes over: give "
+                                               "--refiner too.")

@@ -20,7 +20,8 @@ import jax
 
 from ...request.values import format_size
 from .compilation import compile_side_by_side
-from .programs import Graphs, Layout, Params, Program, Size, program, slowest_first
+from .layout import Layout, Size
+from .programs import Graphs, Params, Program, program, slowest_first
 from .stored_programs import ProgramStore
 
 log = logging.getLogger("sdxl_tpu")

@@ -6,25 +6,20 @@ networks come as their graphs and (replicated) parameter states."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, TypeAlias, cast
+from typing import TypeAlias, cast
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from ...sampler.tables import MAX_ROWS, Tables
 from .. import sampler_update, sampling
 from ..preview import decode_taesd, preview_size
+from .layout import BATCH, Layout, Size
 
-if TYPE_CHECKING:  # (jax.Device is the class, exported as a variable a type checker cannot read as a type)
-    from jaxlib._jax import Device
-else:
-    Device = jax.Device
-Size = tuple[int, int]  # (width, height) in pixels
 Graphs = Mapping[str, nnx.GraphDef]  # each network's module graph, by NETWORKS' names (and "taesd")
 Params = Mapping[str, nnx.State]  # each network's parameters (replicated; abstract before the weights)
 Program = jax.stages.Compiled  # one compiled program, as JAX makes it or reads it back
@@ -34,7 +29,6 @@ PyTree: TypeAlias = "jax.ShapeDtypeStruct | jax.Array | nnx.State | tuple[PyTree
 Args = tuple[PyTree, ...]  # a program's arguments, in order
 Specs = P | tuple[P, ...]  # how a program's outputs are split over the mesh: one spec for all, or one each
 
-BATCH = "batch"  # the mesh axis images are split over
 NETWORKS = ("text_encoder", "text_encoder_2", "unet", "vae")
 # denoise: with classifier-free guidance; denoise_unguided: the conditional pass alone, for calls
 # whose every image has guidance <= 1 (distilled models): half the UNet batch. (And "preview", with TAESD.)
@@ -43,62 +37,20 @@ PROGRAMS = ("encode", "encode_image", "noise", "init", "denoise", "denoise_ungui
 # With an IP-Adapter: its image's keys and values (image_prompt), and each denoising step with them.
 IMAGE_PROMPT = "_ip"  # (the denoising step's name's suffix)
 IP_PROGRAMS = ("image_prompt", "denoise" + IMAGE_PROMPT, "denoise_unguided" + IMAGE_PROMPT)
+# With a refiner: its text's and its denoising steps (the steps after the switch), on its networks.
+REFINER = "refiner_"
+REFINER_PROGRAMS = tuple(REFINER + name for name in ("encode", "denoise", "denoise_unguided"))
 # Their compile's length on one TPU v5e at 1024x1024 (2026-12-05: the denoising steps 124-128 s, the
 # decoder 114, TAESD's preview smaller, the text encoders 36, the image encoder 14, the rest 0.1-1.5):
 # traced in this order, each compile starting once its program is, a size's compiles end soonest.
-SLOWEST_FIRST = ("denoise_ip", "denoise", "denoise_unguided_ip", "denoise_unguided", "decode", "preview", "encode",
-                 "image_prompt", "encode_image", "noise", "init")
+SLOWEST_FIRST = ("denoise_ip", "denoise", "denoise_unguided_ip", "denoise_unguided", "refiner_denoise",
+                 "refiner_denoise_unguided", "decode", "preview", "encode", "refiner_encode", "image_prompt",
+                 "encode_image", "noise", "init")
 
 
 def slowest_first(names: Sequence[str]) -> list[str]:
     """`names` in SLOWEST_FIRST's order (a denoising step with ControlNets, slower still, first)."""
     return sorted(names, key=lambda name: (SLOWEST_FIRST.index(name.split("+")[0]), -name.count("+")))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What every program of a pipeline is built for, whatever the size."""
-    mesh: Mesh
-    batch: int  # images per call, a multiple of the devices
-    vae_factor: int  # pixels per latent, each way
-    latent_channels: int  # the VAE's
-    # An inpainting UNet's input channels beside the latents (the mask and the masked image's
-    # latents: latent_channels + 1), 0 for a base UNet.
-    condition_channels: int
-    chunks: int  # room for the longest prompt, in chunks of 77 tokens
-    text_widths: tuple[int, int]  # each text encoder's hidden states' (their context side by side)
-    pooled_dim: int
-    stepwise: bool  # one denoising step per call (progress, previews, stop), else all steps in one loop
-
-    text_dtype: str = "float32"  # the token embeddings' (textual inversion vectors are given in it)
-    image_prompt_size: int = 0  # an IP-Adapter's image encoder's input, each way (0: none)
-
-    @property
-    def context_dim(self) -> int:
-        return sum(self.text_widths)
-
-    @property
-    def batch_sharding(self) -> NamedSharding:
-        return NamedSharding(self.mesh, P(BATCH))
-
-    @property
-    def replicated(self) -> NamedSharding:
-        return NamedSharding(self.mesh, P())
-
-    @property
-    def noise_rows(self) -> int:
-        """Noisy rows' worth of the host's step noise (RNG CPU) the denoising state holds: one for
-        the stepwise loop; for the fused one enough that a call of the default 20 steps takes all
-        of it in one transfer and one dispatch (a dispatch per noisy row cost 1.44x a step on a CPU)."""
-        return 1 if self.stepwise else 20
-
-    def latent_shape(self, size: tuple[int, int]) -> tuple[int, int, int]:
-        """(h, w, C) of one image's latents at `size` (width, height)."""
-        return size[1] // self.vae_factor, size[0] // self.vae_factor, self.latent_channels
-
-    def condition_shape(self, size: tuple[int, int]) -> tuple[int, int, int]:
-        """An image's condition (sampler_update.State.condition): one unused channel for a base UNet."""
-        return (*self.latent_shape(size)[:2], max(self.condition_channels, 1))
 
 
 def shard(mesh: Mesh, fn: Callable, in_specs: tuple[Specs, ...], out_specs: Specs) -> jax.stages.Wrapped:
@@ -128,9 +80,16 @@ def controlnet_key(name: str) -> str:
 def program(name: str, layout: Layout, size: Size, graphs: Graphs,
             params: Params) -> tuple[jax.stages.Wrapped, Args]:
     """The jitted program `name` for `size`, and abstract arguments to lower or trace it with."""
+    if name in REFINER_PROGRAMS:  # (on the refiner's networks, in their layout)
+        if not layout.refiner_pooled_dim:
+            raise ValueError(f"no program {name!r}: no refiner is loaded")
+        keys = {key: f"refiner/{key}" for key in ("unet", "text_encoder_2")}
+        return _BUILDERS[name.removeprefix(REFINER)](_Shapes(layout.for_refiner, size), {**graphs, **{
+            k: graphs[v] for k, v in keys.items()}}, {**params, **{k: params[v] for k, v in keys.items()}})
     base, *controlnets = name.split("+")
     if base not in _BUILDERS or (controlnets and not base.startswith("denoise")):
-        raise ValueError(f"no program {name!r}; programs: {', '.join([*PROGRAMS, 'preview', *IP_PROGRAMS])}")
+        raise ValueError(f"no program {name!r}; programs: "
+                         f"{', '.join([*PROGRAMS, 'preview', *IP_PROGRAMS, *REFINER_PROGRAMS])}")
     if (base == "image_prompt" or base.endswith(IMAGE_PROMPT)) and "ip_adapter" not in graphs:
         raise ValueError(f"no program {name!r}: no IP-Adapter is loaded")
     if missing := [c for c in controlnets if controlnet_key(c) not in graphs]:
@@ -164,6 +123,8 @@ class _Shapes:
         self.mask = self.batch((b, *layout.latent_shape(size)[:2], 1))
         self.keep = self.batch((b, *layout.latent_shape(size)[:2], 1))
         self.codes = self.batch((b,), jnp.int32)
+        # SDXL's six size and crop numbers an image; a refiner's five a pass (with its aesthetic score)
+        self.time_ids = self.batch((b, 2, 5) if layout.refiner else (b, 6))
         side = layout.image_prompt_size  # (an IP-Adapter's image prompts, as its encoder takes them)
         self.prompt_pixels = self.batch((b, side, side, 3))
 
@@ -175,9 +136,10 @@ def _network(graphs: Graphs, name: str) -> Callable:
 def _encode(s: _Shapes, graphs, params):
     """Token ids -> the context, pooled, and the UNet's cross-attention keys and values of it."""
     te1, te2, unet = _network(graphs, "text_encoder"), _network(graphs, "text_encoder_2"), _network(graphs, "unet")
+    first = not s.layout.refiner  # (a refiner's context: the second encoder's alone)
 
     def fn(p1, p2, pu, *a):
-        context, pooled = sampling.encode_text(te1(p1), te2(p2), *a)
+        context, pooled = sampling.encode_text(te1(p1) if first else None, te2(p2), *a)
         return context, pooled, sampling.cross_attention_kv(unet(pu), context)
 
     bat = P(BATCH)
@@ -274,7 +236,7 @@ def _denoise(s: _Shapes, graphs, params, guided: bool, image_prompt: bool = Fals
         return loop(unet(p), *a, control=control, image=image)
 
     args = (params["unet"], state, context, cross_kv, s.lengths, s.batch((layout.batch, 2, layout.pooled_dim)),
-            s.batch((layout.batch, 6)), s.batch((layout.batch,)), s.tables,
+            s.time_ids, s.batch((layout.batch,)), s.tables,
             s.rep((), jnp.int32) if layout.stepwise else s.rep((2,), jnp.int32))
     specs = (P(),) + (bat,) * 7 + (P(), P())
     if image_prompt:

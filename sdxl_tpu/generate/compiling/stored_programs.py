@@ -34,7 +34,8 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 
 from ...request.values import format_size
 from .compilation import compile_side_by_side
-from .programs import Args, Device, Graphs, Layout, Params, Program, Size, controlnet_key, program, slowest_first
+from .layout import Device, Layout, Size
+from .programs import Args, Graphs, Params, Program, controlnet_key, program, slowest_first
 
 FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
 SUBDIRECTORY = "programs"
