@@ -10,7 +10,7 @@ prompt's limit; every refusal is one line."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ SCRIPT_ARGS = ("x_type", "x_values", "x_values_dropdown", "y_type", "y_values", 
 
 # What one call's images may differ in (request.PER_IMAGE); a style only rewrites the prompts.
 PER_IMAGE_FIELDS = frozenset({f.name for f in FIELDS if f.api in PER_IMAGE} | {"style"})
+BY_API = {f.api: f.name for f in FIELDS if f.api}
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,34 @@ def call_fields(fields: Mapping[str, Any], style: str | None, call: Call) -> dic
     if any(v is None for v in each["guidance_scale"]):  # (left out: the default, for every image)
         del each["guidance_scale"]
     return {**fields, **shared, **each, "count": len(call.cells)}
+
+
+def call_plan(plot: Plot, fields: Mapping[str, Any], style: str | None, per_call: int, *,
+              max_cells: int = MAX_CELLS) -> list[tuple[Call, dict[str, Any]]]:
+    """The plot over a request's `fields` (by API name, Request.of's; `style` not yet applied): its
+    cells packed into calls of at most `per_call` images, each with its request fields (call_fields)."""
+    by_name = {BY_API.get(k, k): v for k, v in fields.items()}
+    plot_cells = cells(plot, {**by_name, "style": style}, max_cells=max_cells)
+    return [(call, call_fields(fields, style, call)) for call in calls(plot_cells, per_call)]
+
+
+def within_grid(made: Iterable[tuple[tuple[int, int], int]]) -> None:
+    """Refuses, before anything runs, a plot whose grid would pass imaging/grid.py's bound (A1111's
+    img_max_size_mp): `made`, each call's images' size (a hires fix's: the larger) and count."""
+    from ..imaging.grid import MAX_GRID_PIXELS
+
+    if (pixels := sum(w * h * n for (w, h), n in made)) > MAX_GRID_PIXELS:
+        raise RequestError(f"The X/Y/Z plot's grid would be {pixels / 1e6:,.0f} megapixels; at most "
+                           f"{MAX_GRID_PIXELS // 1_000_000} are made.")
+
+
+def plot_grids(plot: Plot, images: Sequence[Any]) -> list[Any]:
+    """The plot's grids (PIL images) from its cells' images in A1111's order, as its flags say
+    (imaging/grid.py's xyz_grids): the grid, then with include_sub_grids each z value's."""
+    from ..imaging.grid import xyz_grids
+
+    return xyz_grids(images, plot.x.labels, plot.y.labels, plot.z.labels, draw_legend=plot.draw_legend,
+                     margin_size=plot.margin_size, include_sub_grids=plot.include_sub_grids)
 
 
 def grid_parameters(plot: Plot, first: str) -> str:

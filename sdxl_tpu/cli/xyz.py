@@ -16,16 +16,13 @@ from typing import Any
 
 from ..a1111.images import encode, save_png
 from ..a1111.infotext import parameters_text
-from ..a1111.xyz_plot import Call, Plot, call_fields, calls, cells, grid_parameters
+from ..a1111.xyz_plot import Call, Plot, call_plan, grid_parameters, plot_grids, within_grid
 from ..a1111.xyz_axes import axis
-from ..imaging.grid import MAX_GRID_PIXELS, xyz_grids
 from ..request.errors import RequestError
-from ..request.fields import FIELDS
 from ..request.request import Request
 from ..request.values import number_input
 
 MAX_CELLS = 1000  # in one plot made here (the server's is a1111_api.MAX_IMAGES); the grid's pixels bound it too
-BY_API = {f.api: f.name for f in FIELDS if f.api}
 
 
 @dataclass(frozen=True)
@@ -59,13 +56,9 @@ def plot_of(args: argparse.Namespace, img2img: bool = False) -> Plot | None:
 def plan(plot: Plot, fields: Mapping[str, Any], more: Mapping[str, Any], per_call: int) -> PlotRun:
     """The plot over `generate`'s request `fields` (Request.of's, by API name; `more`: its other
     arguments), its cells in calls of at most `per_call` images, each call's Request checked."""
-    plot_cells = cells(plot, {BY_API.get(k, k): v for k, v in fields.items()}, max_cells=MAX_CELLS)
-    planned = tuple((call, Request.of(**call_fields(fields, None, call), **more))
-                    for call in calls(plot_cells, per_call))
-    pixels = sum(w * h * len(call.cells) for call, r in planned for w, h in [r.hires.size if r.hires else r.size])
-    if pixels > MAX_GRID_PIXELS:
-        raise RequestError(f"The X/Y/Z plot's grid would be {pixels / 1e6:,.0f} megapixels; at most "
-                           f"{MAX_GRID_PIXELS // 1_000_000} are made.")
+    planned = tuple((call, Request.of(**call_request, **more))
+                    for call, call_request in call_plan(plot, fields, None, per_call, max_cells=MAX_CELLS))
+    within_grid((r.hires.size if r.hires else r.size, len(call.cells)) for call, r in planned)
     return PlotRun(plot, planned)
 
 
@@ -89,9 +82,7 @@ def run(pipe: Any, plot_run: PlotRun, out: Path) -> None:
     ordered = [made[i] for i in sorted(made)]
     first = ordered[0][1]
     text = grid_parameters(plot, parameters_text(first, pipe.stamp_for(first)))
-    grids = xyz_grids([image for image, _ in ordered], plot.x.labels, plot.y.labels, plot.z.labels,
-                      draw_legend=plot.draw_legend, margin_size=plot.margin_size,
-                      include_sub_grids=plot.include_sub_grids)
+    grids = plot_grids(plot, [image for image, _ in ordered])
     for k, grid in enumerate(grids):
         path = out / ("xyz-grid.png" if k == 0 else f"xyz-grid-z{k}.png")
         path.write_bytes(encode(grid, text, "png"))

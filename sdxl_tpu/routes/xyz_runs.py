@@ -18,16 +18,12 @@ from starlette.requests import Request as HTTPRequest
 
 from ..a1111.a1111_api import MAX_IMAGES, info_json
 from ..a1111.images import encode_all
-from ..a1111.xyz_plot import call_fields, calls, cells, grid_parameters, script_plot
-from ..imaging.grid import xyz_grids
+from ..a1111.xyz_plot import call_plan, grid_parameters, plot_grids, script_plot
 from ..request.errors import Cancelled
-from ..request.fields import FIELDS
 from ..server.core import Server
 from ..version import VERSION
 from .http_io import checked_request
 from .many_images import one_call
-
-BY_API = {f.api: f.name for f in FIELDS if f.api}
 
 
 async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict[str, Any], fields: dict[str, Any],
@@ -36,17 +32,15 @@ async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict
     offer = server.offer
     plot = script_plot(data.get("script_args"), img2img=img2img, samplers=offer.samplers, sizes=offer.sizes,
                        max_cells=MAX_IMAGES)
-    base = {BY_API.get(k, k): v for k, v in fields.items()}
-    plot_cells = cells(plot, {**base, "style": style}, max_cells=MAX_IMAGES)
-    batches = calls(plot_cells, offer.images_per_call)
+    batches = call_plan(plot, fields, style, offer.images_per_call, max_cells=MAX_IMAGES)
     made: dict[int, tuple[bytes, str, Any]] = {}  # each cell's file, its parameters text, its ImageInfo
     jobs.begin(len(batches))
     try:
-        for done, call in enumerate(batches):
+        for done, (call, call_request) in enumerate(batches):
             jobs.next_call(done)
             if jobs.interrupted:
                 break
-            request, _ = await asyncio.to_thread(checked_request, call_fields(fields, style, call), server)
+            request, _ = await asyncio.to_thread(checked_request, call_request, server)
             try:
                 out = await one_call(server, http, request, image_format, jobs.report, lambda: jobs.interrupted)
             except Cancelled:
@@ -61,15 +55,13 @@ async def plot_generate(server: Server, jobs: Any, http: HTTPRequest, data: dict
     finally:
         jobs.end()
     ordered = [made[i] for i in sorted(made)]
-    if len(made) < len(plot_cells):  # interrupted: the cells made, no grid
+    if len(made) < plot.count:  # interrupted: the cells made, no grid
         return _answer(data, ordered, offer.model, style)
     # The grids, their parameters the first cell's with the plot's axes (A1111's), in the cells' format.
     grid_text, first_info = grid_parameters(plot, ordered[0][1]), ordered[0][2]
 
     def grid_files() -> list[bytes]:
-        grids = xyz_grids([Image.open(io.BytesIO(file)).convert("RGB") for file, _, _ in ordered], plot.x.labels,
-                          plot.y.labels, plot.z.labels, draw_legend=plot.draw_legend, margin_size=plot.margin_size,
-                          include_sub_grids=plot.include_sub_grids)
+        grids = plot_grids(plot, [Image.open(io.BytesIO(file)).convert("RGB") for file, _, _ in ordered])
         return encode_all(grids, [grid_text] * len(grids), image_format)
 
     grids = await asyncio.to_thread(grid_files)
