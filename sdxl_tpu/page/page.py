@@ -248,10 +248,10 @@ def run_panel(state: str, text: str = "", step: int = 0, steps: int = 0) -> str:
             f"{bar}</div>")
 
 
-def running_text(step: int, steps: int, seconds: float) -> str:
+def running_text(step: int, steps: int, seconds: float, call: int = 1, calls: int = 1) -> str:
     """'Generating · step 7 of 20 · 3.1 s · about 4 s left' (the estimate once two steps have run:
-    the first also encodes the prompts)."""
-    text = f"Generating · step {step} of {steps} · {seconds:.1f} s"
+    the first also encodes the prompts); in a run of several calls, which ('call 2 of 4 · ')."""
+    text = f"Generating · {f'call {call} of {calls} · ' if calls > 1 else ''}step {step} of {steps} · {seconds:.1f} s"
     if step >= 2 and step < steps:
         left = seconds / step * (steps - step)
         text += f" · about {max(1, round(left))} s left"

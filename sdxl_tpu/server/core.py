@@ -24,7 +24,7 @@ from ..request.recipes import RECIPES, Recipe
 from ..request.request import Request
 from .drain import drain, end
 from .engine import Engine, Report, Ticket
-from .events import Done, Ended, Preview, Progress, Shown, Started
+from .events import Called, Done, Ended, Preview, Progress, Shown, Started
 from .files import ImageStore, batch_done, final_gallery, previews_gallery, summary, temporary_store
 from .form import batch_count, token_count, validate
 from .metrics import Metrics
@@ -113,20 +113,30 @@ class Server:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def validate_form(self, values: Mapping[str, Any]) -> Request:
-        """The form's fields as a client sent them (by name) as a checked Request (form.validate);
-        a size offered but still compiling is refused first (StillCompiling)."""
+    def validate_form(self, values: Mapping[str, Any], each: Mapping[str, list] | None = None) -> Request:
+        """The form's fields as a client sent them (by name) as a checked Request (form.validate;
+        `each`: per-image values the server made); a size offered but still compiling is refused
+        first (StillCompiling)."""
         self.warmup.check_size(values.get("size"))
-        return validate(values, self.offer, self.uploads.read if self.uploads is not None else None, self.wildcards)
+        return validate(values, self.offer, self.uploads.read if self.uploads is not None else None, self.wildcards,
+                        each)
+
+    def batch(self, values: Mapping[str, Any]) -> list[Request]:
+        """The form's fields as the checked requests of the calls they make (its Batch count)."""
+        request = self.validate_form(values)
+        calls, per_call = batch_count(values), self.offer.images_per_call
+        return split(request, calls * per_call, per_call)
 
     def stream(self, values: Mapping[str, Any], abandoned: Callable[[], bool] | None = None,
-               queued_at: float | None = None, previews: bool = True, route: str = "page"
-               ) -> Iterator[Started | Progress | Shown | Done]:
-        """One /generate call, from the form's fields as the client sent them (see `validate_form`),
-        as what the page shows while it runs, in order:
-            Started   once checked: the seeds it will make, its steps, its calls (Batch count)
+               queued_at: float | None = None, previews: bool = True, route: str = "page",
+               plan: Callable[[Mapping[str, Any]], list[Request]] | None = None
+               ) -> Iterator[Started | Progress | Shown | Called | Done]:
+        """One /generate call, from the form's fields as the client sent them (`plan(values)`: the
+        checked requests of its calls; default `batch`), as what the page shows while it runs, in order:
+            Started   once checked: the seeds it will make, its steps, its calls
             Progress  after each denoising step, counted over all its calls
             Shown     live previews of the call's images (if `previews`), after the calls' before
+            Called    after each call, in a run of several
             Done      the images, their seeds, the summary, what ran (events.py)
         Counted in `metrics` by `route` and outcome. `queued_at` (time.monotonic()) is when the request joined
         the queue; `abandoned()` says whether its caller has gone (so does closing the stream)."""
@@ -134,24 +144,30 @@ class Server:
         gone = lambda: closed.is_set() or (abandoned is not None and bool(abandoned()))
         with self.metrics.counted(time.monotonic() if queued_at is None else queued_at, route):
             try:
-                request = self.validate_form(values)
-                calls, per_call = batch_count(values), self.offer.images_per_call
-                yield Started(request.seeds(calls * per_call), request.steps, self.engine.waits_for_compile(request),
-                              calls)
+                parts = (plan or self.batch)(values)
+                n, per_call = len(parts), self.offer.images_per_call
+                # Each call's steps, as its request says them until it reports its own (a hires fix's too).
+                steps = [p.steps + (0 if p.hires is None else p.hires.steps or p.steps) for p in parts]
+                yield Started([s for p in parts for s in p.seeds(p.count or per_call)], parts[0].steps,
+                              self.engine.waits_for_compile(parts[0]), n, sum(steps))
                 made: list[Done] = []
                 finished: list[tuple[str, str]] = []  # (the finished calls' images, in view while the next runs)
-                for part in split(request, calls * per_call, per_call):
+                for i, part in enumerate(parts):
                     for update in self._updates(part, gone, previews):
                         if isinstance(update, Progress):
-                            yield Progress(len(made) * update.steps + update.step, calls * update.steps)
+                            if update.steps != (guess := steps[i]):  # (the calls guessed alike run alike)
+                                steps[i:] = [update.steps if s == guess else s for s in steps[i:]]
+                            yield Progress(sum(steps[:i]) + update.step, sum(steps), i + 1, n)
                         elif isinstance(update, Shown):
                             yield Shown(finished + update.gallery)
                         else:
                             made.append(update)
                             finished = finished + update.gallery
-                            if len(made) < calls:
+                            if n > 1:
+                                yield Called(update, i + 1, n)
+                            if len(made) < n:
                                 yield Shown(finished)
-                yield made[0] if calls == 1 else batch_done(made)
+                yield made[0] if n == 1 else batch_done(made)
             except GeneratorExit:
                 closed.set()
                 raise

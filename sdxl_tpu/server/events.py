@@ -2,7 +2,8 @@
 k-diffusion's callback hands a dict with named keys), matched by type.
 
     an engine's Ticket reports          Progress, Preview (the images), then Ended
-    the server's stream yields          Started, Progress, Shown (the previews' files), then Done
+    the server's stream yields          Started, Progress, Shown (the previews' files), Called (a run
+                                        of several calls: after each), then Done
     a back end's generation queues      Accepted, Progress, Preview, then Result or Failed
                                         (and its HTTP side waits for one: Keepalive when none came)
 """
@@ -17,18 +18,27 @@ from typing import Any
 class Started:
     """The request is checked: the seeds it will make, its denoising steps (a call's), whether it
     waits for a program still compiling (the first call of its kind at its size on a new server),
-    and the calls it makes (A1111's Batch count)."""
+    the calls it makes (A1111's Batch count, an X/Y/Z plot's), and the steps of them all as far as
+    they are known before they run (0: `steps` each)."""
     seeds: list[int]
     steps: int
     compiling: bool = False
     calls: int = 1
+    total: int = 0
+
+    @property
+    def all_steps(self) -> int:
+        return self.total or self.steps * self.calls
 
 
 @dataclass(frozen=True)
 class Progress:
-    """After each denoising step."""
+    """After each denoising step (in a run of several calls: counted over them all, in `call` of
+    `calls`)."""
     step: int
     steps: int
+    call: int = 1
+    calls: int = 1
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,15 @@ class Done:
     seeds: list[int]
     summary: str
     ran: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Called:
+    """A call of a run of several is done: its images (`done`), and which call it was (`call` of
+    `calls`, from 1)."""
+    done: Done
+    call: int
+    calls: int
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from typing import Any
 from ..a1111.dynamic_prompts import Wildcards
 from ..request.control import form_unit
 from ..request.errors import RequestError
-from ..request.fields import FIELD, FIELDS, FORM
+from ..request.fields import FIELD, FIELDS, FORM, MAX_PROMPT_CHARS
 from ..a1111.prompts import CHUNK_TOKENS, EmbeddingNames, NetworkTag, chunk_prompt, split_network_tags
 from ..request.request import NO_WILDCARDS, Request
-from ..request.styles import apply_style, style_entry
+from ..request.styles import MAX_STYLED_PROMPT_CHARS, apply_style, style_entry
 from ..request.values import choice_input, json_type, number_input, seed_input, text_input
 from .errors import log_refusal
 from .offer import Offer
@@ -44,7 +44,7 @@ def form_values(values: Sequence[Any]) -> dict[str, Any]:
 
 
 def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, str], bytes] | None = None,
-             wildcards: Wildcards | None = NO_WILDCARDS) -> Request:
+             wildcards: Wildcards | None = NO_WILDCARDS, each: Mapping[str, list] | None = None) -> Request:
     """The form's fields as a client sent them (JSON values, by name) as one checked Request with
     the style applied, for what `offer` offers. A form has one value per field: lists are refused,
     not taken per image. An optional field left out (or null) is the offer's default: its sampler,
@@ -53,7 +53,8 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     which API clients may still send). The image is a file object of the page's upload, read by
     `read_file(value, label)` (uploads.Uploads.read; None: no image is taken); without one, the
     strength and resize mode the form always sends are not used. `wildcards`: the server's (None:
-    a front end's prompts, made by its back end)."""
+    a front end's prompts, made by its back end). `each`: what the server makes per image (an X/Y/Z
+    plot's call), by API name: prompts (their styles applied), seeds, guidance, and `count`."""
     fallback = offer.defaults()
     # Left out or null (every field but the prompt may be): the offer's default, else the field's.
     v = {f.name: fallback.get(f.name, f.default) if f.optional and values.get(f.name) is None else values.get(f.name)
@@ -82,10 +83,13 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     for name in ("image", "mask"):  # (a mask without its image is refused by name, unread)
         if given[name] is not None and given["image"] is not None and read_file is not None:
             given[name] = read_file(given[name], FIELD[name].label)
-    request = Request.of(**{**given, "seed": None if randomize else seed}, sizes=offer.sizes,
-                         samplers=offer.samplers, per_image=False,
+    request = Request.of(**{**given, "seed": None if randomize else seed, **(each or {})}, sizes=offer.sizes,
+                         samplers=offer.samplers, per_image=each is not None,
                          controlnet=form_unit(v, offer.controlnets, read_file), controlnets=offer.controlnets,
-                         ip_adapters=offer.ip_adapters, upscalers=offer.upscalers, wildcards=wildcards)
+                         ip_adapters=offer.ip_adapters, upscalers=offer.upscalers, wildcards=wildcards,
+                         max_chars=MAX_PROMPT_CHARS if each is None else MAX_STYLED_PROMPT_CHARS)
+    if each is not None:
+        return request  # (its prompts styled already, each image's own)
     # The style wraps what the user typed (their text is what the length limit applies to).
     if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
         raise TypeError("a form's request has one prompt for all its images")  # (per_image=False)

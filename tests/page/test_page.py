@@ -171,7 +171,7 @@ def test_stream_reports_every_step_then_previews_then_the_images(server):
         updates = list(server.stream(fields()))
     assert counter.compiles == 0
     kinds = [type(u) for u in updates]
-    assert updates[0] == Started([5, 6, 7, 8], 6)  # (the page says what runs before the first step)
+    assert updates[0] == Started([5, 6, 7, 8], 6, total=6)  # (the page says what runs before the first step)
     assert kinds[1:] == [Progress, Progress, Shown, Progress, Progress, Shown, Progress, Progress, Done]
     assert [u for u in updates if isinstance(u, Progress)] == [Progress(i, 6) for i in range(1, 7)]
     previews = [u.gallery for u in updates if isinstance(u, Shown)]
