@@ -26,6 +26,7 @@ from .page import (CUSTOM, PASTED_INTO, control_preview, form_defaults, hires_of
                    style_description)
 from .page_layout import WARMING_UP, Page, preset_names
 from .page_run import GENERATE, page_run, page_values, refused, stopped
+from .page_xyz import PANEL, page_plot, wire_panel
 from .sampler_menu import menu_samplers, schedule_menu
 
 class Queued(TypedDict):
@@ -62,14 +63,14 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
             raise RuntimeError("the page's server has no uploads")
         return server.uploads
 
-    def run_updates(values, progress, previews: bool, route: str):
+    def run_updates(values, progress, previews: bool, route: str, plan=None):
         # The request stops (waiting or between denoising steps) once Gradio no longer runs
         # its event: Stop, the page closed, the client cancelled or went away.
         queue, event_id = QueueView(demo), QueueView.current_event_id()
         event = queue.running_event(event_id)
         for update in server.stream(values, queued_at=event.enqueue_time if event is not None else None,
                                     abandoned=(lambda: queue.running_event(event_id) is None) if event_id else None,
-                                    previews=previews, route=route):
+                                    previews=previews, route=route, plan=plan):
             if isinstance(update, Progress) and progress is not None:
                 progress((update.step, update.steps), desc="Denoising", unit="steps")
             yield update
@@ -85,9 +86,10 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
             changed = {**changed, "history_table": gr.Dataset(samples=changed["history_rows"])}
         return tuple(changed.get(name, gr.skip()) for name in shown)
 
-    def generate_in_page(values, history, progress):
-        values = page_values(values)
-        for changed in page_run(run_updates(values, None, previews=True, route="page"), values, history):
+    def generate_in_page(values, history, *panel_and_progress):  # (the Script menu's X/Y/Z plot: page_xyz.py)
+        values, plot = page_values(values), page_plot(server, panel_and_progress[:-1])
+        updates = run_updates(values, None, previews=True, route="page", plan=plot and plot.requests)
+        for changed in page_run(plot.updates(updates) if plot else updates, values, history, keep_run=not plot):
             yield show(changed)
 
     def generate(values, progress):
@@ -110,10 +112,11 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     outputs = list(shown.values())
     # One way to start a run, the button (the page script presses it for Enter and Ctrl+Enter, and
     # shows the run waiting at once).
-    in_page = gradio_handler(form_handler(generate_in_page, "history"), "the page's /generate",
+    in_page = gradio_handler(form_handler(generate_in_page, "history", *PANEL), "the page's /generate",
                              lambda message: show(refused(message)))
-    generating = page.run.click(in_page, **Queued(queued, inputs=[*page.form, page.history]), outputs=outputs,
-                                api_name="generate_in_page", api_visibility="private", show_progress_on=[page.panel])
+    generating = page.run.click(in_page, **Queued(queued, inputs=[*page.form, page.history, *page.plot]),
+                                outputs=outputs, api_name="generate_in_page", api_visibility="private",
+                                show_progress_on=[page.panel])
     # A request the server did not take (its queue full, shutting down) never reaches the handler
     # and fails, as does a stopped one (the page script marks the page when Stop is pressed,
     # before Gradio cancels the event): in the browser, as the queue may have no room for more.
@@ -170,6 +173,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
 
     page.gallery.select(pick, outputs=[picked], **light)  # (a click only enlarges the image)
     page.seed.change(seed_note, inputs=[page.seed, page.form_note], outputs=[page.form_note], **light)
+    wire_panel(page, server, light)
 
     # In the browser, no server event: presets fill the fields, the preset menu follows the
     # fields, examples fill the prompt, a history row fills the form.

@@ -17,6 +17,7 @@ from .in_browser import in_browser, offered_now
 from .history import HISTORY_HEADERS, HISTORY_PER_PAGE
 from .page import CUSTOM, RNG_INFO, SCHEDULE_INFO, form_defaults, run_panel, size_choices, style_description
 from .page_run import GENERATE
+from .page_xyz import AXIS_LABELS, SCRIPTS, SWITCHES
 from .sampler_menu import menu_samplers, schedule_menu
 
 WARMING_UP = "Warming up…"
@@ -51,6 +52,9 @@ class Page:
     style_info: gr.Markdown
     rng: gr.Dropdown
     offered: gr.Textbox
+    script: gr.Dropdown
+    plot_panel: gr.Column
+    plot: list[Any]  # the Script menu, then the X/Y/Z plot panel's inputs (page_xyz.PANEL's order)
     panel: gr.HTML
     use_seed: gr.Button
     use_image: gr.Button
@@ -187,6 +191,22 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                 with gr.Row():
                     field_slider("control_low", 1, min_width=160)
                     field_slider("control_high", 1, min_width=160)
+            # A1111's Script menu; its X/Y/Z plot's panel (page_xyz.py): three axes, each a type and its
+            # values as A1111 writes them (side by side on a desktop, one under the other on a phone),
+            # and how the grid is shown.
+            script = gr.Dropdown(list(SCRIPTS), value=SCRIPTS[0], label="Script", elem_id="script")
+            with gr.Column(visible=False, elem_id="xyz-panel") as plot_panel:
+                plot = [script]
+                for n in "xyz":
+                    with gr.Row(equal_height=True):
+                        plot.append(gr.Dropdown(list(AXIS_LABELS), value=AXIS_LABELS[0], label=f"{n.upper()} type",
+                                                scale=2, min_width=170, elem_id=f"xyz-{n}-type"))
+                        plot.append(gr.Textbox(label=f"{n.upper()} values", max_lines=3, scale=3, min_width=200,
+                                               elem_id=f"xyz-{n}-values"))
+                with gr.Row():
+                    for name, (text, default) in SWITCHES.items():
+                        plot.append(gr.Checkbox(default, label=text, min_width=160,
+                                                elem_id="xyz-" + name.replace("_", "-")))
             # A1111's seed: -1 draws new seeds each run; the API's Randomize switch stays off here.
             gr.Checkbox(FIELD["randomize"].default, label=label("randomize"), visible=False, elem_id="randomize")
             with gr.Accordion("More options", open=False, elem_id="more-options"):
@@ -248,8 +268,9 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                 form_note=form_note, size=size, preset=preset, sampler=sampler, schedule=schedule, steps=steps,
                 guidance=guidance, seed=seed, reuse=reuse, image_panel=image_panel, image=image, painter=painter,
                 mask=mask, outpaint=outpaint, control_panel=control_panel,
-                control_preview=control_preview, style=style, style_info=style_info,
-                rng=rng, offered=offered, panel=panel, use_seed=use_seed, use_image=use_image, use_hires=use_hires,
+                control_preview=control_preview, style=style, style_info=style_info, rng=rng, offered=offered,
+                script=script, plot_panel=plot_panel, plot=plot, panel=panel, use_seed=use_seed, use_image=use_image,
+                use_hires=use_hires,
                 gallery=gallery, summary=summary, examples=examples, pasted=pasted, png_info_image=png_info_image,
                 use_pasted=use_pasted, paste_notes=paste_notes, history=history, kept_run=kept_run,
                 history_table=history_table, inputs=inputs, form=form)

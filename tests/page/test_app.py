@@ -1389,3 +1389,86 @@ def test_browser_img2img_from_an_uploaded_image(app_server, browser, tmp_path, t
     expected = np.asarray(Image.open(io.BytesIO(encode(ours.images[0], "", "jpeg"))))
     assert psnr(np.asarray(Image.open(io.BytesIO(from_result))), expected) > 40
     assert compiles(app_server) == before
+
+
+XYZ_VALUES = "#xyz-{}-values textarea, #xyz-{}-values input"
+
+
+def choose_axis(page, n: str, option: str) -> None:
+    """Picks axis `n`'s type as a person does (its menu's entry: the three menus list the same)."""
+    page.locator(f"#xyz-{n}-type input").click()
+    page.locator(f"#xyz-{n}-type").get_by_role("option", name=option, exact=True).click()
+    page.keyboard.press("Escape")
+
+
+def test_browser_xyz_plot_shows_the_grid_then_each_cell(app_server, browser, tmp_path):
+    """A1111's Script menu: "X/Y/Z plot" shows its panel (three axes, each a type and its values, and
+    the grid's switches), laid out on a desktop and a phone with nothing unnamed. Steps "2,3" by CFG
+    Scale "3,5" with Include lone images: one run of two calls, the run panel counting over both
+    ("call 2 of 2"), then the grid first (2 x 2 cells of 64x64 and the legend's bands; its parameters
+    the first cell's with the plot's) and the four cells, each kept in the history; nothing compiles.
+    A bad value (X values "abc" for Steps) is said once, naming the X values, and the images stay."""
+    import io
+
+    from PIL import Image
+
+    from axe import axe_violations, describe
+    from sdxl_tpu.a1111.images import read_parameters
+
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        set_field(page, "seed", 5)
+        panel = page.locator("#xyz-panel")
+        assert not panel.is_visible()
+        choose(page, "script", "X/Y/Z plot")
+        panel.wait_for(state="visible", timeout=10_000)
+        choose_axis(page, "x", "Steps")
+        x_values = page.locator(XYZ_VALUES.format("x", "x")).first
+        wait_for(lambda: "10-30 [3]" in (x_values.get_attribute("placeholder") or ""), 10, "no hint for Steps")
+        x_values.fill("2,3")
+        choose_axis(page, "y", "CFG Scale")
+        page.locator(XYZ_VALUES.format("y", "y")).first.fill("3,5")
+        page.locator("#xyz-include-lone-images input").check()
+        for width, height in ((1280, 800), (390, 844)):
+            page.set_viewport_size({"width": width, "height": height})
+            page.wait_for_timeout(300)
+            panel.scroll_into_view_if_needed()
+            page.screenshot(path=str(artifact(tmp_path, f"xyz-panel-{width}x{height}.png")))
+            boxes = [page.locator(f"#xyz-{n}-{part}").bounding_box() for n in "xyz" for part in ("type", "values")]
+            assert all(b["x"] >= 0 and b["x"] + b["width"] <= width + 0.5 and b["width"] > 100 for b in boxes), boxes
+            assert not (found := axe_violations(page)), describe(found)
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.locator("#prompt textarea").fill("a lighthouse")
+        page.evaluate(WATCH_JS)
+        page.locator("#generate").click()
+        summary = page.locator("#summary")
+        wait_for(lambda: summary.inner_text().startswith("X/Y/Z plot of 4 images (2 × 2) in 2 calls"), 120,
+                 lambda: f"no plot: {summary.inner_text()!r} {page.locator('#progress').inner_text()!r}")
+        seen = page.evaluate("() => { window.__watch.disconnect(); return window.__seen; }")
+        assert any("call 2 of 2 · step 5 of 5" in s["status"] for s in seen), [s["status"] for s in seen]
+        assert steps_seen(seen) == sorted(steps_seen(seen)), seen
+        assert captions(page) == ["X/Y/Z plot"] + [f"Steps: {s}, CFG Scale: {c}.0 · seed 5" for c in (3, 5)
+                                                   for s in (2, 3)], captions(page)
+        sources = page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)")
+        grid, *cells = [Image.open(io.BytesIO(f)) for f in fetched(sources)]
+        assert grid.width == 2 * 64 + 48 and grid.height > 2 * 64, grid.size  # (the legend: 3/4 of a cell at the left)
+        assert all(cell.size == (64, 64) for cell in cells)
+        text = read_parameters(grid)
+        assert "Script: X/Y/Z plot, X Type: Steps, X Values: \"2,3\", Y Type: CFG Scale, Y Values: \"3,5\"" in text
+        assert text.startswith(read_parameters(cells[0]) + ", Script: "), text
+        assert "Steps: 3, " in read_parameters(cells[1]) and "CFG scale: 5, " in read_parameters(cells[3])
+        rows = page.locator("#history tbody tr")
+        wait_for(lambda: rows.count() >= 4, 10, "the cells are not in the history")
+        assert "seed 5 · 3 steps · CFG 5" in rows.first.inner_text(), rows.first.inner_text()
+        # A bad value: said once in the run panel, naming the X values; the plot stays in view.
+        x_values.fill("abc")
+        page.locator("#generate").click()
+        message = "X values (Steps): 'abc' is not a whole number or a range"
+        page.locator("#progress").get_by_text(message, exact=False).wait_for(timeout=30_000)
+        page.wait_for_timeout(300)
+        assert page.locator("#progress").inner_text().startswith("⚠️ " + message), page.locator("#progress").inner_text()
+        assert page.evaluate("() => [...document.querySelectorAll('#gallery .grid-container img')].map(i => i.src)"
+                             ) == sources
+        assert page.locator(".toast-body").count() == 0 and page.locator("#generate").is_enabled()
+        page.screenshot(path=str(artifact(tmp_path, "xyz-refused.png")))
+    assert compiles(app_server) == before

@@ -34,8 +34,10 @@ GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Chec
             None, None, "none", 1.0, 0.0, 1.0, 100, 200, "Random", 1]
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
        "sampler": "Euler", "size": "64x64", "schedule": "Checkpoint", "rng": "JAX"}  # a run as the history keeps it
-# The page's own generation event takes the history the browser keeps as a last input.
-CALLS = {"generate": GENERATE, "generate_in_page": GENERATE + [[RUN]]}
+# The page's own generation event takes the history the browser keeps, then the Script menu and
+# its X/Y/Z plot panel (page_xyz.PANEL: no script, three axes of Nothing, the two switches).
+PLOT_PANEL = ["None", "Nothing", "", "Nothing", "", "Nothing", "", True, False]
+CALLS = {"generate": GENERATE, "generate_in_page": GENERATE + [[RUN]] + PLOT_PANEL}
 HISTORY = len(GENERATE)  # (its position)
 FIELDS = list(FORM)  # the form's fields, in the order /generate takes them
 
@@ -106,7 +108,8 @@ def test_file_data_inputs_never_read_a_file(app_server, http_client, fn_index):
             assert status == 422 and detail == f"input {position + 1} is a file object; only an image input takes one."
         status, detail = http_client.join([_file_data(path), "(No style)"], fn_index["token_count"])
         assert status == 422 and "file object" in detail
-        status, detail = http_client.join(GENERATE + [[{"prompt": _file_data(path)}]], fn_index["generate_in_page"])
+        status, detail = http_client.join(GENERATE + [[{"prompt": _file_data(path)}]] + PLOT_PANEL,
+                                          fn_index["generate_in_page"])
         assert status == 422 and detail == f"input {HISTORY + 1} is a file object; only an image input takes one."
         # The inpaint editor's value: its images are uploads too, in the shape the editor sends.
         painter = fn_index["mask_painted"]
@@ -349,9 +352,13 @@ RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", '"\\ud800"', '"a\\udfffb"
 STILL_VALID = {(1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), *((i, "null") for i in range(1, 11)),
                (11, "null"), (12, "null"), (13, "null"), (14, "null"), (15, "null"),
                (16, "null"), (17, "null"), (17, "false"), (18, "null"), (19, "null"), (20, "null"),
-               (21, "null"), (22, "null"), (23, "null"), *((i, "null") for i in range(24, 34))}
+               (21, "null"), (22, "null"), (23, "null"), *((i, "null") for i in range(24, 34)),
+               *((i, "null") for i in range(HISTORY + 1, HISTORY + 10)),
+               *((HISTORY + i, '"\\u0000\\u0007"') for i in (3, 5, 7)),
+               *((HISTORY + i, v) for i in (8, 9) for v in ("true", "false"))}
 # (null but for the prompt: the default; no image: no strength and resize mode needed; no mask: no
-# blur, content, area or padding; no hires; no ControlNet image: the unit's fields their defaults)
+# blur, content, area or padding; no hires; no ControlNet image: the unit's fields their defaults;
+# no script: its panel's defaults, any text for an axis of Nothing's values, either switch)
 
 
 def _join_raw(http_client, log: AppLog, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:
@@ -423,6 +430,7 @@ def _light_handlers_answer_raw_values(http_client, log: AppLog, fn_index) -> Non
                             ("style_description", ['"a cat"', '"Anime"']), ("seed_note", ["5", '""']),
                             ("fill_from_pasted", ['"a cat\\nSteps: 3"']), ("restore_last_run", ["{}"]),
                             ("propose_size", ["null"]), ("paint_over", ["null"]), ("read_png_info", ["null"]),
+                            ("values_hint", ['"Steps"']), ("values_hint_1", ['"Size"']),
                             ("mask_painted", ['{"background": null, "layers": [], "composite": null}'])):
             for position in range(len(valid)):
                 status, _, session = _join_raw(http_client, log, fn_index[name], valid, position, raw)
