@@ -60,7 +60,7 @@ def page_run(updates: Iterable[Started | Progress | Shown | Kept | Done], values
                        panel=run_panel("running", WAITS_FOR_COMPILE if update.compiling
                                        else "Generating · encoding the prompts", 0, steps))
         elif isinstance(update, Progress):
-            step, steps, call = update.step, update.steps, (update.call, update.calls)
+            step, steps, call = update.step, update.steps, [update.call, update.calls]
             text = running_text(step, steps, time.monotonic() - began, *call)
             yield dict(panel=run_panel("running", text, step, steps), run=f"Generating {step}/{steps}",
                        run_at={"seeds": seeds, "step": step, "steps": steps, "call": call})
@@ -96,6 +96,7 @@ def stopped(state: Any, at: Any) -> dict[str, Any]:
     at = at if isinstance(at, dict) else {}
     step, steps, call = at.get("step"), at.get("steps"), at.get("call")
     where = f"Stopped at step {step} of {steps}." if step else "Stopped before the first step."
-    if isinstance(call, list) and len(call) == 2 and all(type(n) is int for n in call) and call[1] > 1 and step:
+    several = isinstance(call, (list, tuple)) and len(call) == 2 and all(type(n) is int for n in call) and call[1] > 1
+    if step and several:
         where = f"{where[:-1]}, in call {call[0]} of {call[1]}: the calls before it are kept."
     return dict(panel=run_panel("stopped", where), summary=stopped_summary(at.get("seeds"), steps, step), **idle())

@@ -1407,7 +1407,8 @@ def test_browser_xyz_plot_shows_the_grid_then_each_cell(app_server, browser, tmp
     Scale "3,5" with Include lone images: one run of two calls, the run panel counting over both
     ("call 2 of 2"), then the grid first (2 x 2 cells of 64x64 and the legend's bands; its parameters
     the first cell's with the plot's) and the four cells, each kept in the history; nothing compiles.
-    A bad value (X values "abc" for Steps) is said once, naming the X values, and the images stay."""
+    A bad value (X values "abc" for Steps) is said once, naming the X values, and the images stay.
+    Stop in a plot's second call keeps the first call's cells, in view and in the history."""
     import io
 
     from PIL import Image
@@ -1471,4 +1472,17 @@ def test_browser_xyz_plot_shows_the_grid_then_each_cell(app_server, browser, tmp
                              ) == sources
         assert page.locator(".toast-body").count() == 0 and page.locator("#generate").is_enabled()
         page.screenshot(path=str(artifact(tmp_path, "xyz-refused.png")))
+        # Stop in the second call (50 steps): the first call's two cells stay in view and in the history.
+        x_values.fill("2, 50")
+        page.locator(XYZ_VALUES.format("y", "y")).first.fill("4,6")
+        rows_before = rows.count()
+        page.evaluate(WATCH_JS)
+        page.locator("#generate").click()
+        wait_for(lambda: "call 2 of 2 · step 1" in page.locator("#progress").inner_text(), 60,
+                 lambda: f"not in the second call: {page.locator('#progress').inner_text()!r}")
+        page.locator("#stop").click()
+        wait_for(lambda: page.locator("#progress").inner_text().startswith("Stopped at step "), 10, "not stopped")
+        assert page.locator("#progress").inner_text().endswith(", in call 2 of 2: the calls before it are kept.")
+        assert captions(page)[:2] == ["seed 5", "seed 5"], captions(page)
+        assert rows.count() == rows_before + 2 and "seed 5 · 2 steps · CFG 6" in rows.first.inner_text()
     assert compiles(app_server) == before

@@ -116,3 +116,23 @@ def test_a_bad_plot_is_refused_in_one_line_before_anything_runs(server, given, f
         list(plot.updates(server.stream({**FORM, **form}, plan=plot.requests)))
     assert str(refused.value).startswith(message), str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def test_stop_in_a_later_call_keeps_the_calls_before_it(server):
+    """Stop (the stream closed) in the plot's second call: the first call's cells were kept as it
+    ended, no grid is made, and the run panel names the call it stopped in."""
+    from sdxl_tpu.page.page_run import stopped
+
+    plot = page_plot(server, panel(x_type="Steps", x_values="2, 40"))
+    stream = plot.updates(server.stream(FORM, plan=plot.requests, previews=False))
+    seen = []
+    for update in stream:
+        seen.append(update)
+        if isinstance(update, Progress) and update.call == 2 and update.step >= 4:
+            break
+    stream.close()
+    kept = [u for u in seen if isinstance(u, Kept)]
+    assert [[r["steps"] for r in k.runs] for k in kept] == [[2]] and not any(isinstance(u, Done) for u in seen)
+    at = {"seeds": [5, 5], "step": seen[-1].step, "steps": 42, "call": [2, 2]}
+    assert stopped("running", at)["panel"].count(f"Stopped at step {seen[-1].step} of 42, in call 2 of 2: the calls "
+                                                 "before it are kept.") == 1
