@@ -42,7 +42,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .generate.compiling.compilation import enable_compile_cache
     from .generate.loading import load
     from .request.errors import GenerationError, RequestError
-    from .request.fields import DEFAULT_STRENGTH
+    from .request.fields import DEFAULT_STRENGTH, DEFAULT_SWITCH_AT
     from .imaging.image_input import decode_image
     from .a1111.dynamic_prompts import Wildcards
     from .a1111.images import save_png
@@ -85,7 +85,8 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                   "mask": None if args.mask is None else _read(args.mask, "--mask")}
         if args.refiner_switch_at is not None and args.refiner is None:
             raise RequestError("--refiner-switch-at says where the refiner takes over: give --refiner too.")
-        switch_at = args.refiner_switch_at if args.refiner_switch_at is not None else 0.8 if args.refiner else None
+        switch_at = args.refiner_switch_at if args.refiner_switch_at is not None else (
+            DEFAULT_SWITCH_AT if args.refiner else None)
         more: dict[str, Any] = dict(controlnet=units, controlnets=controlnets, ip_adapters=ip_adapters,
                                     upscalers=upscalers, wildcards=Wildcards(args.wildcards),
                                     refiner_switch_at=switch_at)

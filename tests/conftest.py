@@ -93,6 +93,14 @@ def tiny_ip_adapter(tmp_path_factory, tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
+def tiny_refiner(tmp_path_factory):
+    """A random refiner for the tiny model, "sdxl-tiny-refiner" (weights/tiny.py's write_refiner)."""
+    from sdxl_tpu.weights.tiny import write_refiner
+
+    return write_refiner(tmp_path_factory.mktemp("refiner") / "sdxl-tiny-refiner")
+
+
+@pytest.fixture(scope="session")
 def wildcards_folder(tmp_path_factory):
     """A folder of wildcard files, as people bring them (one option a line, # comments, a subfolder)."""
     folder = tmp_path_factory.mktemp("wildcards")
@@ -120,19 +128,21 @@ def upscalers_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def app_server(tmp_path_factory, compile_cache, tiny_controlnet, tiny_ip_adapter, wildcards_folder, embeddings_folder,
-               upscalers_folder):
+def app_server(tmp_path_factory, compile_cache, tiny_controlnet, tiny_ip_adapter, tiny_refiner, wildcards_folder,
+               embeddings_folder, upscalers_folder):
     """`python app.py --model tiny` on 127.0.0.1 (see served_app.py), shared by the HTTP tests: with
     its MCP server on, an API key (served_app.API_KEY) for the other tools' APIs, the ControlNet
-    "edges" (tiny_controlnet), the IP-Adapter "ip-adapter_sdxl" (tiny_ip_adapter), wildcards
-    (wildcards_folder), embeddings (embeddings_folder) and an upscaler model (upscalers_folder)."""
+    "edges" (tiny_controlnet), the IP-Adapter "ip-adapter_sdxl" (tiny_ip_adapter), the refiner
+    (tiny_refiner), wildcards (wildcards_folder), embeddings (embeddings_folder) and an upscaler model
+    (upscalers_folder)."""
     from served_app import API_KEY, start_app
 
     adapter, encoder = tiny_ip_adapter
     yield from start_app(tmp_path_factory.mktemp("app"), compile_cache,
                          ("--mcp", "on", "--controlnet", str(tiny_controlnet), "--wildcards", str(wildcards_folder),
                           "--embeddings", str(embeddings_folder), "--upscalers", str(upscalers_folder),
-                          "--ip-adapter", str(adapter), "--image-encoder", str(encoder)),
+                          "--ip-adapter", str(adapter), "--image-encoder", str(encoder), "--refiner",
+                          str(tiny_refiner)),
                          env_extra={"SDXL_API_KEY": API_KEY})
 
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..request.errors import RequestError
-from .controlnet_units import controlnet_args
-from ..request.fields import MAX_SEED
+from .controlnet_units import HASHED, controlnet_args
+from ..request.fields import DEFAULT_SWITCH_AT, MAX_SEED
 from .infotext import SCHEDULE_NAMES
 from .xyz_plot import SCRIPT_NAME
 from ..imaging.mask import INPAINT_AREAS, MASKED_CONTENT
@@ -46,7 +46,6 @@ ONLY_DEFAULT: dict[str, tuple[tuple, str]] = {
     "s_tmax": ((0, None), "sampler churn is not offered"),
     "s_noise": ((1, None), "the samplers add their noise unscaled"),
     "s_min_uncond": ((0, None), "negative guidance minimum sigma is not offered"),
-    "refiner_checkpoint": ((None, ""), "a refiner is not offered"),
     "hr_checkpoint_name": ((None, "", "Use same checkpoint"), "the hires pass runs the loaded model"),
     "hr_sampler_name": ((None, "", "Use same sampler"), "the hires pass runs the first pass's sampler"),
     "hr_scheduler": ((None, "", "Use same scheduler"), "the hires pass runs the first pass's schedule"),
@@ -114,10 +113,11 @@ def dynamic_prompts_script(scripts: Any) -> tuple[Any, str | None]:
     return {k: v for k, v in scripts.items() if k not in names}, mode
 
 
-def generation_fields(data: Any, img2img: bool, model: str) -> tuple[dict[str, Any], int, str]:
+def generation_fields(data: Any, img2img: bool, model: str, refiner: str | None = None
+                      ) -> tuple[dict[str, Any], int, str]:
     """A /sdapi/v1/txt2img or img2img body -> (the form's fields by API name, the images to make,
     their file format). Left out or null: A1111's defaults where they differ from ours (steps 50 is
-    the client's business: it sends its own), the server's otherwise."""
+    the client's business: it sends its own), the server's otherwise. `refiner`: the server's, if any."""
     if not isinstance(data, dict):
         raise RequestError(f"The request body must be a JSON object, got {json_type(data)}.")
     for name, (taken, why) in ONLY_DEFAULT.items():
@@ -163,6 +163,12 @@ def generation_fields(data: Any, img2img: bool, model: str) -> tuple[dict[str, A
     for name in ("enable_hr", "send_images"):
         if data.get(name) is not None and not isinstance(data[name], bool):
             raise RequestError(f"{name} must be true or false, got {_json(data[name])}.")
+    if given("refiner_checkpoint"):  # (A1111's: its name, "name [hash]" or a file's; refiner_switch_at default 0.8)
+        asked = HASHED.sub(r"\1", str(data["refiner_checkpoint"])).rsplit(".safetensors", 1)[0]
+        if refiner is None or asked.lower() != refiner.lower():
+            raise RequestError(f"Refiner {_json(data['refiner_checkpoint'])} is not loaded here; "
+                               + ("this server has no refiner." if refiner is None else f"its refiner is {refiner}."))
+        fields["refiner_switch_at"] = data.get("refiner_switch_at", DEFAULT_SWITCH_AT)
     count = _count(data)
     if img2img:
         fields.update(_img2img(data))

@@ -109,8 +109,9 @@ def parameters_text(info: ImageInfo, stamp: Stamp | str) -> str:
             settings.append(f"Hires steps: {info.hires.steps}")
         settings.append(f"Hires upscaler: {info.hires.upscaler}")
     settings.append(f"RNG: {info.rng}")
-    if info.refiner_switch_at is not None and stamp.refiner:  # (A1111's extra parameters, after RNG)
-        settings += [f"Refiner: {stamp.refiner}", f"Refiner switch at: {info.refiner_switch_at:g}"]
+    if info.refiner_switch_at is not None:  # (A1111's extra parameters, after RNG)
+        settings += [f"Refiner: {stamp.refiner}"] * bool(stamp.refiner) + [
+            f"Refiner switch at: {info.refiner_switch_at:g}"]
     settings += [f'ControlNet {i}: "{control_text(unit)}"' for i, unit in enumerate(info.controls)]
     if stamp.loras:
         settings.append('Lora hashes: "' + ", ".join(f"{name}: {h}" for name, _, h in stamp.loras) + '"')
@@ -228,7 +229,7 @@ def request_fields(parsed: Parameters, sizes: list[tuple[int, int]], samplers: l
     if names := embedding_names(s.get("TI hashes", "")):
         notes.append(f"Embeddings: {', '.join(shown(n, 40)[1:-1] for n in names[:10])} (named in the prompt; used "
                      "where this server has them, else read as words).")
-    unused = [key for key in s if key not in USED and key not in TEMPLATES and key != "TI hashes"]
+    unused = [key for key in s if key not in USED and key not in TEMPLATES and key not in ("TI hashes", "Refiner")]
     if unused:
         notes.append(f"Not used here: {', '.join(shown(k, 30)[1:-1] for k in unused)}.")
     return fields, notes
@@ -260,6 +261,7 @@ def _image_settings(s: dict[str, str], take, upscalers: Sequence[str]) -> None:
     take("Inpaint area", lambda v: {"inpaint_area": choice_input(v, "Inpaint area", INPAINT_AREAS)})
     take("Masked area padding", lambda v: {"mask_padding": int(number("Masked area padding", 0, MAX_MASK_PADDING,
                                                                       True)(v))})
+    take("Refiner switch at", lambda v: {"refiner_switch_at": float(number("Refiner switch at", 0.0, 1.0)(v))})
     if hires:
         take("Hires upscale", lambda v: {"hires": True, "hires_scale": float(number("Hires upscale", *SCALE_RANGE)(v))})
         take("Hires steps", lambda v: {"hires_steps": int(number("Hires steps", 0, MAX_STEPS, True)(v))})

@@ -103,15 +103,15 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
     if first.refiner_switch_at is not None and (pipe.refiner is None or controls or first.hires):
         raise RequestError("this server has no refiner" if pipe.refiner is None else
                            "the refiner with a hires fix, ControlNet or an IP-Adapter is not supported yet")
-    if first.hires is not None and controls:
-        raise RequestError("ControlNet with a hires fix is not supported yet: make the image, then upscale it "
-                           "with img2img")
     # The IP-Adapter's unit, if any: its images are image prompts, the encoder's crops (clip_image.py).
     prompts = [u for u in controls if u.controlnet == pipe.ip_adapter]
     if len(prompts) > 1:
         raise RequestError("one IP-Adapter unit a call: its image prompt is one image")
     image_prompt = prompts[0] if prompts else None
     controls = tuple(u for u in controls if u is not image_prompt)
+    if first.hires is not None and controls:  # (an image prompt guides both passes)
+        raise RequestError("ControlNet with a hires fix is not supported yet: make the image, then upscale it "
+                           "with img2img")
     side = pipe.layout.image_prompt_size
     for unit in (*controls, *prompts):
         shape = (n, side, side, 3) if unit is image_prompt else (n, first.size[1], first.size[0], 3)
@@ -147,7 +147,7 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
             upscaled, begin = None, starting.prepare(pixels, None, second, pipe.vae_factor)
         after = (lambda step, steps: progress(first.steps + step, total)) if progress else None
         out, more = run_pass(pipe, second, start_latents=upscaled, begin=begin, progress=after, stop=stop,
-                             preview=preview, preview_every=preview_every)
+                             preview=preview, preview_every=preview_every, image_prompt=image_prompt)
         timings = {k: timings.get(k, 0.0) + more.get(k, 0.0) for k in {*timings, *more}}
     images = [Image.fromarray(img) for img in out]
     if init_images is not None:
@@ -275,7 +275,8 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
                 *map(put, text[:6]), lengths, put(text.zero_negative & refiner.force_zeros_for_empty_prompt))
             r_conditioning = (r_context, r_kv, lengths, r_pooled, put(refiner_time_ids(text.time_ids)),
                               *conditioning[5:])
-            refined = partial(programs[names[-1]], pipe.params["refiner/unet"])
+            steps_program = REFINER_PROGRAMS[1 if REFINER_PROGRAMS[1] in names else 2]  # (guided, or not)
+            refined = partial(programs[steps_program], pipe.params["refiner/unet"])
             switch = refiner_switch(host_tables.timesteps, step_ends, switch_at, sampler.num_train_timesteps)
 
         def rows(s, first: int, end: int):  # rows first to end: the model's before the switch, the refiner's after

@@ -49,6 +49,8 @@ def history_entry(value: Any) -> dict[str, Any] | None:
         entry[name] = v = value.get(name, f.default if f.optional else None)
         if f.kind in ("text", "choice"):
             ok = isinstance(v, str) and len(v) <= MAX_PROMPT_CHARS and (f.choices is None or v in f.choices)
+        elif f.kind == "switch":
+            ok = isinstance(v, bool)
         else:
             low, high = f.bounds
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high and (

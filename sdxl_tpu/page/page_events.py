@@ -275,10 +275,10 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
         offer = server.offer
         names = preset_names(server)
         now_offered = json.dumps([offer.samplers, offer.schedules, offer.rngs, names, offer.controlnets,
-                                  offer.embeddings, offer.upscalers, server.engine.tokenizer is not None]
+                                  offer.embeddings, offer.upscalers, offer.refiner, server.engine.tokenizer is not None]
                                  ) if server.warmup.described else ""
         if now_offered == seen or not now_offered:
-            return *[gr.skip()] * 12,
+            return *[gr.skip()] * 13,
         now = {} if seen else form_defaults(offer)
         value = lambda key: {"value": now[key]} if now else {}
         menu = schedule_menu(now.get("sampler", sampler_name), offer.samplers, offer.schedules)
@@ -290,7 +290,8 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
                 now.get("steps", gr.skip()), now.get("guidance", gr.skip()),
                 server.token_count(prompt_text, style_name), gr.Accordion(visible=bool(offer.controlnets)),
                 gr.Dropdown(choices=list(offer.controlnets), value=next(iter(offer.controlnets), None)),
-                gr.Radio(choices=[*HIRES_UPSCALERS, *offer.upscalers]), now_offered)
+                gr.Radio(choices=[*HIRES_UPSCALERS, *offer.upscalers]), gr.Accordion(visible=bool(offer.refiner)),
+                now_offered)
 
     def refresh(seen: str, prompt_text: Any, style_name: Any, state: Any, sampler_name: Any = None):
         sizes = size_choices(server.warmup.ready_sizes)
@@ -305,7 +306,8 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     # (`offered` first: the preset menu's match, run when steps or guidance change, reads it)
     refreshed = [page.status, timer := gr.Timer(2.0, active=refreshing()), page.run, page.size, page.offered,
                  page.sampler, page.schedule, page.rng, page.preset, page.steps, page.guidance, page.tokens,
-                 page.control_panel, page.inputs["control_model"], page.inputs["hires_upscaler"], seen_offer]
+                 page.control_panel, page.inputs["control_model"], page.inputs["hires_upscaler"], page.refiner_panel,
+                 seen_offer]
     timer.tick(refresh, inputs=[seen_offer, page.prompt, page.style, run_state, page.sampler], outputs=refreshed,
                **light)
     # After a reload, the last run's images while the server still keeps their files (it checks

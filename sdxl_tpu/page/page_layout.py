@@ -47,6 +47,7 @@ class Page:
     mask: gr.Image
     outpaint: gr.Button
     control_panel: gr.Accordion
+    refiner_panel: gr.Accordion
     control_preview: gr.Image
     style: gr.Dropdown
     style_info: gr.Markdown
@@ -171,6 +172,11 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                     field_slider("hires_steps", 1, min_width=160)
                     field_slider("hires_strength", 0.01, min_width=160)
                 field_radio("hires_upscaler")
+            # A1111's Refiner: the last steps on the server's refiner. Shown where one is loaded.
+            with gr.Accordion("Refiner", open=False, visible=bool(offer.refiner), elem_id="refiner-panel"
+                              ) as refiner_panel, gr.Row():
+                gr.Checkbox(FIELD["refiner"].default, label=label("refiner"), min_width=120, elem_id="refiner")
+                field_slider("refiner_switch_at", 0.01, min_width=220)
             # sd-webui-controlnet's unit: an image, its preprocessor (and what it makes of the image at
             # the size), the ControlNet, how strongly and over which steps. Shown where one is loaded.
             with gr.Accordion("ControlNet", open=False, visible=bool(offer.controlnets),
@@ -196,7 +202,7 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
             # and how the grid is shown.
             script = gr.Dropdown(list(SCRIPTS), value=SCRIPTS[0], label="Script", elem_id="script")
             with gr.Column(visible=False, elem_id="xyz-panel") as plot_panel:
-                plot = [script]
+                plot: list[Any] = [script]
                 for n in "xyz":
                     with gr.Row(equal_height=True):
                         plot.append(gr.Dropdown(list(AXIS_LABELS), value=AXIS_LABELS[0], label=f"{n.upper()} type",
@@ -267,7 +273,7 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
     return Page(status=status, prompt=prompt, tokens=tokens, run=run, stop=stop, read_prompt=read_prompt,
                 form_note=form_note, size=size, preset=preset, sampler=sampler, schedule=schedule, steps=steps,
                 guidance=guidance, seed=seed, reuse=reuse, image_panel=image_panel, image=image, painter=painter,
-                mask=mask, outpaint=outpaint, control_panel=control_panel,
+                mask=mask, outpaint=outpaint, control_panel=control_panel, refiner_panel=refiner_panel,
                 control_preview=control_preview, style=style, style_info=style_info, rng=rng, offered=offered,
                 script=script, plot_panel=plot_panel, plot=plot, panel=panel, use_seed=use_seed, use_image=use_image,
                 use_hires=use_hires,

@@ -44,7 +44,7 @@ def panel_values(values: Sequence[Any]) -> dict[str, Any]:
     """The panel's values as a client sent them (PANEL's order, any JSON; null: the panel's default)
     checked for what they are, by name: the script, each axis's type and values text (read as
     values only for a plot), the switches. RequestError names what is wrong."""
-    given = dict(zip(PANEL, values))
+    given: dict[str, Any] = dict(zip(PANEL, values))
     script = given.get("script")
     checked: dict[str, Any] = {"script": choice_input(SCRIPTS[0] if script is None else script, "Script", SCRIPTS)}
     for n in "XYZ":

@@ -38,6 +38,7 @@ GUIDANCE_RANGE = (0.0, 20.0)
 STRENGTH_RANGE = (0.0, 1.0)  # img2img's denoising strength: 0 keeps the image, 1 all but replaces it
 DEFAULT_STRENGTH = 0.75  # A1111's
 DEFAULT_STYLE = "(No style)"
+DEFAULT_SWITCH_AT = 0.8  # where the refiner takes over (A1111's Refiner switch at)
 MAX_WEIGHT = 2.0  # a ControlNet's (sd-webui-controlnet's Control Weight slider)
 
 HISTORY, PASTED = "history", "pasted"  # where a field is kept besides the form: a run's history, pasted parameters
@@ -198,6 +199,13 @@ FIELDS: tuple[Field, ...] = (
           kept=frozenset({HISTORY}),
           about="Calls in one run, as A1111's Batch count: each makes a call's images, the seeds following on; "
                 "progress is over them all; Stop ends the run, the finished calls' images staying in view."),
+    # The refiner (A1111's), shown where the server loads one (last: older callers leave them out).
+    Field("refiner", "Refiner", "switch", False, optional=True, kept=frozenset({HISTORY}),
+          about="The page's switch for the refiner; the APIs give refiner_switch_at alone."),
+    Field("refiner_switch_at", "Refiner switch at", "number", DEFAULT_SWITCH_AT, api="refiner_switch_at",
+          optional=True, limits=(0.0, 1.0), kept=_ALL, infotext="Refiner switch at", needs=("refiner",),
+          about="Hand the last steps to the server's refiner (GET /v1/info's refiner), as A1111's Refiner: those "
+                "whose timestep is below this fraction's, 0 to 1 (0.8: the last fifth). Left out: no refiner."),
 )
 FIELD = {f.name: f for f in FIELDS}
 FORM = tuple(f.name for f in FIELDS)  # the form's fields in the order the page and /generate send them

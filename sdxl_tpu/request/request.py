@@ -269,10 +269,10 @@ class Request:
         # (a mode without an image is checked, then unused: the command line always has one)
         mode = DEFAULT_RESIZE_MODE if resize_mode is None else choice_input(resize_mode, _label("resize_mode"),
                                                                             RESIZE_MODES)
-        if hires and controlnet:
+        checked["controls"] = control_requests(controlnet, checked["size"], controlnets, ip_adapters)
+        if hires and any(unit.model not in ip_adapters for unit in checked["controls"]):  # (an image prompt: both)
             raise RequestError(f"{_label('hires')} with ControlNet is not supported yet: make the image, then upscale "
                                "it with img2img.")
-        checked["controls"] = control_requests(controlnet, checked["size"], controlnets, ip_adapters)
         if image is None:
             return Request(**checked)
         checked["strength"] = DEFAULT_STRENGTH if strength is None else float(number("strength")(strength))

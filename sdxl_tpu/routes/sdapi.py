@@ -226,7 +226,7 @@ def sdapi_routes(server: Server) -> list[Route]:
 async def _generate(server: Server, jobs: Jobs, http: HTTPRequest, data: dict[str, Any],
                     img2img: bool) -> dict[str, Any]:
     """One txt2img or img2img body, its images made a call's worth at a time."""
-    fields, count, image_format = generation_fields(data, img2img, server.offer.model)
+    fields, count, image_format = generation_fields(data, img2img, server.offer.model, server.offer.refiner)
     style = fields.pop("style", None)
     if script_named(data) is not None:
         if count != 1:

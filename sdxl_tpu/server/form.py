@@ -59,8 +59,9 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     # Left out or null (every field but the prompt may be): the offer's default, else the field's.
     v = {f.name: fallback.get(f.name, f.default) if f.optional and values.get(f.name) is None else values.get(f.name)
          for f in FIELDS}
-    if not isinstance(v["hires"], (bool, type(None))):
-        raise RequestError(f"{FIELD['hires'].label} must be true or false, got {json_type(v['hires'])}.")
+    for switch in ("hires", "refiner"):
+        if not isinstance(v[switch], (bool, type(None))):
+            raise RequestError(f"{FIELD[switch].label} must be true or false, got {json_type(v[switch])}.")
     style_entry(v["style"])  # an unknown style is refused before the rest is checked
     randomize, seed = v["randomize"], v["seed"]
     if not isinstance(randomize, bool):
@@ -71,7 +72,7 @@ def validate(values: Mapping[str, Any], offer: Offer, read_file: Callable[[Any, 
     # The page always sends the image's settings, the mask's and the hires fix's: checked all the
     # same, then not used without the image (and the mask), or with the hires fix off.
     for name, needed in ((f.api, f.needs) for f in FIELDS if f.needs and f.api):
-        if given[name] is not None and not all(given[other] for other in needed):
+        if given[name] is not None and not all(v[other] for other in needed):  # (by the form's names)
             f = FIELD[name]
             if f.limits:
                 number_input(given[name], f.label, *f.limits, whole=f.kind == "whole")

@@ -106,7 +106,8 @@ class LocalEngine:
             default_sampler=offer.default_sampler if self.settings.recipe else pipe.default_sampler,
             max_prompt_chunks=pipe.max_prompt_chunks, controlnets=pipe.unit_models, ip_adapters=pipe.ip_adapters,
             embeddings=tuple((name, e.count) for name, e in pipe.embeddings.loaded.items()),
-            skipped_embeddings=tuple(pipe.embeddings.skipped.items()), upscalers=pipe.upscalers.names)
+            skipped_embeddings=tuple(pipe.embeddings.skipped.items()), upscalers=pipe.upscalers.names,
+            refiner=pipe.refiner.name if pipe.refiner else None)
 
     def unavailable(self) -> str | None:
         return None

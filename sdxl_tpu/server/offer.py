@@ -44,6 +44,7 @@ class Offer:
     embeddings: tuple[tuple[str, int], ...] = ()  # textual inversion embeddings a prompt may name: (name, vectors)
     skipped_embeddings: tuple[tuple[str, str], ...] = ()  # files of the embeddings folder not loaded: (name, why)
     upscalers: tuple[str, ...] = ()  # upscaler models the hires fix and Extras may name (A1111's names)
+    refiner: str | None = None  # the refiner a request may switch to (refiner_switch_at), by name
 
     def defaults(self) -> dict[str, Any]:
         """The form's values where a client gives none, by field name: the launch preset's steps,
@@ -107,7 +108,7 @@ class Offer:
                          ip_adapters=_ip_adapters(data.get("ip_adapters", []), controlnets),
                          embeddings=_listed(data.get("embeddings", []), "vectors", int),
                          skipped_embeddings=_listed(data.get("skipped_embeddings", []), "reason", str),
-                         upscalers=_upscalers(data.get("upscalers", [])))
+                         upscalers=_upscalers(data.get("upscalers", [])), refiner=_refiner(data.get("refiner")))
 
 
 def _controlnets(value: Any) -> tuple[str, ...]:
@@ -116,6 +117,12 @@ def _controlnets(value: Any) -> tuple[str, ...]:
             isinstance(name, str) and NAME.fullmatch(name) and len(name) <= 255 for name in value):
         raise ValueError("controlnets must be a list of names (letters, digits, '.', '_' and '-')")
     return tuple(value)
+
+
+def _refiner(value: Any) -> str | None:
+    if value is not None and not (isinstance(value, str) and 0 < len(value) <= 255):
+        raise ValueError("refiner must be null or a name")
+    return value
 
 
 def _ip_adapters(value: Any, controlnets: tuple[str, ...]) -> tuple[str, ...]:

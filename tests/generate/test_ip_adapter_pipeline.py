@@ -20,7 +20,7 @@ from sdxl_tpu.a1111.infotext import parameters_text
 from sdxl_tpu.generate.control import ControlUnit
 from sdxl_tpu.imaging.clip_image import clip_crop
 
-SIZE, IMAGES, STEPS = (64, 64), 2, 4
+SIZE, IMAGES, STEPS, HIRES = (64, 64), 2, 4, (96, 96)
 PROMPT, NEGATIVE = "a lighthouse in a storm", "blurry"
 EMBED = 24  # the random image encoder's projection (plain adapters take it); its hidden states are 32 wide
 
@@ -51,7 +51,8 @@ def files(tiny_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="module")
 def pipes(tiny_checkpoint, compile_cache, files):
     _, _, _, paths, encoder = files
-    return {kind: load_pipeline(tiny_checkpoint, dtype="float32", sizes=[SIZE], images_per_call=IMAGES, warmup=False,
+    return {kind: load_pipeline(tiny_checkpoint, dtype="float32", sizes=[SIZE, HIRES], images_per_call=IMAGES,
+                                warmup=False,
                                 compile_cache=compile_cache, ip_adapter=path, image_encoder=encoder)
             for kind, path in paths.items()}
 
@@ -133,3 +134,15 @@ def test_a_request_unit_is_the_image_prompt(pipes):
             pipe.request(PROMPT, steps=STEPS, size=SIZE, controlnet=[bad])
     with pytest.raises(RequestError, match="one IP-Adapter unit"):
         pipe.request(PROMPT, steps=STEPS, size=SIZE, controlnet=[unit, unit])
+
+
+def test_the_image_prompt_guides_both_passes_of_a_hires_fix(pipes):
+    """As sd-webui-controlnet's IP-Adapter does (its hr_option Both): the hires pass sees the image
+    prompt too; a ControlNet with a hires fix is still refused."""
+    pipe = pipes["plain"]
+    unit = {"model": pipe.ip_adapter, "image": _photo(1), "weight": 0.9}
+    run = lambda **more: pipe.run(pipe.request(PROMPT, NEGATIVE, seed=3, steps=3, size=SIZE, hires=True,  # noqa: E731
+                                               hires_scale=1.5, hires_steps=2, **more))
+    guided, plain = run(controlnet=[unit]), run()
+    assert guided.images[0].size == HIRES and guided.infos[0].controls[0].model == pipe.ip_adapter
+    assert psnr(np.stack([np.asarray(i) for i in guided.images]), np.stack([np.asarray(i) for i in plain.images])) < 30

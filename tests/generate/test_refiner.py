@@ -16,15 +16,14 @@ from sdxl_tpu.a1111.infotext import parameters_text
 from sdxl_tpu.generate.refining import refiner_switch
 from sdxl_tpu.weights.errors import RefinerError
 from sdxl_tpu.weights.refiner import load_refiner
-from sdxl_tpu.weights.tiny import write_refiner
 
 SIZE, IMAGES = (64, 64), 2
 PROMPT, NEGATIVE = "a lighthouse in a storm", "blurry"
 
 
 @pytest.fixture(scope="module")
-def refiner(tmp_path_factory):
-    return write_refiner(tmp_path_factory.mktemp("refiner") / "sdxl-tiny-refiner")
+def refiner(tiny_refiner):
+    return tiny_refiner
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["fused", "stepwise"])
@@ -84,6 +83,9 @@ def test_a_new_switch_compiles_nothing_and_bad_ones_are_refused(pipe, tiny_check
     with CompileCounter() as counter:
         run(0.75)
     assert counter.compiles == 0 and counter.traces == 0
+    unguided = [pipe.generate(PROMPT, steps=3, size=SIZE, latents=latents, guidance_scale=1.0, refiner_switch_at=at)
+                for at in (0.5, None)]  # (the prompt's pass alone, as the model runs it: distilled models)
+    assert psnr(*(np.stack([np.asarray(im) for im in r.images]) for r in unguided)) < 40
     for value, words in ((1.5, "Refiner switch at must be a number between 0 and 1"),
                          ("soon", "Refiner switch at must be a number")):
         with pytest.raises(RequestError, match=words):
@@ -97,3 +99,27 @@ def test_a_new_switch_compiles_nothing_and_bad_ones_are_refused(pipe, tiny_check
 def test_a_model_without_a_refiner_says_so(tiny_pipeline):
     with pytest.raises(RequestError, match="this server has no refiner"):
         tiny_pipeline.generate(PROMPT, steps=2, size=SIZE, refiner_switch_at=0.5)
+
+
+def test_img2img_with_the_refiner_equals_diffusers(pipe, tiny_checkpoint, refiner):
+    """From an image: diffusers' img2img pipeline to the switch (denoising_end; RNG CPU draws its
+    VAE sample and noise as diffusers' generators do), the refiner from there on its latents."""
+    from diffusers import StableDiffusionXLImg2ImgPipeline
+
+    from images import picture
+    from reference import SEED
+
+    image, steps, strength, switch = picture(), 8, 0.75, 0.7
+    result = pipe.generate(PROMPT, NEGATIVE, seed=SEED, guidance_scale=5.0, steps=steps, size=SIZE, sampler="Euler",
+                           rng="CPU", image=image, strength=strength, refiner_switch_at=switch)
+    base = StableDiffusionXLImg2ImgPipeline.from_pretrained(tiny_checkpoint)
+    finisher = StableDiffusionXLImg2ImgPipeline.from_pretrained(refiner, vae=base.vae, tokenizer_2=base.tokenizer_2,
+                                                                scheduler=base.scheduler)
+    generators = [torch.Generator().manual_seed(SEED + i) for i in range(IMAGES)]
+    common = dict(prompt=PROMPT, negative_prompt=NEGATIVE, num_inference_steps=steps, guidance_scale=5.0,
+                  num_images_per_prompt=IMAGES, generator=generators)
+    handed = base(**common, image=image, strength=strength, denoising_end=switch, output_type="latent").images
+    theirs = finisher(**common, image=handed, denoising_start=switch, output_type="np").images
+    value = psnr(np.stack([np.asarray(im) for im in result.images]), np.round(theirs * 255).astype(np.uint8))
+    print(f"img2img at strength {strength}, refiner at {switch}: {value:.1f} dB against diffusers")
+    assert value >= 40

@@ -864,6 +864,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
+        unit_models, ip_adapters, refiner = (), (), None
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -1320,6 +1321,32 @@ def test_browser_ip_adapter_in_the_controlnet_panel(app_server, browser, client,
     gallery, _ = _generate(client, "a lighthouse", "", seed=5, steps=3)  # (the same run without the adapter)
     plain = np.asarray(Image.open(gallery[0]["image"]).convert("RGB"))
     assert psnr(np.asarray(files[0].convert("RGB")), plain) < 30
+    assert compiles(app_server) == before
+
+
+def test_browser_refiner_panel(app_server, browser, client, tmp_path):
+    """Where the server loads a refiner, a person opens "Refiner", switches it on and sets where it
+    takes over: four images whose parameters say so, as A1111's do, unlike the same run without it.
+    Nothing recompiles (the warm-up compiled the refiner's programs)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from sdxl_tpu.a1111.images import read_parameters
+
+    before = compiles(app_server)
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        page.locator("#refiner-panel").get_by_text("Refiner").first.click()
+        page.locator("#refiner input").check()
+        set_field(page, "refiner_switch_at", 0.6)
+        urls = seeded_run(page, "a lighthouse", "#refiner-panel", artifact(tmp_path, "refiner-1280x800.png"))
+    files = [Image.open(io.BytesIO(data)) for data in fetched(urls)]
+    texts = [read_parameters(f) for f in files]
+    assert len(files) == 4 and all("Refiner: sdxl-tiny-refiner, Refiner switch at: 0.6," in t for t in texts), texts
+    gallery, _ = _generate(client, "a lighthouse", "", seed=5, steps=3)  # (the same run without the refiner)
+    assert not np.array_equal(np.asarray(files[0].convert("RGB")), np.asarray(Image.open(gallery[0]["image"]).convert(
+        "RGB")))
     assert compiles(app_server) == before
 
 

@@ -27,7 +27,8 @@ from sdxl_tpu.request.request import preview_cadence as every
 
 SIZES = [(64, 64), (96, 64)]
 RUN = dict(prompt="a cat", negative="", style="(No style)", seed=7, guidance=5.0, steps=20, sampler="Euler",
-           size="64x64", schedule="Checkpoint", rng="JAX", dynamic_prompts="Random", batch_count=1)
+           size="64x64", schedule="Checkpoint", rng="JAX", dynamic_prompts="Random", batch_count=1, refiner=False,
+           refiner_switch_at=0.8)
 
 
 # -- sizes --------------------------------------------------------------------------------------
@@ -73,7 +74,8 @@ def test_history_keeps_the_newest_runs_first_and_drops_what_is_not_a_run():
                 {k: v for k, v in RUN.items() if k != "sampler"},
                 {**RUN, "schedule": "Beta"}, {**RUN, "schedule": None}, {**RUN, "schedule": ["Karras"]},
                 {**RUN, "rng": "GPU"}, {**RUN, "rng": 1}, {**RUN, "dynamic_prompts": "random"},
-                {**RUN, "batch_count": 0}, {**RUN, "batch_count": 1.5}]:
+                {**RUN, "batch_count": 0}, {**RUN, "batch_count": 1.5}, {**RUN, "refiner": 1},
+                {**RUN, "refiner_switch_at": 1.5}]:
         assert history_entry(bad) is None, bad
         assert history_after([bad, RUN], None) == [RUN]
     rows = history_rows([{**RUN, "negative": "blurry", "style": "Anime"}])
@@ -84,7 +86,8 @@ def test_history_keeps_the_newest_runs_first_and_drops_what_is_not_a_run():
     longest = history_rows([{**RUN, "sampler": "DPM++ 2M SDE Karras", "schedule": "SGM Uniform", "rng": "CPU"}])
     assert len(longest[0][3]) <= 60
     # A run kept before the schedule and the noise source were chosen ran on the defaults.
-    old = {k: v for k, v in RUN.items() if k not in ("schedule", "rng", "dynamic_prompts", "batch_count")}
+    old = {k: v for k, v in RUN.items() if k not in ("schedule", "rng", "dynamic_prompts", "batch_count", "refiner",
+                                                     "refiner_switch_at")}
     assert history_entry(old) == RUN and history_after([old], None) == [RUN]
 
 

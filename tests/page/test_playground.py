@@ -196,6 +196,7 @@ def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
+        unit_models, ip_adapters, refiner = (), (), None  # (no ControlNet, IP-Adapter or refiner)
         model_name, samplers, default_sampler = "fake", {"Euler": None, "DDIM": None}, "DDIM"
         max_prompt_chunks = 3
 
@@ -236,7 +237,8 @@ def test_front_end_settings_and_what_it_takes_from_a_back_end():
             "rngs": ["JAX", "CPU"], "default_rng": "CPU"}
     parsed = Offer.from_json(info)  # (a back end of before: no LoRAs said)
     assert parsed.sizes == [(64, 64)] and parsed.loras == () and parsed.to_json() == {
-        **info, "loras": [], "controlnets": [], "embeddings": [], "skipped_embeddings": [], "upscalers": []}
+        **info, "loras": [], "controlnets": [], "ip_adapters": [], "embeddings": [], "skipped_embeddings": [],
+        "upscalers": [], "refiner": None}
     embeddings = {"embeddings": [{"name": "easynegative", "vectors": 8}],
                   "skipped_embeddings": [{"name": "sd15", "reason": "clip_l has shape (8, 768)"}]}
     assert Offer.from_json({**info, **embeddings}).to_json() == {**parsed.to_json(), **embeddings}
@@ -288,6 +290,7 @@ def test_token_count_says_what_each_lora_tag_does_here(tiny_checkpoint):
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
+        unit_models, ip_adapters, refiner = (), (), None
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -349,6 +352,7 @@ def test_server_warm_up_states_and_errors():
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
+        unit_models, ip_adapters, refiner = (), (), None
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
         max_prompt_chunks = 3
 
@@ -388,6 +392,7 @@ def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
+        unit_models, ip_adapters, refiner = (), (), None
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -443,6 +448,7 @@ class SlowPipeline:
     call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
     embeddings = Embeddings()
     upscalers = ModelUpscalers()
+    unit_models, ip_adapters, refiner = (), (), None
     model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
     max_prompt_chunks = 3
 

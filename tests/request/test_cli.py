@@ -311,12 +311,10 @@ def test_parameters_text_fills_what_is_not_given(main, tmp_path, capsys):
         f"Seed: 42, Size: 64x64, Model: tiny, RNG: JAX, Version: sdxl-tpu {VERSION}")
 
 
-def test_generate_with_a_refiner(main, tmp_path, capsys):
+def test_generate_with_a_refiner(main, tiny_refiner, tmp_path, capsys):
     """--refiner hands the last steps to it (at 0.8 unless --refiner-switch-at says): the parameters say
     so, as A1111's; a switch without a refiner is one line, before anything loads."""
-    from sdxl_tpu.weights.tiny import write_refiner
-
-    refiner = write_refiner(tmp_path / "sdxl-tiny-refiner")
+    refiner = tiny_refiner
     common = ["generate", "a cat", "--seed", "3", "--steps", "3", "--size", "64x64", "--model", "tiny",
               "--dtype", "float32"]
     assert main([*common, "--refiner", str(refiner), "--out", str(tmp_path / "refined")]) == 0

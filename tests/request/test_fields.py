@@ -93,10 +93,12 @@ def test_a1111s_api_maps_onto_every_field():
                "width": 64, "height": 64, "sampler_name": "Euler", "scheduler": "Karras",
                "override_settings": {"randn_source": "CPU"}, "enable_hr": True, "hr_scale": 1.5,
                "hr_upscaler": "Latent", "hr_second_pass_steps": 4, "denoising_strength": 0.6,
-               "alwayson_scripts": {"Dynamic Prompts v2.17.1": {"args": [True, True]}}}
+               "alwayson_scripts": {"Dynamic Prompts v2.17.1": {"args": [True, True]}},
+               "refiner_checkpoint": "sd_xl_refiner_1.0.safetensors [7440042bbd]", "refiner_switch_at": 0.7}
     img2img = {"prompt": "a cat", "init_images": ["x"], "denoising_strength": 0.5, "resize_mode": 1, "mask": "y",
                "mask_blur": 2, "inpainting_fill": 1, "inpaint_full_res": True, "inpaint_full_res_padding": 8}
-    given = set(generation_fields(txt2img, False, "tiny")[0]) | set(generation_fields(img2img, True, "tiny")[0])
+    given = set(generation_fields(txt2img, False, "tiny", refiner="sd_xl_refiner_1.0")[0]) | set(
+        generation_fields(img2img, True, "tiny")[0])
     assert API <= given, API - given
 
 
@@ -110,7 +112,7 @@ def test_every_pasted_field_comes_back_from_an_images_parameters_text():
     common = dict(seed=7, prompt="a cat", negative_prompt="a dog", guidance_scale=6.5, steps=12, size=(64, 64),
                   sampler="Euler", schedule="Karras", rng="CPU")
     inpainting = ImageInfo(**common, strength=0.6, mask_blur=3, masked_content="fill", inpaint_area="Only masked",
-                           mask_padding=16)
+                           mask_padding=16, refiner_switch_at=0.7)
     hires = ImageInfo(**common, hires=Hires(scale=1.5, upscaler="Lanczos", steps=5, strength=0.55, size=(96, 96)))
     read = {}
     for info in (inpainting, hires):
@@ -121,8 +123,8 @@ def test_every_pasted_field_comes_back_from_an_images_parameters_text():
     assert pasted <= set(read[True]) | set(read[False]), pasted - set(read[True]) - set(read[False])
     for name, value in {**common, "size": (64, 64)}.items():
         assert read[True][name] == value, name
-    assert [read[True][k] for k in ("strength", "mask_blur", "masked_content", "inpaint_area", "mask_padding")] == \
-        [0.6, 3, "fill", "Only masked", 16]
+    assert [read[True][k] for k in ("strength", "mask_blur", "masked_content", "inpaint_area", "mask_padding",
+                                    "refiner_switch_at")] == [0.6, 3, "fill", "Only masked", 16, 0.7]
     assert [read[False][k] for k in ("hires", "hires_scale", "hires_upscaler", "hires_steps", "hires_strength")] == \
         [True, 1.5, "Lanczos", 5, 0.55]
 

@@ -264,6 +264,9 @@ MALFORMED = {
                                  st.sampled_from(["random", "On", "combinatorial", "Wildcards"])),
     "batch_count": st.one_of(bad_number, st.floats(1.01, 31.99).filter(lambda v: v != int(v)), st.integers(33, 10**9),
                              st.integers(-10**6, 0)),
+    "refiner": st.one_of(bad_number.filter(lambda v: not isinstance(v, bool)), text, st.lists(st.booleans())),
+    "refiner_switch_at": st.one_of(bad_number.filter(lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 0),
+                                   st.floats(1.001, 1e6), st.floats(-1e6, -0.001)),
 }
 
 

@@ -169,6 +169,29 @@ def test_upscalers_as_a1111_lists_and_runs_them(app_server, upscalers_folder):
     assert f"Hires upscaler: {GENERAL}," in read_parameters(hires.image)
 
 
+def test_the_refiner_through_a1111s_refiner_checkpoint(app_server):
+    """A1111's refiner_checkpoint (its name, "name [hash]" or its file's) and refiner_switch_at: the
+    server's refiner runs the last steps, its parameters say so, the image differs from the model's
+    alone; another refiner is refused naming the server's."""
+    http = Http(app_server)
+    body = {"prompt": PROMPT, "seed": SEED, "steps": 4, "width": 64, "height": 64, "cfg_scale": 5.0,
+            "sampler_name": "Euler", "scheduler": "Checkpoint"}
+    made = {}
+    for name, more in (("refined", {"refiner_checkpoint": "sdxl-tiny-refiner [0123abcd]", "refiner_switch_at": 0.5}),
+                       ("default", {"refiner_checkpoint": "sdxl-tiny-refiner.safetensors"}), ("plain", {})):
+        status, data = http.request("POST", "/sdapi/v1/txt2img", json.dumps({**body, **more}).encode(), AUTH)
+        assert status == 200, data[:300]
+        answer = json.loads(data)
+        made[name] = (json.loads(answer["info"])["infotexts"][0],
+                      pixels(Image.open(io.BytesIO(base64.b64decode(answer["images"][0])))))
+    assert "Refiner: sdxl-tiny-refiner, Refiner switch at: 0.5," in made["refined"][0]
+    assert "Refiner switch at: 0.8," in made["default"][0] and "Refiner" not in made["plain"][0]
+    assert not np.array_equal(made["refined"][1], made["plain"][1])
+    status, data = http.request("POST", "/sdapi/v1/txt2img", json.dumps(
+        {**body, "refiner_checkpoint": "sd_xl_refiner_1.0 [7440042bbd]"}).encode(), AUTH)
+    assert status == 422 and "its refiner is sdxl-tiny-refiner" in said(data), data
+
+
 def test_xyz_plot_through_a1111s_script_args(app_server, tiny_pipeline):
     """A1111's X/Y/Z plot through webuiapi (script_name "x/y/z plot", script_args in A1111's order):
     steps 1 and 2 across, CFG 3 and 7 down, the cells made in calls that share what they can; the
@@ -295,6 +318,10 @@ def a1111_bodies(img2img: bool) -> list[bytes]:
                                    {"ADetailer": {"args": [True]}, "controlnet": {"args": []}}]}
     bodies = [{**base, name: value} for name, values in fields.items() for value in values]
     bodies += [{**base, name: value} for name in ONLY_DEFAULT for value in ("x", 12345, {"a": [1]})]
+    # A refiner this server does not have, and the one it has with a switch that is not a fraction.
+    bodies += [{**base, "refiner_checkpoint": name} for name in ("other", "other [0123456789]", 5, [1], {"a": 1})]
+    bodies += [{**base, "refiner_checkpoint": "sdxl-tiny-refiner", "refiner_switch_at": value}
+               for value in ("x", True, [0.5], {"a": 1}, -0.5, 2)]
     # The X/Y/Z plot: another script, args without one, and script_args whose every place is wrong.
     plot = {**base, "script_name": "x/y/z plot"}
     good = [4, "1,2", None, 0, "", None, 0, "", None]
