@@ -1,4 +1,4 @@
-"""The SDXL refiner from disk: a diffusers-format folder as stabilityai/stable-diffusion-xl-refiner-1.0
+"""The SDXL refiner from disk or the Hub: a diffusers-format folder as stabilityai/stable-diffusion-xl-refiner-1.0
 lays it out (model_index.json, text_encoder_2/, unet/; its tokenizer_2 and VAE are the base's), checked
 against the base it finishes: its UNet attends to its text encoder's hidden states and is conditioned on
 five numbers (the size, the crop and an aesthetic score: requires_aesthetics_score)."""
@@ -6,7 +6,6 @@ five numbers (the size, the crop and an aesthetic score: requires_aesthetics_sco
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import NamedTuple
 
 from ..models.clip import CLIPTextModel
@@ -14,6 +13,7 @@ from ..models.layers import Precision
 from ..models.unet import UNet2DConditionModel
 from .checkpoint import load_text_encoder, load_unet
 from .errors import CheckpointError, RefinerError
+from .hub import resolve
 from .tensors import read_json
 
 REFINER_TIME_IDS = 5  # (height, width) at first, the crop's (top, left), the aesthetic score
@@ -29,9 +29,12 @@ class RefinerModels(NamedTuple):
 
 def load_refiner(path: str | os.PathLike, precision: Precision = Precision(), latent_channels: int = 4,
                  text_width: int | None = None) -> RefinerModels:
-    """The refiner folder `path`, its networks with their weights, for a model whose latents have
+    """The refiner folder (or Hub id) `path`, its networks with their weights, for a model whose latents have
     `latent_channels` and whose second text encoder is `text_width` wide (the refiner's takes its inputs)."""
-    root = Path(path)
+    try:  # (a Hub id, e.g. stabilityai/stable-diffusion-xl-refiner-1.0, downloaded as a model is)
+        root = resolve(path)
+    except CheckpointError as e:
+        raise RefinerError(f"refiner: {e}") from None
     if not (root / "model_index.json").is_file():
         raise RefinerError(f"refiner {root}: no model_index.json (a diffusers-format folder of the SDXL refiner, "
                            "as stabilityai/stable-diffusion-xl-refiner-1.0 has it, is needed)")

@@ -92,7 +92,7 @@ def test_a_new_switch_compiles_nothing_and_bad_ones_are_refused(pipe, tiny_check
             run(value)
     with pytest.raises(RefinerError, match="an SDXL base model, not a refiner"):
         load_refiner(tiny_checkpoint)
-    with pytest.raises(RefinerError, match="no model_index.json"):
+    with pytest.raises(RefinerError, match="no model_index.json"):  # (nor a Hub id)
         load_refiner(tmp_path)
 
 
