@@ -84,12 +84,13 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                   "strength": strength, "hires": args.hires or None, "image": image,
                   "mask": None if args.mask is None else _read(args.mask, "--mask")}
         if args.refiner_switch_at is not None and args.refiner is None:
-            raise RequestError("--refiner-switch-at says where the refiner takes over: give --refiner too.")
-        switch_at = args.refiner_switch_at if args.refiner_switch_at is not None else (
-            DEFAULT_SWITCH_AT if args.refiner else None)
+            if pasted.get("refiner_switch_at") is None:  # (a pasted text's, without a refiner here: not used)
+                raise RequestError("--refiner-switch-at says where the refiner takes over: give --refiner too.")
+            fields["refiner_switch_at"] = None
+        if args.refiner and args.refiner_switch_at is None:
+            fields["refiner_switch_at"] = DEFAULT_SWITCH_AT
         more: dict[str, Any] = dict(controlnet=units, controlnets=controlnets, ip_adapters=ip_adapters,
-                                    upscalers=upscalers, wildcards=Wildcards(args.wildcards),
-                                    refiner_switch_at=switch_at)
+                                    upscalers=upscalers, wildcards=Wildcards(args.wildcards))
         request = Request.of(**fields, **more)
         if args.images < 1:
             raise RequestError("--images must be at least 1")

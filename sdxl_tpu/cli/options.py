@@ -214,8 +214,7 @@ OPTIONS: tuple[Option, ...] = (
            "folder's or file's): a diffusers-format folder or one .safetensors in diffusers' names; repeatable "
            "(environment: comma-separated)", env="SDXL_CONTROLNET", action="append", metavar="PATH", default=[],
            shown_default="none", loads="controlnets"),
-    option("--refiner", [*SERVERS, "generate"], "SDXL refiner run last: a diffusers folder or Hub id",
-           env="SDXL_REFINER", metavar="DIR", loads="refiner"),
+    option("--refiner", [*SERVERS, "generate"], "SDXL refiner (folder, Hub id)", env="SDXL_REFINER", loads="refiner"),
     option("--refiner-switch-at", ["generate"], "where --refiner takes over: a fraction of the timesteps, 0-1",
            type=float, metavar="FRACTION", shown_default="0.8 with --refiner"),
     option("--ip-adapter", [*SERVERS, "generate"], "IP-Adapter for SDXL (an image as a prompt: ip-adapter_sdxl, "

@@ -22,8 +22,9 @@ from sdxl_tpu.generate.compiling.programs import program
 from sdxl_tpu.generate.compiling.stored_programs import ProgramStore, graphs_fingerprint
 
 REQUEST = dict(prompt="a red chair", negative_prompt="blurry", seed=7, steps=3, size=(64, 64))
-# Two images a call: programs no other test of the session compiles, so XLA compiles them here.
-OPTIONS = dict(dtype="float32", sizes=[(64, 64)], images_per_call=2)
+# Three images a call: programs no other test of the session compiles (the IP-Adapter's and the
+# refiner's tests make two a call), so XLA compiles them here.
+OPTIONS = dict(dtype="float32", sizes=[(64, 64)], images_per_call=3)
 
 RESTART = """
 import json, logging, sys

@@ -124,11 +124,11 @@ def test_schedule_and_rng_are_optional_api_inputs_and_reach_the_images(client, t
                                                 ("rng", True, "JAX")]
     # ... then img2img's three, added since: an image (none), its strength and resize mode;
     # inpainting's: a mask (none), its blur and masked content; the hires fix's (off); Only masked's;
-    # the ControlNet unit's (no image); dynamic prompts'; the Batch count.
+    # the ControlNet unit's (no image); dynamic prompts'; the Batch count; the refiner's (off).
     later = ("image", "strength", "resize_mode", "mask", "mask_blur", "masked_content", "hires", "hires_scale",
              "hires_upscaler", "hires_steps", "hires_strength", "inpaint_area", "mask_padding", "control_image",
              "control_model", "control_module", "control_weight", "control_start", "control_end", "control_low",
-             "control_high", "dynamic_prompts", "batch_count")
+             "control_high", "dynamic_prompts", "batch_count", "refiner", "refiner_switch_at")
     assert [(p["parameter_name"], p["parameter_has_default"]) for p in parameters[at + 3:]] == [
         (name, True) for name in later]
     for call in [(), ("Euler a",), ("Euler a", "Checkpoint"), ("Euler a", "Checkpoint", "CPU")]:

@@ -69,7 +69,7 @@ def test_ready_after_warm_up_and_describes_itself(backend):
                                 "default_schedule": "Checkpoint", "rngs": list(RNGS), "default_rng": "JAX",
                                 "loras": [], "controlnets": ["edges", "ip-adapter_sdxl"],
                                 "ip_adapters": ["ip-adapter_sdxl"], "embeddings": [], "skipped_embeddings": [],
-                                "upscalers": []}
+                                "upscalers": [], "refiner": None}
 
 
 def test_generate_answers_four_images_with_their_parameters(backend, tmp_path):

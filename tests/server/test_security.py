@@ -31,7 +31,7 @@ from sdxl_tpu.request.names import PROMPT_MODES, RESIZE_MODES, RNGS, SAMPLERS, S
 # no mask (its blur and masked content likewise).
 GENERATE = ["a cat", "", "(No style)", 1, False, 5.0, 1, "64x64", "Euler", "Checkpoint", "JAX", None, 0.75,
             "Just resize", None, 4, "original", False, 2.0, "Latent", 0, 0.7, "Whole picture", 32,
-            None, None, "none", 1.0, 0.0, 1.0, 100, 200, "Random", 1]
+            None, None, "none", 1.0, 0.0, 1.0, 100, 200, "Random", 1, False, 0.8]
 RUN = {"prompt": "a cat", "negative": "", "style": "(No style)", "seed": 1, "guidance": 5.0, "steps": 1,
        "sampler": "Euler", "size": "64x64", "schedule": "Checkpoint", "rng": "JAX"}  # a run as the history keeps it
 # The page's own generation event takes the history the browser keeps, then the Script menu and

@@ -37,6 +37,7 @@ PROGRAMS = ("encode", "encode_image", "noise", "init", "denoise", "denoise_ungui
 # With an IP-Adapter: its image's keys and values (image_prompt), and each denoising step with them.
 IMAGE_PROMPT = "_ip"  # (the denoising step's name's suffix)
 IP_PROGRAMS = ("image_prompt", "denoise" + IMAGE_PROMPT, "denoise_unguided" + IMAGE_PROMPT)
+IP_NETWORKS = ("image_encoder", "ip_adapter")  # (their entries in Graphs and Params)
 # With a refiner: its text's and its denoising steps (the steps after the switch), on its networks.
 REFINER = "refiner_"
 REFINER_PROGRAMS = tuple(REFINER + name for name in ("encode", "denoise", "denoise_unguided"))

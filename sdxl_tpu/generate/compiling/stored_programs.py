@@ -35,7 +35,8 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 from ...request.values import format_size
 from .compilation import compile_side_by_side
 from .layout import Device, Layout, Size
-from .programs import Args, Graphs, Params, Program, controlnet_key, program, slowest_first
+from .programs import (IMAGE_PROMPT, IP_NETWORKS, REFINER, Args, Graphs, Params, Program, controlnet_key, program,
+                       slowest_first)
 
 FORMAT = 1  # of an entry's pickle: {"format", "key", "executable", "in_tree", "out_tree"}
 SUBDIRECTORY = "programs"
@@ -68,12 +69,32 @@ def graphs_fingerprint(graphs: Graphs) -> str:
     return _digest(sorted((name, repr(g.nodes), repr(g.attributes)) for name, g in graphs.items()))
 
 
+SIZELESS = ("encode", "image_prompt", REFINER + "encode")  # (programs the image's size does not change)
+
+
+def _extras(name: str) -> tuple[bool, bool]:
+    """Whether program `name` takes an IP-Adapter's image prompt, and whether it is a refiner's."""
+    base = name.split("+")[0]
+    return base == "image_prompt" or base.endswith(IMAGE_PROMPT), base.startswith(REFINER)
+
+
 def used_graphs(graphs: Graphs, name: str) -> Graphs:
-    """The graphs program `name` may use: the pipeline's networks, and of its ControlNets only those
-    the name carries (programs.controlled), so that loading another ControlNet keeps every stored
-    program that does not use it."""
+    """The graphs program `name` may use: the pipeline's networks, of its ControlNets only those the
+    name carries (programs.controlled), an IP-Adapter's and a refiner's only in their programs, so
+    that loading another ControlNet, IP-Adapter or refiner keeps every stored program that does not
+    use it."""
     named = {controlnet_key(c) for c in name.split("+")[1:]}
-    return {k: g for k, g in graphs.items() if not k.startswith(controlnet_key("")) or k in named}
+    image_prompt, refiner = _extras(name)
+    used = lambda k: (k in named if k.startswith(controlnet_key("")) else image_prompt if k in IP_NETWORKS  # noqa: E731
+                      else refiner if k.startswith("refiner/") else True)
+    return {k: g for k, g in graphs.items() if used(k)}
+
+
+def used_layout(layout: Layout, name: str) -> Layout:
+    """`layout` as program `name` depends on it: an IP-Adapter's and a refiner's sizes only in their programs."""
+    image_prompt, refiner = _extras(name)
+    return dataclasses.replace(layout, image_prompt_size=layout.image_prompt_size * image_prompt,
+                               refiner_pooled_dim=layout.refiner_pooled_dim * refiner)
 
 
 class ProgramStore:
@@ -96,7 +117,8 @@ class ProgramStore:
         """The key of program `name` for `size` (None: one for every size), built for `layout` (a
         programs.Layout), lowered with `args` from graphs with fingerprint `graphs`."""
         devices = [(d.platform, d.device_kind, d.id, d.process_index) for d in layout.mesh.devices.flat]
-        fields = {f.name: getattr(layout, f.name) for f in dataclasses.fields(layout) if f.name != "mesh"}
+        used = used_layout(layout, name)
+        fields = {f.name: getattr(used, f.name) for f in dataclasses.fields(used) if f.name != "mesh"}
         shapes = [f"{a.shape} {a.dtype} {getattr(a.sharding, 'spec', a.sharding)}" for a in jax.tree.leaves(args)]
         return _digest(FORMAT, _process_fingerprint(), graphs, name, size, fields, devices, layout.mesh.axis_names,
                        jax.tree.structure(args), shapes)
@@ -107,8 +129,8 @@ class ProgramStore:
         if (id(graphs), name) not in self._graphs:
             self._graphs[id(graphs), name] = graphs_fingerprint(used_graphs(graphs, name))
         fn, args = program(name, layout, size, graphs, params)
-        # The text encoders do not depend on the size: one entry for every size.
-        return fn, args, self.key(name, None if name == "encode" else size, layout, args,
+        # The text encoders (and the image encoder) do not depend on the size: one entry for every size.
+        return fn, args, self.key(name, None if name in SIZELESS else size, layout, args,
                                   self._graphs[id(graphs), name])
 
     def load_side_by_side(self, jobs: Sequence[tuple[str, Size]], layout: Layout, graphs: Graphs,
