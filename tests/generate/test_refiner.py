@@ -26,10 +26,17 @@ def refiner(tiny_refiner):
     return tiny_refiner
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["fused", "stepwise"])
-def pipe(request, tiny_checkpoint, compile_cache, refiner):
-    return load_pipeline(tiny_checkpoint, dtype="float32", sizes=[SIZE], images_per_call=IMAGES, warmup=False,
-                         compile_cache=compile_cache, refiner=refiner, step_progress=request.param)
+@pytest.fixture(scope="module")
+def pipes(tiny_checkpoint, compile_cache, refiner):
+    """The fused loop's pipeline and the stepwise one's (the switch falls inside a fused dispatch, or between two)."""
+    return {stepwise: load_pipeline(tiny_checkpoint, dtype="float32", sizes=[SIZE], images_per_call=IMAGES,
+                                    warmup=False, compile_cache=compile_cache, refiner=refiner, step_progress=stepwise)
+            for stepwise in (False, True)}
+
+
+@pytest.fixture(scope="module")
+def pipe(pipes):
+    return pipes[False]
 
 
 def _theirs(tiny_checkpoint, refiner, steps, switch, latents, negative=NEGATIVE):
@@ -47,10 +54,11 @@ def _theirs(tiny_checkpoint, refiner, steps, switch, latents, negative=NEGATIVE)
     return np.round(out * 255).astype(np.uint8)
 
 
-@pytest.mark.parametrize("steps, switch, negative", [(5, 0.6, NEGATIVE), (6, 0.8, "")])
-def test_refiner_equals_diffusers_ensemble(pipe, tiny_checkpoint, refiner, steps, switch, negative):
+@pytest.mark.parametrize("steps, switch, negative, stepwise", [(5, 0.6, NEGATIVE, False), (6, 0.8, "", True)])
+def test_refiner_equals_diffusers_ensemble(pipes, tiny_checkpoint, refiner, steps, switch, negative, stepwise):
     """(An empty negative prompt: zeros for the model, as force_zeros_for_empty_prompt says, and
     encoded for the refiner, whose model index says otherwise: as diffusers.)"""
+    pipe = pipes[stepwise]
     latents = torch.randn(IMAGES, 4, 8, 8, generator=torch.Generator().manual_seed(3))
     result = pipe.generate(PROMPT, negative, guidance_scale=5.0, steps=steps, size=SIZE, sampler="Euler",
                            latents=latents.numpy(), refiner_switch_at=switch)

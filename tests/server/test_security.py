@@ -358,10 +358,13 @@ STILL_VALID = {(1, '"\\u0000\\u0007"'), (4, "true"), (4, "false"), *((i, "null")
                (21, "null"), (22, "null"), (23, "null"), *((i, "null") for i in range(24, 34)),
                *((i, "null") for i in range(HISTORY + 1, HISTORY + 10)),
                *((HISTORY + i, '"\\u0000\\u0007"') for i in (3, 5, 7)),
-               *((HISTORY + i, v) for i in (8, 9) for v in ("true", "false"))}
+               *((HISTORY + i, v) for i in (8, 9) for v in ("true", "false")),
+               *((FIELDS.index("refiner"), v) for v in ("null", "true", "false")),  # (this app has a refiner)
+               (FIELDS.index("refiner_switch_at"), "null")}
 # (null but for the prompt: the default; no image: no strength and resize mode needed; no mask: no
 # blur, content, area or padding; no hires; no ControlNet image: the unit's fields their defaults;
-# no script: its panel's defaults, any text for an axis of Nothing's values, either switch)
+# no script: its panel's defaults, any text for an axis of Nothing's values, either switch; the
+# refiner on or off, where it takes over left to its default)
 
 
 def _join_raw(http_client, log: AppLog, fn: int, values: list[str], position: int, raw: str) -> tuple[int, str, str]:
