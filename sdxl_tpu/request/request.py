@@ -27,8 +27,8 @@ from ..imaging.resize import fit_image, image_array
 from .control import ControlRequest, control_requests
 from ..a1111.dynamic_prompts import Wildcards
 from .templates import checked_prompts, made_prompts
-from .values import (choice_input, json_type, number_input, parse_size, prompt_input, schedule_input, seed_input,
-                     size_input)
+from .values import (choice_input, json_type, number_input, parse_size, per_image, prompt_input, schedule_input,
+                     seed_input, size_input)
 
 
 # -- the request ------------------------------------------------------------------------------
@@ -143,14 +143,6 @@ def seed_or_random(value: Any) -> int:
     """A checked seed; RANDOM_SEED (-1) is one drawn at random, as A1111 reads it."""
     seed = seed_input(value, _label("seed"))
     return random_seed() if seed == RANDOM_SEED else seed
-
-
-def per_image(value: Any, n: int, name: str) -> list:
-    if isinstance(value, tuple):
-        if len(value) != n:
-            raise RequestError(f"{name}: got {len(value)} values for {n} images.")
-        return list(value)
-    return [value] * n
 
 
 @dataclass(frozen=True)
@@ -273,6 +265,9 @@ class Request:
         if hires and any(unit.model not in ip_adapters for unit in checked["controls"]):  # (an image prompt: both)
             raise RequestError(f"{_label('hires')} with ControlNet is not supported yet: make the image, then upscale "
                                "it with img2img.")
+        if checked["refiner_switch_at"] is not None and (hires or checked["controls"]):  # (said before a run starts)
+            raise RequestError("The refiner with a hires fix, ControlNet or an IP-Adapter is not supported yet: turn "
+                               "one of them off.")
         if image is None:
             return Request(**checked)
         checked["strength"] = DEFAULT_STRENGTH if strength is None else float(number("strength")(strength))

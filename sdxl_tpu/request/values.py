@@ -157,3 +157,12 @@ def schedule_input(sampler: str, schedule: str) -> str:
         return resolve_schedule(sampler, schedule)
     except ValueError as e:
         raise RequestError(str(e)) from None
+
+
+def per_image(value: Any, n: int, name: str) -> list:
+    """A value for each of `n` images: a tuple of them (checked to be `n`), or one for all."""
+    if isinstance(value, tuple):
+        if len(value) != n:
+            raise RequestError(f"{name}: got {len(value)} values for {n} images.")
+        return list(value)
+    return [value] * n

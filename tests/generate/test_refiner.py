@@ -98,6 +98,10 @@ def test_a_new_switch_compiles_nothing_and_bad_ones_are_refused(pipe, tiny_check
                          ("soon", "Refiner switch at must be a number")):
         with pytest.raises(RequestError, match=words):
             run(value)
+    from sdxl_tpu.request.request import Request
+
+    with pytest.raises(RequestError, match="^The refiner with a hires fix, ControlNet or an IP-Adapter is not"):
+        Request.of(PROMPT, size=SIZE, sizes=[SIZE, (96, 96)], hires=True, hires_scale=1.5, refiner_switch_at=0.5)
     with pytest.raises(RefinerError, match="an SDXL base model, not a refiner"):
         load_refiner(tiny_checkpoint)
     with pytest.raises(RefinerError, match="no model_index.json"):  # (nor a Hub id)
