@@ -70,6 +70,8 @@ def request_json(request: Request) -> dict[str, Any]:
         body["sampler"] = request.sampler
     if request.count is not None:
         body["count"] = request.count
+    if request.refiner_switch_at is not None:
+        body["refiner_switch_at"] = request.refiner_switch_at
     if request.image is not None:  # (already at the size: the back end's fit leaves it as it is)
         body.update(image=base64.b64encode(png_bytes(request.image)).decode("ascii"), strength=request.strength)
     if request.mask is not None:  # (blurred and fitted already: sent as it is, its blur named for the parameters)

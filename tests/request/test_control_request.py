@@ -85,6 +85,15 @@ def test_a_request_spells_its_units_out_per_image_and_a_front_end_sends_them_pro
     again = Request.of("a cat", size="64x64", controlnet=sent, controlnets=LOADED)
     assert again.controls == request.controls  # (the settings)
     np.testing.assert_array_equal(again.controls[0].image, request.controls[0].image)  # (not processed twice)
+    # An IP-Adapter's unit: its image sent as the encoder's crop, read back the same; and the refiner's switch.
+    prompt_unit = {"model": "ip-adapter_sdxl", "image": _image(), "module": "ip-adapter_clip_sdxl", "weight": 0.6}
+    request = Request.of("a cat", size="64x64", controlnet=[prompt_unit], controlnets=(*LOADED, "ip-adapter_sdxl"),
+                         ip_adapters=("ip-adapter_sdxl",))
+    again = Request.of("a cat", size="64x64", controlnet=request_json(request)["controlnet"],
+                       controlnets=(*LOADED, "ip-adapter_sdxl"), ip_adapters=("ip-adapter_sdxl",))
+    assert again.controls == request.controls and request.controls[0].image.shape == (224, 224, 3)
+    np.testing.assert_array_equal(again.controls[0].image, request.controls[0].image)
+    assert request_json(Request.of("a cat", size="64x64", refiner_switch_at=0.7))["refiner_switch_at"] == 0.7
 
 
 def test_sd_webui_controlnet_units_read_as_ours():
