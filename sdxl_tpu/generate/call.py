@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -218,9 +218,14 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
                                                        pipe.params["unet"], *map(put, text[:6]), lengths,
                                                        put(text.zero_negative))
         image_kv = ()
+        refined_text: Any = ()  # (the refiner's context, pooled, keys and values)
         if image_prompt is not None:  # (its keys and values, once a call, as the text's)
             image_kv = programs["image_prompt"](pipe.params["image_encoder"], pipe.params["ip_adapter"],
                                                 put(pipe.filled(normalized(image_prompt.images))))
+        if refiner is not None and switch_at is not None:  # (the refiner's text, dispatched beside the model's)
+            refined_text = programs[REFINER_PROGRAMS[0]](
+                pipe.params["text_encoder"], pipe.params["refiner/text_encoder_2"], pipe.params["refiner/unet"],
+                *map(put, text[:6]), lengths, put(text.zero_negative & refiner.force_zeros_for_empty_prompt))
         image, image_seconds = zeros if start_latents is None else put(pipe.filled(start_latents)), 0.0
         keep, fill = pipe.zeros((h, w, 1)), pipe.zeros((), np.int32)
         # The host's draws in diffusers' order: the image's VAE sample, the initial noise, the masked image's.
@@ -252,7 +257,7 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
             # On the checkpoint's schedule diffusers re-imposes the known latents on a base UNet only
             # (A1111's CFGDenoiser, on its schedule types, on any UNet).
             state = state._replace(keep=pipe.zeros((h, w, 1)))
-        jax.block_until_ready((context, pooled, state, image_kv))
+        jax.block_until_ready((context, pooled, state, image_kv, refined_text))
         t_text = time.perf_counter()
         conditioning = (context, cross_kv, lengths, pooled, put(text.time_ids), put(text.guidance), tables)
         denoise, extra = partial(programs[names[2]], pipe.params["unet"]), ()
@@ -270,13 +275,10 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
             denoise = lambda *a: plain(*a, *extra)  # noqa: E731
         switch, refined, r_conditioning = step_ends[-1], denoise, conditioning  # (the rows the refiner runs: none)
         if refiner is not None and switch_at is not None:  # its text's keys and values; each pass's size numbers
-            r_context, r_pooled, r_kv = programs[REFINER_PROGRAMS[0]](
-                pipe.params["text_encoder"], pipe.params["refiner/text_encoder_2"], pipe.params["refiner/unet"],
-                *map(put, text[:6]), lengths, put(text.zero_negative & refiner.force_zeros_for_empty_prompt))
+            r_context, r_pooled, r_kv = refined_text
             r_conditioning = (r_context, r_kv, lengths, r_pooled, put(refiner_time_ids(text.time_ids)),
                               *conditioning[5:])
-            steps_program = REFINER_PROGRAMS[1 if REFINER_PROGRAMS[1] in names else 2]  # (guided, or not)
-            refined = partial(programs[steps_program], pipe.params["refiner/unet"])
+            refined = partial(programs[REFINER_PROGRAMS[1 if guided(infos) else 2]], pipe.params["refiner/unet"])
             switch = refiner_switch(host_tables.timesteps, step_ends, switch_at, sampler.num_train_timesteps)
 
         def rows(s, first: int, end: int):  # rows first to end: the model's before the switch, the refiner's after
