@@ -210,3 +210,19 @@ def test_weights_that_do_not_fit_are_refused_before_anything_compiles(tiny_check
     server.warmup.load()
     assert server.warmup.status == "error" and "wrong shape" in server.warmup.error and name in server.warmup.error
     assert compiled == [] and server.in_flight() == []
+
+
+def test_programs_compile_at_once_as_the_host_memory_holds(monkeypatch):
+    """On an accelerator a program compiles on one host core, and an SDXL UNet's takes ~9 GiB of host
+    memory: as many at once as MemAvailable holds, never more than the cores, at least one; a CPU's
+    compiler is threaded itself (one at a time)."""
+    gib = 2**30
+    monkeypatch.setattr(compilation.os, "cpu_count", lambda: 13)
+    monkeypatch.setattr(compilation.jax, "default_backend", lambda: "tpu")
+    assert compilation.compile_workers(available=35 * gib) == 3  # (a v5e host: 40 GiB)
+    assert compilation.compile_workers(available=4 * gib) == 1
+    assert compilation.compile_workers(available=400 * gib) == 13
+    available = compilation.host_memory_available()
+    assert available is None or 0 < available < 2**50  # (this host's, from /proc/meminfo)
+    monkeypatch.setattr(compilation.jax, "default_backend", lambda: "cpu")
+    assert compilation.compile_workers(available=400 * gib) == 1
