@@ -13,7 +13,8 @@
 #   bash benchmarks/tpu.sh launch   # what a program's start costs the chip: 10 UNet evaluations chained one program
 #                                   # each, against one program, and with the weights packed in one buffer (~7 min)
 #   bash benchmarks/tpu.sh bench    # the pipeline: 1 image and 4 images a call, 1024x1024, 20 steps (~9 min;
-#                                   # CONTROLNETS=1: each call with that many random ControlNets; BENCH_ARGS=
+#                                   # CONTROLNETS=1: each call with that many random ControlNets; FEATURES=
+#                                   # controlnet,ip-adapter,refiner: each timed beside plain calls, all loaded; BENCH_ARGS=
 #                                   # "--compare-progress --compare-previews": the stepwise loop's costs too)
 #   bash benchmarks/tpu.sh first-image  # a new server's time to its first image, cold and restarted from the
 #                                   # programs it stored (SIZES=1024x1024; in-process: no TCP sockets) (~7 min)
@@ -100,7 +101,7 @@ case "$MODE" in
   bench)
     # ARCH=tiny SIZE=64x64 runs the same in a minute on a CPU, to check it before spending device time.
     common=(--architecture "${ARCH:-sdxl}" --random-weights --size "${SIZE:-1024x1024}" --steps 20 --no-warm-compile
-            --controlnets "${CONTROLNETS:-0}" ${BENCH_ARGS:-} --json)
+            --controlnets "${CONTROLNETS:-0}" ${FEATURES:+--features "$FEATURES"} ${BENCH_ARGS:-} --json)
     # IMAGES="1": one of the two; IMAGES="8 16" RUNS=1: how many a call the chip holds (issue 50's item 5).
     # The host's peak memory (compiles side by side) goes to log.txt.
     for n in ${IMAGES:-1 4}; do

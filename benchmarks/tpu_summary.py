@@ -43,7 +43,12 @@ def bench_line(name: str, r: dict) -> list[str]:
             f"{r['images_per_s']:.2f} img/s, {f['achieved_tflops']:.0f} TFLOP/s"
             + (f" ({100 * f['utilisation']:.0f} %)" if f.get("utilisation") else "")
             + f", stages {', '.join(f'{k} {v:.3f}' for k, v in r['stage_s'].items())}, cold compile "
-            f"{r['cold_compile_s']:.0f} s"]
+            f"{r['cold_compile_s']:.0f} s, device peak "
+            f"{(r['memory_bytes'].get('device_peak_bytes_in_use') or 0) / 1e9:.1f} GB"] + [
+        f"{name}:   {feature:<16} {x['latency_s']:.3f} s ({100 * x['latency_over_plain']:+.1f} %), "
+        f"{x['ms_per_step']:.1f} ms/step ({100 * x['step_over_plain']:+.1f} %)"
+        + (f", refiner steps {x['refiner_ms_per_step']:.1f} ms" if "refiner_ms_per_step" in x else "")
+        for feature, x in r.get("features", {}).items()]
 
 
 def main(out: Path) -> None:

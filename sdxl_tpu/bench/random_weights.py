@@ -15,11 +15,16 @@ from flax import nnx
 
 from ..generate.loading import with_weights
 from ..generate.pipeline import Pipeline
+from ..models.clip_vision import CLIPVisionConfig, CLIPVisionModelWithProjection
 from ..models.controlnet import ControlNetConfig, ControlNetModel
+from ..models.ip_adapter import IPAdapter, IPAdapterConfig, unet_attention_shapes
 from ..models.layers import Precision
+from ..models.unet import UNet2DConditionModel, UNetConfig
 from ..sampler.from_config import SCHEDULER_CONFIG, samplers_for
-from ..weights.architectures import architecture_configs
+from ..weights.architectures import architecture_configs, refiner_configs
 from ..weights.checkpoint import Models
+from ..weights.ip_adapter import ImagePromptModels
+from ..weights.refiner import RefinerModels
 from ..weights.tiny import abstract_networks
 
 
@@ -88,6 +93,50 @@ def random_controlnets(architecture: str, precision: Precision, count: int) -> d
     config = ControlNetConfig.from_dict(controlnet_config(configs["unet"], factor))
     return {f"random-{i}": cast(ControlNetModel, random_fill(nnx.eval_shape(lambda: ControlNetModel(config, precision)),
                                                              seed=10 + i)) for i in range(count)}
+
+
+# The published image encoders (transformers' CLIPVisionModelWithProjection configs): h94/IP-Adapter's
+# sdxl_models/image_encoder (ViT-bigG/14), for ip-adapter_sdxl, and models/image_encoder (ViT-H/14), for
+# ip-adapter-plus_sdxl_vit-h; the tiny architecture's a small one at the same 224 pixels.
+IMAGE_ENCODERS = {
+    "vit-bigg": dict(hidden_size=1664, intermediate_size=8192, num_hidden_layers=48, num_attention_heads=16,
+                     image_size=224, patch_size=14, projection_dim=1280, hidden_act="gelu"),
+    "vit-h": dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
+                  image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu"),
+    "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=224,
+                 patch_size=14, projection_dim=24),
+}
+
+
+def random_image_prompt(architecture: str, precision: Precision, plus: bool) -> ImagePromptModels:
+    """An IP-Adapter for `architecture`'s UNet and its image encoder with random weights, sized as
+    the published SDXL ones: ip-adapter_sdxl (plain, ViT-bigG: 4 tokens) or ip-adapter-plus_sdxl_vit-h
+    (`plus`: ViT-H's hidden states through a 4-layer resampler: 16 tokens)."""
+    encoder = CLIPVisionConfig.from_dict(IMAGE_ENCODERS["tiny" if architecture == "tiny" else
+                                                       "vit-h" if plus else "vit-bigg"])
+    unet = nnx.eval_shape(lambda: UNet2DConditionModel(UNetConfig.from_dict(architecture_configs(architecture)["unet"]),
+                                                       precision))
+    width, blocks = unet.config.cross_attention_dim[0], unet_attention_shapes(unet)
+    if plus:
+        hidden = 1280 if architecture != "tiny" else 128
+        config = IPAdapterConfig(plus=True, image_embed_dim=encoder.hidden_size, cross_attention_dim=width,
+                                 num_tokens=16, blocks=blocks, hidden_dims=hidden, depth=4, heads=hidden // 64,
+                                 ff_inner=4 * hidden)
+    else:
+        config = IPAdapterConfig(plus=False, image_embed_dim=encoder.projection_dim, cross_attention_dim=width,
+                                 num_tokens=4, blocks=blocks)
+    name = "ip-adapter-plus_sdxl_vit-h" if plus else "ip-adapter_sdxl"
+    return ImagePromptModels(
+        name, cast(IPAdapter, random_fill(nnx.eval_shape(lambda: IPAdapter(config, precision)), seed=20)),
+        cast(CLIPVisionModelWithProjection, random_fill(
+            nnx.eval_shape(lambda: CLIPVisionModelWithProjection(encoder, precision)), seed=21)))
+
+
+def random_refiner(architecture: str, precision: Precision) -> RefinerModels:
+    """`architecture`'s refiner (refiner_configs: SDXL refiner 1.0's for sdxl) with random weights."""
+    networks = abstract_networks({**architecture_configs(architecture), **refiner_configs(architecture)}, precision)
+    return RefinerModels("random-refiner", random_fill(networks["unet"], seed=30),
+                         random_fill(networks["text_encoder_2"], seed=31), force_zeros_for_empty_prompt=False)
 
 
 def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:

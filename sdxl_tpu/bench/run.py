@@ -41,9 +41,13 @@ from ..weights.checkpoint import config_root
 from ..weights.taesd import load_taesd
 from ..weights.tensors import read_json
 from .flops import controlnet_flops, model_flops
-from .random_weights import random_controlnets, random_fill, random_pipeline
+from .report import format_report
+from .random_weights import random_controlnets, random_fill, random_image_prompt, random_pipeline, random_refiner
 
 PROMPT, NEGATIVE = "a photo of an astronaut riding a horse on the moon", "blurry"
+# --features: what each adds to a call, timed beside plain text to image (all loaded at once).
+FEATURES = ("controlnet", "ip-adapter", "ip-adapter-plus", "refiner")
+REFINER_SWITCH_AT = 0.8  # (A1111's default: the last fifth of the steps on the refiner)
 
 
 # --- what is measured -------------------------------------------------------------------------
@@ -71,9 +75,17 @@ def settled(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError("--controlnets adds random ControlNets to random weights: give --random-weights")
     if not 0 <= args.controlnets <= MAX_UNITS:
         raise ValueError(f"--controlnets {args.controlnets}: from 0 to {MAX_UNITS}, as a call takes")
+    features = tuple(dict.fromkeys(f.strip() for f in (args.features or "").split(",") if f.strip()))
+    if unknown := [f for f in features if f not in FEATURES]:
+        raise ValueError(f"--features {', '.join(unknown)}: not one of {', '.join(FEATURES)}")
+    if features and (load is not None or args.controlnets):
+        raise ValueError("--features adds random networks to random weights (--random-weights), in calls of their "
+                         "own: not with a checkpoint or --controlnets")
+    if {"ip-adapter", "ip-adapter-plus"} <= set(features):
+        raise ValueError("--features: one IP-Adapter at a time (ip-adapter or ip-adapter-plus)")
     return argparse.Namespace(**{**vars(args), "architecture": architecture, "recipe": recipe and recipe.name,
                                  "load": load, "size": size, "sampler": s["sampler"], "steps": s["steps"],
-                                 "guidance": s["guidance"]})
+                                 "guidance": s["guidance"], "features": features})
 
 
 def measured_configs(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,10 +109,14 @@ def build_pipeline(args: argparse.Namespace, *, step_progress: bool = False, com
     if step_progress and args.preview != "approx":  # taesdxl's architecture, random weights
         taesd = load_taesd(args.preview, precision) if os.path.isdir(args.preview) else random_fill(
             nnx.eval_shape(lambda: AutoencoderTiny(TAESDConfig(), precision)), seed=4)
-    return random_pipeline(args.architecture, precision, sizes=[args.size], images_per_call=args.images,
-                           step_progress=step_progress, preview_decoder=taesd,
-                           program_store=ProgramStore.beside(compile_cache),
-                           controlnets=random_controlnets(args.architecture, precision, args.controlnets))
+    adapter = next((f for f in args.features if f.startswith("ip-adapter")), None)
+    controlnets = args.controlnets + ("controlnet" in args.features)
+    return random_pipeline(
+        args.architecture, precision, sizes=[args.size], images_per_call=args.images, step_progress=step_progress,
+        preview_decoder=taesd, program_store=ProgramStore.beside(compile_cache),
+        controlnets=random_controlnets(args.architecture, precision, controlnets),
+        image_prompt=adapter and random_image_prompt(args.architecture, precision, plus=adapter.endswith("plus")),
+        refiner=random_refiner(args.architecture, precision) if "refiner" in args.features else None)
 
 
 def _memory(programs: dict[str, Any]) -> dict[str, Any]:
@@ -119,22 +135,71 @@ def _memory(programs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int,
-                **previews) -> list[tuple[float, dict[str, float]]]:
-    """(latency, the pipeline's own stage timings) of `runs` calls (`previews`: run_images' preview
-    and preview_every)."""
-    calls = []
+def call_options(pipe: Pipeline, args: argparse.Namespace, feature: str | None = None) -> dict[str, Any]:
+    """What a timed call asks for besides the prompt: every ControlNet of --controlnets, or `feature`'s."""
     w, h = args.size
-    edges = np.zeros((h, w, 3), np.uint8)
-    edges[h // 4:3 * h // 4:8, :] = 255  # (a control image: its content does not change the time)
-    units = [{"model": name, "image": edges} for name in pipe.controlnets]
+    image = np.zeros((h, w, 3), np.uint8)
+    image[h // 4:3 * h // 4:8, :] = 255  # (a control image or image prompt: its content does not change the time)
+    if feature == "refiner":
+        return {"refiner_switch_at": REFINER_SWITCH_AT}
+    if feature and feature.startswith("ip-adapter"):
+        return {"controlnet": [{"model": pipe.ip_adapter, "image": image}]}
+    named = list(pipe.controlnets) if feature == "controlnet" or args.controlnets else []
+    return {"controlnet": [{"model": name, "image": image} for name in named] or None}
+
+
+def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int, feature: str | None = None,
+                **previews) -> list[tuple[float, dict[str, float]]]:
+    """(latency, the pipeline's own stage timings) of `runs` calls, with `feature` (see call_options)
+    (`previews`: run_images' preview and preview_every)."""
+    calls = []
+    more = call_options(pipe, args, feature)
     for i in range(runs):
         request = pipe.request(PROMPT, NEGATIVE, seed=i, steps=args.steps, size=args.size, sampler=args.sampler,
-                               guidance_scale=args.guidance, controlnet=units or None)
+                               guidance_scale=args.guidance, **more)
         start = time.perf_counter()
         result = pipe.run(request, **previews)
         calls.append((time.perf_counter() - start, result.timings))
     return calls
+
+
+def timed_programs(pipe: Pipeline, args: argparse.Namespace) -> list[str]:
+    """The programs of the calls --features times (not every program the networks loaded could run)."""
+    guided = args.guidance > 1
+    calls = [pipe.call_programs(guided=guided),
+             *(pipe.call_programs(guided=guided, controlnets=list(pipe.controlnets)) for f in args.features
+               if f == "controlnet"),
+             *(pipe.call_programs(guided=guided, image_prompt=True) for f in args.features if f.startswith("ip")),
+             *(pipe.call_programs(guided=guided, refiner=True) for f in args.features if f == "refiner")]
+    return list(dict.fromkeys(name for names in calls for name in names))
+
+
+def time_features(pipe: Pipeline, args: argparse.Namespace) -> dict[str, Any]:
+    """Each of --features' calls against plain text to image, alternated call by call (drift on a noisy
+    machine hits each alike): medians, ms a step, and what the feature adds."""
+    variants = (None, *args.features)
+    for feature in variants:
+        _time_calls(pipe, args, 1, feature)  # (its first call: allocations, caches)
+    calls: dict[str | None, list[tuple[float, dict[str, float]]]] = {f: [] for f in variants}
+    for _ in range(args.runs):
+        for feature in variants:
+            calls[feature] += _time_calls(pipe, args, 1, feature)
+    out = {}
+    for feature, timed in calls.items():
+        latency = statistics.median(c[0] for c in timed)
+        denoising = statistics.median(c[1]["denoising"] for c in timed)
+        out[feature or "plain"] = {"latency_s": latency, "denoising_s": denoising,
+                                   "ms_per_step": 1000 * denoising / args.steps,
+                                   "stage_s": sorted(timed, key=lambda c: c[0])[len(timed) // 2][1]}
+    plain = out["plain"]
+    for figures in out.values():
+        figures["latency_over_plain"] = figures["latency_s"] / plain["latency_s"] - 1
+        figures["step_over_plain"] = figures["denoising_s"] / plain["denoising_s"] - 1
+    if "refiner" in out:  # (its steps past the switch run the refiner's UNet: their own ms a step)
+        refined = args.steps - round(REFINER_SWITCH_AT * args.steps)
+        out["refiner"]["refiner_ms_per_step"] = 1000 * (
+            out["refiner"]["denoising_s"] - plain["denoising_s"] * (1 - refined / args.steps)) / max(refined, 1)
+    return out
 
 
 def warm_compile_argv(args: argparse.Namespace, cache: str) -> list[str]:
@@ -145,6 +210,8 @@ def warm_compile_argv(args: argparse.Namespace, cache: str) -> list[str]:
             "--attention", args.attention]
     if args.random_weights:
         argv.append("--random-weights")
+    if args.features:
+        argv += ["--features", ",".join(args.features)]
     if args.compute_dtype:
         argv += ["--compute-dtype", args.compute_dtype]
     for o in options_for("bench"):
@@ -162,10 +229,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     enable_compile_cache(cache)
     pipe = build_pipeline(args, compile_cache=cache)
     start = time.perf_counter()
-    pipe.warmup()
+    timed = timed_programs(pipe, args) if args.features else None  # (else every program: a server's warm-up)
+    pipe.warmup(names=timed)
     compile_s = time.perf_counter() - start
     if args.compile_only:
-        return {"compile_s": compile_s, "memory_bytes": {"compiled": _memory(pipe.compiled(args.size))}}
+        return {"compile_s": compile_s, "memory_bytes": {"compiled": _memory(pipe.compiled(args.size, timed))}}
 
     report: dict[str, Any] = {
         "architecture": args.architecture, "preset": args.recipe, "model": args.load and args.load.model,
@@ -219,15 +287,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                   "latency_on_s": medians["previews"], "latency_off_s": medians["stepwise"],
                                   "overhead": medians["previews"] / medians["stepwise"] - 1}
 
+    if args.features:
+        report["features"] = time_features(pipe, args)
     configs = measured_configs(args)
     flops = model_flops(configs["unet"], configs["vae"], args.size)
     passes = 2 if args.guidance > 1 else 1  # guidance <= 1: the conditional pass alone
-    evaluation = flops["unet"] + sum(controlnet_flops(c, args.size, pipe.vae_factor) for c in pipe.controlnets.values())
+    evaluation = flops["unet"] + sum(controlnet_flops(c, args.size, pipe.vae_factor)  # (--controlnets': every call's)
+                                     for c in pipe.controlnets.values() if args.controlnets)
     once = flops["unet_cross_kv"]  # (of each evaluation: done once a call, not at every step)
     per_call = pipe.images_per_call * (passes * (args.steps * (evaluation - once) + once) + flops["vae_decode"])
     achieved = per_call / median / 1e12
     peak = args.peak_tflops or _peak_tflops(jax.devices()[0])
-    report["controlnets"] = len(pipe.controlnets)
+    report["controlnets"] = args.controlnets
     report["flops"] = {"unet_per_image_eval_tflop": flops["unet"] / 1e12,
                        "unet_cross_kv_per_image_eval_tflop": once / 1e12,
                        "controlnets_per_image_eval_tflop": (evaluation - flops["unet"]) / 1e12,
@@ -235,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        flops["vae_decode"] / 1e12, "per_call_tflop": per_call / 1e12, "achieved_tflops": achieved,
                        "peak_tflops_per_device": peak,
                        "utilisation": achieved / (peak * jax.device_count()) if peak else None}
-    report["memory_bytes"] = {"compiled": _memory(pipe.compiled(args.size))}
+    report["memory_bytes"] = {"compiled": _memory(pipe.compiled(args.size, timed))}
     stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
     if stats:
         report["memory_bytes"]["device_peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
@@ -253,66 +324,6 @@ def _peak_tflops(device: Device) -> float | None:
         if name.lower() in kind.lower():
             return tflops
     return None
-
-
-# --- the report -------------------------------------------------------------------------------
-
-def _bytes(b: float) -> str:
-    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
-
-
-def _flop(f: float) -> str:
-    return f"{f / 1e12:.3f} TFLOP" if f >= 1e11 else f"{f / 1e9:.3f} GFLOP"
-
-
-def _memory_lines(memory: dict[str, Any]) -> list[str]:
-    lines = [f"memory {name:<10} peak ~{_bytes(m['peak_estimate'])} per device (args {_bytes(m['arguments'])}, "
-             f"temporaries {_bytes(m['temporaries'])})" for name, m in memory["compiled"].items()]
-    if memory.get("device_peak_bytes_in_use"):
-        lines.append(f"device peak       {_bytes(memory['device_peak_bytes_in_use'])} in use")
-    return lines
-
-
-def format_report(r: dict[str, Any]) -> str:
-    if "latency_s" not in r:  # --compile-only
-        return "\n".join([f"compile           {r['compile_s']:.1f} s", *_memory_lines(r["memory_bytes"])])
-    lat = r["latency_s"]
-    f = r["flops"]
-    lines = [
-        f"{r['preset'] or r['architecture']} ({r['model'] or 'random weights'}), "
-        f"{r['dtype']} params, {r['compute_dtype']} activations, {r['images']} x {r['size']}, {r['steps']} steps, "
-        f"{r['devices']} x {r['device_kind']}",
-        f"cold compile      {r['cold_compile_s']:.1f} s",
-    ]
-    if "warm_compile_s" in r:
-        lines.append(f"warm compile      {r['warm_compile_s']:.1f} s (second process: stored programs)")
-    lines += [
-        f"latency per call  median {lat['median']:.3f} s, min {lat['min']:.3f} s, max {lat['max']:.3f} s "
-        f"({lat['runs']} runs)",
-        f"stages            text {r['stage_s']['text_encoding']:.3f} s, denoise {r['stage_s']['denoising']:.3f} s, "
-        f"decode {r['stage_s']['decoding']:.3f} s",
-        f"per step          {r['s_per_step'] * 1000:.1f} ms",
-        f"throughput        {r['images_per_s']:.2f} images/s",
-        f"FLOPs             UNet {_flop(f['unet_per_image_eval_tflop'] * 1e12)} per image-evaluation, VAE decode "
-        f"{_flop(f['vae_decode_per_image_tflop'] * 1e12)} per image, {_flop(f['per_call_tflop'] * 1e12)} per call"
-        + (f"; {r['controlnets']} ControlNets {_flop(f['controlnets_per_image_eval_tflop'] * 1e12)} per "
-           "image-evaluation" if r.get("controlnets") else ""),
-        f"achieved          {f['achieved_tflops'] * 1000:.1f} GFLOP/s" if f["achieved_tflops"] < 1 else
-        f"achieved          {f['achieved_tflops']:.2f} TFLOP/s"
-        + (f", {100 * f['utilisation']:.1f} % of {f['peak_tflops_per_device']:.0f} TFLOP/s x {r['devices']}"
-           if f["utilisation"] else " (no peak known for this device)"),
-    ]
-    lines += _memory_lines(r["memory_bytes"])
-    if "progress_overhead" in r:
-        lines.append(f"per-step progress {100 * r['progress_overhead']:+.1f} % latency (one program call per step) "
-                     "vs the fused loop measured above")
-    if "previews" in r:
-        p = r["previews"]
-        lines.append(f"live previews     {100 * p['overhead']:+.1f} % latency ({p['per_call']} {p['decoder']} previews "
-                     f"of {p['size'][1]}x{p['size'][0]} a call, every {p['every']} steps: median "
-                     f"{p['latency_on_s']:.3f} s on, {p['latency_off_s']:.3f} s off, both stepwise)" if p["size"] else
-                     "live previews     none at this step count")
-    return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:

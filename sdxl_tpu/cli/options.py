@@ -3,10 +3,8 @@ table: flag, environment variable, default, choices, help. Parsers are built fro
 and docs/options.md's option table is written from it (`python -m sdxl_tpu.cli.options_table`), so
 they cannot drift.
 
-An option given on the command line wins; then (where a command takes them from elsewhere, as
-`generate` takes --parameters) the other source; then its environment variable; then its default.
-An option reads its environment variable in every command that takes it. JAX-free: a front end
-parses its settings without it.
+The command line wins; then another source where a command has one (`generate`'s --parameters); then
+the environment variable (in every command that takes the option); then the default. JAX-free.
 """
 
 from __future__ import annotations
@@ -284,9 +282,11 @@ OPTIONS: tuple[Option, ...] = (
            "unused here", env="SDXL_BACKEND"),
     # --- what bench measures ---
     option("--runs", ["bench"], "timed calls", type=int, default=5),
-    option("--controlnets", ["bench"], "random ControlNets, 0 to 3 (the UNet's down half, as "
-           "ControlNetModel.from_unet makes them; with --random-weights) in every call: what they cost a step",
-           type=int, default=0, metavar="N"),
+    option("--controlnets", ["bench"], "random ControlNets (0-3, as ControlNetModel.from_unet makes them; "
+           "--random-weights) in every call: what they cost a step", type=int, default=0, metavar="N"),
+    option("--features", ["bench"], "random networks beside the model (--random-weights), all loaded at once, each "
+           "timed in calls alternated with plain ones: controlnet, ip-adapter (ViT-bigG) or ip-adapter-plus (ViT-H), "
+           "refiner (switch at 0.8); comma-separated", metavar="LIST"),
     option("--no-warm-compile", ["bench"], "skip the second process that measures a warm (cached) compile",
            action="store_false", dest="warm_compile"),
     option("--compare-progress", ["bench"], "also compile the stepwise loop (per-step progress) and compare its "

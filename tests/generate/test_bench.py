@@ -199,3 +199,39 @@ def test_kernels_check_reads_the_compiled_attention_layer():
     r = json.loads(result.stdout)
     # XLA's CPU backend keeps the three projections apart and has no fused attention kernel.
     assert r["backend"] == "cpu" and r["projection_matmuls"] == 3 and r["attention_kernels"] == []
+
+
+def test_bench_features_time_each_beside_plain_text_to_image():
+    """--features loads random networks beside the model, compiles only the programs its calls run, and
+    times each feature's calls alternated with plain ones: what each adds a call and a step."""
+    from sdxl_tpu.bench.run import run
+
+    steps = 5
+    args = settled(_parse("--architecture", "tiny", "--random-weights", "--size", "64x64", "--steps", str(steps),
+                          "--images", "1", "--runs", "2", "--no-warm-compile", "--features",
+                          "controlnet, ip-adapter,refiner,controlnet", "--json"))
+    assert args.features == ("controlnet", "ip-adapter", "refiner")
+    r = run(args)
+    features = r["features"]
+    assert list(features) == ["plain", "controlnet", "ip-adapter", "refiner"]
+    for name, f in features.items():
+        assert 0 < f["denoising_s"] < f["latency_s"], name
+        assert f["ms_per_step"] == pytest.approx(1000 * f["denoising_s"] / steps)
+        assert f["latency_over_plain"] == pytest.approx(f["latency_s"] / features["plain"]["latency_s"] - 1)
+    assert features["plain"]["latency_over_plain"] == 0 and features["refiner"]["refiner_ms_per_step"] > 0
+    # A ControlNet's steps run a second network: dearer than plain ones on any machine.
+    assert features["controlnet"]["step_over_plain"] > 0.1
+    # Only the timed calls' programs compiled (a server's warm-up would compile the unguided ones too);
+    # the plain call's FLOPs are its own (the feature's ControlNet is not in every call).
+    assert {"denoise", "denoise_ip", "image_prompt", "refiner_denoise", "refiner_encode"} <= set(
+        r["memory_bytes"]["compiled"]) and not any("unguided" in name for name in r["memory_bytes"]["compiled"])
+    assert r["controlnets"] == 0 and r["flops"]["controlnets_per_image_eval_tflop"] == 0
+    assert "ip-adapter        " in format_report(r) and "the refiner's steps" in format_report(r)
+
+    for argv, message in [(["--features", "lora"], "not one of"),
+                          (["--features", "ip-adapter,ip-adapter-plus"], "one IP-Adapter at a time"),
+                          (["--features", "refiner", "--controlnets", "1"], "not with a checkpoint or --controlnets")]:
+        with pytest.raises(ValueError, match=message):
+            settled(_parse("--architecture", "tiny", "--random-weights", *argv))
+    with pytest.raises(ValueError, match="not with a checkpoint"):
+        settled(_parse("--architecture", "tiny", "--features", "refiner"))
