@@ -271,6 +271,17 @@ def test_one_program_runs_every_image_size(tmp_path):
     assert counter.compiles == 0 and counter.traces == 0
 
 
+def test_tiles_a_batch_follow_the_platform(tmp_path, monkeypatch):
+    """8 tiles a batch on an accelerator (the fastest on a v5e, RESULTS 2026-12-07), 4 on a CPU."""
+    from sdxl_tpu.generate import upscaling
+
+    torch.save(rrdb(2, nf=8, nb=1, scale=2, unshuffle=2).state_dict(), tmp_path / "x2.pth")
+    model = load_upscaler(tmp_path / "x2.pth")
+    assert TiledUpscaler(model).batch == 4 and TiledUpscaler(model, batch=3).batch == 3
+    monkeypatch.setattr(upscaling.jax, "default_backend", lambda: "tpu")
+    assert TiledUpscaler(model).batch == upscaling.ACCELERATOR_BATCH == 8
+
+
 def test_a1111s_rule_for_reaching_a_size():
     calls = []
 
