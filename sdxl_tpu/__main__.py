@@ -41,7 +41,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .generate.compiling.compilation import enable_compile_cache
     from .generate.loading import load
-    from .request.errors import GenerationError, RequestError
+    from .request.errors import CompileError, GenerationError, RequestError
     from .request.fields import DEFAULT_STRENGTH, DEFAULT_SWITCH_AT
     from .imaging.image_input import decode_image
     from .a1111.dynamic_prompts import Wildcards
@@ -112,7 +112,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             run_plot(pipe, plotted, Path(args.out))
             return 0
         result = pipe.run(request, images=args.images)
-    except (CheckpointError, ValueError, GenerationError, OSError) as e:
+    except (CheckpointError, ValueError, GenerationError, CompileError, OSError) as e:
         return _fail(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -20,3 +20,8 @@ class GenerationError(RuntimeError):
 class CompileError(RuntimeError):
     """The model loaded, but the programs it needs to serve did not compile (e.g. more device
     memory than the chip has); the message names what failed, the log holds XLA's whole report."""
+
+
+class DeviceMemoryError(CompileError):
+    """The networks to load do not fit a device's memory (each device holds them all); the message
+    says what each takes and what to leave out."""
