@@ -1,6 +1,7 @@
 """What the playground's components do: a run (the page's and the API's /generate, one queue),
 Stop, the seed, image and ✨ buttons on a result, presets, the painter and outpainting, PNG Info and
-pasted parameters, and the refresh while the model warms up. The components are page_layout.py's."""
+pasted parameters, and the refresh while the model warms up (the Extras tab's events: page_extras.py).
+The components are page_layout.py's."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .page import (CUSTOM, PASTED_INTO, control_preview, form_defaults, hires_of
                    style_description)
 from .page_layout import WARMING_UP, Page, preset_names
 from .page_run import GENERATE, page_run, page_values, refused, stopped
+from .page_extras import wire_extras
 from .page_xyz import PANEL, page_plot, wire_panel
 from .sampler_menu import menu_samplers, schedule_menu
 
@@ -174,6 +176,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
     page.gallery.select(pick, outputs=[picked], **light)  # (a click only enlarges the image)
     page.seed.change(seed_note, inputs=[page.seed, page.form_note], outputs=[page.form_note], **light)
     wire_panel(page, server, light)
+    wire_extras(page, server, light, last_images, picked)  # (the Extras tab; 📐 on a result sends it there)
 
     # In the browser, no server event: presets fill the fields, the preset menu follows the
     # fields, examples fill the prompt, a history row fills the form.

@@ -1,6 +1,7 @@
 """The playground's layout: its Gradio components in the order a person reads them (the form, the
 results, then examples, pasted parameters and the history), each field's widget with its label,
-limits and default from request/fields.py. What they do when used is page_events.py's."""
+limits and default from request/fields.py; then the Extras tab (page_extras.py). What they do when
+used is page_events.py's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..server.form import EXAMPLES
 from .in_browser import in_browser, offered_now
 from .history import HISTORY_HEADERS, HISTORY_PER_PAGE
 from .page import CUSTOM, RNG_INFO, SCHEDULE_INFO, form_defaults, run_panel, size_choices, style_description
+from .page_extras import Extras, lay_out_extras
 from .page_run import GENERATE
 from .page_xyz import AXIS_LABELS, SCRIPTS, SWITCHES
 from .sampler_menu import menu_samplers, schedule_menu
@@ -60,6 +62,7 @@ class Page:
     use_seed: gr.Button
     use_image: gr.Button
     use_hires: gr.Button
+    use_extras: gr.Button
     gallery: gr.Gallery
     summary: gr.Markdown
     examples: gr.Dataset
@@ -72,6 +75,8 @@ class Page:
     history_table: gr.Dataset
     inputs: dict[str, Any]  # the form's fields' widgets, by field name (their element ids)
     form: list[Any]  # the same in the form's order (request/fields.py's FORM): every run takes them so
+    tabs: gr.Tabs  # the page's tabs: the form and its results, then Extras
+    extras: Extras  # the Extras tab's components
 
 
 def field_slider(name: str, step: float, **options: Any) -> gr.Slider:
@@ -98,7 +103,9 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
     with gr.Row(elem_id="top"):
         gr.Markdown("# Stable Diffusion XL, served from JAX", elem_id="title")
         status = gr.Markdown(server.warmup.status_line, elem_id="status")
-    with gr.Row(equal_height=False, elem_id="layout"):
+    # A1111's tabs: the form with its results (txt2img and img2img in one), then Extras.
+    with gr.Tabs(elem_id="tabs") as tabs, gr.Tab("Generate", id="generate", elem_id="generate-tab"), \
+            gr.Row(equal_height=False, elem_id="layout"):
         # The main controls, in view without opening anything (as A1111's txt2img tab has them).
         with gr.Column(min_width=0, elem_id="form"):
             prompt = gr.Textbox(label=label("prompt"), placeholder="Describe the image (Ctrl+Enter generates)",
@@ -233,8 +240,9 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
             use_seed = gr.Button("♻️ Use this seed", size="sm", elem_id="use-seed")
             use_image = gr.Button("🖼️ Use as image", size="sm", elem_id="use-image")  # (A1111's Send to img2img)
             use_hires = gr.Button("✨ Hires fix", size="sm", elem_id="use-hires")  # (A1111's ✨ on a result)
+            use_extras = gr.Button("📐 Send to Extras", size="sm", elem_id="use-extras")  # (A1111's 📐)
             gallery = gr.Gallery(label="Images", columns=2, height="auto", object_fit="contain", preview=False,
-                                 buttons=["download", "fullscreen", use_seed, use_image, use_hires],
+                                 buttons=["download", "fullscreen", use_seed, use_image, use_hires, use_extras],
                                  elem_id="gallery")
             summary = gr.Markdown("Four images per run. Click an image to see it large; ♻️ takes its seed.",
                                   elem_id="summary")
@@ -260,6 +268,7 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                                        samples_per_page=HISTORY_PER_PAGE, elem_id="history",
                                        label="History (kept in this browser; click a run to restore it, seed "
                                              "included)")
+    extras = lay_out_extras(tabs, server)
     # The form's inputs, found by their element ids, which are the fields' names (request/fields.py):
     # every event takes them in the form's order.
     inputs: dict[str, Any] = {}
@@ -276,7 +285,7 @@ def lay_out(demo: gr.Blocks, server: Server) -> Page:
                 mask=mask, outpaint=outpaint, control_panel=control_panel, refiner_panel=refiner_panel,
                 control_preview=control_preview, style=style, style_info=style_info, rng=rng, offered=offered,
                 script=script, plot_panel=plot_panel, plot=plot, panel=panel, use_seed=use_seed, use_image=use_image,
-                use_hires=use_hires,
+                use_hires=use_hires, use_extras=use_extras, tabs=tabs, extras=extras,
                 gallery=gallery, summary=summary, examples=examples, pasted=pasted, png_info_image=png_info_image,
                 use_pasted=use_pasted, paste_notes=paste_notes, history=history, kept_run=kept_run,
                 history_table=history_table, inputs=inputs, form=form)

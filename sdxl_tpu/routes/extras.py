@@ -2,7 +2,8 @@
 ExtrasSingleImageRequest): an image upscaled by Lanczos or one of the server's upscaler models
 (`--upscalers`), by a factor or to a size (covered, then cropped to it at its centre), as its
 postprocessing_upscale does. Face restoration and a second upscaler are not offered here: a request
-that turns them on is refused by name. The image is decoded by its content; the answer is a PNG."""
+that turns them on is refused by name. The image is decoded by its content; the answer is a PNG. The
+page's Extras tab (page/page_extras.py) runs the same upscale (`extras_upscale`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import base64
 import io
 import logging
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
@@ -32,20 +35,28 @@ MAX_PIXELS = 4096 * 4096  # of what an upscale makes: a 1024x1024 image times 4
 OFF = {"gfpgan_visibility": 0, "codeformer_visibility": 0, "extras_upscaler_2_visibility": 0, "upscaler_2": NONE}
 
 
-def extras_plan(data: dict[str, Any], size: tuple[int, int], upscalers: tuple[str, ...]
-                ) -> tuple[str, float, tuple[int, int] | None]:
+def upscaler_names(upscalers: tuple[str, ...]) -> tuple[str, ...]:
+    """The upscalers an Extras upscale offers besides None, by A1111's names: Lanczos, then the
+    server's models (`upscalers`: Offer.upscalers). (The page's Extras menu lists these.)"""
+    return ("Lanczos", *upscalers)
+
+
+def extras_plan(data: dict[str, Any], size: tuple[int, int], upscalers: tuple[str, ...],
+                labels: Mapping[str, str] | None = None) -> tuple[str, float, tuple[int, int] | None]:
     """(upscaler, scale, crop) of an Extras request for an image of `size`: the factor A1111's
     postprocessing_upscale applies (resize_mode 1: the larger ratio to upscaling_resize_w/h, then,
-    with upscaling_crop, a crop to that size), checked so that what it makes stays within MAX_PIXELS."""
+    with upscaling_crop, a crop to that size), checked so that what it makes stays within MAX_PIXELS.
+    A refusal names a field by its key, or by `labels`' name for it (the page's labels)."""
     for key, off in OFF.items():  # (left out, empty or at A1111's value that turns it off)
         if data.get(key) not in (None, "", off, str(off)):
             raise RequestError(f"{key} is not offered here (no face restoration or second upscaler): leave it "
                                f"at {off!r}.")
-    upscaler = choice_input(data.get("upscaler_1", NONE), "upscaler_1", (NONE, "Lanczos", *upscalers))
+    label = lambda key: str((labels or {}).get(key, key))  # noqa: E731
+    upscaler = choice_input(data.get("upscaler_1", NONE), label("upscaler_1"), (NONE, *upscaler_names(upscalers)))
     mode = number_input(data.get("resize_mode", 0), "resize_mode", 0, 1, whole=True)
     crop = None
     if mode == 0:
-        scale = float(number_input(data.get("upscaling_resize", 2), "upscaling_resize", *SCALE_RANGE))
+        scale = float(number_input(data.get("upscaling_resize", 2), label("upscaling_resize"), *SCALE_RANGE))
     else:
         width, height = (int(number_input(data.get(f"upscaling_resize_{k}", 512), f"upscaling_resize_{k}", 64,
                                           MAX_SIDE, whole=True)) for k in ("w", "h"))
@@ -68,6 +79,36 @@ def centre_crop(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     return canvas
 
 
+@dataclass(frozen=True)
+class Upscaled:
+    """What an Extras upscale made: the image as a PNG file, its size, the upscaler and the factor."""
+    png: bytes
+    size: tuple[int, int]
+    upscaler: str
+    scale: float
+
+    @property
+    def info(self) -> str:
+        """A1111's infotext of a postprocessing upscale."""
+        return f"Postprocess upscale by: {self.scale:g}, Postprocess upscaler: {self.upscaler}"
+
+
+def extras_upscale(server: Server, image: Image.Image, data: dict[str, Any],
+                   labels: Mapping[str, str] | None = None) -> Upscaled:
+    """An Extras request's upscale of a decoded `image` (`data`: the request's other fields, as
+    ExtrasSingleImageRequest names them), blocking: the route's and the page's Extras tab's one way.
+    A model upscale runs on the device through the engine, which holds the pipeline's lock: it
+    waits for the generation call it meets, never runs beside one."""
+    upscaler, scale, crop = extras_plan(data, image.size, server.offer.upscalers, labels)
+    if upscaler != NONE:
+        image = server.engine.upscale(image, upscaler, scale)
+    if crop is not None and image.size != crop:
+        image = centre_crop(image, crop)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return Upscaled(out.getvalue(), image.size, upscaler, scale)
+
+
 def extras_routes(server: Server) -> list[Route]:
     async def extra_single_image(http: HTTPRequest) -> Response:
         try:
@@ -75,19 +116,12 @@ def extras_routes(server: Server) -> list[Route]:
             if not isinstance(data.get("image"), str):
                 raise RequestError("image must be an image file as base64 text (PNG, JPEG or WebP).")
             image = decode_image(from_base64(data["image"], "Image"), "Image")
-            upscaler, scale, crop = extras_plan(data, image.size, server.offer.upscalers)
-            if upscaler != "None":
-                image = await asyncio.to_thread(server.engine.upscale, image, upscaler, scale)
-            if crop is not None and image.size != crop:
-                image = centre_crop(image, crop)
+            made = await asyncio.to_thread(extras_upscale, server, image, data)
         except Exception as e:  # noqa: BLE001 (every failure is an answer)
             return error_response(*logged_status(e, http.url.path, log, "an Extras upscale"))
-        out = io.BytesIO()
-        image.save(out, format="PNG")
-        return JSONResponse({"html_info": f"<p>Postprocess upscale by: {scale:g}, Postprocess upscaler: {upscaler}</p>",
-                             "image": base64.b64encode(out.getvalue()).decode("ascii")})
+        return JSONResponse({"html_info": f"<p>{made.info}</p>", "image": base64.b64encode(made.png).decode("ascii")})
 
     return [Route("/sdapi/v1/extra-single-image", extra_single_image, methods=["POST"])]
 
 
-__all__ = ["MAX_PIXELS", "centre_crop", "extras_plan", "extras_routes"]
+__all__ = ["MAX_PIXELS", "Upscaled", "centre_crop", "extras_plan", "extras_routes", "extras_upscale", "upscaler_names"]

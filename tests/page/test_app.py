@@ -1250,6 +1250,78 @@ def test_browser_hires_fix_of_a_result(app_server, browser, tmp_path):
     assert image.size == (96, 96) and f"Seed: {picked}, Size: 64x64," in text and "Hires upscale: 1.5," in text, text
 
 
+def test_browser_extras_tab_upscales_an_upload_and_a_result(app_server, browser, tmp_path):
+    """A1111's Extras tab (single image): Upscale with no image says so; a picture dropped in, the
+    server's upscaler model picked by A1111's name (the menu: Lanczos and the models, as the hires
+    fix's), Resize 2: the upscaled image shown at twice the size, the line saying its size, the file
+    the API route's own for the same image; laid out on a desktop and a phone. 📐 on a result (A1111's
+    "Send to extras") opens the tab with that image, and Lanczos upscales it."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from axe import axe_violations, describe
+    from sdxl_tpu.page.page_extras import NO_IMAGE
+    from served_app import API_KEY
+
+    source = tmp_path / "source.png"
+    picture(64, 48).save(source)
+    shown = "(s) => { const i = document.querySelector(s); return i?.complete ? [i.naturalWidth, i.naturalHeight] : 0 }"
+    with playground_page(app_server["url"], "Ready (", browser=browser) as page:
+        page.get_by_role("tab", name="Extras").click()
+        run, note = page.locator("#extras-run"), page.locator("#extras-note")
+        run.click()
+        wait_for(lambda: note.inner_text().startswith("⚠️ " + NO_IMAGE), 30, lambda: note.inner_text())
+        page.locator("#extras-image input[type=file]").set_input_files(str(source))
+        wait_for(lambda: page.evaluate(shown, "#extras-image img") == [64, 48], 30, "the upload is not shown")
+        page.locator("#extras-upscaler input").click()
+        assert [o.split("\n")[-1] for o in page.get_by_role("option").all_inner_texts()] == ["Lanczos", GENERAL]
+        page.get_by_role("option", name=GENERAL, exact=True).click()
+        page.keyboard.press("Escape")
+        set_field(page, "extras-scale", 2)
+        run.click()
+        wait_for(lambda: note.inner_text().startswith("128 × 96 (from 64 × 48)"), 60, lambda: note.inner_text())
+        assert note.inner_text().endswith(f"Postprocess upscale by: 2, Postprocess upscaler: {GENERAL}")
+        wait_for(lambda: page.evaluate(shown, "#extras-output img") == [128, 96], 30, "the result is not shown")
+        assert page.locator("#extras-output").get_by_label("Download").count() == 1
+        src = page.evaluate("() => document.querySelector('#extras-output img').src")
+        for width, height in ((1280, 800), (390, 844)):
+            page.set_viewport_size({"width": width, "height": height})
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(artifact(tmp_path, f"extras-{width}x{height}.png")), full_page=True)
+            boxes = [page.locator(f"#extras-{name}").bounding_box() for name in ("image", "upscaler", "scale", "run",
+                                                                                 "output")]
+            assert all(b["x"] >= 0 and b["x"] + b["width"] <= width + 0.5 and b["width"] > 100 for b in boxes), boxes
+            assert not (found := axe_violations(page)), describe(found)
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.keyboard.press("Control+Enter")  # (Generate's keys start nothing from here, where it is hidden)
+        page.wait_for_timeout(500)
+        assert page.evaluate("() => document.querySelector('#progress .run-panel').dataset.state") == "idle"
+        # 📐 on a result: the tab opens with that image.
+        page.get_by_role("tab", name="Generate").click()
+        set_field(page, "steps", 2)
+        generate_in_page(page, "a lighthouse", "")
+        page.locator("#gallery .grid-container img").nth(1).click()
+        page.locator("#gallery [data-testid=detailed-image]").wait_for(timeout=10_000)
+        picked = page.evaluate("() => document.querySelectorAll('#gallery .grid-container img')[1].src")
+        page.locator("#gallery").get_by_label("📐 Send to Extras").click()
+        wait_for(lambda: picked.split("file=")[1] in (page.evaluate(
+            "() => document.querySelector('#extras-image img')?.src") or ""), 30, "📐 did not send the image")
+        choose(page, "extras-upscaler", "Lanczos")
+        run.click()
+        wait_for(lambda: note.inner_text().startswith("128 × 128 (from 64 × 64)"), 60, lambda: note.inner_text())
+    with urllib.request.urlopen(src, timeout=30) as response:
+        made = response.read()
+    body = json.dumps({"image": base64.b64encode(source.read_bytes()).decode(), "upscaler_1": GENERAL,
+                       "upscaling_resize": 2}).encode()
+    request = urllib.request.Request(app_server["url"] + "/sdapi/v1/extra-single-image", body, method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert made == base64.b64decode(json.loads(response.read())["image"])
+    assert Image.open(io.BytesIO(made)).size == (128, 96)
+
+
 def test_browser_controlnet_panel(app_server, browser, client, tmp_path):
     """A person opens "ControlNet" (the app loads one, "edges"), drops a picture in and picks canny:
     the preview shows its edges at the size, white on black; sets the weight and runs: four images

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from images import hostile_files
+from upscaler_files import GENERAL
 from raw_http import OWN_SOURCE, AppLog, Http, refusal
 from served_app import ROOT, SIZES, get
 from sdxl_tpu.routes.guard import MAX_BODY_BYTES
@@ -128,6 +129,8 @@ def test_file_data_inputs_never_read_a_file(app_server, http_client, fn_index):
         status, detail = http_client.join(GENERATE[:image] + [_file_data(path)] + GENERATE[image + 1:],
                                           fn_index["generate"])
         assert status == 422 and detail.startswith(f"Image (input {image + 1}) must be null or a file uploaded"), detail
+        status, detail = http_client.join([_file_data(path), "Lanczos", 2], fn_index["extras_upscale"])  # (Extras')
+        assert status == 422 and detail.startswith("Source image (input 1) must be null or a file uploaded"), detail
         # ... and asked for directly, by every spelling of the path
         for spelled in (path, path.replace("/", "%2F"), path.replace(".", "%2e")):
             status, _ = http_client.request("GET", f"/gradio_api/file={spelled}")
@@ -437,6 +440,7 @@ def _light_handlers_answer_raw_values(http_client, log: AppLog, fn_index) -> Non
                             ("fill_from_pasted", ['"a cat\\nSteps: 3"']), ("restore_last_run", ["{}"]),
                             ("propose_size", ["null"]), ("paint_over", ["null"]), ("read_png_info", ["null"]),
                             ("values_hint", ['"Steps"']), ("values_hint_1", ['"Size"']),
+                            ("send_to_extras", ["null", "null"]),
                             ("mask_painted", ['{"background": null, "layers": [], "composite": null}'])):
             for position in range(len(valid)):
                 status, _, session = _join_raw(http_client, log, fn_index[name], valid, position, raw)
@@ -586,6 +590,73 @@ def _paste(http_client, log: AppLog, fn_index, value) -> None:
     assert sampler is None or schedule is None or not _refused(sampler, schedule), form  # a pair that runs
 
 
+# The Extras tab's Upscale (page/page_extras.py): the image (an upload's file object), the upscaler
+# and the Resize factor, each malformed in turn; a label its refusals name.
+EXTRAS_LABELS = ("image", "Upscaler", "Resize")
+EXTRAS_MALFORMED = {1: st.one_of(not_text, text.filter(lambda s: s not in ("None", "Lanczos", GENERAL)),
+                                 st.sampled_from(["Latent", "lanczos", "Nearest", "4x-UltraSharp", "ESRGAN_4x",
+                                                  "../" + GENERAL, GENERAL + " "])),
+                    2: st.one_of(not_text.filter(lambda v: isinstance(v, bool) or not isinstance(v, (int, float))
+                                                 or not 1 <= v <= 4),
+                                 st.floats(4.0001, 1e300), st.floats(-1e300, 0.9999), text, st.just([2]))}
+
+
+def _upload(http_client, data: bytes) -> str:
+    """`data` sent to the upload route as the page sends a file: the path it answered."""
+    boundary = "sdxl" + uuid.uuid4().hex
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"x.png\"\r\n"
+            "Content-Type: image/png\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    status, text = http_client.request("POST", "/gradio_api/upload", body,
+                                       {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert status == 200, text
+    return json.loads(text)[0]
+
+
+@pytest.fixture(scope="module")
+def extras_call(http_client):
+    """A call of the Extras tab's Upscale that works (raw JSON values): an uploaded picture, Lanczos, 2."""
+    from images import encoded, picture
+
+    return [json.dumps(_file_data(_upload(http_client, encoded(picture(40, 32), "PNG")))), '"Lanczos"', "2"]
+
+
+def _extras_refused(http_client, log: AppLog, fn_index, call: list[str], position: int, raw: str) -> None:
+    """Upscale with input `position` the raw JSON text `raw`: refused at the envelope (4xx: a file
+    object where no image is taken, or naming no upload), or the event succeeds with the last result
+    kept (a skip) and a line under the button naming the input."""
+    status, text, session = _join_raw(http_client, log, fn_index["extras_upscale"], call, position, raw)
+    if status != 200:
+        assert status in (413, 422) and refusal(text), text[:300]
+        return
+    message = http_client.completion(session)
+    assert message["success"] is True, (position, raw[:100], message)
+    shown, note = message["output"]["data"]
+    assert isinstance(shown, dict) and shown.get("__type__") == "update", (position, raw[:100], shown)
+    assert note.startswith("⚠️ ") and EXTRAS_LABELS[position] in note and "Traceback" not in note, (position, raw[:100],
+                                                                                                   note)
+
+
+def test_fuzz_the_extras_tab_raw(app_server, http_client, fn_index, app_log, extras_call):
+    """Every raw value on each input of the Extras tab's Upscale is refused, naming that input (the
+    server up, its log quiet); the valid call then makes its image."""
+    for position in range(len(extras_call)):
+        for raw in RAW_VALUES + ['"/etc/passwd"', '"Lanczos"' if position != 1 else '"Latent"']:
+            _extras_refused(http_client, app_log, fn_index, extras_call, position, raw)
+    app_log.assert_quiet()
+    status, message = http_client.join([json.loads(v) for v in extras_call], fn_index["extras_upscale"])
+    assert status == 200 and message["success"] and message["output"]["data"][1].startswith("**80 × 64**"), message
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=st.sampled_from(sorted(EXTRAS_MALFORMED)).flatmap(lambda i: st.tuples(st.just(i), EXTRAS_MALFORMED[i])))
+def test_fuzz_the_extras_tab(http_client, fn_index, extras_call, case):
+    position, value = case
+    log = AppLog(http_client.app)
+    _extras_refused(http_client, log, fn_index, extras_call, position, json.dumps(value))
+    log.assert_quiet()
+
+
 # One of each kind of malformed input above, sent by the test below itself (it runs alone too).
 SAMPLE_FIELDS = [("prompt", ["a cat"]), ("negative", {"a": "b"}), ("style", "Bogus"), ("seed", -2),
                  ("randomize", "yes"), ("guidance", 25.0), ("steps", 0), ("size", "huge"), ("sampler", "Heun"),
@@ -669,6 +740,9 @@ def test_fuzz_uploads(app_server, http_client, fn_index, app_log):
     status, message = http_client.join(GENERATE[:mask] + [_file_data(taken[-1][1])] + GENERATE[mask + 1:],
                                        fn_index["generate"])
     assert status == 200 and not message["success"] and "Mask applies to a starting image" in str(message), message
+    # The Extras tab's Upscale of it: its pixels (16x16) upscaled, as a PNG of the app's.
+    status, message = http_client.join([_file_data(taken[-1][1]), "Lanczos", 2], fn_index["extras_upscale"])
+    assert status == 200 and message["output"]["data"][1].startswith("**32 × 32** (from 16 × 16)"), message
     assert not _cached_files_containing(app_server["cache_dir"], [app_server["secret"]])
     app_log.assert_quiet()
 

@@ -3,7 +3,8 @@
   // A1111's keys, the queue's position in words, a live region for the run panel, names for icon buttons.
   const generate = () => {
     const button = document.getElementById("generate");
-    if (button && !button.disabled) button.click();  // the one way a run starts: it obeys the run state
+    // (the one way a run starts: it obeys the run state; not from the Extras tab, where it is hidden)
+    if (button && !button.disabled && button.offsetParent !== null) button.click();
   };
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Enter" || event.isComposing) return;
