@@ -105,3 +105,16 @@ def controlnet_flops(config: ControlNetConfig, size: tuple[int, int], vae_factor
     return module_flops(net, "__call__", f32(1, h // vae_factor, w // vae_factor, c.in_channels), f32(1),
                         f32(1, 77, c.cross_attention_dim[0]), pooled, f32(1, 6),
                         f32(1, h, w, config.conditioning_channels), f32(1, config.residuals))
+
+
+# Dense bf16 peak per device, TFLOP/s (datasheets), for utilisation.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0,
+               "TPU v4": 275.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
+
+
+def peak_tflops(device: Any) -> float | None:
+    kind = getattr(device, "device_kind", "")
+    for name, tflops in PEAK_TFLOPS.items():
+        if name.lower() in kind.lower():
+            return tflops
+    return None

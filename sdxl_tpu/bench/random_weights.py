@@ -135,8 +135,9 @@ def random_image_prompt(architecture: str, precision: Precision, plus: bool) -> 
 def random_refiner(architecture: str, precision: Precision) -> RefinerModels:
     """`architecture`'s refiner (refiner_configs: SDXL refiner 1.0's for sdxl) with random weights."""
     networks = abstract_networks({**architecture_configs(architecture), **refiner_configs(architecture)}, precision)
-    return RefinerModels("random-refiner", random_fill(networks["unet"], seed=30),
-                         random_fill(networks["text_encoder_2"], seed=31), force_zeros_for_empty_prompt=False)
+    return RefinerModels("random-refiner", cast(Any, random_fill(networks["unet"], seed=30)),
+                         cast(Any, random_fill(networks["text_encoder_2"], seed=31)),
+                         force_zeros_for_empty_prompt=False)
 
 
 def random_models(configs: dict[str, Any], precision: Precision, seed: int = 0) -> Models:

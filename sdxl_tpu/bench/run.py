@@ -25,7 +25,6 @@ from flax import nnx
 from ..generate.compiling.compilation import enable_compile_cache
 from ..generate.loading import compute_dtype_for, load
 from ..generate.pipeline import Pipeline
-from ..generate.compiling.layout import Device
 from ..generate.compiling.stored_programs import ProgramStore
 from ..models.layers import Precision
 from ..models.taesd import AutoencoderTiny, TAESDConfig
@@ -40,7 +39,7 @@ from ..weights.architectures import architecture_configs
 from ..weights.checkpoint import config_root
 from ..weights.taesd import load_taesd
 from ..weights.tensors import read_json
-from .flops import controlnet_flops, model_flops
+from .flops import controlnet_flops, model_flops, peak_tflops
 from .report import format_report
 from .random_weights import random_controlnets, random_fill, random_image_prompt, random_pipeline, random_refiner
 
@@ -148,7 +147,7 @@ def call_options(pipe: Pipeline, args: argparse.Namespace, feature: str | None =
     return {"controlnet": [{"model": name, "image": image} for name in named] or None}
 
 
-def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int, feature: str | None = None,
+def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int, *, feature: str | None = None,
                 **previews) -> list[tuple[float, dict[str, float]]]:
     """(latency, the pipeline's own stage timings) of `runs` calls, with `feature` (see call_options)
     (`previews`: run_images' preview and preview_every)."""
@@ -179,11 +178,11 @@ def time_features(pipe: Pipeline, args: argparse.Namespace) -> dict[str, Any]:
     machine hits each alike): medians, ms a step, and what the feature adds."""
     variants = (None, *args.features)
     for feature in variants:
-        _time_calls(pipe, args, 1, feature)  # (its first call: allocations, caches)
+        _time_calls(pipe, args, 1, feature=feature)  # (its first call: allocations, caches)
     calls: dict[str | None, list[tuple[float, dict[str, float]]]] = {f: [] for f in variants}
     for _ in range(args.runs):
         for feature in variants:
-            calls[feature] += _time_calls(pipe, args, 1, feature)
+            calls[feature] += _time_calls(pipe, args, 1, feature=feature)
     out = {}
     for feature, timed in calls.items():
         latency = statistics.median(c[0] for c in timed)
@@ -267,7 +266,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _time_calls(stepwise, args, 1)
         every_steps = preview_cadence(args.preview_every, args.steps)
         shown = []
-        previews = dict(preview=lambda step, steps, images: shown.append(images.shape), preview_every=every_steps)
+        previews: dict[str, Any] = dict(preview=lambda step, steps, images: shown.append(images.shape),
+                                        preview_every=every_steps)
         _time_calls(stepwise, args, 1, **previews)
         # Alternate them so drift on a noisy machine hits each alike.
         latencies = {"stepwise": [], "fused": [], "previews": []}
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     once = flops["unet_cross_kv"]  # (of each evaluation: done once a call, not at every step)
     per_call = pipe.images_per_call * (passes * (args.steps * (evaluation - once) + once) + flops["vae_decode"])
     achieved = per_call / median / 1e12
-    peak = args.peak_tflops or _peak_tflops(jax.devices()[0])
+    peak = args.peak_tflops or peak_tflops(jax.devices()[0])
     report["controlnets"] = args.controlnets
     report["flops"] = {"unet_per_image_eval_tflop": flops["unet"] / 1e12,
                        "unet_cross_kv_per_image_eval_tflop": once / 1e12,
@@ -311,19 +311,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if stats:
         report["memory_bytes"]["device_peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
     return report
-
-
-# Dense bf16 peak per device, TFLOP/s (datasheets), for utilisation.
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0,
-               "TPU v4": 275.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
-
-
-def _peak_tflops(device: Device) -> float | None:
-    kind = getattr(device, "device_kind", "")
-    for name, tflops in PEAK_TFLOPS.items():
-        if name.lower() in kind.lower():
-            return tflops
-    return None
 
 
 def main(args: argparse.Namespace) -> int:
