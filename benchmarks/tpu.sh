@@ -28,6 +28,7 @@
 #                                   # SIDE=reference in a second call (IMAGES="1 4"; ~5 and ~8 min an image count)
 #   bash benchmarks/tpu.sh upscale  # the upscaler models (R-ESRGAN 4x+, General 4xV3), 1024x1024 -> 4096x4096 in tiles,
 #                                   # BATCHES="4,8" tiles a batch (benchmarks/upscaler.py) (~4 min)
+#   bash benchmarks/tpu.sh xyz      # an X/Y/Z plot of 16 cells through `generate`: its 4 calls' seconds (~7 min)
 #   bash benchmarks/tpu.sh test     # the tests marked tpu (pytest -m tpu), on the chip
 #
 # Results: JSON files, log.txt (environment and logs) and summary.txt under $OUT (default benchmarks/out);
@@ -170,6 +171,15 @@ case "$MODE" in
   upscale)
     quick upscale "$PY" benchmarks/upscaler.py --size "${SIZE:-1024}" --batches "${BATCHES:-4,8}" --json
     ;;
+  xyz)
+    # Issue 54: an X/Y/Z plot through `generate` (4 seeds x 4 CFG scales at 4 images a call: 4 calls), on a random
+    # checkpoint of ARCH written first (make-tiny; sdxl's is 14 GB); each call's seconds, its PNGs' writing included.
+    model=/tmp/sdxl-tpu-xyz-model
+    [ -d "$model" ] || "$PY" -m sdxl_tpu make-tiny "$model" --architecture "${ARCH:-sdxl}" >> "$OUT/log.txt" 2>&1
+    "$PY" -m sdxl_tpu generate "a photo of a cat" --model "$model" --size "${SIZE:-1024x1024}" --steps "${STEPS:-20}" \
+        --x-type Seed --x-values 1-4 --y-type "CFG Scale" --y-values 3-6 --out /tmp/sdxl-tpu-xyz 2>> "$OUT/log.txt" \
+        | grep "^call" | tee "$OUT/xyz.txt"
+    ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
     JAX_PLATFORMS=tpu,cpu "$PY" -m pytest -m tpu -o addopts="" -p no:cacheprovider -q -rA -s tests/generate/test_tpu.py \
@@ -177,7 +187,7 @@ case "$MODE" in
     ;;
   *)
     echo "unknown mode $MODE: quick, launch, ab, flags, xla, bench, first-image, compile, sizes, start, reference," \
-         "upscale or test"
+         "upscale, xyz or test"
     exit 2 ;;
 esac
 
