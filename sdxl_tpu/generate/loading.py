@@ -136,9 +136,10 @@ def device_memory(device: Device) -> int | None:
 
 
 def check_fits(parts: dict[str, int], devices: Sequence[Device]) -> None:
-    """Refuse, before the minutes of reading them, networks (`parts`: bytes by what they are) that cannot
-    fit one device's memory, since each device holds them all (a call needs more again: on one TPU
-    v5e 13.2 GB of weights peaked at 15.1 GB, and 14.3 GB did not run, 2026-12-07)."""
+    """Refuse networks (`parts`: bytes by what they are) that cannot fit one device's memory, since each
+    device holds them all: before the model's weights are read (the ControlNets, IP-Adapter and refiner
+    are read first, to be checked against it). A call needs more again: on one TPU v5e 13.2 GB of
+    weights peaked at 15.1 GB, and 14.3 GB did not run (2026-12-07)."""
     limit, total = device_memory(devices[0]), sum(parts.values())
     if limit is None or total <= limit:
         return
