@@ -178,7 +178,7 @@ case "$MODE" in
     [ -d "$model" ] || "$PY" -m sdxl_tpu make-tiny "$model" --architecture "${ARCH:-sdxl}" >> "$OUT/log.txt" 2>&1
     "$PY" -m sdxl_tpu generate "a photo of a cat" --model "$model" --size "${SIZE:-1024x1024}" --steps "${STEPS:-20}" \
         --x-type Seed --x-values 1-4 --y-type "CFG Scale" --y-values 3-6 --out /tmp/sdxl-tpu-xyz 2>> "$OUT/log.txt" \
-        | grep "^call" | tee "$OUT/xyz.txt"
+        | grep "^call" | tee "$OUT/xyz-calls.log"
     ;;
   test)
     # One process (one program holds the chip at a time), no xdist; torch and diffusers are not there.
