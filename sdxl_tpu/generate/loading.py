@@ -96,11 +96,12 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     image_prompt = _image_prompt(o, models, precision)
     refiner = None if o.refiner is None else load_refiner(o.refiner, precision, models.vae.config.latent_channels,
                                                           models.text_encoder_2.config.hidden_size)
-    check_fits({"the model": weight_bytes(models.text_encoder, models.text_encoder_2, models.unet, models.vae),
-                **{f"ControlNet {named}": weight_bytes(c) for named, c in controlnets.items()},
-                **({"the IP-Adapter and its image encoder": weight_bytes(*image_prompt[1:])} if image_prompt else {}),
-                **({"the refiner": weight_bytes(refiner.unet, refiner.text_encoder_2)} if refiner else {})},
-               devices or jax.devices())
+    parts = {"the model": weight_bytes(models.text_encoder, models.text_encoder_2, models.unet, models.vae),
+             **{f"ControlNet {named}": weight_bytes(c) for named, c in controlnets.items()},
+             **({"the IP-Adapter and its image encoder": weight_bytes(*image_prompt[1:])} if image_prompt else {}),
+             **({"the refiner": weight_bytes(refiner.unet, refiner.text_encoder_2)} if refiner else {})}
+    device = (devices or jax.devices())[0]
+    check_fits(parts, device)
     tokenizers = load_tokenizers(root)
     embeddings = load_embeddings(o.embeddings, tokenizers, models)
     upscalers = find_upscalers(o.upscalers) if o.upscalers else None
@@ -112,7 +113,14 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
                     embeddings=embeddings, upscalers=upscalers and ModelUpscalers(upscalers.found, upscalers.skipped,
                                                                                   precision),
                     image_prompt=image_prompt, refiner=refiner)
-    with_weights(pipe, lambda: checkpoint.fill(models), first)
+    try:
+        with_weights(pipe, lambda: checkpoint.fill(models), first)
+    except Exception as e:  # (the device's memory ran out reading the weights or loading the first programs)
+        if not out_of_device_memory(e):
+            raise
+        raise DeviceMemoryError(memory_message(parts, device, "did not fit beside what a call needs") + (
+            " Load fewer of them (--refiner, --ip-adapter, --controlnet) or make fewer images a call (--images).")
+        ) from e
     # A1111's names for what made the images, LoRAs apart (the files were read whole just now:
     # hashing them is quick).
     pipe.stamp = Stamp(model_name, file_hash(resolve_file(o.model), 10) if single else None,
@@ -135,19 +143,31 @@ def device_memory(device: Device) -> int | None:
     return (stats or {}).get("bytes_limit")
 
 
-def check_fits(parts: dict[str, int], devices: Sequence[Device]) -> None:
+def out_of_device_memory(error: BaseException) -> bool:
+    """Whether `error` is XLA's of a device's memory exhausted (HBM, an allocation), not of a kernel's
+    scratch memory (VMEM: a program that does not compile, whatever is loaded)."""
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text and "vmem" not in text.lower() and (
+        "HBM" in text or "allocate" in text.lower())
+
+
+def memory_message(parts: dict[str, int], device: Device, what: str) -> str:
+    """What the networks (`parts`: bytes by what they are) take against what `device` holds."""
+    limit, taken = device_memory(device), ", ".join(f"{name} {size / 1e9:.1f} GB" for name, size in parts.items())
+    holds = f"one {device.device_kind} holds {limit / 1e9:.1f} GB" if limit else f"on {device.device_kind}"
+    return f"The networks to load take {sum(parts.values()) / 1e9:.1f} GB ({taken}) and {what}: {holds}."
+
+
+def check_fits(parts: dict[str, int], device: Device) -> None:
     """Refuse networks (`parts`: bytes by what they are) that cannot fit one device's memory, since each
     device holds them all: before the model's weights are read (the ControlNets, IP-Adapter and refiner
     are read first, to be checked against it). A call needs more again: on one TPU v5e 13.2 GB of
     weights peaked at 15.1 GB, and 14.3 GB did not run (2026-12-07)."""
-    limit, total = device_memory(devices[0]), sum(parts.values())
-    if limit is None or total <= limit:
+    limit = device_memory(device)
+    if limit is None or sum(parts.values()) <= limit:
         return
-    taken = ", ".join(f"{name} {size / 1e9:.1f} GB" for name, size in parts.items())
-    raise DeviceMemoryError(f"The networks to load take {total / 1e9:.1f} GB ({taken}); one "
-                            f"{devices[0].device_kind} holds {limit / 1e9:.1f} GB, and each device holds them all. "
-                            "Load fewer of them (--refiner, --ip-adapter, --controlnet) or use devices with more "
-                            "memory.")
+    raise DeviceMemoryError(memory_message(parts, device, "each device holds them all") + (
+        " Load fewer of them (--refiner, --ip-adapter, --controlnet) or use devices with more memory."))
 
 
 def _image_prompt(o: LoadOptions, models: Models, precision: Precision) -> ImagePromptModels | None:
