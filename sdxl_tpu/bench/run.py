@@ -164,13 +164,10 @@ def _time_calls(pipe: Pipeline, args: argparse.Namespace, runs: int, *, feature:
 
 def timed_programs(pipe: Pipeline, args: argparse.Namespace) -> list[str]:
     """The programs of the calls --features times (not every program the networks loaded could run)."""
-    guided = args.guidance > 1
-    calls = [pipe.call_programs(guided=guided),
-             *(pipe.call_programs(guided=guided, controlnets=list(pipe.controlnets)) for f in args.features
-               if f == "controlnet"),
-             *(pipe.call_programs(guided=guided, image_prompt=True) for f in args.features if f.startswith("ip")),
-             *(pipe.call_programs(guided=guided, refiner=True) for f in args.features if f == "refiner")]
-    return list(dict.fromkeys(name for names in calls for name in names))
+    runs = {None: {}, "controlnet": {"controlnets": list(pipe.controlnets)}, "ip-adapter": {"image_prompt": True},
+            "ip-adapter-plus": {"image_prompt": True}, "refiner": {"refiner": True}}  # (call_programs' words)
+    return list(dict.fromkeys(name for feature in (None, *args.features)
+                              for name in pipe.call_programs(guided=args.guidance > 1, **runs[feature])))
 
 
 def time_features(pipe: Pipeline, args: argparse.Namespace) -> dict[str, Any]:
