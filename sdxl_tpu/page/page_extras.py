@@ -14,7 +14,6 @@ from typing import Any
 import gradio as gr
 
 from ..imaging.hires import SCALE_RANGE
-from ..imaging.image_input import decode_image
 from ..request.errors import RequestError
 from ..routes.extras import extras_upscale, upscaler_names
 from ..server.core import Server
@@ -72,10 +71,10 @@ def extras_run(server: Server, value: Any, upscaler: Any, scale: Any) -> tuple[s
         raise RequestError(NO_IMAGE)
     if server.uploads is None:
         raise RequestError("This server takes no images.")
-    image = decode_image(server.uploads.read(value, "Image"), "Image")
-    made = extras_upscale(server, image, {"upscaler_1": upscaler, "upscaling_resize": scale}, LABELS)
+    file = server.uploads.read(value, "Image")
+    made = extras_upscale(server, file, {"upscaler_1": upscaler, "upscaling_resize": scale}, LABELS)
     path = server.images.write([made.png], [0], "png", name="extras")[0]
-    return path, (f"**{made.size[0]} × {made.size[1]}** (from {image.width} × {image.height}) · "
+    return path, (f"**{made.size[0]} × {made.size[1]}** (from {made.source[0]} × {made.source[1]}) · "
                   f"{made.info}")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import logging
 import math
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..a1111.images import carried_parameters, postprocessed_png
 from ..imaging.hires import SCALE_RANGE
 from ..imaging.image_input import decode_image, from_base64
 from ..request.errors import RequestError
@@ -81,32 +81,40 @@ def centre_crop(image: Image.Image, size: tuple[int, int]) -> Image.Image:
 
 @dataclass(frozen=True)
 class Upscaled:
-    """What an Extras upscale made: the image as a PNG file, its size, the upscaler and the factor."""
+    """What an Extras upscale made: the image as a PNG file, its size, the upscaler, the factor and
+    the source image's size."""
     png: bytes
     size: tuple[int, int]
     upscaler: str
     scale: float
+    source: tuple[int, int]
 
     @property
     def info(self) -> str:
-        """A1111's infotext of a postprocessing upscale."""
-        return f"Postprocess upscale by: {self.scale:g}, Postprocess upscaler: {self.upscaler}"
+        return postprocess_info(self.upscaler, self.scale)
 
 
-def extras_upscale(server: Server, image: Image.Image, data: dict[str, Any],
+def postprocess_info(upscaler: str, scale: float) -> str:
+    """A1111's infotext of a postprocessing upscale."""
+    return f"Postprocess upscale by: {scale:g}, Postprocess upscaler: {upscaler}"
+
+
+def extras_upscale(server: Server, file: bytes, data: dict[str, Any],
                    labels: Mapping[str, str] | None = None) -> Upscaled:
-    """An Extras request's upscale of a decoded `image` (`data`: the request's other fields, as
+    """An Extras request's upscale of an image `file` (`data`: the request's other fields, as
     ExtrasSingleImageRequest names them), blocking: the route's and the page's Extras tab's one way.
+    The PNG keeps the parameters the file carried and says the upscale, as A1111's does.
     A model upscale runs on the device through the engine, which holds the pipeline's lock: it
     waits for the generation call it meets, never runs beside one."""
-    upscaler, scale, crop = extras_plan(data, image.size, server.offer.upscalers, labels)
+    image = decode_image(file, "Image")
+    source = image.size
+    upscaler, scale, crop = extras_plan(data, source, server.offer.upscalers, labels)
     if upscaler != NONE:
         image = server.engine.upscale(image, upscaler, scale)
     if crop is not None and image.size != crop:
         image = centre_crop(image, crop)
-    out = io.BytesIO()
-    image.save(out, format="PNG")
-    return Upscaled(out.getvalue(), image.size, upscaler, scale)
+    png = postprocessed_png(image, postprocess_info(upscaler, scale), carried_parameters(file))
+    return Upscaled(png, image.size, upscaler, scale, source)
 
 
 def extras_routes(server: Server) -> list[Route]:
@@ -115,8 +123,8 @@ def extras_routes(server: Server) -> list[Route]:
             data = json_body(await read_body(http))
             if not isinstance(data.get("image"), str):
                 raise RequestError("image must be an image file as base64 text (PNG, JPEG or WebP).")
-            image = decode_image(from_base64(data["image"], "Image"), "Image")
-            made = await asyncio.to_thread(extras_upscale, server, image, data)
+            file = from_base64(data["image"], "Image")
+            made = await asyncio.to_thread(extras_upscale, server, file, data)
         except Exception as e:  # noqa: BLE001 (every failure is an answer)
             return error_response(*logged_status(e, http.url.path, log, "an Extras upscale"))
         return JSONResponse({"html_info": f"<p>{made.info}</p>", "image": base64.b64encode(made.png).decode("ascii")})

@@ -102,3 +102,44 @@ def test_what_cannot_be_upscaled_is_said_naming_what_is_wrong(server, tmp_path):
     # A model the server cannot run (a front end's, or one that fails) is said, not raised.
     shown, note = extras_answer(server, good, MODEL, 2)
     assert note == f"⚠️ No upscaler {MODEL!r} here.", note
+
+
+def test_the_upscale_keeps_the_sources_parameters_and_says_itself(server, tmp_path):
+    """As A1111's Extras: the PNG keeps the generation parameters the source carried (PNG text
+    chunk or JPEG's EXIF UserComment, as A1111 writes them), so PNG Info and sd-parsers still read
+    what made it, and says the upscale in a "postprocessing" chunk; a source without them, or with
+    text that cannot be written back, gives a PNG with the upscale's line alone."""
+    from PIL.PngImagePlugin import PngInfo
+
+    from reference import read_with_third_parties
+    from sdxl_tpu.a1111.images import encode, read_parameters
+
+    made = "a lighthouse\nNegative prompt: fog\nSteps: 3, Sampler: Euler, CFG scale: 5, Seed: 7, Size: 40x32, Model: tiny"
+    sources = {"png": encode(picture(40, 32), made, "png"), "jpeg": encode(picture(40, 32), made + " ✓", "jpeg")}
+    for name, data in sources.items():
+        path, _ = extras_answer(server, uploaded(server, tmp_path, data, f"{name}.img"), "Lanczos", 2)
+        upscaled = Image.open(path)
+        kept = made + (" ✓" if name == "jpeg" else "")
+        assert read_parameters(upscaled) == kept, name
+        assert upscaled.info["postprocessing"] == "Postprocess upscale by: 2, Postprocess upscaler: Lanczos"
+        read = read_with_third_parties(Path(path).read_bytes(), tmp_path)
+        assert (read["prompt"], read["negative"], read["size"]) == ("a lighthouse", "fog", "40x32"), (name, read)
+    # None carried, a forged UserComment of lone surrogates, NULs in a chunk: the upscale's line, nothing
+    # that is not text (the file still answers).
+    forged = b"UNICODE\0" + b"\xd8\x00\xdc"
+    with_nul = PngInfo()
+    with_nul.add_text("parameters", "a cat\0<script>")
+    for data, kept in ((encoded(picture(40, 32), "PNG"), None),
+                       (encoded(picture(40, 32), "JPEG", exif=_exif_comment(forged)), None),
+                       (encoded(picture(40, 32), "PNG", pnginfo=with_nul), "a cat<script>")):
+        path, note = extras_answer(server, uploaded(server, tmp_path, data, "plain.png"), "Lanczos", 1.5)
+        assert not note.startswith("⚠️"), note
+        assert read_parameters(Image.open(path)) == kept
+        assert Image.open(path).info["postprocessing"].startswith("Postprocess upscale by: 1.5")
+
+
+def _exif_comment(payload: bytes) -> bytes:
+    """An EXIF block whose UserComment is `payload` as is (a forged one)."""
+    exif = Image.Exif()
+    exif.get_ifd(0x8769)[0x9286] = payload
+    return exif.tobytes()
