@@ -114,7 +114,8 @@ def test_the_upscale_keeps_the_sources_parameters_and_says_itself(server, tmp_pa
     from reference import read_with_third_parties
     from sdxl_tpu.a1111.images import encode, read_parameters
 
-    made = "a lighthouse\nNegative prompt: fog\nSteps: 3, Sampler: Euler, CFG scale: 5, Seed: 7, Size: 40x32, Model: tiny"
+    made = ("a lighthouse\nNegative prompt: fog\nSteps: 3, Sampler: Euler, CFG scale: 5, Seed: 7, Size: 40x32, "
+            "Model: tiny")
     sources = {"png": encode(picture(40, 32), made, "png"), "jpeg": encode(picture(40, 32), made + " ✓", "jpeg")}
     for name, data in sources.items():
         path, _ = extras_answer(server, uploaded(server, tmp_path, data, f"{name}.img"), "Lanczos", 2)
