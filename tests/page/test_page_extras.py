@@ -125,8 +125,8 @@ def test_the_upscale_keeps_the_sources_parameters_and_says_itself(server, tmp_pa
         assert upscaled.info["postprocessing"] == "Postprocess upscale by: 2, Postprocess upscaler: Lanczos"
         read = read_with_third_parties(Path(path).read_bytes(), tmp_path)
         assert (read["prompt"], read["negative"], read["size"]) == ("a lighthouse", "fog", "40x32"), (name, read)
-    # None carried, a forged UserComment of lone surrogates, NULs in a chunk: the upscale's line, nothing
-    # that is not text (the file still answers).
+    # None carried, a damaged UserComment (a lone UTF-16 surrogate, cut short), NULs in a chunk: the
+    # upscale's line, nothing that is not text (the file still answers).
     forged = b"UNICODE\0" + b"\xd8\x00\xdc"
     with_nul = PngInfo()
     with_nul.add_text("parameters", "a cat\0<script>")
