@@ -91,23 +91,6 @@ def read_parameters(image: "Image.Image") -> str | None:
     return None
 
 
-def carried_parameters(data: bytes) -> str | None:
-    """The parameters an uploaded image file carries (read_parameters), read from its header and
-    text chunks without decoding its pixels; None where it has none or they cannot be read (a
-    damaged file, text that is not Unicode): they are passed on, never needed."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data), formats=("PNG", "JPEG", "WEBP")) as image:
-            text = read_parameters(image)
-        if isinstance(text, str):
-            text.encode("utf-8")  # (lone surrogates from a forged UserComment: not text to write back)
-            return text.replace("\0", "")
-    except Exception:  # noqa: BLE001 (any damage: the image has no parameters to keep)
-        pass
-    return None
-
-
 def postprocessed_png(image: "Image.Image", postprocessing: str, parameters: str | None) -> bytes:
     """An Extras result as AUTOMATIC1111 writes it: a PNG keeping the source's generation
     `parameters` (so PNG Info still reads what made it) with `postprocessing` (its

@@ -54,6 +54,22 @@ def png_info(data: bytes, what: str = "Image") -> Found:
         return Found(_as_parameters(info, image.size), f"{info.generator.value}'s metadata (its first sampler)")
 
 
+def carried_parameters(data: bytes) -> str | None:
+    """The A1111 parameters an uploaded image file carries (read_parameters: its PNG text chunk or
+    EXIF UserComment), read from its header and text chunks without decoding its pixels; None where
+    it has none or they cannot be read (a damaged file, text that is not Unicode): an Extras upscale
+    passes them on, never needs them."""
+    try:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
+            text = read_parameters(image)
+        if isinstance(text, str):
+            text.encode("utf-8")  # (lone surrogates from a forged UserComment: not text to write back)
+            return text.replace("\0", "")
+    except Exception:  # noqa: BLE001 (any damage: the image has no parameters to keep)
+        pass
+    return None
+
+
 def _as_parameters(info, size: tuple[int, int]) -> str:
     """sd-parsers' PromptInfo -> an A1111 parameters text."""
     sampler = info.samplers[0]
@@ -80,4 +96,4 @@ def _as_parameters(info, size: tuple[int, int]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["COMFY_SAMPLERS", "COMFY_SCHEDULES", "Found", "png_info"]
+__all__ = ["COMFY_SAMPLERS", "COMFY_SCHEDULES", "Found", "carried_parameters", "png_info"]

@@ -20,7 +20,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..a1111.images import carried_parameters, postprocessed_png
+from ..a1111.images import postprocessed_png
+from ..a1111.png_info import carried_parameters
 from ..imaging.hires import SCALE_RANGE
 from ..imaging.image_input import decode_image, from_base64
 from ..request.errors import RequestError
