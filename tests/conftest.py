@@ -134,7 +134,8 @@ def app_server(tmp_path_factory, compile_cache, tiny_controlnet, tiny_ip_adapter
     its MCP server on, an API key (served_app.API_KEY) for the other tools' APIs, the ControlNet
     "edges" (tiny_controlnet), the IP-Adapter "ip-adapter_sdxl" (tiny_ip_adapter), the refiner
     (tiny_refiner), wildcards (wildcards_folder), embeddings (embeddings_folder) and an upscaler model
-    (upscalers_folder)."""
+    (upscalers_folder). The networks' programs compile at start at 64x64 alone (--network-sizes), where
+    the tests use them: at the other two sizes they would add some 35 s to its start."""
     from served_app import API_KEY, start_app
 
     adapter, encoder = tiny_ip_adapter
@@ -142,7 +143,7 @@ def app_server(tmp_path_factory, compile_cache, tiny_controlnet, tiny_ip_adapter
                          ("--mcp", "on", "--controlnet", str(tiny_controlnet), "--wildcards", str(wildcards_folder),
                           "--embeddings", str(embeddings_folder), "--upscalers", str(upscalers_folder),
                           "--ip-adapter", str(adapter), "--image-encoder", str(encoder), "--refiner",
-                          str(tiny_refiner)),
+                          str(tiny_refiner), "--network-sizes", "64x64"),
                          env_extra={"SDXL_API_KEY": API_KEY})
 
 

@@ -248,6 +248,10 @@ OPTIONS: tuple[Option, ...] = (
     option("--sizes", SERVERS, "comma-separated WIDTHxHEIGHT sizes to compile, or 'sdxl' for SDXL's nine trained "
            "sizes; ready once the first is compiled, the others follow in the background", env="SDXL_SIZES",
            shown_default="1024x1024, or the preset's; 256x256 for the tiny model"),
+    option("--network-sizes", SERVERS, "the sizes of --sizes at which the programs of --controlnet, --ip-adapter and "
+           "--refiner compile at start too; at the others a request that first uses one compiles it (on a TPU "
+           "v5e some two minutes each, as two ControlNets at once always do)", env="SDXL_NETWORK_SIZES",
+           metavar="SIZES", shown_default="every size"),
     option("--preview-every", [*SERVERS, "bench"], "live previews every N denoising steps; auto: about four a run; "
            "0: none", env="SDXL_PREVIEW_EVERY", type=preview_every, metavar="N", shown_default="auto"),
     option("--preview", [*SERVERS, "bench"], "how live previews are decoded: 'approx' (a linear latent-to-RGB map, "

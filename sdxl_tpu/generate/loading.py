@@ -106,6 +106,7 @@ def load(options: LoadOptions, *, warmup: bool = True, devices: Sequence[Device]
     embeddings = load_embeddings(o.embeddings, tokenizers, models)
     upscalers = find_upscalers(o.upscalers) if o.upscalers else None
     pipe = Pipeline(models, tokenizers, samplers, default_sampler=default_sampler, sizes=o.sizes,
+                    network_sizes=o.network_sizes,
                     images_per_call=o.images_per_call, devices=devices, model_name=name,
                     force_zeros_for_empty_prompt=index.get("force_zeros_for_empty_prompt", True),
                     step_progress=o.step_progress, preview_decoder=taesd, max_prompt_chunks=o.max_prompt_chunks,

@@ -58,6 +58,7 @@ class Pipeline:
 
     def __init__(self, models: Models, tokenizers: tuple, samplers: Sampler | Mapping[str, Sampler], *,
                  default_sampler: str | None = None, sizes: Sequence[Size | str] = ((1024, 1024),),
+                 network_sizes: Sequence[Size | str] | None = None,
                  images_per_call: int = 4, devices: Sequence[Device] | None = None, model_name: str = "",
                  force_zeros_for_empty_prompt: bool = True, step_progress: bool = True,
                  preview_decoder: nnx.Module | None = None, max_prompt_chunks: int = DEFAULT_MAX_CHUNKS,
@@ -89,6 +90,10 @@ class Pipeline:
             refiner_pooled_dim=refiner.text_encoder_2.config.projection_dim or 0 if refiner else 0)
         self.vae_factor = self.layout.vae_factor
         self.sizes = self.layout.checked_sizes(sizes)
+        # Where the optional networks' programs compile ahead of time (each a UNet's worth: on a TPU
+        # some two minutes a size); elsewhere when a call first asks, as a combination of them does.
+        self.network_sizes = self.sizes if network_sizes is None else [size_input(s, self.sizes)
+                                                                       for s in network_sizes]
         self.lock = threading.Lock()
         self.batch_sharding, self.replicated = self.layout.batch_sharding, self.layout.replicated
         # Each network's graph and replicated parameters (networks.py; abstract ones until take_weights).
@@ -138,13 +143,19 @@ class Pipeline:
 
     @property
     def programs(self) -> tuple[str, ...]:
-        """The programs of a size (programs.PROGRAMS, TAESD's preview where it has one, an
-        IP-Adapter's, and each ControlNet's guided denoising step: ready before a call asks; two or
-        more ControlNets at once, or with the IP-Adapter, compile when first asked for)."""
+        """The programs of a size ready before a call asks (programs.PROGRAMS, TAESD's preview where
+        it has one, an IP-Adapter's, the refiner's and each ControlNet's guided denoising step); two
+        or more ControlNets at once, or with the IP-Adapter, compile when first asked for."""
         return (PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
                 + (("image_prompt", denoise_name(image_prompt=True)) if self.ip_adapter else ())
                 + (REFINER_PROGRAMS[:2] if self.refiner else ())
                 + tuple(controlled("denoise", [name]) for name in self.controlnets))
+
+    def programs_at(self, size: Size) -> tuple[str, ...]:
+        """`programs`, less the optional networks' where `size` is not one of `network_sizes`."""
+        if size in self.network_sizes:
+            return self.programs
+        return PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
                       controlnets: Sequence[str] = (), image_prompt: bool = False,
@@ -163,7 +174,8 @@ class Pipeline:
     def compiled(self, size: Size | str, names: Sequence[str] | None = None) -> dict[str, Program]:
         """The compiled programs for `size` (those of `names`, or all: a warmed-up pipeline has them
         all), compiling them (once) if needed."""
-        return self._compiled.get(size_input(size, self.sizes), self.programs if names is None else names)
+        size = size_input(size, self.sizes)
+        return self._compiled.get(size, self.programs_at(size) if names is None else names)
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 (a few per size, for the pipeline's life)
     def zeros(self, shape: tuple[int, ...], dtype: DTypeLike = np.float32) -> jax.Array:
@@ -182,13 +194,14 @@ class Pipeline:
 
     def is_compiled(self, size: tuple[int, int], names: Sequence[str] | None = None) -> bool:
         """Whether every program of `size` (or those of `names`) is compiled."""
-        return self._compiled.has(size, self.programs if names is None else names)
+        return self._compiled.has(size, self.programs_at(size) if names is None else names)
 
     def load_stored(self, sizes: Sequence[tuple[int, int]], names: Sequence[str] | None = None) -> None:
         """What the program store holds of `sizes`' programs (or those of `names`), loaded side by
         side across the sizes (a restart's remaining sizes at once); nothing is compiled. No store:
         nothing to do."""
-        self._compiled.load_stored(sizes, self.programs if names is None else names)
+        self._compiled.load_stored([(name, size) for size in sizes
+                                    for name in (self.programs_at(size) if names is None else names)])
 
     def warmup(self, sizes: Sequence[tuple[int, int]] | None = None, names: Sequence[str] | None = None
                ) -> dict[str, float]:

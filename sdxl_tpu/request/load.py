@@ -56,6 +56,9 @@ class LoadOptions:
         ComfyUI's layout, local or owner/repo/file.safetensors), whose configs and tokenizers come
         from `config` (default SDXL base 1.0's).
     sizes: (width, height) pairs (or "WxH") compiled ahead of time; no other size is served.
+    network_sizes: the sizes at which the ControlNets', the IP-Adapter's and the refiner's programs
+        are compiled ahead of time too (None: every size); at the others a call that first asks
+        for one compiles it.
     images_per_call: images per call (the compiled batch is rounded up to the device count).
     dtype: the parameters' dtype; compute_dtype: the activations' (default: dtype, but float32 on a
         CPU, which has no bfloat16 arithmetic).
@@ -79,6 +82,7 @@ class LoadOptions:
 
     model: str = SDXL_BASE
     sizes: tuple[Size, ...] = ((1024, 1024),)
+    network_sizes: tuple[Size, ...] | None = None
     images_per_call: int = default_of("--images", "generate")
     dtype: str = default_of("--dtype")
     compute_dtype: str | None = None
@@ -102,6 +106,8 @@ class LoadOptions:
         set_ = lambda name, value: object.__setattr__(self, name, value)
         set_("model", str(self.model))
         set_("sizes", tuple(parse_size(s) for s in self.sizes))
+        if self.network_sizes is not None:
+            set_("network_sizes", tuple(parse_size(s) for s in self.network_sizes))
         set_("loras", tuple(self.loras or ()))
         set_("controlnets", tuple(str(c) for c in self.controlnets or ()))
         for name in ("unet", "config", "embeddings", "upscalers", "ip_adapter", "image_encoder", "refiner"):

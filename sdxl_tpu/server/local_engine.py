@@ -144,7 +144,11 @@ class LocalEngine:
         if self.pipeline is None:
             return False
         infos = request.images(request.count or self.pipeline.images_per_call)
-        names = self.pipeline.call_programs(guided=guided(infos), image=request.image is not None)
+        pipe, units = self.pipeline, [unit.model for unit in request.controls]
+        names = pipe.call_programs(guided=guided(infos), image=request.image is not None,
+                                   controlnets=[name for name in units if name in pipe.controlnets],
+                                   image_prompt=pipe.ip_adapter in units,
+                                   refiner=pipe.refiner is not None and request.refiner_switch_at is not None)
         return not self.pipeline.is_compiled(request.size, names)
 
     def compile(self, size: tuple[int, int]) -> None:

@@ -18,7 +18,7 @@ from ..cli.options import default_of, load_values
 from ..cli.parsing import add_options, fill_defaults
 from ..a1111.prompts import MAX_CHUNKS
 from ..request.recipes import Recipe, recipe_named
-from ..request.values import parse_size, schedule_input
+from ..request.values import format_size, parse_size, schedule_input
 
 TINY_DEFAULT_SIZE = "256x256"
 
@@ -93,8 +93,13 @@ def settings_from_arguments(parser: argparse.ArgumentParser, args: argparse.Name
         args.sizes = TINY_DEFAULT_SIZE if load.model == "tiny" else (recipe and recipe.size) or "1024x1024"
     try:
         load = load.replace(sizes=parse_sizes(args.sizes))
+        if args.network_sizes:
+            load = load.replace(network_sizes=parse_sizes(args.network_sizes))
     except ValueError as e:
         parser.error(str(e))
+    if missing := [size for size in load.network_sizes or () if size not in load.sizes]:
+        parser.error(f"--network-sizes {format_size(missing[0])} is not one of --sizes "
+                     f"({', '.join(map(format_size, load.sizes))})")
     return Settings(load=load, host=args.host, port=args.port, compile_cache=args.compile_cache or None,
                     queue_size=args.queue_size, image_format=args.image_format, drain_seconds=args.drain_seconds,
                     metrics=args.metrics, recipe=recipe, preview_every=args.preview_every, schedule=args.schedule,

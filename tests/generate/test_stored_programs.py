@@ -123,14 +123,14 @@ def test_a_restarts_sizes_load_side_by_side_and_compile_nothing(tiny_pipeline, t
     encode = object()  # (the first size's, compiled at start)
     restarted.by_size[(64, 64)] = {"encode": encode}
     with CompileCounter() as counter, caplog.at_level(logging.INFO, logger="sdxl_tpu"):
-        restarted.load_stored(sizes, ["encode", "init"])
+        restarted.load_stored([(name, size) for size in sizes for name in ("encode", "init")])
     assert (counter.compiles, counter.cache_hits, restarted.store.loaded) == (0, 0, 2)
     assert f"104x64, 112x64: 2 programs loaded from {store.directory} side by side, in" in caplog.text
     for size in sizes:
         assert restarted.has(size, ["encode", "init"]) and restarted.by_size[size]["encode"] is encode
     # A size the store lacks is left for its own compile, not compiled here.
     with CompileCounter() as counter:
-        restarted.load_stored([(120, 64)], ["init"])
+        restarted.load_stored([("init", (120, 64))])
     assert counter.compiles == 0 and not restarted.has((120, 64), ["init"])
 
 

@@ -124,7 +124,7 @@ def test_seed_minus_one_is_random_with_randomize_off_as_in_a1111():
     assert _validate(seed=7).seed == 7 and _validate(seed=0).seed == 0  # any other seed is kept
 
 
-def test_settings_from_arguments_and_environment():
+def test_settings_from_arguments_and_environment(capsys):
     s = parse_settings([], env={"SDXL_MODEL": "tiny", "SDXL_SIZES": "64x64, 96x64", "GRADIO_SERVER_PORT": "9000",
                                 "GRADIO_SERVER_NAME": "0.0.0.0", "SDXL_DTYPE": "float32"})
     assert (s.load.model, s.load.sizes, s.port, s.host, s.load.dtype) == ("tiny", ((64, 64), (96, 64)), 9000, "0.0.0.0",
@@ -136,6 +136,12 @@ def test_settings_from_arguments_and_environment():
     assert parse_settings(["--model", "tiny"], env={}).load.sizes == ((256, 256),)  # quick to try on a CPU
     with pytest.raises(SystemExit):
         parse_settings(["--sizes", "huge"], env={})
+    # The networks' programs at some sizes only: sizes of --sizes, said as one line otherwise.
+    s = parse_settings(["--sizes", "1024x1024,1152x896"], env={"SDXL_NETWORK_SIZES": "1024x1024"})
+    assert (s.load.network_sizes, parse_settings([], env={}).load.network_sizes) == (((1024, 1024),), None)
+    with pytest.raises(SystemExit):
+        parse_settings(["--network-sizes", "512x512"], env={})
+    assert "--network-sizes 512x512 is not one of --sizes (1024x1024)" in capsys.readouterr().err
     s = parse_settings([], env={})
     assert (s.drain_seconds, s.metrics) == (60.0, "public")
     s = parse_settings(["--drain-seconds", "5", "--metrics", "127.0.0.1:9100"], env={})

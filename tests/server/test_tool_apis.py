@@ -190,6 +190,18 @@ def test_the_refiner_through_a1111s_refiner_checkpoint(app_server):
     status, data = http.request("POST", "/sdapi/v1/txt2img", json.dumps(
         {**body, "refiner_checkpoint": "sd_xl_refiner_1.0 [7440042bbd]"}).encode(), AUTH)
     assert status == 422 and "its refiner is sdxl-tiny-refiner" in said(data), data
+    # At a size outside --network-sizes (the app's: 64x64) the refiner's programs compile when first
+    # asked for, once; the call waits for them and answers.
+    programs_made = lambda: sum(read_metrics(app_server["url"] + "/metrics")[name]  # (compiled, or read from the store)
+                       for name in ("sdxl_compiles_total", "sdxl_programs_loaded_total"))
+    counts = [programs_made()]
+    for _ in range(2):
+        status, data = http.request("POST", "/sdapi/v1/txt2img", json.dumps(
+            {**body, "width": 96, "refiner_checkpoint": "sdxl-tiny-refiner", "refiner_switch_at": 0.5}).encode(), AUTH)
+        assert status == 200, data[:300]
+        assert "Size: 96x64, Model: tiny, " in json.loads(json.loads(data)["info"])["infotexts"][0]
+        counts.append(programs_made())
+    assert counts[0] < counts[1] == counts[2], counts
 
 
 def test_xyz_plot_through_a1111s_script_args(app_server, tiny_pipeline):

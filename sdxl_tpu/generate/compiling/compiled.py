@@ -107,12 +107,13 @@ class CompiledPrograms:
         fn, args = program(name, self.layout, size, self.graphs, self.params)
         return fn.lower(*args)
 
-    def load_stored(self, sizes: Sequence[Size], names: Sequence[str]) -> None:
-        """What the store holds of `sizes`' programs `names`, loaded side by side across the sizes
-        (a restart's), each size complete once its last program is in; nothing is compiled."""
+    def load_stored(self, wanted: Sequence[tuple[str, Size]]) -> None:
+        """What the store holds of the `wanted` programs ((name, size)), loaded side by side across
+        the sizes (a restart's), each size complete once its last program is in; nothing is compiled."""
         if self.store is None:
             return
-        jobs, _ = self._claim([(name, size) for size in sizes for name in names])
+        sizes = list(dict.fromkeys(size for _, size in wanted))
+        jobs, _ = self._claim(wanted)
         start, found = time.perf_counter(), set()
 
         def loaded(name: str, size: Size, compiled: Program) -> None:
