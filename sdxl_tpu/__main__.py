@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-tiny":
         from .weights.tiny import write_checkpoint
 
-        from .cli.options import older_architecture
+        from .cli.parsing import older_architecture
 
         architecture = older_architecture(args) or args.architecture
         try:

@@ -31,7 +31,8 @@ from ..models.taesd import AutoencoderTiny, TAESDConfig
 from ..request.control import MAX_UNITS
 from ..request.load import LoadOptions
 from ..request.names import SDXL_BASE
-from ..cli.options import load_values, older_architecture, options_for
+from ..cli.options import load_values, options_for
+from ..cli.parsing import older_architecture
 from ..request.recipes import RECIPES, settle
 from ..request.request import preview_cadence
 from ..request.values import format_size, parse_size

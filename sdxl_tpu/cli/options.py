@@ -10,7 +10,6 @@ the environment variable (in every command that takes the option); then the defa
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,9 +248,8 @@ OPTIONS: tuple[Option, ...] = (
            "sizes; ready once the first is compiled, the others follow in the background", env="SDXL_SIZES",
            shown_default="1024x1024, or the preset's; 256x256 for the tiny model"),
     option("--network-sizes", SERVERS, "the sizes of --sizes at which the programs of --controlnet, --ip-adapter and "
-           "--refiner compile at start too; at the others a request that first uses one compiles it (on a TPU "
-           "v5e some two minutes each, as two ControlNets at once always do)", env="SDXL_NETWORK_SIZES",
-           metavar="SIZES", shown_default="every size"),
+           "--refiner compile at start too; elsewhere a request that first uses one compiles it (on a TPU v5e some "
+           "two minutes)", env="SDXL_NETWORK_SIZES", metavar="SIZES", shown_default="every size"),
     option("--preview-every", [*SERVERS, "bench"], "live previews every N denoising steps; auto: about four a run; "
            "0: none", env="SDXL_PREVIEW_EVERY", type=preview_every, metavar="N", shown_default="auto"),
     option("--preview", [*SERVERS, "bench"], "how live previews are decoded: 'approx' (a linear latent-to-RGB map, "
@@ -313,15 +311,6 @@ def options_for(command: str) -> list[Option]:
     if command not in COMMANDS:
         raise ValueError(f"no command {command!r}")
     return [o for o in OPTIONS if command in o.commands]
-
-
-def older_architecture(args: argparse.Namespace) -> str | None:
-    """An architecture named by --preset, the older spelling of --architecture (bench, make-tiny)."""
-    if args.preset in ARCHITECTURES:
-        print(f"note: --preset {args.preset} names an architecture; it is spelled --architecture {args.preset} now",
-              file=sys.stderr)
-        return args.preset
-    return None
 
 
 def default_of(flag: str, command: str = "serve") -> Any:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
+from ..request.names import ARCHITECTURES
 from .options import Option, options_for
 
 
@@ -65,3 +67,12 @@ def from_environment(parser: argparse.ArgumentParser, o: Option, text: str) -> A
             parser.error(f"{o.env} (for {o.flag}) must be one of {', '.join(o.choices)}, got {part!r}")
         values.append(value)
     return values if o.action == "append" else values[0]
+
+
+def older_architecture(args: argparse.Namespace) -> str | None:
+    """An architecture named by --preset, the older spelling of --architecture (bench, make-tiny)."""
+    if args.preset in ARCHITECTURES:
+        print(f"note: --preset {args.preset} names an architecture; it is spelled --architecture {args.preset} now",
+              file=sys.stderr)
+        return args.preset
+    return None

@@ -90,10 +90,8 @@ class Pipeline:
             refiner_pooled_dim=refiner.text_encoder_2.config.projection_dim or 0 if refiner else 0)
         self.vae_factor = self.layout.vae_factor
         self.sizes = self.layout.checked_sizes(sizes)
-        # Where the optional networks' programs compile ahead of time (each a UNet's worth: on a TPU
-        # some two minutes a size); elsewhere when a call first asks, as a combination of them does.
-        self.network_sizes = self.sizes if network_sizes is None else [size_input(s, self.sizes)
-                                                                       for s in network_sizes]
+        # (the optional networks' programs, each a UNet's: elsewhere compiled when a call first asks)
+        self.network_sizes = [size_input(s, self.sizes) for s in (sizes if network_sizes is None else network_sizes)]
         self.lock = threading.Lock()
         self.batch_sharding, self.replicated = self.layout.batch_sharding, self.layout.replicated
         # Each network's graph and replicated parameters (networks.py; abstract ones until take_weights).
@@ -105,8 +103,7 @@ class Pipeline:
         self.preview_decoder = "taesd" if preview_decoder is not None else "approx"
         if preview_decoder is not None:
             self.networks.add("taesd", preview_decoder)
-        # ControlNets a call may use, by name (models/controlnet.py): each adds its program to the
-        # denoising step it joins (programs.controlled), compiled when a call first asks for it.
+        # ControlNets a call may use, by name (models/controlnet.py), each joining the step (programs.controlled).
         self.controlnets = {}
         for name, net in checked_names(controlnets or {}).items():
             self.networks.add(controlnet_key(name), net)
@@ -141,21 +138,14 @@ class Pipeline:
         fn, args = program(name, self.layout, size_input(size, self.sizes), self.graphs, self.params)
         return fn.trace(*args)
 
-    @property
-    def programs(self) -> tuple[str, ...]:
-        """The programs of a size ready before a call asks (programs.PROGRAMS, TAESD's preview where
-        it has one, an IP-Adapter's, the refiner's and each ControlNet's guided denoising step); two
-        or more ControlNets at once, or with the IP-Adapter, compile when first asked for."""
+    def programs_at(self, size: Size | None = None) -> tuple[str, ...]:
+        """The programs of `size` compiled before a call asks: PROGRAMS, TAESD's preview, and at `network_sizes`
+        (or size None) the IP-Adapter's, the refiner's and each ControlNet's guided step; others when asked."""
+        networks = size is None or size in self.network_sizes
         return (PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
-                + (("image_prompt", denoise_name(image_prompt=True)) if self.ip_adapter else ())
-                + (REFINER_PROGRAMS[:2] if self.refiner else ())
-                + tuple(controlled("denoise", [name]) for name in self.controlnets))
-
-    def programs_at(self, size: Size) -> tuple[str, ...]:
-        """`programs`, less the optional networks' where `size` is not one of `network_sizes`."""
-        if size in self.network_sizes:
-            return self.programs
-        return PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
+                + (("image_prompt", denoise_name(image_prompt=True)) if self.ip_adapter and networks else ())
+                + (REFINER_PROGRAMS[:2] if self.refiner and networks else ())
+                + tuple(controlled("denoise", [name]) for name in self.controlnets if networks))
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
                       controlnets: Sequence[str] = (), image_prompt: bool = False,
@@ -172,8 +162,7 @@ class Pipeline:
                 *(("preview",) if self.preview_decoder == "taesd" and self.stepwise else ()))
 
     def compiled(self, size: Size | str, names: Sequence[str] | None = None) -> dict[str, Program]:
-        """The compiled programs for `size` (those of `names`, or all: a warmed-up pipeline has them
-        all), compiling them (once) if needed."""
+        """The compiled programs for `size` (those of `names`, or programs_at's), compiled (once) if needed."""
         size = size_input(size, self.sizes)
         return self._compiled.get(size, self.programs_at(size) if names is None else names)
 
@@ -197,11 +186,9 @@ class Pipeline:
         return self._compiled.has(size, self.programs_at(size) if names is None else names)
 
     def load_stored(self, sizes: Sequence[tuple[int, int]], names: Sequence[str] | None = None) -> None:
-        """What the program store holds of `sizes`' programs (or those of `names`), loaded side by
-        side across the sizes (a restart's remaining sizes at once); nothing is compiled. No store:
-        nothing to do."""
-        self._compiled.load_stored([(name, size) for size in sizes
-                                    for name in (self.programs_at(size) if names is None else names)])
+        """What the program store (if any) holds of `sizes`' programs (or those of `names`), loaded side
+        by side across the sizes (a restart's remaining sizes at once); nothing is compiled."""
+        self._compiled.load_stored([(n, s) for s in sizes for n in (self.programs_at(s) if names is None else names)])
 
     def warmup(self, sizes: Sequence[tuple[int, int]] | None = None, names: Sequence[str] | None = None
                ) -> dict[str, float]:

@@ -144,11 +144,13 @@ class LocalEngine:
         if self.pipeline is None:
             return False
         infos = request.images(request.count or self.pipeline.images_per_call)
-        pipe, units = self.pipeline, [unit.model for unit in request.controls]
-        names = pipe.call_programs(guided=guided(infos), image=request.image is not None,
-                                   controlnets=[name for name in units if name in pipe.controlnets],
-                                   image_prompt=pipe.ip_adapter in units,
-                                   refiner=pipe.refiner is not None and request.refiner_switch_at is not None)
+        pipe, units, networks = self.pipeline, [unit.model for unit in request.controls], {}
+        if units:  # (outside --network-sizes, or combined, their programs compile when first asked for)
+            networks = dict(controlnets=[u for u in units if u in pipe.controlnets],
+                            image_prompt=pipe.ip_adapter in units)
+        if request.refiner_switch_at is not None:
+            networks["refiner"] = pipe.refiner is not None
+        names = pipe.call_programs(guided=guided(infos), image=request.image is not None, **networks)
         return not self.pipeline.is_compiled(request.size, names)
 
     def compile(self, size: tuple[int, int]) -> None:

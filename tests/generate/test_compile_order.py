@@ -102,7 +102,7 @@ def test_the_first_call_compiles_first_side_by_side_and_the_first_image_waits_fo
         assert server.warmup.compiling == [] and server.engine.unfinished == []
         assert server.warmup.readiness() == ({"status": "ready", "message": server.warmup.message, "compiling": [],
                                              "unfinished": []}, 200)
-        per_size = set(server.engine.pipeline.programs) - {"encode"}
+        per_size = set(server.engine.pipeline.programs_at()) - {"encode"}
         assert collections.Counter(started) == {"encode": 1, **{name: len(SIZES) for name in per_size}}, started
         rest = per_size - set(first_call)  # (the first size's: before any other size's)
         assert set(started[len(first_call):len(first_call) + len(rest)]) == rest, started

@@ -105,8 +105,8 @@ def test_weights_steps_and_images_do_not_recompile(pipe):
     assert counter.compiles == 0 and counter.traces == 0
     assert psnr(np.asarray(first.images[0]), np.asarray(other.images[0])) < 40  # (it did change)
     # A server's warm-up (the background one too) compiles each ControlNet's step with the rest.
-    assert {"denoise+edges", "denoise+depth"} <= set(pipe.programs) and pipe.is_compiled(SIZE, ["denoise+edges"])
-    assert not {"denoise+depth+edges", "denoise_unguided+edges"} & set(pipe.programs)  # (when first asked for)
+    assert {"denoise+edges", "denoise+depth"} <= set(pipe.programs_at()) and pipe.is_compiled(SIZE, ["denoise+edges"])
+    assert not {"denoise+depth+edges", "denoise_unguided+edges"} & set(pipe.programs_at())  # (when first asked for)
 
 
 def test_unknown_controlnet_and_bad_steps_are_refused(pipe):

@@ -109,7 +109,7 @@ def test_image_scale_and_steps_do_not_recompile(pipes):
     assert psnr(first, other) < 40  # (it did change)
     np.testing.assert_array_equal(off, _ours(pipe, latents, None))  # (scale 0: as if there were none)
     # A server's warm-up compiles the image prompt's programs with the rest.
-    assert {"image_prompt", "denoise_ip"} <= set(pipe.programs) and pipe.is_compiled(SIZE, ["denoise_ip"])
+    assert {"image_prompt", "denoise_ip"} <= set(pipe.programs_at()) and pipe.is_compiled(SIZE, ["denoise_ip"])
 
 
 def test_a_request_unit_is_the_image_prompt(pipes):
