@@ -219,7 +219,12 @@ def test_bench_features_time_each_beside_plain_text_to_image():
         assert 0 < f["denoising_s"] < f["latency_s"], name
         assert f["ms_per_step"] == pytest.approx(1000 * f["denoising_s"] / steps)
         assert f["latency_over_plain"] == pytest.approx(f["latency_s"] / features["plain"]["latency_s"] - 1)
-    assert features["plain"]["latency_over_plain"] == 0 and features["refiner"]["refiner_ms_per_step"] > 0
+    # The refiner's steps (the last of five: switch at 0.8) are not timed apart: what its call's denoising
+    # took beyond four fifths of the plain one's. (A difference of two timings: on a busy CPU, one run
+    # each, it may come out below zero; what holds on any machine is how it is made.)
+    refiner, plain = features["refiner"], features["plain"]
+    assert features["plain"]["latency_over_plain"] == 0 and refiner["refiner_ms_per_step"] == pytest.approx(
+        1000 * (refiner["denoising_s"] - plain["denoising_s"] * 4 / 5))
     # The image prompt's call encodes the image besides the text: its text stage does more.
     assert features["ip-adapter"]["stage_s"]["text_encoding"] > 0
     # Only the timed calls' programs compiled (a server's warm-up would compile the unguided ones too).
