@@ -90,7 +90,6 @@ class Pipeline:
             refiner_pooled_dim=refiner.text_encoder_2.config.projection_dim or 0 if refiner else 0)
         self.vae_factor = self.layout.vae_factor
         self.sizes = self.layout.checked_sizes(sizes)
-        # (the optional networks' programs, each a UNet's: elsewhere compiled when a call first asks)
         self.network_sizes = [size_input(s, self.sizes) for s in (sizes if network_sizes is None else network_sizes)]
         self.lock = threading.Lock()
         self.batch_sharding, self.replicated = self.layout.batch_sharding, self.layout.replicated
@@ -141,11 +140,12 @@ class Pipeline:
     def programs_at(self, size: Size | None = None) -> tuple[str, ...]:
         """The programs of `size` compiled before a call asks: PROGRAMS, TAESD's preview, and at `network_sizes`
         (or size None) the IP-Adapter's, the refiner's and each ControlNet's guided step; others when asked."""
-        networks = size is None or size in self.network_sizes
-        return (PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
-                + (("image_prompt", denoise_name(image_prompt=True)) if self.ip_adapter and networks else ())
-                + (REFINER_PROGRAMS[:2] if self.refiner and networks else ())
-                + tuple(controlled("denoise", [name]) for name in self.controlnets if networks))
+        plain = PROGRAMS + (("preview",) if self.preview_decoder == "taesd" else ())
+        if size is not None and size not in self.network_sizes:
+            return plain
+        return (plain + (("image_prompt", denoise_name(image_prompt=True)) if self.ip_adapter else ())
+                + (REFINER_PROGRAMS[:2] if self.refiner else ())
+                + tuple(controlled("denoise", [name]) for name in self.controlnets))
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
                       controlnets: Sequence[str] = (), image_prompt: bool = False,
