@@ -40,6 +40,18 @@ def compile_cache(tmp_path_factory, worker_id):
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def temporary_folder(tmp_path_factory):
+    """This process's temporary files under the run's own folder, which pytest prunes: gradio_client
+    makes a folder in the system's for every file it downloads and leaves it there, empty
+    (2026-12-07: 136 a run of test_app.py, 4,400 left in /tmp over a day)."""
+    import tempfile
+
+    before, tempfile.tempdir = tempfile.tempdir, str(tmp_path_factory.mktemp("tempfile"))
+    yield
+    tempfile.tempdir = before
+
+
 @pytest.fixture(autouse=True)
 def session_compile_cache(compile_cache):
     """JAX's persistent cache is one setting for the whole process: a test that points it at a cold

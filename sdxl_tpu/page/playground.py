@@ -4,6 +4,7 @@ request guard and the API key, served by uvicorn until SIGTERM has drained it. a
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,10 @@ from ..server.uploads import Uploads
 
 WEB = Path(__file__).resolve().parent / "web"  # the page's own CSS and script
 QUEUE_POLL_SECONDS = (0.01, 0.05)  # how often Gradio's queue looks for work, and for progress to send
+# The browser sessions whose state (the page's gr.State values) Gradio keeps, the least recently
+# used dropped first. Gradio keeps 10,000, and each holds its own copy of the page's configuration,
+# some 260 kB here: 2.6 GB that any client could fill in two minutes by naming new sessions.
+SESSIONS_KEPT = 1000
 
 
 def build_demo(server: Server) -> gr.Blocks:
@@ -43,6 +48,11 @@ def build_demo(server: Server) -> gr.Blocks:
     # before one starts, and progress sent 20 times a second, are not seen.
     queue = demo._queue
     queue.sleep_when_free, queue.progress_update_sleep_when_free = QUEUE_POLL_SECONDS
+    # Gradio records every event for its monitoring dashboard (off here) and, after each one, sums
+    # the last 10,000 up in a pandas DataFrame: 4-9 ms of a core an event, never read. Keep one
+    # record and never sum.
+    queue.ANALYTICS_MAX_EVENTS, queue.ANAYLTICS_CACHE_FREQUENCY = 1, sys.maxsize
+    demo.state_session_capacity = SESSIONS_KEPT
     return demo
 
 

@@ -65,7 +65,9 @@ class Http:
             return status, refusal(text)
         return status, self.completion(session)
 
-    def completion(self, session: str) -> dict:
+    def completion(self, session: str, event: str | None = None) -> dict:
+        """The completion message on `session`'s event stream (of the event with id `event`, where
+        given: a session may have sent several)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         try:
             conn.request("GET", f"/gradio_api/queue/data?session_hash={session}")
@@ -74,7 +76,8 @@ class Http:
             for line in response:
                 if line.startswith(b"data:"):
                     message = json.loads(line[5:])
-                    if message.get("msg") in ("process_completed", "unexpected_error"):
+                    if message.get("msg") in ("process_completed", "unexpected_error") and event in (
+                            None, message.get("event_id")):
                         text = json.dumps(message)
                         self.check("GET", "/gradio_api/queue/data", 200, text.encode())
                         return message

@@ -586,15 +586,50 @@ def test_drain_finishes_accepted_work_then_cancels_at_the_deadline(tmp_path):
     assert not any(p.is_file() for p in (tmp_path / "second").rglob("*"))  # no images written for it
 
 
-def test_the_queue_looks_for_work_every_10_ms_not_every_1():
+@pytest.fixture(scope="module")
+def page_demo():
+    """The page as app.py builds it (no model loaded)."""
+    from sdxl_tpu.page.playground import build_demo
+
+    return build_demo(Server(TINY))
+
+
+def test_the_queue_looks_for_work_every_10_ms_not_every_1(page_demo):
     """Gradio's queue polls (for work, and for progress to send) while idle: at its own 1 ms and 10 ms,
     4.4 % of a core for nothing; the page's at 10 and 50 ms. (A Gradio that no longer polls by these
     attributes fails the first check: then see whether it still needs this.)"""
     import gradio as gr
 
-    from sdxl_tpu.page.playground import QUEUE_POLL_SECONDS, build_demo
+    from sdxl_tpu.page.playground import QUEUE_POLL_SECONDS
 
     plain = gr.Blocks().queue()._queue
     assert (plain.sleep_when_free, plain.progress_update_sleep_when_free) == (0.001, 0.01)
-    queue = build_demo(Server(TINY))._queue
+    queue = page_demo._queue
     assert (queue.sleep_when_free, queue.progress_update_sleep_when_free) == QUEUE_POLL_SECONDS == (0.01, 0.05)
+
+
+def test_sessions_kept_and_event_records_are_bounded(page_demo):
+    """Gradio keeps each browser session's state (a copy of the page's configuration, some 260 kB),
+    10,000 of them unless told: the page keeps SESSIONS_KEPT, the least recently used dropped first.
+    Its queue keeps one event's record for the monitoring dashboard (off) and never sums them up in
+    pandas. (Checked through Gradio's own objects: a Gradio that stops bounding by these attributes
+    fails here.)"""
+    from gradio.state_holder import StateHolder
+
+    from sdxl_tpu.page.playground import SESSIONS_KEPT
+
+    holder = StateHolder()
+    holder.set_blocks(page_demo)
+    assert holder.capacity == SESSIONS_KEPT == 1000
+    holder.capacity = 3  # (a thousand sessions would take 11 s to make: the same rule, smaller)
+    for session in ("a", "b", "c", "d", "e"):
+        holder[session]
+    holder["c"]  # used again: kept ahead of d and e
+    holder["f"]
+    assert list(holder.session_data) == ["e", "c", "f"]
+
+    queue = page_demo._queue
+    records = [{"time": 0.0, "status": "success", "process_time": 1.0, "function": "generate", "session_hash": "a"}]
+    queue.events_recorded += 10**6
+    assert queue.compute_analytics_summary(records * 100) is queue.cached_event_analytics_summary == {"functions": {}}
+    assert queue.ANALYTICS_MAX_EVENTS == 1
