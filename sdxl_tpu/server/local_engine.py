@@ -141,17 +141,25 @@ class LocalEngine:
         return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size)]
 
     def waits_for_compile(self, request: Request) -> bool:
+        """Whether `request` runs a program not compiled yet: its networks' outside --network-sizes,
+        or two ControlNets at once, compile when first asked for, as run_call asks (call.py): the
+        first pass at its size, a hires fix's second at the larger size (from the first's image,
+        or its latents by Latent; the image prompt guides both)."""
         if self.pipeline is None:
             return False
         infos = request.images(request.count or self.pipeline.images_per_call)
         pipe, units, networks = self.pipeline, [unit.model for unit in request.controls], {}
-        if units:  # (outside --network-sizes, or combined, their programs compile when first asked for)
+        if units:
             networks = dict(controlnets=[u for u in units if u in pipe.controlnets],
                             image_prompt=pipe.ip_adapter in units)
         if request.refiner_switch_at is not None:
             networks["refiner"] = pipe.refiner is not None
-        names = pipe.call_programs(guided=guided(infos), image=request.image is not None, **networks)
-        return not self.pipeline.is_compiled(request.size, names)
+        passes = [(request.size, pipe.call_programs(guided=guided(infos), image=request.image is not None, **networks))]
+        if request.hires is not None:
+            passes.append((request.hires.size, pipe.call_programs(
+                guided=guided(infos), image=request.hires.upscaler != "Latent",
+                image_prompt=networks.get("image_prompt", False))))
+        return not all(pipe.is_compiled(size, names) for size, names in passes)
 
     def compile(self, size: tuple[int, int]) -> None:
         """Compile `size`'s programs still missing; the first call loads every program still

@@ -19,6 +19,9 @@ from sdxl_tpu import CompileCounter, RequestError, load_pipeline
 from sdxl_tpu.a1111.infotext import parameters_text
 from sdxl_tpu.generate.control import ControlUnit
 from sdxl_tpu.imaging.clip_image import clip_crop
+from sdxl_tpu.request.load import LoadOptions
+from sdxl_tpu.server.local_engine import LocalEngine
+from sdxl_tpu.server.settings import Settings
 
 SIZE, IMAGES, STEPS, HIRES = (64, 64), 2, 4, (96, 96)
 PROMPT, NEGATIVE = "a lighthouse in a storm", "blurry"
@@ -143,6 +146,15 @@ def test_the_image_prompt_guides_both_passes_of_a_hires_fix(pipes):
     unit = {"model": pipe.ip_adapter, "image": _photo(1), "weight": 0.9}
     run = lambda **more: pipe.run(pipe.request(PROMPT, NEGATIVE, seed=3, steps=3, size=SIZE, hires=True,  # noqa: E731
                                                hires_scale=1.5, hires_steps=2, **more))
+    # A run's start says it compiles first while a program of either pass is missing: with the first
+    # pass's run alone (at 64x64), still the hires pass's with the image prompt at 96x96.
+    engine = LocalEngine(Settings(load=LoadOptions(model="tiny", sizes=[SIZE, HIRES])))
+    engine.pipeline = pipe
+    hires = lambda **more: pipe.request(PROMPT, NEGATIVE, seed=3, steps=3, size=SIZE, hires=True,  # noqa: E731
+                                        hires_scale=1.5, hires_steps=2, controlnet=[unit], **more)
+    pipe.run(pipe.request(PROMPT, NEGATIVE, seed=3, steps=3, size=SIZE, controlnet=[unit]))
+    assert engine.waits_for_compile(hires()) and engine.waits_for_compile(hires(hires_upscaler="Latent"))
     guided, plain = run(controlnet=[unit]), run()
+    assert not engine.waits_for_compile(hires()) and not engine.waits_for_compile(hires(hires_upscaler="Latent"))
     assert guided.images[0].size == HIRES and guided.infos[0].controls[0].model == pipe.ip_adapter
     assert psnr(np.stack([np.asarray(i) for i in guided.images]), np.stack([np.asarray(i) for i in plain.images])) < 30
