@@ -34,7 +34,7 @@ WEB = Path(__file__).resolve().parent / "web"  # the page's own CSS and script
 QUEUE_POLL_SECONDS = (0.01, 0.05)  # how often Gradio's queue looks for work, and for progress to send
 # The browser sessions whose state (the page's gr.State values) Gradio keeps, the least recently
 # used dropped first. Gradio keeps 10,000, and each holds its own copy of the page's configuration,
-# some 260 kB here: 2.6 GB that any client could fill in two minutes by naming new sessions.
+# some 260 kB here: 2.6 GB, which one client naming new sessions fills in minutes.
 SESSIONS_KEPT = 1000
 
 

@@ -141,10 +141,10 @@ class LocalEngine:
         return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size)]
 
     def waits_for_compile(self, request: Request) -> bool:
-        """Whether `request` runs a program not compiled yet: its networks' outside --network-sizes,
-        or two ControlNets at once, compile when first asked for, as run_call asks (call.py): the
-        first pass at its size, a hires fix's second at the larger size (from the first's image,
-        or its latents by Latent; the image prompt guides both)."""
+        """Whether `request` runs a program not compiled yet (a network's outside --network-sizes,
+        two ControlNets at once: those compile when first asked for) in a pass run_call runs
+        (call.py): the first at its size, a hires fix's second at the larger size (from the first
+        pass's image, or its latents by Latent; an image prompt guides both)."""
         if self.pipeline is None:
             return False
         infos = request.images(request.count or self.pipeline.images_per_call)
