@@ -74,8 +74,7 @@ class Pipeline(Protocol):
     refiner: RefinerModels | None  # the refiner a call's steps after its switch run on, if one is loaded
 
     def call_programs(self, *, guided: bool = True, given_latents: bool = False, image: bool = False,
-                      controlnets: Sequence[str] = (), image_prompt: bool = False,
-                      refiner: bool = False) -> tuple[str, ...]: ...
+                      controlnets: Sequence[str] = (), image_prompt: bool = False, refiner: bool = False) -> tuple: ...
 
     def filled(self, per_image: np.ndarray) -> np.ndarray: ...
 
@@ -131,9 +130,11 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
     total = first.steps + (0 if hires is None else _hires_steps(pipe, infos[0], hires))
     told = (lambda step, steps: progress(step, total)) if progress and hires else progress
     begin = None if init_images is None else starting.prepare(init_images, masks, infos, pipe.vae_factor)
-    out, timings = run_pass(pipe, infos, latents=latents, begin=begin, progress=told, stop=stop, preview=preview,
-                            preview_every=preview_every, decode=hires is None or hires.upscaler != "Latent",
-                            controls=controls, image_prompt=image_prompt)
+    plan = call_passes(pipe, infos, controlnets=[u.controlnet for u in controls], image_prompt=image_prompt is not None,
+                       image=begin is not None, latents=latents is not None)
+    out, timings = run_pass(pipe, infos, plan[0][1], latents=latents, begin=begin, progress=told, stop=stop,
+                            preview=preview, preview_every=preview_every, controls=controls, image_prompt=image_prompt,
+                            decode=hires is None or hires.upscaler != "Latent")
     if hires is not None:
         second = [dataclasses.replace(i, size=hires.size, steps=hires.steps or i.steps, strength=hires.strength,
                                       hires=None) for i in infos]
@@ -146,13 +147,27 @@ def run_call(pipe: Pipeline, infos: Sequence[ImageInfo], latents: np.ndarray | N
                                            else model.resize(Image.fromarray(im), hires.size)) for im in out])
             upscaled, begin = None, starting.prepare(pixels, None, second, pipe.vae_factor)
         after = (lambda step, steps: progress(first.steps + step, total)) if progress else None
-        out, more = run_pass(pipe, second, start_latents=upscaled, begin=begin, progress=after, stop=stop,
+        out, more = run_pass(pipe, second, plan[1][1], start_latents=upscaled, begin=begin, progress=after, stop=stop,
                              preview=preview, preview_every=preview_every, image_prompt=image_prompt)
         timings = {k: timings.get(k, 0.0) + more.get(k, 0.0) for k in {*timings, *more}}
     images = [Image.fromarray(img) for img in out]
     if init_images is not None:
         images = starting.finish(images, np.asarray(init_images), masks, infos)
     return GenerationResult(images=images, infos=infos, timings=timings)
+
+
+def call_passes(pipe: Pipeline, infos: Sequence[ImageInfo], *, controlnets: Sequence[str] = (),
+                image_prompt: bool = False, image: bool = False, latents: bool = False) -> list[tuple[Size, tuple]]:
+    """The programs each pass of a call of `infos` runs, by size: the first's (from noise, `latents` or an
+    `image`; the refiner's where it switches), then a hires fix's (from the first's image, or latents by Latent)."""
+    first, guidance = infos[0], guided(infos)
+    refine = pipe.refiner is not None and first.refiner_switch_at is not None
+    passes = [(first.size, pipe.call_programs(guided=guidance, given_latents=latents, image=image, refiner=refine,
+                                              controlnets=controlnets, image_prompt=image_prompt))]
+    if first.hires is not None:  # (an image prompt guides both passes)
+        passes.append((first.hires.size, pipe.call_programs(guided=guidance, image=first.hires.upscaler != "Latent",
+                                                            image_prompt=image_prompt)))
+    return passes
 
 
 def _hires_steps(pipe: Pipeline, info: ImageInfo, hires: Hires) -> int:
@@ -162,7 +177,7 @@ def _hires_steps(pipe: Pipeline, info: ImageInfo, hires: Hires) -> int:
     return steps - sampler.first_step(steps, hires.strength, info.schedule)
 
 
-def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | None = None,
+def run_pass(pipe: Pipeline, infos: list[ImageInfo], names: Sequence[str], *, latents: np.ndarray | None = None,
              begin: starting.Start | None = None, start_latents: np.ndarray | None = None,
              progress: Progress | None = None, stop: Callable[[], bool] | None = None, preview: Callable | None = None,
              preview_every: int = 0, decode: bool = True, controls: tuple[ControlUnit, ...] = (),
@@ -170,16 +185,13 @@ def run_pass(pipe: Pipeline, infos: list[ImageInfo], *, latents: np.ndarray | No
     """One pass of the denoising loop for `infos` (all of one size, steps, sampler, schedule and
     strength): from noise, from given initial `latents` (diffusers' layout), from starting images
     (`begin`: encoded first) or from their latents (`start_latents`, (n, h, w, C)); guided by
-    ControlNets (`controls`) and an IP-Adapter's image (`image_prompt`). Returns the
-    decoded images (n, H, W, 3) uint8 (or with `decode` False the final latents) and its timings."""
+    ControlNets (`controls`) and an IP-Adapter's image (`image_prompt`), running the programs of
+    `names` (call_passes'). Returns the decoded images (n, H, W, 3) uint8 (or with `decode` False
+    the final latents) and its timings."""
     n, first = len(infos), infos[0]
     size, steps, strength, schedule = first.size, first.steps, first.strength, first.schedule
-    # Only what this pass runs (all of them, where the pipeline was warmed up: nothing compiles then).
     refiner, switch_at = pipe.refiner, first.refiner_switch_at
-    refine = refiner is not None and switch_at is not None
-    names = pipe.call_programs(guided=guided(infos), given_latents=latents is not None, image=begin is not None,
-                               controlnets=[u.controlnet for u in controls], image_prompt=image_prompt is not None,
-                               refiner=refine)
+    # Only what this pass runs (all of them, where the pipeline was warmed up: nothing compiles then).
     programs = pipe.compiled(size, names)
     slots = infos + [infos[-1]] * (pipe.images_per_call - n)
     text = sampling.prepare(pipe.tokenizers, slots, pipe.force_zeros_for_empty_prompt, pipe.max_prompt_chunks,

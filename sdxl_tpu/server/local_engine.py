@@ -12,6 +12,7 @@ from typing import Any
 import jax
 
 from ..generate.compiling.compilation import CompileCounter, before_jax_starts, enable_compile_cache, gpu_unused
+from ..generate.call import call_passes
 from ..generate.loading import load
 from ..generate.compiling.layout import call_batch
 from ..generate.pipeline import Pipeline
@@ -19,7 +20,7 @@ from ..request.errors import CompileError, GenerationError, RequestError
 from ..a1111.images import encode_all
 from ..a1111.infotext import parameters_text
 from ..request.names import schedule_used
-from ..request.request import GenerationResult, Request, guided
+from ..request.request import GenerationResult, Request
 from ..request.values import format_size
 from ..imaging.upscale import lanczos_by
 from .batcher import Batcher, Job
@@ -141,24 +142,14 @@ class LocalEngine:
         return [size for size in self.pipeline.sizes if not self.pipeline.is_compiled(size)]
 
     def waits_for_compile(self, request: Request) -> bool:
-        """Whether `request` runs a program not compiled yet (a network's outside --network-sizes,
-        two ControlNets at once: those compile when first asked for) in a pass run_call runs
-        (call.py): the first at its size, a hires fix's second at the larger size (from the first
-        pass's image, or its latents by Latent; an image prompt guides both)."""
+        """Whether `request` runs a program not compiled yet in either pass (call_passes): a network's
+        outside --network-sizes, or two ControlNets at once, compile when first asked for."""
         if self.pipeline is None:
             return False
-        infos = request.images(request.count or self.pipeline.images_per_call)
-        pipe, units, networks = self.pipeline, [unit.model for unit in request.controls], {}
-        if units:
-            networks = dict(controlnets=[u for u in units if u in pipe.controlnets],
-                            image_prompt=pipe.ip_adapter in units)
-        if request.refiner_switch_at is not None:
-            networks["refiner"] = pipe.refiner is not None
-        passes = [(request.size, pipe.call_programs(guided=guided(infos), image=request.image is not None, **networks))]
-        if request.hires is not None:
-            passes.append((request.hires.size, pipe.call_programs(
-                guided=guided(infos), image=request.hires.upscaler != "Latent",
-                image_prompt=networks.get("image_prompt", False))))
+        pipe, units = self.pipeline, [unit.model for unit in request.controls]
+        passes = call_passes(pipe, request.images(request.count or pipe.images_per_call),
+                             controlnets=[u for u in units if u in pipe.controlnets],
+                             image_prompt=pipe.ip_adapter in units, image=request.image is not None)
         return not all(pipe.is_compiled(size, names) for size, names in passes)
 
     def compile(self, size: tuple[int, int]) -> None:

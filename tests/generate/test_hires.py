@@ -14,7 +14,7 @@ from PIL import Image
 
 from upscaler_files import GENERAL
 
-from sdxl_tpu.generate.call import run_pass
+from sdxl_tpu.generate.call import call_passes, run_pass
 from sdxl_tpu.generate.upscaling import ModelUpscalers
 from sdxl_tpu.weights.upscalers import find_upscalers
 from sdxl_tpu.request.errors import RequestError
@@ -61,10 +61,10 @@ def test_hires_fix_is_the_first_pass_upscaled_then_denoised_again(with_upscalers
     infos = [dataclasses.replace(i, hires=None) for i in request.images(4)]
     second = dict(size=(96, 96), steps=6, strength=0.5)
     if upscaler == "Latent":
-        first, _ = run_pass(pipe, [dataclasses.replace(i, sampler=pipe.default_sampler) for i in infos], decode=False)
+        passes = [[dataclasses.replace(i, sampler=pipe.default_sampler, **kw) for i in infos] for kw in ({}, second)]
+        first, _ = run_pass(pipe, passes[0], call_passes(pipe, passes[0])[0][1], decode=False)
         upscaled = latent_upscale(first, 12, 12)
-        out, _ = run_pass(pipe, [dataclasses.replace(i, sampler=pipe.default_sampler, **second) for i in infos],
-                          start_latents=upscaled)
+        out, _ = run_pass(pipe, passes[1], call_passes(pipe, passes[1])[0][1], start_latents=upscaled)
         np.testing.assert_array_equal(_images(result), out)
     else:
         first = pipe.run(dataclasses.replace(request, hires=None))
