@@ -864,7 +864,7 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner = (), (), None
+        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):

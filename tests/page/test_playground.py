@@ -202,7 +202,7 @@ def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner = (), (), None  # (no ControlNet, IP-Adapter or refiner)
+        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}  # (none loaded)
         model_name, samplers, default_sampler = "fake", {"Euler": None, "DDIM": None}, "DDIM"
         max_prompt_chunks = 3
 
@@ -296,7 +296,7 @@ def test_token_count_says_what_each_lora_tag_does_here(tiny_checkpoint):
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner = (), (), None
+        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -358,7 +358,7 @@ def test_server_warm_up_states_and_errors():
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner = (), (), None
+        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
         model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
         max_prompt_chunks = 3
 
@@ -398,7 +398,7 @@ def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint
         call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
         embeddings = Embeddings()
         upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner = (), (), None
+        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
         model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
 
         def is_compiled(self, size, names=None):
@@ -454,7 +454,7 @@ class SlowPipeline:
     call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
     embeddings = Embeddings()
     upscalers = ModelUpscalers()
-    unit_models, ip_adapters, refiner = (), (), None
+    unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
     model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
     max_prompt_chunks = 3
 
