@@ -29,13 +29,15 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory, worker_id):
+def compile_cache(tmp_path_factory):
     """One JAX compilation cache (and the stored programs beside it) for the whole run, shared by
     the workers and the servers and tools they start: a program one compiles, the others read
     (most tests compile the same tiny programs). Stored programs are written whole, then renamed; a
     JAX cache entry read while another process writes it is a warned miss, compiled again."""
     root = tmp_path_factory.getbasetemp()
-    path = (root if worker_id == "master" else root.parent) / "jax-compile-cache"
+    # Under xdist each worker's base is a folder of the run's; without xdist (the chip's machine)
+    # there are no workers, and no `worker_id` fixture.
+    path = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "jax-compile-cache"
     path.mkdir(exist_ok=True)
     return path
 
