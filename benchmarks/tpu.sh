@@ -8,6 +8,8 @@
 #                                   # of each level (SPLASH_BLOCKS=q,kv: the transformers again with those) (~6 min)
 #   bash benchmarks/tpu.sh flags    # the UNet evaluation with Google's v5e SDXL libtpu flags (FLAGS=...) (~2 min)
 #   bash benchmarks/tpu.sh xla      # the UNet evaluation with XLA's attention everywhere (~2 min)
+#   bash benchmarks/tpu.sh kernels  # the attention kernels under trial (attention_kernels.py: one pass, pallas
+#                                   # flash) beside splash at each self-attention shape (KERNELS=variant names) (~5 min)
 #   bash benchmarks/tpu.sh ab       # one UNet evaluation before and after a change, one call (BEFORE=, AFTER=:
 #                                   # tpu_quick.py unet options), the after profiled, its output in dB against before (~6 min)
 #   bash benchmarks/tpu.sh launch   # what a program's start costs the chip: 10 UNet evaluations chained one program
@@ -90,6 +92,10 @@ case "$MODE" in
   launch)  # why one program a step (the server's loop) costs 5 % more than the fused loop on the chip
     quick launch timeout "${LAUNCH_TIMEOUT:-540}" "$PY" benchmarks/tpu_quick.py unet --runs 3 --launch "${CALLS:-10}" \
         --launch-parts "${PARTS:-chained,looped,packed,callback}" --json
+    ;;
+  kernels)  # the attention kernels under trial (attention_kernels.py) beside splash, the UNet's self-attention shapes
+    quick kernels timeout "${KERNELS_TIMEOUT:-540}" "$PY" benchmarks/tpu_quick.py attention --only self \
+        --variants "${KERNELS:-auto,splash q1024 kv2048,one pass,pallas flash}" --json
     ;;
   xla)  # the same UNet evaluation with XLA's attention everywhere (after quick: against its output)
     quick unet-xla "$PY" benchmarks/tpu_quick.py unet --attention xla --against "$OUT/unet-before.npy" --json

@@ -36,6 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+import attention_kernels  # noqa: E402
 from sdxl_tpu.models import attention as attn  # noqa: E402
 
 
@@ -364,7 +365,7 @@ def attention_variants() -> dict:
     for block_q, block_kv in ((512, 512), (512, 2048), (1024, 1024), (1024, 2048), (2048, 512), (2048, 1024)):
         variants[f"splash q{block_q} kv{block_kv}"] = partial(attn.splash_attention, block_q=block_q,
                                                               block_kv=block_kv)
-    return variants
+    return {**variants, **attention_kernels.variants()}  # (the kernels under trial)
 
 
 def attention_table(args: argparse.Namespace) -> dict:
@@ -381,7 +382,7 @@ def attention_table(args: argparse.Namespace) -> dict:
                 continue
             if args.only and args.only not in name:
                 continue
-            if lq != lk and variant.startswith("splash"):
+            if lq != lk and variant.startswith(("splash", "one pass", "pallas flash")):
                 continue
             try:
                 seconds = per_call(fn, q, k, v)

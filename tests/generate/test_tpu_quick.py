@@ -108,3 +108,19 @@ def test_geglu_variants_compute_what_the_model_does():
     for name in ("one-matmul", "barrier", "one-matmul-barrier"):
         variant = np.asarray(jax.jit(lambda x: tpu_quick.geglu_variant(name)(ff, x))(x), np.float32)  # noqa: B023
         assert np.abs(variant - shipped).max() <= 2 ** -7 * np.abs(shipped).max(), name
+
+
+def test_the_one_pass_attention_kernel_under_trial_equals_xla_attention():
+    """benchmarks/attention_kernels.py's one-pass kernel (Pallas's interpreter on the CPU), both
+    exponentials, against XLA's attention on the same inputs: a variant timed on the chip computes
+    attention, or its figure means nothing."""
+    import attention_kernels
+
+    from sdxl_tpu.models.attention import xla_attention
+
+    keys = jax.random.split(jax.random.key(3), 3)
+    q, k, v = (jax.random.normal(key, (2, 256, 3, 64), jnp.float32) * 2 for key in keys)
+    expected = np.asarray(xla_attention(q, k, v))
+    for base2 in (True, False):
+        got = np.asarray(attention_kernels.one_pass(q, k, v, block_q=128, base2=base2, interpret=True))
+        assert np.abs(got - expected).max() < 1e-4, (base2, np.abs(got - expected).max())
