@@ -132,7 +132,7 @@ def wire(demo: gr.Blocks, page: Page, server: Server) -> None:
 
     # Stop: Gradio cancels the event; the request ends within two denoising steps; the page says
     # what was stopped, keeps its previews, and forgets nothing else.
-    page.stop.click(None, outputs=[page.panel], js=in_browser("stoppedRun", browser),
+    page.stop.click(None, inputs=[page.panel], outputs=[page.panel], js=in_browser("stoppedRun", browser),
                     cancels=[generating]).then(lambda state, at: show(stopped(state, at)), inputs=[run_state, run_at],
                                                outputs=outputs, **light)
 

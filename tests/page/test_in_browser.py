@@ -115,10 +115,14 @@ def test_a_history_row_restores_what_it_kept_and_what_a_restored_run_sets():
 
 
 def test_the_panels_answers_and_the_examples_are_the_servers():
-    """A run not taken says so in the panel the server draws; Stop's panel likewise; an example
-    fills the prompt with its text (the page script's Stop mark is the browser tests' part)."""
-    got = in_the_browser([("stoppedRun", []), ("example", [1]), ("randomSeed", [])])
-    assert got[0] == run_panel("stopped", "Stopped.") and got[2] == -1
+    """A run not taken says so in the panel the server draws; Stop's panel likewise, unless the run
+    had ended as Stop was pressed (its "Done" stays); an example fills the prompt with its text (the
+    page script's Stop mark is the browser tests' part)."""
+    done, running = run_panel("done", "Done in 3.1 s."), run_panel("running", "Generating · step 3 of 20", 3, 20)
+    got = in_the_browser([("stoppedRun", [running]), ("example", [1]), ("randomSeed", []), ("stoppedRun", [done]),
+                          ("stoppedRun", [run_panel("queued", "Waiting")])])
+    assert got[0] == got[4] == run_panel("stopped", "Stopped.") and got[2] == -1
+    assert got[3] == done  # (Stop pressed as the run ended: its end stays said)
     from sdxl_tpu.server.form import EXAMPLES
 
     assert got[1] == EXAMPLES[1] and NOT_TAKEN in CONFIG["panels"]["notTaken"]

@@ -56,7 +56,9 @@
   // before Gradio cancels the event: the panel says so itself), else not taken (the queue full, or
   // the server stopping).
   const failedRun = (now) => document.body.dataset.runStopped === "yes" ? now : config.panels.notTaken;
-  const stoppedRun = () => config.panels.stopped;
+  // Stop pressed as the run ended (its images already in view): the run's own end stays said.
+  const stoppedRun = (now) => typeof now === "string" && now.includes('data-state="done"') ? now
+                                                                                        : config.panels.stopped;
   const example = (i) => config.examples[i];
   const generateIf = (ready) => { if (ready) document.querySelector("#generate").click(); };
   const randomSeed = () => -1;  // (A1111's -1: a seed drawn for the run)
