@@ -19,12 +19,11 @@ from images import picture
 from parameters_texts import A1111, a1111_jpeg, comfyui_png
 from reference import psnr, read_with_third_parties
 from upscaler_files import GENERAL
+from stand_in import LoadedStandIn
 from served_app import (ROOT, WATCH_JS, artifact, assert_four_images_in_view, chromium,  # app_server: conftest
                         assert_progress_and_previews, free_port, generate_in_page, get, paint_a_mask, playground_page,
                         read_metrics, requests_total, steps_seen, wait_for, MASK_SRC)
 from sdxl_tpu.version import VERSION
-from sdxl_tpu.generate.upscaling import ModelUpscalers
-from sdxl_tpu.weights.embeddings import Embeddings
 
 LISTED_EMBEDDINGS = "0 / 225 tokens · embeddings: myemb, onevec"  # (the app's --embeddings, under the prompt)
 
@@ -859,21 +858,10 @@ def test_browser_while_warming_up_the_button_says_so_and_cannot_be_pressed(brows
     from sdxl_tpu.server.settings import Settings
     from sdxl_tpu.request.load import LoadOptions
 
-    class Loaded:  # what the loader hands over once "loaded" (nothing is generated here)
-        sizes, images_per_call, tokenizers = [(64, 64)], 4, (None, None)
-        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
-        embeddings = Embeddings()
-        upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
-        model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
-
-        def is_compiled(self, size, names=None):
-            return True
-
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
     release = threading.Event()
     server = Server(Settings(load=LoadOptions(model="tiny", sizes=[(64, 64)])),
-                    loader=lambda s: (release.wait(60), Loaded())[1])
+                    loader=lambda s: (release.wait(60), LoadedStandIn())[1])
     web_app, _, _ = app_module.build_app(server)
     port = free_port()
     web = uvicorn.Server(uvicorn.Config(web_app, host="127.0.0.1", port=port, log_level="warning"))

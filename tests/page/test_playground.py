@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from stand_in import LoadedStandIn
 
 from sdxl_tpu.server.core import Server
 from sdxl_tpu.server.form import picked_item, validate
@@ -16,8 +17,6 @@ from sdxl_tpu.request.load import LoadOptions
 from sdxl_tpu.request.names import RNGS, SAMPLERS, SCHEDULES
 from sdxl_tpu.request.styles import STYLES, apply_style
 from sdxl_tpu.request.values import clean_text, text_input
-from sdxl_tpu.generate.upscaling import ModelUpscalers
-from sdxl_tpu.weights.embeddings import Embeddings
 
 SIZES = [(64, 64), (96, 64)]
 OK = dict(prompt="a cat", negative="", style="(No style)", seed=3, randomize=False, guidance=5.0, steps=20,
@@ -197,17 +196,8 @@ def test_default_schedule_and_noise_source_settings(capsys):
 
 
 def test_a_request_without_schedule_or_rng_gets_the_server_defaults_checked_with_the_sampler_that_runs():
-    class FakePipeline:
-        sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
-        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
-        embeddings = Embeddings()
-        upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}  # (none loaded)
-        model_name, samplers, default_sampler = "fake", {"Euler": None, "DDIM": None}, "DDIM"
-        max_prompt_chunks = 3
-
-        def is_compiled(self, size, names=None):
-            return True
+    class FakePipeline(LoadedStandIn):
+        sizes, samplers, default_sampler = SIZES, {"Euler": None, "DDIM": None}, "DDIM"
 
     server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES), schedule="Automatic", rng="CPU"),
                     loader=lambda s: FakePipeline())
@@ -291,16 +281,8 @@ def test_token_count_says_what_each_lora_tag_does_here(tiny_checkpoint):
     fused here at its scale (a tag's weight changes nothing), or not loaded here."""
     from sdxl_tpu import load_tokenizers
 
-    class Loaded:
-        sizes, images_per_call, tokenizers = SIZES, 4, (load_tokenizers(tiny_checkpoint)[0], None)
-        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
-        embeddings = Embeddings()
-        upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
-        model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
-
-        def is_compiled(self, size, names=None):
-            return True
+    class Loaded(LoadedStandIn):
+        sizes, tokenizers = SIZES, (load_tokenizers(tiny_checkpoint)[0], None)
 
     fused = ["/models/detail.safetensors:0.8", "/models/style.safetensors"]
     server = Server(Settings(load=LoadOptions(model="tiny", sizes=SIZES, loras=fused)), loader=lambda s: Loaded())
@@ -351,19 +333,8 @@ def test_token_count_counts_an_embeddings_vectors_and_names_it(tiny_checkpoint):
 def test_server_warm_up_states_and_errors():
     release = threading.Event()
 
-    class FakePipeline:
+    class FakePipeline(LoadedStandIn):
         sizes = SIZES
-        images_per_call = 4
-        tokenizers = (None, None)
-        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
-        embeddings = Embeddings()
-        upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
-        model_name, samplers, default_sampler = "fake", {"Euler": None}, "Euler"
-        max_prompt_chunks = 3
-
-        def is_compiled(self, size, names=None):
-            return True
 
     def slow_loader(settings):
         release.wait(10)
@@ -393,16 +364,8 @@ def test_token_count_counts_the_styled_prompt_and_warns_when_cut(tiny_checkpoint
 
     tokenizer = load_tokenizers(tiny_checkpoint)[0]
 
-    class Loaded:  # the model as the server sees it once loaded: its tokenizers (nothing is generated here)
-        sizes, images_per_call, tokenizers = SIZES, 4, (tokenizer, None)
-        call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
-        embeddings = Embeddings()
-        upscalers = ModelUpscalers()
-        unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
-        model_name, samplers, default_sampler, max_prompt_chunks = "fake", {"Euler": None}, "Euler", 3
-
-        def is_compiled(self, size, names=None):
-            return True
+    class Loaded(LoadedStandIn):  # once loaded: its tokenizers (nothing is generated here)
+        sizes, tokenizers = SIZES, (tokenizer, None)
 
     server = Server(TINY, loader=lambda s: Loaded())
     assert "once the model is loaded" in server.token_count("a cat")
@@ -447,22 +410,13 @@ def test_the_length_limit_applies_to_what_the_user_typed_not_the_style():
     assert len(request.prompt) > 1000 and "x" * 1000 in request.prompt
 
 
-class SlowPipeline:
+class SlowPipeline(LoadedStandIn):
     """A pipeline as a server sees it, each step 10 ms, each image one grey from its seed."""
 
-    sizes, images_per_call, tokenizers = SIZES, 4, (None, None)
-    call_programs = staticmethod(lambda guided=True, **kinds: ("encode", "noise", "denoise", "decode"))
-    embeddings = Embeddings()
-    upscalers = ModelUpscalers()
-    unit_models, ip_adapters, refiner, ip_adapter, controlnets = (), (), None, None, {}
-    model_name, samplers, default_sampler, stamp = "fake", {"Euler": None}, "Euler", "fake-model"
-    max_prompt_chunks = 3
+    sizes, stamp = SIZES, "fake-model"
 
     def stamp_for(self, info):
         return self.stamp
-
-    def is_compiled(self, size, names=None):
-        return True
 
     def run_images(self, infos, progress=None, stop=None):
         import time
